@@ -1,0 +1,65 @@
+"""Compute kernels, one op per module: a torch reference beside each Triton kernel.
+
+`get_ops(device)` picks the implementation set an executor calls: the torch
+references on CPU, the Triton kernels on CUDA. Kernels import nothing of the
+services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels.bitmask import apply_bitmask_ref
+from kernels.kv_store import kv_store_ref
+from kernels.paged_attention import paged_attention_ref
+from kernels.paged_decode_attention import paged_decode_attention_ref
+from kernels.rmsnorm import rmsnorm_ref
+from kernels.rotary import rotary_ref
+from kernels.silu_and_mul import silu_and_mul_ref
+
+
+@dataclass(frozen=True, slots=True)
+class Ops:
+    """One implementation of every op, with the reference signatures."""
+
+    name: str
+    rmsnorm: Callable
+    rotary: Callable
+    silu_and_mul: Callable
+    kv_store: Callable
+    paged_attention: Callable
+    paged_decode_attention: Callable
+    apply_bitmask: Callable
+
+
+REFERENCE_OPS = Ops(
+    name="torch-reference",
+    rmsnorm=rmsnorm_ref,
+    rotary=rotary_ref,
+    silu_and_mul=silu_and_mul_ref,
+    kv_store=kv_store_ref,
+    paged_attention=paged_attention_ref,
+    paged_decode_attention=paged_decode_attention_ref,
+    apply_bitmask=apply_bitmask_ref,
+)
+
+_BACKENDS: dict[str, Callable[[], Ops]] = {"cpu": lambda: REFERENCE_OPS}
+
+
+def register_backend(device_type: str, factory: Callable[[], Ops]) -> None:
+    """Plugs an implementation set in for a device type (e.g. "cuda" -> Triton ops)."""
+    _BACKENDS[device_type] = factory
+
+
+def get_ops(device: torch.device | str) -> Ops:
+    device_type = torch.device(device).type
+    factory = _BACKENDS.get(device_type)
+    if factory is None and device_type == "cuda":
+        from kernels import triton_ops  # registers the "cuda" backend
+
+        factory = _BACKENDS.get("cuda")
+        del triton_ops
+    return factory() if factory is not None else REFERENCE_OPS

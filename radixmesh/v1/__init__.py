@@ -1,0 +1,1 @@
+"""Generated Python stubs of `protos/radixmesh/v1` (regenerate with `radixmesh gen-protos`)."""

@@ -1,0 +1,1 @@
+"""The mesh's services: cache, scheduler and executor, and their shared runtime."""

@@ -1,0 +1,1 @@
+"""The shared service runtime and the plain-data contract types every core uses."""
