@@ -1,0 +1,73 @@
+"""The standard gRPC health service (`grpc.health.v1.Health`) for asyncio servers.
+
+Unlike the stock asyncio servicer, `set` is a plain method (no await), so
+`ServiceRuntime.set_serving()` can be called from sync code on the loop thread,
+and `enter_graceful_shutdown` ends open Watch streams after they have seen
+NOT_SERVING, so a watcher never holds up the server's grace period.
+Call every method from the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """Per-service status; "" is the whole server."""
+
+    def __init__(self) -> None:
+        self._status: dict[str, int] = {"": SERVING}
+        self._changed = asyncio.Event()
+        self._shutting_down = False
+
+    def set(self, service: str, status: int) -> None:
+        """Set a service's status and wake its watchers (ignored once shutting down)."""
+        if self._shutting_down:
+            return
+        self._status[service] = status
+        self._notify()
+
+    def status(self, service: str = "") -> int | None:
+        """The current status of `service`, None if never set."""
+        return self._status.get(service)
+
+    def enter_graceful_shutdown(self) -> None:
+        """Every service NOT_SERVING for good; Watch streams send it and end."""
+        if self._shutting_down:
+            return
+        for service in self._status:
+            self._status[service] = NOT_SERVING
+        self._shutting_down = True
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context
+    ) -> health_pb2.HealthCheckResponse:
+        status = self._status.get(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
+        last = None
+        while True:
+            changed = self._changed  # taken before reading, so no change is missed
+            status = self._status.get(request.service, SERVICE_UNKNOWN)
+            if status != last:
+                await context.write(health_pb2.HealthCheckResponse(status=status))
+                last = status
+            if self._shutting_down:
+                return
+            await changed.wait()
