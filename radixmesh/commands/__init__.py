@@ -1,0 +1,1 @@
+"""Subcommands of the `radixmesh` CLI, one module each."""
