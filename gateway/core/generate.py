@@ -1,0 +1,171 @@
+"""Run one request's choices against the scheduler and merge their outputs into one event stream.
+
+The scheduler side is an `Upstream`: `submit(prepared)` yields the request's
+token updates until its finish; `abort(req_id)` stops it. The gRPC client of
+the scheduler's Stream implements it in the gateway server; tests use a fake.
+
+`generate(...)` submits every choice, feeds each choice's updates through its
+`ChoiceStream` (detokenizer, stop strings, logprobs) and yields `ChoiceEvent`s
+in arrival order. A stop string aborts that choice upstream; an error in one
+choice aborts the others and is raised; a caller that stops iterating (a
+client went away) aborts every choice still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.core.openai_responses import Usage
+from gateway.core.output import ChoiceDelta, ChoiceStream
+from gateway.core.prepare import PreparedRequest, split_choices
+from gateway.core.tokenizer import Tokenizer
+from services.common.errors import RadixmeshError
+from services.common.step import TokenLogprobs
+
+
+@dataclass(slots=True)
+class UpstreamUpdate:
+    """One scheduler update of one request (the fields of TokenUpdate)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str = ""
+    """Set on the last update: "stop", "length" or "abort"."""
+    matched_stop_token_id: int | None = None
+    num_prompt_tokens: int | None = None
+    """Set on the first update, with num_cached_tokens."""
+    num_cached_tokens: int | None = None
+    error: RadixmeshError | None = None
+    """The request failed; it is over."""
+
+
+class Upstream(Protocol):
+    def submit(self, request: PreparedRequest) -> AsyncIterator[UpstreamUpdate]: ...
+
+    async def abort(self, req_id: str) -> None: ...
+
+
+@dataclass(slots=True)
+class ChoiceEvent:
+    delta: ChoiceDelta
+    usage: Usage | None = None
+    """Set with the choice's last delta."""
+
+
+async def generate(
+    prepared: PreparedRequest, tokenizer: Tokenizer, upstream: Upstream
+) -> AsyncGenerator[ChoiceEvent, None]:
+    """Submit all choices of a prepared request; yield their events as they arrive."""
+    choices = split_choices(prepared)
+    queue: asyncio.Queue[ChoiceEvent | BaseException | None] = asyncio.Queue()
+    tasks = [
+        asyncio.create_task(
+            _run_choice(index, choice, tokenizer, upstream, queue), name=choice.req_id
+        )
+        for index, choice in enumerate(choices)
+    ]
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _run_choice(
+    index: int,
+    choice: PreparedRequest,
+    tokenizer: Tokenizer,
+    upstream: Upstream,
+    queue: asyncio.Queue[ChoiceEvent | BaseException | None],
+) -> None:
+    stream = ChoiceStream(
+        index,
+        tokenizer,
+        stop=choice.sampling.stop,
+        prompt_token_ids=choice.prompt_token_ids,
+        logprobs=choice.sampling.logprobs,
+    )
+    num_prompt_tokens, num_cached_tokens = len(choice.prompt_token_ids), 0
+    finished_upstream = False
+    updates = upstream.submit(choice)
+    try:
+        async for update in updates:
+            if update.error is not None:
+                finished_upstream = True
+                raise update.error
+            if update.num_prompt_tokens is not None:
+                num_prompt_tokens = update.num_prompt_tokens
+            if update.num_cached_tokens is not None:
+                num_cached_tokens = update.num_cached_tokens
+            finished_upstream = bool(update.finish_reason)
+            delta = stream.on_update(
+                update.token_ids,
+                update.logprobs,
+                update.finish_reason,
+                update.matched_stop_token_id,
+            )
+            if delta.finish_reason is None and not delta.text and not delta.token_ids:
+                continue
+            usage = (
+                stream.usage(num_prompt_tokens, num_cached_tokens) if delta.finish_reason else None
+            )
+            await queue.put(ChoiceEvent(delta, usage))
+            if stream.finished:
+                break
+        if not stream.finished:  # the upstream ended without a finish: report it as aborted
+            delta = stream.on_update([], finish_reason="abort")
+            await queue.put(ChoiceEvent(delta, stream.usage(num_prompt_tokens, num_cached_tokens)))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # handed to the consumer, which raises it
+        await queue.put(exc)
+    finally:
+        aclose = getattr(updates, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+        if not finished_upstream:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(upstream.abort(choice.req_id))
+    await queue.put(None)
+
+
+async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[ChoiceEvent]:
+    """Non-streaming use: one merged event per choice (all text, logprobs, finish and usage)."""
+    merged = [ChoiceEvent(ChoiceDelta(i, logprobs=None)) for i in range(n)]
+    for event in [e async for e in events]:
+        target = merged[event.delta.index]
+        target.delta.text += event.delta.text
+        target.delta.token_ids += event.delta.token_ids
+        if event.delta.logprobs is not None:
+            target.delta.logprobs = [*(target.delta.logprobs or []), *event.delta.logprobs]
+        if event.delta.finish_reason is not None:
+            target.delta.finish_reason = event.delta.finish_reason
+            target.delta.matched_stop = event.delta.matched_stop
+            target.usage = event.usage
+    return merged
+
+
+def total_usage(events: Sequence[ChoiceEvent]) -> Usage:
+    """The request's usage: the prompt once, completion tokens of every choice."""
+    usages = [e.usage for e in events if e.usage is not None]
+    if not usages:
+        return Usage(0, 0, 0)
+    return Usage(
+        usages[0].prompt_tokens,
+        sum(u.completion_tokens for u in usages),
+        usages[0].cached_tokens,
+    )

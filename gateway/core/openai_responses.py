@@ -1,0 +1,286 @@
+"""OpenAI-compatible response shapes: completions, chunks, usage, logprobs, errors and SSE.
+
+Builders return plain dicts ready for `json.dumps`; `sse(obj)` frames one
+server-sent event and `SSE_DONE` ends a stream, as OpenAI's clients expect.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.errors import RadixmeshError
+
+_LEADING_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
+
+MIN_LOGPROB = -9999.0
+"""-inf (a token the sampler could not pick) is reported as this, as OpenAI does; JSON has no inf."""
+
+# gRPC status name -> HTTP status, OpenAI error type.
+HTTP_STATUS: dict[str, tuple[int, str]] = {
+    "INVALID_ARGUMENT": (400, "invalid_request_error"),
+    "FAILED_PRECONDITION": (400, "invalid_request_error"),
+    "OUT_OF_RANGE": (400, "invalid_request_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
+    "NOT_FOUND": (404, "invalid_request_error"),
+    "ABORTED": (409, "conflict_error"),
+    "ALREADY_EXISTS": (409, "conflict_error"),
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "CANCELLED": (499, "cancelled"),
+    "UNIMPLEMENTED": (501, "server_error"),
+    "UNAVAILABLE": (503, "server_error"),
+    "DEADLINE_EXCEEDED": (504, "timeout_error"),
+    "INTERNAL": (500, "server_error"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    """The token's text (U+FFFD for a partial character)."""
+    logprob: float
+    token_bytes: bytes
+    """The token's raw bytes, which may be part of a UTF-8 character."""
+    token_id: int = -1
+    """The token's id, for clients of the gRPC API (-1 when unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PositionLogprobs:
+    sampled: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
+    """The top_logprobs most likely tokens, most likely first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceOutput:
+    """One finished choice of a non-streaming response."""
+
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: Sequence[PositionLogprobs] | None = None
+    matched_stop: str | None = None
+
+
+def new_response_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def _logprob(value: float) -> float:
+    return value if value >= MIN_LOGPROB else MIN_LOGPROB  # also maps -inf
+
+
+def chat_logprobs_json(entries: Sequence[PositionLogprobs]) -> dict[str, Any]:
+    """Chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+
+    def one(t: TokenLogprob) -> dict[str, Any]:
+        return {"token": t.token, "logprob": _logprob(t.logprob), "bytes": list(t.token_bytes)}
+
+    return {
+        "content": [{**one(e.sampled), "top_logprobs": [one(t) for t in e.top]} for e in entries]
+    }
+
+
+def completion_logprobs_json(
+    entries: Sequence[PositionLogprobs], text_offset: int = 0
+) -> dict[str, Any]:
+    """Completions shape: parallel arrays tokens, token_logprobs, top_logprobs, text_offset."""
+    offsets = []
+    for e in entries:
+        offsets.append(text_offset)
+        text_offset += len(e.sampled.token)
+    return {
+        "tokens": [e.sampled.token for e in entries],
+        "token_logprobs": [_logprob(e.sampled.logprob) for e in entries],
+        "top_logprobs": [{t.token: _logprob(t.logprob) for t in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _finish_fields(finish_reason: str | None, matched_stop: str | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"finish_reason": finish_reason}
+    if matched_stop is not None:
+        fields["stop_reason"] = matched_stop  # extension: which stop string or token ended it
+    return fields
+
+
+def chat_completion(
+    response_id: str, model: str, created: int, choices: Sequence[ChoiceOutput], usage: Usage
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": None if c.logprobs is None else chat_logprobs_json(c.logprobs),
+                **_finish_fields(c.finish_reason, c.matched_stop),
+            }
+            for c in choices
+        ],
+        "usage": usage_json(usage),
+    }
+
+
+def chat_completion_chunk(
+    response_id: str,
+    model: str,
+    created: int,
+    index: int,
+    *,
+    content: str | None = None,
+    role: str | None = None,
+    finish_reason: str | None = None,
+    matched_stop: str | None = None,
+    logprobs: Sequence[PositionLogprobs] | None = None,
+) -> dict[str, Any]:
+    """One choice's delta; the first chunk of a choice carries role "assistant"."""
+    delta: dict[str, Any] = {}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": None if logprobs is None else chat_logprobs_json(logprobs),
+        **_finish_fields(finish_reason, matched_stop),
+    }
+    return _chunk(response_id, "chat.completion.chunk", model, created, [choice])
+
+
+def text_completion(
+    response_id: str, model: str, created: int, choices: Sequence[ChoiceOutput], usage: Usage
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "text": c.text,
+                "logprobs": None if c.logprobs is None else completion_logprobs_json(c.logprobs),
+                **_finish_fields(c.finish_reason, c.matched_stop),
+            }
+            for c in choices
+        ],
+        "usage": usage_json(usage),
+    }
+
+
+def text_completion_chunk(
+    response_id: str,
+    model: str,
+    created: int,
+    index: int,
+    text: str,
+    *,
+    finish_reason: str | None = None,
+    matched_stop: str | None = None,
+    logprobs: Sequence[PositionLogprobs] | None = None,
+    text_offset: int = 0,
+) -> dict[str, Any]:
+    choice = {
+        "index": index,
+        "text": text,
+        "logprobs": None if logprobs is None else completion_logprobs_json(logprobs, text_offset),
+        **_finish_fields(finish_reason, matched_stop),
+    }
+    return _chunk(response_id, "text_completion", model, created, [choice])
+
+
+def usage_chunk(
+    response_id: str, model: str, created: int, chat: bool, usage: Usage
+) -> dict[str, Any]:
+    """The last chunk when stream_options.include_usage is set: no choices, the usage."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {**_chunk(response_id, kind, model, created, []), "usage": usage_json(usage)}
+
+
+def _chunk(
+    response_id: str, kind: str, model: str, created: int, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+
+
+def model_list(
+    model_ids: Sequence[str], created: int, owned_by: str = "radixmesh"
+) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [
+            {"id": m, "object": "model", "created": created, "owned_by": owned_by}
+            for m in model_ids
+        ],
+    }
+
+
+# --- errors and SSE -------------------------------------------------------------------------
+
+
+def error_body(
+    message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """HTTP status and OpenAI error body for an exception a core raised.
+
+    Anything that is not a RadixmeshError is an internal error whose details stay in the logs.
+    """
+    if not isinstance(exc, RadixmeshError):
+        return 500, error_body("internal error", "server_error", code="internal_error")
+    status, error_type = HTTP_STATUS.get(exc.code, (500, "server_error"))
+    param = getattr(exc, "param", None)
+    if param is None and status < 500:
+        # Cores start messages with the field they blame: "messages[0].role: ...".
+        match = _LEADING_FIELD.match(str(exc))
+        param = match[1] if match else None
+    return status, error_body(str(exc), error_type, param, exc.code.lower())
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    """One server-sent event carrying a JSON object."""
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

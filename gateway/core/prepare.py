@@ -1,0 +1,83 @@
+"""From a validated request to what the scheduler is sent: token ids, resolved limits, one per choice.
+
+`prepare_request` tokenizes the input (chat template for messages), checks the
+prompt against the model's context and resolves max_tokens to a number.
+`split_choices` turns a request with n choices into n scheduler requests that
+share the prompt (so the prefix cache serves the copies) and differ in seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gateway.core.request import GatewayRequest, Priority
+from gateway.core.tokenizer import Tokenizer
+from services.common.errors import InvalidArgument
+from services.common.sampling import Constraint, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """One scheduler submission (the fields of SubmitRequest)."""
+
+    req_id: str
+    model: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    """max_tokens is always set: the request's, or the room left in the context."""
+    constraint: Constraint | None = None
+    priority: Priority = Priority.INTERACTIVE
+    deadline_unix_ms: int = 0
+    """Absolute deadline; 0 means none."""
+
+
+def prepare_request(
+    request: GatewayRequest, tokenizer: Tokenizer, req_id: str, deadline_unix_ms: int = 0
+) -> PreparedRequest:
+    """Tokenize and check one request; raises InvalidArgument naming the field."""
+    if not req_id:
+        raise InvalidArgument("request_id: must not be empty")
+    given = request.input
+    if sum(x is not None for x in (given.prompt, given.token_ids, given.messages)) != 1:
+        raise InvalidArgument("input: exactly one of prompt, token_ids or messages must be set")
+    if given.messages is not None:
+        field, token_ids = "messages", tokenizer.encode_messages(given.messages)
+    elif given.prompt is not None:
+        field, token_ids = "prompt", tokenizer.encode_prompt(given.prompt)
+    else:
+        field, token_ids = "prompt", list(given.token_ids or ())
+        tokenizer.validate_token_ids(token_ids, field)
+    max_tokens = tokenizer.check_length(len(token_ids), request.sampling.max_tokens, field)
+    return PreparedRequest(
+        req_id=req_id,
+        model=request.model,
+        prompt_token_ids=tuple(token_ids),
+        sampling=dataclasses.replace(request.sampling, max_tokens=max_tokens),
+        constraint=request.constraint,
+        priority=request.priority,
+        deadline_unix_ms=deadline_unix_ms,
+    )
+
+
+def choice_req_id(req_id: str, index: int) -> str:
+    return f"{req_id}/{index}"
+
+
+def split_choices(prepared: PreparedRequest) -> list[PreparedRequest]:
+    """n scheduler requests of n=1 each; choice i of a seeded request uses seed + i."""
+    n = prepared.sampling.n
+    if n == 1:
+        return [prepared]
+    choices = []
+    for index in range(n):
+        seed = prepared.sampling.seed
+        sampling = dataclasses.replace(
+            prepared.sampling, n=1, seed=None if seed is None else (seed + index) % 2**64
+        )
+        choices.append(
+            dataclasses.replace(
+                prepared, req_id=choice_req_id(prepared.req_id, index), sampling=sampling
+            )
+        )
+    return choices

@@ -1,0 +1,194 @@
+"""A model folder's tokenizer: chat template, prompt tokenization and input validation.
+
+`Tokenizer.from_folder(path)` loads the Hugging Face tokenizer of a model folder
+(`tokenizer.json` / `tokenizer_config.json`, the chat template) and reads the
+context length from `config.json`. Every check raises `InvalidArgument` whose
+message starts with the offending field, so the HTTP layer can name it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.core.request import CHAT_ROLES, ChatMessage
+from services.common.errors import FailedPrecondition, InvalidArgument
+
+# config.json keys that hold the context length, most specific first.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def decode_utf8(data: bytes, field: str) -> str:
+    """Decode client bytes as UTF-8, naming the field and the byte offset when they are invalid."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(
+            f"{field}: invalid UTF-8 at byte {exc.start} ({exc.reason})"
+        ) from None
+
+
+def read_max_model_len(folder: str | Path) -> int:
+    """The context length a model folder's config.json declares."""
+    config_path = Path(folder) / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise InvalidArgument(f"model: {config_path} does not exist") from None
+    for source in (config, config.get("text_config") or {}):
+        for key in _CONTEXT_KEYS:
+            if isinstance(source.get(key), int) and source[key] > 0:
+                return source[key]
+    raise InvalidArgument(
+        f"model: {config_path} names no context length ({', '.join(_CONTEXT_KEYS)})"
+    )
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """The inverse of byte-level BPE's byte -> printable character table."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars = list(printable)
+    shift = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + shift)
+            shift += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+class Tokenizer:
+    """Tokenizes prompts and conversations for one model, and decodes its tokens."""
+
+    def __init__(self, hf_tokenizer: Any, max_model_len: int, name: str = "") -> None:
+        if max_model_len < 2:
+            raise InvalidArgument(f"max_model_len must be >= 2, got {max_model_len}")
+        self._hf = hf_tokenizer
+        # The Rust tokenizer decodes without the Python wrapper's per-call overhead.
+        self._backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        self.max_model_len = max_model_len
+        self.name = name
+        self.vocab_size = len(hf_tokenizer)
+        self.eos_token_ids: tuple[int, ...] = tuple(
+            i for i in [hf_tokenizer.eos_token_id] if i is not None
+        )
+        self.has_chat_template = bool(getattr(hf_tokenizer, "chat_template", None))
+        decoder = getattr(self._backend, "decoder", None)
+        is_byte_level = type(decoder).__name__ == "ByteLevel"
+        self._byte_decoder = _byte_level_decoder() if is_byte_level else None
+
+    @classmethod
+    def from_folder(
+        cls, folder: str | Path, max_model_len: int | None = None, name: str = ""
+    ) -> Tokenizer:
+        """Load a model folder's tokenizer; max_model_len defaults to config.json's."""
+        from transformers import AutoTokenizer  # heavy import, paid only when a model loads
+
+        folder = Path(folder)
+        if max_model_len is None:
+            max_model_len = read_max_model_len(folder)
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return cls(hf_tokenizer, max_model_len, name=name or folder.name)
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: str | bytes, field: str = "prompt") -> list[int]:
+        """Token ids of raw text, with the tokenizer's own special tokens (e.g. BOS)."""
+        if isinstance(prompt, bytes):
+            prompt = decode_utf8(prompt, field)
+        if not isinstance(prompt, str):
+            raise InvalidArgument(f"{field}: must be a string, got {type(prompt).__name__}")
+        if not prompt:
+            raise InvalidArgument(f"{field}: must not be empty")
+        return list(self._hf.encode(prompt, add_special_tokens=True))
+
+    def render_chat(self, messages: Sequence[ChatMessage], field: str = "messages") -> str:
+        """The prompt text of a conversation: the chat template with the generation prompt."""
+        self.validate_messages(messages, field)
+        if not self.has_chat_template:
+            raise FailedPrecondition(f"{field}: model {self.name!r} has no chat template")
+        as_dicts = [{"role": m.role, "content": m.content} for m in messages]
+        try:
+            return self._hf.apply_chat_template(
+                as_dicts, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # the template raised (e.g. it forbids this role order)
+            raise InvalidArgument(f"{field}: the chat template rejected them: {exc}") from None
+
+    def encode_messages(
+        self, messages: Sequence[ChatMessage], field: str = "messages"
+    ) -> list[int]:
+        """Token ids of a conversation; the template writes its own special tokens."""
+        text = self.render_chat(messages, field)
+        return list(self._hf.encode(text, add_special_tokens=False))
+
+    @staticmethod
+    def validate_messages(messages: Sequence[ChatMessage], field: str = "messages") -> None:
+        if not messages:
+            raise InvalidArgument(f"{field}: must contain at least one message")
+        for i, message in enumerate(messages):
+            if message.role not in CHAT_ROLES:
+                raise InvalidArgument(
+                    f"{field}[{i}].role: unknown role {message.role!r};"
+                    f" expected one of {sorted(CHAT_ROLES)}"
+                )
+            if isinstance(message.content, bytes):
+                decode_utf8(message.content, f"{field}[{i}].content")
+            if not isinstance(message.content, str):
+                raise InvalidArgument(f"{field}[{i}].content: must be a string")
+
+    def validate_token_ids(self, token_ids: Sequence[int], field: str = "token_ids") -> None:
+        if not token_ids:
+            raise InvalidArgument(f"{field}: must not be empty")
+        for i, token_id in enumerate(token_ids):
+            if not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
+                raise InvalidArgument(
+                    f"{field}[{i}]: {token_id!r} is not a token id in [0, {self.vocab_size})"
+                )
+
+    def check_length(
+        self, num_prompt_tokens: int, max_tokens: int | None, field: str = "prompt"
+    ) -> int:
+        """Check the prompt fits the context; returns the most tokens that may be generated.
+
+        A prompt must leave room for at least one generated token; an explicit
+        max_tokens must fit beside the prompt.
+        """
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise InvalidArgument(
+                f"{field}: {num_prompt_tokens} tokens leave no room in the model's context"
+                f" of {self.max_model_len} tokens"
+            )
+        if max_tokens is not None and max_tokens > room:
+            raise InvalidArgument(
+                f"max_tokens: {max_tokens} plus the prompt's {num_prompt_tokens} tokens exceeds"
+                f" the model's context of {self.max_model_len} tokens"
+            )
+        return room if max_tokens is None else max_tokens
+
+    # --- decoding -------------------------------------------------------------------------
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of token ids; partial UTF-8 sequences show as U+FFFD."""
+        if self._backend is not None:
+            return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token for logprobs (special tokens included, U+FFFD for partial bytes)."""
+        return self.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (byte-level BPE), else the UTF-8 of its text."""
+        if self._byte_decoder is not None:
+            piece = self._hf.convert_ids_to_tokens(token_id)
+            if piece is not None and all(ch in self._byte_decoder for ch in piece):
+                return bytes(self._byte_decoder[ch] for ch in piece)
+        return self.token_text(token_id).encode("utf-8")
+
+    def stop_token_ids(self, extra: Sequence[int] = ()) -> tuple[int, ...]:
+        """Token ids that end generation: the model's EOS plus the request's own."""
+        return tuple(dict.fromkeys([*self.eos_token_ids, *extra]))

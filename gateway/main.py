@@ -1,0 +1,124 @@
+"""The gateway service: `python -m gateway.main --model DIR --scheduler-address HOST:PORT`.
+
+Serves the public gRPC API (radixmesh.v1.Inference) on --port and the
+OpenAI-compatible HTTP API on --http-port, both behind Envoy. Health says
+SERVING once the tokenizer is loaded and the scheduler answers its health
+check; SIGTERM drains both servers, then closes the scheduler stream.
+Environment: RADIXMESH_API_KEYS (comma-separated) adds to --api-key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any
+
+import grpc
+
+from gateway.core.auth import Admission
+from gateway.core.models import ModelRegistry
+from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig, RedisRateLimiter
+from gateway.core.tokenizer import Tokenizer
+from gateway.openai_http import OpenAIHttpServer, start_http_server
+from gateway.server import InferenceServicer
+from gateway.upstream import SchedulerUpstream
+from radixmesh.v1 import inference_pb2_grpc
+from services.common.config import ServerConfig, add_server_arguments
+from services.common.logging import configure_logging, get_logger
+from services.common.server import ServiceRuntime, run_service
+from services.common.testing import wait_for_serving
+
+log = get_logger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gateway.main", description=__doc__)
+    add_server_arguments(parser, default_port=50051)
+    parser.add_argument("--http-port", type=int, default=8000, help="OpenAI-compatible HTTP port")
+    parser.add_argument("--model", required=True, help="model folder (tokenizer, config.json)")
+    parser.add_argument(
+        "--model-name", default="", help="model id clients use (default: folder name)"
+    )
+    parser.add_argument("--scheduler-address", required=True, help="HOST:PORT of the scheduler")
+    parser.add_argument(
+        "--scheduler-wait-s", type=float, default=600.0, help="wait for the scheduler"
+    )
+    parser.add_argument("--redis-url", default="", help="share rate-limit buckets across replicas")
+    parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeat)")
+    parser.add_argument(
+        "--rate-limit-per-s", type=float, default=0.0, help="requests/s per key; 0: off"
+    )
+    parser.add_argument(
+        "--rate-limit-burst", type=float, default=0.0, help="bucket size (default: 2 s of rate)"
+    )
+    parser.add_argument("--log-level", default="info")
+    return parser
+
+
+def _admission(args: argparse.Namespace) -> tuple[Admission, Any]:
+    """The API keys and rate limiter, and the Redis client to close (None without Redis)."""
+    env_keys = [k.strip() for k in os.environ.get("RADIXMESH_API_KEYS", "").split(",") if k.strip()]
+    api_keys = frozenset([*args.api_key, *env_keys])
+    if args.rate_limit_per_s <= 0:
+        return Admission(api_keys), None
+    config = RateLimitConfig(
+        capacity=args.rate_limit_burst or max(1.0, 2 * args.rate_limit_per_s),
+        refill_per_s=args.rate_limit_per_s,
+    )
+    if not args.redis_url:
+        return Admission(api_keys, LocalRateLimiter(config)), None
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(args.redis_url)
+    return Admission(api_keys, RedisRateLimiter(client, config)), client
+
+
+async def serve(args: argparse.Namespace) -> int:
+    configure_logging("gateway", args.log_level)
+    runtime = ServiceRuntime(ServerConfig.from_args("gateway", args))
+    tokenizer = await asyncio.to_thread(Tokenizer.from_folder, args.model, None, args.model_name)
+    models = ModelRegistry({tokenizer.name: tokenizer})
+    channel = grpc.aio.insecure_channel(args.scheduler_address)
+    upstream = SchedulerUpstream(channel)
+    admission, redis_client = _admission(args)
+    servicer = InferenceServicer(models, upstream, admission)
+    await runtime.start(
+        lambda server: inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server),
+        ["radixmesh.v1.Inference"],
+    )
+    serving = False
+    http = OpenAIHttpServer(
+        models, upstream, admission, ready=lambda: serving and not runtime.stopping
+    )
+    runner = await start_http_server(http.build_app(), args.host, args.http_port)
+
+    async def on_shutdown() -> None:
+        await runner.cleanup()
+        await upstream.close()
+        await channel.close()
+        if redis_client is not None:
+            await redis_client.aclose()
+
+    try:
+        await wait_for_serving(
+            args.scheduler_address, "radixmesh.v1.Scheduler", args.scheduler_wait_s
+        )
+    except (TimeoutError, ConnectionError) as exc:
+        log.error("scheduler_unreachable", error=str(exc))
+        await runtime.shutdown(on_shutdown)
+        return 1
+    serving = True
+    runtime.set_serving()
+    log.info("gateway_ready", model=tokenizer.name, http_port=args.http_port, grpc=runtime.address)
+    await runtime.serve_until_signal(on_shutdown)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(serve(build_parser().parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

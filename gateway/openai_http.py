@@ -1,0 +1,252 @@
+"""The OpenAI-compatible HTTP server (aiohttp): /v1/chat/completions, /v1/completions, /v1/models.
+
+A thin shell: parse and validate (`gateway.core.openai`), tokenize
+(`gateway.core.prepare`), run the choices against the scheduler
+(`gateway.core.generate`), and answer with OpenAI's JSON shapes or, when
+`stream` is true, server-sent events ending in `data: [DONE]`. Errors answer
+with OpenAI's error body and the status of `openai_responses.HTTP_STATUS`; an
+error after a stream has started is sent as one last `data: {"error": ...}`
+event. A client that disconnects aborts its request at the scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.core import openai_responses as resp
+from gateway.core.auth import Admission
+from gateway.core.generate import ChoiceEvent, Upstream, collect, generate, total_usage
+from gateway.core.models import ModelRegistry
+from gateway.core.openai import parse_chat_request, parse_completion_request, parse_json_body
+from gateway.core.prepare import PreparedRequest, prepare_request
+from gateway.core.request import GatewayRequest
+from gateway.core.tokenizer import Tokenizer
+from gateway.envoy import HTTP_HEALTH_PATH
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class OpenAIHttpServer:
+    """Serves the OpenAI-compatible API for the models of a registry."""
+
+    def __init__(
+        self,
+        models: ModelRegistry,
+        upstream: Upstream,
+        admission: Admission = Admission(),
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._models = models
+        self._upstream = upstream
+        self._admission = admission
+        self._ready = ready
+        self._created = resp.now_s()
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._list_models)
+        app.router.add_get("/v1/models/{model}", self._get_model)
+        app.router.add_get(HTTP_HEALTH_PATH, self._health)  # Envoy's health check
+        return app
+
+    # --- handlers -------------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, parse_chat_request)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, parse_completion_request)
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        try:
+            await self._admit(request)
+        except Exception as exc:
+            return _error(exc)
+        return web.json_response(resp.model_list(self._models.ids, self._created))
+
+    async def _get_model(self, request: web.Request) -> web.Response:
+        model_id = request.match_info["model"]
+        try:
+            await self._admit(request)
+            self._models.resolve(model_id)
+        except Exception as exc:
+            return _error(exc)
+        return web.json_response(resp.model_list([model_id], self._created)["data"][0])
+
+    async def _admit(self, request: web.Request) -> None:
+        await self._admission.admit(request.headers.get("Authorization", ""), str(request.remote))
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return (
+            web.Response(text="ok") if self._ready() else web.Response(status=503, text="not ready")
+        )
+
+    async def _complete(
+        self, request: web.Request, parse: Callable[[Any], GatewayRequest]
+    ) -> web.StreamResponse:
+        try:
+            await self._admit(request)
+            gateway_request = parse(parse_json_body(await request.read()))
+            model_id, tokenizer = self._models.resolve(gateway_request.model)
+            response_id = resp.new_response_id(gateway_request.chat)
+            prepared = prepare_request(gateway_request, tokenizer, response_id)
+        except Exception as exc:
+            return _error(exc)
+        events = generate(prepared, tokenizer, self._upstream)
+        reply = _Reply(gateway_request, prepared, model_id, response_id, tokenizer)
+        async with contextlib.aclosing(events):
+            if gateway_request.stream:
+                try:  # wait for the first event: a failure before any output gets its own status
+                    first = await anext(events, None)
+                except Exception as exc:
+                    return _error(exc)
+                return await reply.stream(request, first, events)
+            try:
+                merged = await collect(events, prepared.sampling.n)
+            except Exception as exc:
+                return _error(exc)
+        return web.json_response(reply.whole(merged), headers={"x-request-id": response_id})
+
+
+class _Reply:
+    """Builds one request's response, whole or streamed."""
+
+    def __init__(
+        self,
+        request: GatewayRequest,
+        prepared: PreparedRequest,
+        model_id: str,
+        response_id: str,
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.request = request
+        self.prepared = prepared
+        self.model_id = model_id
+        self.response_id = response_id
+        self.created = resp.now_s()
+        self.echo_text = ""
+        if request.echo:
+            self.echo_text = request.input.prompt or tokenizer.decode(prepared.prompt_token_ids)
+
+    def whole(self, merged: list[ChoiceEvent]) -> dict[str, Any]:
+        choices = [
+            resp.ChoiceOutput(
+                index=e.delta.index,
+                text=self.echo_text + e.delta.text,
+                finish_reason=e.delta.finish_reason or "abort",
+                logprobs=e.delta.logprobs,
+                matched_stop=e.delta.matched_stop,
+            )
+            for e in merged
+        ]
+        build = resp.chat_completion if self.request.chat else resp.text_completion
+        return build(self.response_id, self.model_id, self.created, choices, total_usage(merged))
+
+    async def stream(
+        self,
+        http_request: web.Request,
+        first: ChoiceEvent | None,
+        events: AsyncIterator[ChoiceEvent],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-request-id": self.response_id,
+            }
+        )
+        await response.prepare(http_request)
+        finals: list[ChoiceEvent] = []
+        offsets = [len(self.echo_text)] * self.prepared.sampling.n
+        try:
+            if self.request.chat or self.echo_text:
+                for index in range(self.prepared.sampling.n):
+                    await response.write(resp.sse(self._first_chunk(index)))
+            async for event in _chain(first, events):
+                await response.write(resp.sse(self._chunk(event, offsets)))
+                if event.usage is not None:
+                    finals.append(event)
+            if self.request.include_usage:
+                usage = total_usage(finals)
+                chunk = resp.usage_chunk(
+                    self.response_id, self.model_id, self.created, self.request.chat, usage
+                )
+                await response.write(resp.sse(chunk))
+        except ConnectionError:
+            return response  # the client left; closing `events` aborts the request upstream
+        except Exception as exc:
+            await response.write(resp.sse(resp.error_response(exc)[1]))
+        await response.write(resp.SSE_DONE)
+        await response.write_eof()
+        return response
+
+    def _first_chunk(self, index: int) -> dict[str, Any]:
+        if self.request.chat:
+            return resp.chat_completion_chunk(
+                self.response_id, self.model_id, self.created, index, role="assistant", content=""
+            )
+        return resp.text_completion_chunk(
+            self.response_id, self.model_id, self.created, index, self.echo_text
+        )
+
+    def _chunk(self, event: ChoiceEvent, offsets: list[int]) -> dict[str, Any]:
+        d = event.delta
+        if self.request.chat:
+            return resp.chat_completion_chunk(
+                self.response_id,
+                self.model_id,
+                self.created,
+                d.index,
+                content=d.text if d.text or d.finish_reason is None else None,
+                finish_reason=d.finish_reason,
+                matched_stop=d.matched_stop,
+                logprobs=d.logprobs,
+            )
+        offset = offsets[d.index]
+        offsets[d.index] += sum(len(p.sampled.token) for p in d.logprobs or ())
+        return resp.text_completion_chunk(
+            self.response_id,
+            self.model_id,
+            self.created,
+            d.index,
+            d.text,
+            finish_reason=d.finish_reason,
+            matched_stop=d.matched_stop,
+            logprobs=d.logprobs,
+            text_offset=offset,
+        )
+
+
+async def _chain(
+    first: ChoiceEvent | None, rest: AsyncIterator[ChoiceEvent]
+) -> AsyncIterator[ChoiceEvent]:
+    if first is not None:
+        yield first
+        async for event in rest:
+            yield event
+
+
+async def start_http_server(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Listen on host:port. A client that disconnects cancels its handler at once
+    (handler_cancellation), so its request is aborted upstream even while no token flows."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def _error(exc: BaseException) -> web.Response:
+    status, body = resp.error_response(exc)
+    if status >= 500:
+        log.error("request failed", error=repr(exc))
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")

@@ -1,0 +1,87 @@
+"""The public gRPC API (`radixmesh.v1.Inference`): convert, call the core, convert.
+
+Errors are core exceptions; the runtime's ErrorInterceptor maps them to status
+codes. A client that cancels its Generate call closes the event stream, which
+aborts its choices at the scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from gateway import convert
+from gateway.core.auth import Admission
+from gateway.core.generate import Upstream, generate
+from gateway.core.models import ModelRegistry
+from gateway.core.prepare import prepare_request
+from gateway.core.request import ChatMessage
+from radixmesh.v1 import inference_pb2, inference_pb2_grpc
+from services.common.errors import InvalidArgument
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(
+        self, models: ModelRegistry, upstream: Upstream, admission: Admission = Admission()
+    ) -> None:
+        self._models = models
+        self._upstream = upstream
+        self._admission = admission
+
+    async def _admit(self, context) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        await self._admission.admit(str(metadata.get("authorization", "")), context.peer())
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        request_id = (
+            convert.check_request_id(request.request_id) if request.request_id else uuid.uuid4().hex
+        )
+        gateway_request = convert.generate_request_from_proto(request)
+        _, tokenizer = self._models.resolve(gateway_request.model)
+        prepared = prepare_request(
+            gateway_request, tokenizer, request_id, _deadline_unix_ms(context)
+        )
+        async with contextlib.aclosing(generate(prepared, tokenizer, self._upstream)) as events:
+            async for event in events:
+                for response in convert.event_to_responses(request_id, event):
+                    yield response
+
+    async def Tokenize(
+        self, request: inference_pb2.TokenizeRequest, context
+    ) -> inference_pb2.TokenizeResponse:
+        await self._admit(context)
+        _, tokenizer = self._models.resolve(request.model)
+        which = request.WhichOneof("input")
+        if which == "prompt":
+            token_ids = tokenizer.encode_prompt(request.prompt)
+        elif which == "messages":
+            messages = [ChatMessage(m.role, m.content) for m in request.messages.messages]
+            token_ids = tokenizer.encode_messages(messages)
+        else:
+            raise InvalidArgument("input: one of prompt or messages is required")
+        return inference_pb2.TokenizeResponse(
+            token_ids=token_ids, max_model_len=tokenizer.max_model_len
+        )
+
+    async def ListModels(
+        self, request: inference_pb2.ListModelsRequest, context
+    ) -> inference_pb2.ListModelsResponse:
+        cards = []
+        for model_id in self._models.ids:
+            _, tokenizer = self._models.resolve(model_id)
+            cards.append(
+                inference_pb2.ModelCard(id=model_id, max_model_len=tokenizer.max_model_len)
+            )
+        return inference_pb2.ListModelsResponse(models=cards)
+
+
+def _deadline_unix_ms(context) -> int:
+    """The call's gRPC deadline as absolute Unix milliseconds (0: none)."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return 0
+    return int((time.time() + remaining) * 1000)

@@ -1,0 +1,226 @@
+"""The OpenAI-compatible HTTP server on loopback, driven by the openai package's own client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from gateway.core.auth import Admission
+from gateway.core.generate import UpstreamUpdate
+from gateway.core.models import ModelRegistry
+from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig
+from gateway.openai_http import OpenAIHttpServer, start_http_server
+from services.common.errors import ResourceExhausted
+from services.common.step import TokenLogprobs
+from services.common.testing import free_port
+
+REPLY = "hello 😀 world. the end"
+
+
+class ScriptedUpstream:
+    """Answers every request with REPLY's tokens, two per update."""
+
+    def __init__(self, tokenizer, hold_after_first=False, error=None, error_after_first=False):
+        self.tokenizer = tokenizer
+        self.hold = asyncio.Event() if hold_after_first else None
+        self.error = error
+        self.error_after_first = error_after_first
+        self.submitted = []
+        self.aborted = asyncio.Queue()
+
+    async def submit(self, request):
+        self.submitted.append(request)
+        if self.error is not None and not self.error_after_first:
+            yield UpstreamUpdate(error=self.error)
+            return
+        ids = self.tokenizer._hf.encode(REPLY, add_special_tokens=False)[
+            : request.sampling.max_tokens
+        ]
+        for i in range(0, len(ids), 2):
+            chunk = ids[i : i + 2]
+            last = i + 2 >= len(ids)
+            logprobs = [
+                TokenLogprobs(t, -0.25, [(t, -0.25)] * request.sampling.top_logprobs) for t in chunk
+            ]
+            yield UpstreamUpdate(
+                token_ids=chunk,
+                logprobs=logprobs if request.sampling.logprobs else [],
+                finish_reason="length" if last else "",
+                num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else None,
+                num_cached_tokens=3 if i == 0 else None,
+            )
+            if self.error_after_first:
+                yield UpstreamUpdate(error=self.error)
+                return
+            if self.hold is not None:
+                await self.hold.wait()
+
+    async def abort(self, req_id):
+        await self.aborted.put(req_id)
+
+
+@pytest.fixture
+async def serve(tokenizer):
+    runners = []
+
+    async def start(upstream=None, key="none", **kwargs):
+        upstream = upstream or ScriptedUpstream(tokenizer)
+        app = OpenAIHttpServer(ModelRegistry({"tiny": tokenizer}), upstream, **kwargs).build_app()
+        port = free_port()
+        runners.append(await start_http_server(app, "127.0.0.1", port))
+        base = f"http://127.0.0.1:{port}"
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+        return client, upstream, base
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def test_chat_completion(serve, tokenizer):
+    client, upstream, _ = await serve()
+    reply = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=2
+    )
+    assert reply.id.startswith("chatcmpl-") and reply.model == "tiny"
+    assert reply.choices[0].message.content == REPLY
+    assert reply.choices[0].finish_reason == "length"
+    n_reply = len(tokenizer._hf.encode(REPLY, add_special_tokens=False))
+    assert reply.usage.completion_tokens == n_reply
+    assert reply.usage.prompt_tokens == len(upstream.submitted[0].prompt_token_ids)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 3
+    content = reply.choices[0].logprobs.content
+    assert len(content) == n_reply and all(len(c.top_logprobs) == 2 for c in content)
+    assert b"".join(bytes(c.bytes) for c in content).decode() == REPLY
+
+
+async def test_chat_stream_with_usage(serve):
+    client, _, _ = await serve()
+    stream = await client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        n=2,
+    )
+    chunks = [c async for c in stream]
+    for index in (0, 1):
+        parts = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert parts[0].delta.role == "assistant"
+        assert "".join(p.delta.content or "" for p in parts) == REPLY
+        assert parts[-1].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+async def test_completion_with_stop_and_echo(serve):
+    client, upstream, _ = await serve()
+    reply = await client.completions.create(
+        model="tiny", prompt="say", stop=[" world"], echo=True, max_tokens=30
+    )
+    assert reply.choices[0].text == "say" + "hello 😀"
+    assert reply.choices[0].finish_reason == "stop"
+    assert await asyncio.wait_for(upstream.aborted.get(), 5) == upstream.submitted[0].req_id
+
+
+async def test_completion_stream_text_equals_whole(serve):
+    client, _, _ = await serve()
+    stream = await client.completions.create(
+        model="tiny", prompt="say", stream=True, max_tokens=30, logprobs=1
+    )
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in chunks) == REPLY
+    offsets = [
+        o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset
+    ]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "param"),
+    [
+        ({"temperature": 3}, openai.BadRequestError, "temperature"),
+        ({"model": "other"}, openai.NotFoundError, "model"),
+        (
+            {"messages": [{"role": "robot", "content": "x"}]},
+            openai.BadRequestError,
+            "messages[0].role",
+        ),
+        ({"max_tokens": 500}, openai.BadRequestError, "max_tokens"),
+    ],
+)
+async def test_errors_carry_status_and_param(serve, kwargs, error, param):
+    client, _, _ = await serve()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **kwargs}
+    with pytest.raises(error) as info:
+        await client.chat.completions.create(**body)
+    assert info.value.param == param
+
+
+async def test_upstream_overload_is_429_whole_and_streamed(serve, tokenizer):
+    client, _, _ = await serve(ScriptedUpstream(tokenizer, error=ResourceExhausted("queue full")))
+    with pytest.raises(openai.RateLimitError, match="queue full"):
+        await client.completions.create(model="tiny", prompt="x")
+    with pytest.raises(openai.RateLimitError, match="queue full"):
+        await client.completions.create(model="tiny", prompt="x", stream=True)
+
+
+async def test_error_after_output_started_is_a_last_event(serve, tokenizer):
+    upstream = ScriptedUpstream(
+        tokenizer, error=ResourceExhausted("preempted"), error_after_first=True
+    )
+    _, _, base = await serve(upstream)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{base}/v1/completions", json={"prompt": "x", "stream": True}) as r,
+    ):
+        assert r.status == 200
+        events = (await r.text()).split("\n\n")
+    first_two = tokenizer.decode(tokenizer._hf.encode(REPLY, add_special_tokens=False)[:2])
+    assert json.loads(events[0].removeprefix("data: "))["choices"][0]["text"] == first_two
+    error = json.loads(events[-3].removeprefix("data: "))["error"]
+    assert error["code"] == "resource_exhausted" and error["message"] == "preempted"
+    assert events[-2] == "data: [DONE]"
+
+
+async def test_api_keys_and_rate_limit(serve):
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+    limiter = LocalRateLimiter(RateLimitConfig(capacity=1, refill_per_s=1), Clock())
+    client, _, _ = await serve(admission=Admission(frozenset({"sk-good"}), limiter), key="sk-bad")
+    with pytest.raises(openai.AuthenticationError):
+        await client.completions.create(model="tiny", prompt="x")
+    good = client.with_options(api_key="sk-good")
+    assert (await good.completions.create(model="tiny", prompt="x")).choices[0].text
+    with pytest.raises(openai.RateLimitError, match="rate limit"):
+        await good.completions.create(model="tiny", prompt="x")
+
+
+async def test_client_disconnect_aborts_upstream(serve, tokenizer):
+    upstream = ScriptedUpstream(tokenizer, hold_after_first=True)
+    _, _, base = await serve(upstream)
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            f"{base}/v1/completions", json={"prompt": "x", "stream": True}
+        )
+        first = await response.content.readuntil(b"\n\n")
+        assert first.startswith(b"data: ")
+        response.close()  # the client goes away mid-stream
+    assert await asyncio.wait_for(upstream.aborted.get(), 5) == upstream.submitted[0].req_id
+
+
+async def test_models_and_health(serve):
+    client, _, base = await serve(ready=lambda: False)
+    assert [m.id for m in (await client.models.list()).data] == ["tiny"]
+    assert (await client.models.retrieve("tiny")).id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("other")
+    async with aiohttp.ClientSession() as session, session.get(f"{base}/health") as r:
+        assert r.status == 503
