@@ -1,0 +1,1 @@
+"""The cache service: KV page pools, the radix tree of cached prefixes, leases, result and session stores."""

@@ -1,0 +1,264 @@
+"""CacheCore: every executor's page pool, the radix trees and the leases. No gRPC here.
+
+Each verb says whether it changes state. A verb that raises leaves no partial state.
+Not thread-safe: the service calls it from one event loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Sequence
+
+from services.cache.core.config import CacheConfig
+from services.cache.core.eviction import EVICTION_POLICIES
+from services.cache.core.pool import LeaseState, Pool
+from services.cache.core.types import CommitResult, Lease, PoolStats
+from services.common.errors import InvalidArgument, NotFound
+
+Clock = Callable[[], float]
+
+
+def _as_list(tokens: Sequence[int]) -> list[int]:
+    return tokens if type(tokens) is list else list(tokens)
+
+
+class CacheCore:
+    """Pools, trees and leases of every executor.
+
+    Leases expire per holder: a holder's TTL (`lease_ttl_s`) restarts with each of its
+    heartbeats, acquires and extends; `expire()` releases every lease of a holder whose
+    TTL ran out. Read-only verbs never touch access times, locks or pages.
+    """
+
+    def __init__(self, config: CacheConfig | None = None, clock: Clock = time.monotonic) -> None:
+        self.config = config or CacheConfig()
+        self._clock = clock
+        self._pools: dict[str, Pool] = {}
+        self._leases: dict[str, LeaseState] = {}
+        self._holder_leases: dict[str, set[str]] = {}
+        self._holder_deadline: dict[str, float] = {}
+        # A per-instance prefix: a restarted service never accepts a stale lease id.
+        self._lease_prefix = f"{secrets.token_hex(4)}-"
+        self._lease_seq = itertools.count(1)
+
+    # ---- pools ----
+
+    def register_pool(self, executor_id: str, model: str, num_pages: int, page_size: int) -> None:
+        """Changes state: adds a pool. Idempotent for the same geometry; a different
+        geometry (model, num_pages, page_size) resets the pool and drops its leases."""
+        if not executor_id:
+            raise InvalidArgument("executor_id must not be empty")
+        if not model:
+            raise InvalidArgument("model must not be empty")
+        if not (1 <= num_pages <= self.config.max_pages_per_pool):
+            raise InvalidArgument(
+                f"num_pages must be in [1, {self.config.max_pages_per_pool}], got {num_pages}"
+            )
+        if not (1 <= page_size <= 1 << 16):
+            raise InvalidArgument(f"page_size must be in [1, 65536], got {page_size}")
+        pool = self._pools.get(executor_id)
+        if pool is not None:
+            if pool.same_geometry(model, num_pages, page_size):
+                return
+            self.unregister_pool(executor_id)
+        policy = EVICTION_POLICIES[self.config.eviction_policy]()
+        self._pools[executor_id] = Pool.create(
+            executor_id, model, num_pages, page_size, policy, self._clock()
+        )
+
+    def unregister_pool(self, executor_id: str) -> int:
+        """Changes state: drops a pool, its tree and every lease on it; returns how many leases."""
+        pool = self._pool(executor_id)
+        num_leases = len(pool.leases)
+        for state in list(pool.leases.values()):
+            self._end_lease(state)
+        del self._pools[executor_id]
+        return num_leases
+
+    def executor_ids(self) -> list[str]:
+        """Read-only: registered pools, in registration order."""
+        return list(self._pools)
+
+    # ---- lookups ----
+
+    def match(self, tokens: Sequence[int], model: str | None = None) -> dict[str, int]:
+        """Read-only on pools and trees: cached prefix length of `tokens` on each pool
+        (of `model`, if given). Counts one prefix query per pool looked at in the stats."""
+        tokens = _as_list(tokens)
+        return {
+            executor_id: pool.lookup(tokens).num_tokens
+            for executor_id, pool in self._pools.items()
+            if not model or pool.model == model
+        }
+
+    def stats(self, executor_id: str | None = None) -> list[PoolStats]:
+        """Read-only: counters of one pool, or of every pool when `executor_id` is empty."""
+        if executor_id:
+            return [self._pool(executor_id).stats()]
+        return [pool.stats() for pool in self._pools.values()]
+
+    def lease(self, lease_id: str) -> Lease:
+        """Read-only: a snapshot of a live lease."""
+        return self._snapshot(self._lease(lease_id))
+
+    # ---- leases ----
+
+    def acquire(
+        self, executor_id: str, tokens: Sequence[int], num_tokens: int, holder: str
+    ) -> Lease:
+        """Changes state: locks the longest cached prefix of `tokens` and leases pages so
+        the lease covers `num_tokens` tokens, evicting unlocked leaves when free pages run
+        short. ResourceExhausted, with nothing changed, when even eviction cannot make room."""
+        pool = self._pool(executor_id)
+        if not holder:
+            raise InvalidArgument("holder must not be empty")
+        tokens = _as_list(tokens)
+        if num_tokens < max(1, len(tokens)):
+            raise InvalidArgument(
+                f"num_tokens must be >= max(1, len(token_ids)={len(tokens)}), got {num_tokens}"
+            )
+        tree = pool.tree
+        match = tree.walk(tokens)
+        num_prefix_pages = match.num_tokens // pool.page_size
+        num_new_pages = -(-num_tokens // pool.page_size) - num_prefix_pages
+        if num_new_pages > pool.allocator.num_free:
+            pool.check_room(num_new_pages, tree.num_unlocked_pages(match))
+        pool.count_query(len(tokens), match.num_tokens)
+        now = self._clock()
+        node = tree.split_match(match)
+        tree.lock(node, now)
+        page_ids = tree.path_page_ids(node) if num_prefix_pages else []
+        page_ids += pool.take_pages(num_new_pages)
+        lease_id = f"{self._lease_prefix}{next(self._lease_seq)}"
+        state = LeaseState(
+            lease_id, pool, holder, node, match.num_tokens, num_prefix_pages, page_ids
+        )
+        self._leases[lease_id] = pool.leases[lease_id] = state
+        self._holder_leases.setdefault(holder, set()).add(lease_id)
+        self._holder_deadline[holder] = now + self.config.lease_ttl_s
+        return self._snapshot(state)
+
+    def extend(self, lease_id: str, num_pages: int) -> list[int]:
+        """Changes state: `num_pages` more pages for a lease (evicting if needed); renews
+        its holder. ResourceExhausted, with nothing changed, when there is no room."""
+        state = self._lease(lease_id)
+        if num_pages < 1:
+            raise InvalidArgument(f"num_pages must be >= 1, got {num_pages}")
+        pool = state.pool
+        if num_pages > pool.allocator.num_free:
+            pool.check_room(num_pages)
+        pages = pool.take_pages(num_pages)
+        state.page_ids += pages
+        self._renew(state.holder)
+        return pages
+
+    def commit(self, lease_id: str, tokens: Sequence[int]) -> CommitResult:
+        """Changes state: inserts the full pages of `tokens` (whose KV the lease's pages
+        hold, in order) into the tree, frees the lease's copies of pages another commit
+        inserted meanwhile, its partial tail page and unused pages, unlocks, ends the lease.
+
+        `tokens` must start with the lease's cached prefix; only its last page is compared
+        again (its pages are the tree's own), and only the tokens after it are inserted."""
+        state = self._lease(lease_id)
+        pool = state.pool
+        ps = pool.page_size
+        tokens = _as_list(tokens)
+        if len(tokens) < state.num_cached_tokens:
+            raise InvalidArgument(
+                f"token_ids ({len(tokens)}) must cover the lease's cached prefix ({state.num_cached_tokens} tokens)"
+            )
+        if len(tokens) > len(state.page_ids) * ps:
+            raise InvalidArgument(
+                f"token_ids ({len(tokens)}) exceed the lease's {len(state.page_ids)} pages of {ps} tokens"
+            )
+        cached = state.num_cached_tokens
+        if cached and tokens[cached - ps : cached] != state.node.tokens[-ps:]:
+            # A cheap guard (one page, not the whole prefix) against a caller mix-up.
+            raise InvalidArgument("token_ids do not start with the lease's cached prefix")
+        num_full_pages = len(tokens) // ps
+        first = state.num_prefix_pages
+        own_pages = state.page_ids[first:]
+        inserted = pool.tree.insert(
+            state.node,
+            tokens,
+            first * ps,
+            num_full_pages * ps,
+            own_pages[: num_full_pages - first],
+            self._clock(),
+        )
+        to_free = inserted.duplicate_page_ids + own_pages[num_full_pages - first :]
+        pool.allocator.free(to_free)
+        pool.num_leased_pages -= len(own_pages)
+        self._end_lease(state)
+        return CommitResult(
+            num_cached_tokens=num_full_pages * ps,
+            num_new_pages=inserted.num_new_pages,
+            num_deduplicated_pages=len(inserted.duplicate_page_ids),
+            num_freed_pages=len(to_free),
+        )
+
+    def release(self, lease_id: str) -> None:
+        """Changes state: ends a lease without inserting; frees its own pages, drops its locks."""
+        state = self._lease(lease_id)
+        state.pool.return_pages(state.page_ids[state.num_prefix_pages :])
+        self._end_lease(state)
+
+    def heartbeat(self, holder: str) -> int:
+        """Changes state: renews every lease of `holder`; returns how many it holds."""
+        if not holder:
+            raise InvalidArgument("holder must not be empty")
+        lease_ids = self._holder_leases.get(holder)
+        if not lease_ids:
+            return 0
+        self._renew(holder)
+        return len(lease_ids)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Changes state: releases every lease whose holder's TTL ran out; returns their ids."""
+        if now is None:
+            now = self._clock()
+        expired: list[str] = []
+        for holder, deadline in list(self._holder_deadline.items()):
+            if deadline <= now:
+                for lease_id in sorted(self._holder_leases.get(holder, ())):
+                    expired.append(lease_id)
+                    self.release(lease_id)
+        return expired
+
+    # ---- internals ----
+
+    def _pool(self, executor_id: str) -> Pool:
+        pool = self._pools.get(executor_id)
+        if pool is None:
+            raise NotFound(f"executor_id {executor_id!r} has no registered pool")
+        return pool
+
+    def _lease(self, lease_id: str) -> LeaseState:
+        state = self._leases.get(lease_id)
+        if state is None:
+            raise NotFound(
+                f"lease_id {lease_id!r} is not a live lease (ended, expired or never issued)"
+            )
+        return state
+
+    def _renew(self, holder: str) -> None:
+        self._holder_deadline[holder] = self._clock() + self.config.lease_ttl_s
+
+    def _end_lease(self, state: LeaseState) -> None:
+        """Changes state: drops the lease's locks and its records (its pages are handled)."""
+        state.pool.tree.unlock(state.node)
+        del self._leases[state.lease_id]
+        del state.pool.leases[state.lease_id]
+        holder_leases = self._holder_leases[state.holder]
+        holder_leases.discard(state.lease_id)
+        if not holder_leases:
+            del self._holder_leases[state.holder]
+            del self._holder_deadline[state.holder]
+
+    @staticmethod
+    def _snapshot(state: LeaseState) -> Lease:
+        return Lease(
+            state.lease_id, state.pool.executor_id, list(state.page_ids), state.num_cached_tokens
+        )

@@ -1,0 +1,276 @@
+"""A page-granular radix tree over token sequences.
+
+Every node holds whole pages: `tokens` is a multiple of `page_size` long and `page_ids`
+has one id per page of it. Children are keyed by the tuple of their first page's tokens,
+so walking costs one dict lookup per node plus one list comparison per edge (C speed),
+never a Python loop over tokens. Match lengths are multiples of `page_size`.
+
+A node's `lock_count` is the number of leases holding it (a lease locks its whole path
+to the root), so an unlocked node has only unlocked descendants. Only unlocked leaves
+are evicted; the tree keeps `num_cached_pages` and `num_locked_pages` up to date
+incrementally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.cache.core.eviction import EvictionPolicy
+
+
+@dataclass(slots=True, eq=False)
+class RadixNode:
+    parent: RadixNode | None
+    """None for the root and for a node that was evicted (detached)."""
+    key: tuple[int, ...]
+    """The first page's tokens: this node's key in `parent.children`."""
+    tokens: list[int]
+    page_ids: list[int]
+    last_access: float
+    children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
+    lock_count: int = 0
+
+
+@dataclass(slots=True)
+class TreeMatch:
+    """Where a walk stopped (read-only result of `RadixTree.walk`)."""
+
+    node: RadixNode
+    """The deepest node matched in full."""
+    num_tokens: int
+    """Tokens matched in total (a multiple of page_size), including `partial_pages`."""
+    partial: RadixNode | None = None
+    """A child of `node` whose first `partial_pages` pages also match, if any."""
+    partial_pages: int = 0
+
+
+@dataclass(slots=True)
+class InsertResult:
+    """What `RadixTree.insert` did with the pages it was offered."""
+
+    num_new_pages: int
+    """Pages that became part of the tree."""
+    duplicate_page_ids: list[int]
+    """Offered pages whose tokens the tree already held; the caller frees them."""
+
+
+class RadixTree:
+    """The cached prefixes of one pool. Not thread-safe; the core runs on one event loop."""
+
+    def __init__(self, page_size: int, policy: EvictionPolicy, now: float = 0.0) -> None:
+        self.page_size = page_size
+        self.policy = policy
+        self.root = RadixNode(parent=None, key=(), tokens=[], page_ids=[], last_access=now)
+        self.num_cached_pages = 0
+        self.num_locked_pages = 0
+        self.num_nodes = 0
+
+    # ---- read-only ----
+
+    def walk(self, tokens: list[int]) -> TreeMatch:
+        """Read-only: the longest cached prefix of `tokens` (full pages only)."""
+        ps = self.page_size
+        end = len(tokens) // ps * ps
+        node = self.root
+        pos = 0
+        while pos < end:
+            child = node.children.get(tuple(tokens[pos : pos + ps]))
+            if child is None:
+                break
+            edge = child.tokens
+            edge_end = pos + len(edge)
+            if edge_end <= end and tokens[pos:edge_end] == edge:
+                node = child
+                pos = edge_end
+                continue
+            num_pages = _num_equal_pages(tokens, pos, edge, min(len(edge), end - pos) // ps, ps)
+            return TreeMatch(node, pos + num_pages * ps, child, num_pages)
+        return TreeMatch(node, pos)
+
+    def path_page_ids(self, node: RadixNode) -> list[int]:
+        """Read-only: the page ids from the root down to the end of `node`."""
+        parts = []
+        while node.parent is not None:
+            parts.append(node.page_ids)
+            node = node.parent
+        out: list[int] = []
+        for part in reversed(parts):
+            out += part
+        return out
+
+    def num_unlocked_pages(self, match: TreeMatch) -> int:
+        """Read-only: pages of the matched prefix that no lease holds yet."""
+        num = (
+            match.partial_pages if match.partial is not None and not match.partial.lock_count else 0
+        )
+        node = match.node
+        while node.parent is not None and not node.lock_count:
+            num += len(node.page_ids)
+            node = node.parent
+        return num
+
+    @staticmethod
+    def is_evictable(node: RadixNode) -> bool:
+        return node.parent is not None and not node.lock_count and not node.children
+
+    def iter_nodes(self):
+        """Read-only: every node except the root, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # ---- changing state ----
+
+    def split_match(self, match: TreeMatch) -> RadixNode:
+        """Changes state: splits a partial match so that a node ends exactly at it."""
+        if match.partial is None:
+            return match.node
+        return self._split(match.partial, match.partial_pages)
+
+    def lock(self, node: RadixNode, now: float) -> None:
+        """Changes state: one more lease holds `node` and its ancestors; touches them."""
+        while node.parent is not None:
+            if not node.lock_count:
+                self.num_locked_pages += len(node.page_ids)
+            node.lock_count += 1
+            node.last_access = now
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        """Changes state: one lease less holds `node` and its ancestors."""
+        while node.parent is not None:
+            node.lock_count -= 1
+            if node.lock_count < 0:
+                raise AssertionError("radix node lock_count went negative")
+            if not node.lock_count:
+                self.num_locked_pages -= len(node.page_ids)
+                if not node.children:
+                    self.policy.push(node)
+            node = node.parent
+
+    def insert(
+        self,
+        node: RadixNode,
+        tokens: list[int],
+        start: int,
+        end: int,
+        page_ids: list[int],
+        now: float,
+    ) -> InsertResult:
+        """Changes state: inserts `tokens[start:end]` (full pages) below `node`, which ends
+        at `start`; `page_ids` are their pages, one per page of tokens.
+
+        Pages whose tokens are already in the tree are not inserted; they come back in
+        `duplicate_page_ids` for the caller to free. The walked path is touched.
+        """
+        ps = self.page_size
+        pos = start
+        duplicates: list[int] = []
+        while pos < end:
+            key = tuple(tokens[pos : pos + ps])
+            child = node.children.get(key)
+            if child is None:
+                leaf = RadixNode(node, key, tokens[pos:end], page_ids[(pos - start) // ps :], now)
+                node.children[key] = leaf
+                self.num_nodes += 1
+                self.num_cached_pages += len(leaf.page_ids)
+                self.policy.push(leaf)
+                self._maybe_compact()
+                return InsertResult(len(leaf.page_ids), duplicates)
+            edge = child.tokens
+            num_pages = _num_equal_pages(tokens, pos, edge, min(len(edge), end - pos) // ps, ps)
+            if num_pages * ps < len(edge) and pos + num_pages * ps < end:
+                child = self._split(child, num_pages)  # the sequence diverges inside the edge
+            first = (pos - start) // ps
+            duplicates += page_ids[first : first + num_pages]
+            pos += num_pages * ps
+            child.last_access = now
+            if self.is_evictable(child):
+                self.policy.push(child)
+            node = child
+        return InsertResult(0, duplicates)
+
+    def evict(self, num_pages: int) -> list[int]:
+        """Changes state: frees pages of unlocked leaves, least valuable leaf first, until
+        `num_pages` pages are freed or nothing is left to evict. A leaf at least twice as
+        long as what is still needed loses only its tail pages (its prefix stays cached).
+        Returns the freed page ids."""
+        freed: list[int] = []
+        policy = self.policy
+        while len(freed) < num_pages:
+            victim = policy.pop_victim(self.is_evictable)
+            if victim is None:
+                break
+            need = num_pages - len(freed)
+            keep = len(victim.page_ids) - need
+            if keep >= need:  # a long leaf: cut its tail; a short one goes whole (cheaper)
+                freed += victim.page_ids[keep:]
+                self.num_cached_pages -= len(victim.page_ids) - keep
+                del victim.page_ids[keep:]
+                del victim.tokens[keep * self.page_size :]
+                policy.push(victim)  # still an evictable leaf, now shorter
+                break
+            parent = victim.parent
+            del parent.children[victim.key]  # type: ignore[union-attr]
+            victim.parent = None
+            self.num_nodes -= 1
+            self.num_cached_pages -= len(victim.page_ids)
+            freed += victim.page_ids
+            if self.is_evictable(parent):  # type: ignore[arg-type]
+                policy.push(parent)  # type: ignore[arg-type]
+        return freed
+
+    def clear(self) -> list[int]:
+        """Changes state: empties the tree; returns every cached page id."""
+        pages = [p for node in self.iter_nodes() for p in node.page_ids]
+        self.root.children = {}
+        self.num_cached_pages = self.num_locked_pages = self.num_nodes = 0
+        return pages
+
+    def _split(self, child: RadixNode, num_pages: int) -> RadixNode:
+        """Changes state: cuts `child` after `num_pages` pages; returns the new upper node.
+
+        The lower part stays the same object, so a lease holding it still ends at the
+        same depth; the upper part copies its lock count (every lease that locks the
+        lower part also locks the upper one)."""
+        cut = num_pages * self.page_size
+        parent = child.parent
+        upper = RadixNode(
+            parent,
+            child.key,
+            child.tokens[:cut],
+            child.page_ids[:num_pages],
+            child.last_access,
+            lock_count=child.lock_count,
+        )
+        child.tokens = child.tokens[cut:]
+        child.page_ids = child.page_ids[num_pages:]
+        child.key = tuple(child.tokens[: self.page_size])
+        child.parent = upper
+        upper.children[child.key] = child
+        parent.children[upper.key] = upper  # type: ignore[union-attr]
+        self.num_nodes += 1
+        return upper
+
+    def _maybe_compact(self) -> None:
+        if len(self.policy) > 4 * self.num_nodes + 1024:
+            self.policy.compact(self.is_evictable)
+
+
+def _num_equal_pages(tokens: list[int], pos: int, edge: list[int], num_pages: int, ps: int) -> int:
+    """How many leading pages of `edge` equal `tokens[pos:]`, up to `num_pages`.
+
+    Binary search over slice comparisons: about one pass over the compared tokens in
+    total, at C speed. The first page is known to match (it is the child's key)."""
+    if num_pages and tokens[pos : pos + num_pages * ps] == edge[: num_pages * ps]:
+        return num_pages
+    lo, hi = min(1, num_pages), num_pages - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tokens[pos + lo * ps : pos + mid * ps] == edge[lo * ps : mid * ps]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

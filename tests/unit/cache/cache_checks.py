@@ -1,0 +1,56 @@
+"""Structural checks of a cache core, computed from its parts (not from its own counters)."""
+
+from __future__ import annotations
+
+from services.cache.core import CacheCore
+
+
+def check_pool(core: CacheCore, executor_id: str = "exec-0") -> None:
+    pool = core._pools[executor_id]
+    tree = pool.tree
+    ps = pool.page_size
+    free = pool.allocator.free_page_ids()
+    cached: list[int] = []
+    locked_pages = 0
+    expected_locks: dict[int, int] = {}
+    for state in pool.leases.values():
+        node = state.node
+        while node.parent is not None:
+            expected_locks[id(node)] = expected_locks.get(id(node), 0) + 1
+            node = node.parent
+        assert node is tree.root, "a leased prefix node was detached (evicted while locked)"
+        assert tree.path_page_ids(state.node) == state.page_ids[: state.num_prefix_pages]
+        assert state.num_cached_tokens == state.num_prefix_pages * ps
+    for node in tree.iter_nodes():
+        assert node.lock_count >= 0
+        assert node.lock_count == expected_locks.get(id(node), 0)
+        assert len(node.tokens) == len(node.page_ids) * ps and node.page_ids
+        assert node.key == tuple(node.tokens[:ps])
+        assert node.parent.children[node.key] is node
+        cached += node.page_ids
+        if node.lock_count:
+            locked_pages += len(node.page_ids)
+    leased = [p for s in pool.leases.values() for p in s.page_ids[s.num_prefix_pages :]]
+    everything = free + cached + leased
+    assert len(everything) == len(set(everything)), "a page is in two places"
+    assert sorted(everything) == list(range(pool.num_pages)), "pages are not conserved"
+    stats = core.stats(executor_id)[0]
+    assert stats.num_free_pages == len(free)
+    assert stats.num_cached_pages == len(cached)
+    assert stats.num_leased_pages == len(leased)
+    assert stats.num_locked_pages == locked_pages
+    assert stats.num_leases == len(pool.leases)
+
+
+def cached_sequences(core: CacheCore, executor_id: str = "exec-0") -> list[list[int]]:
+    """Every root-to-leaf token sequence in the pool's tree."""
+    tree = core._pools[executor_id].tree
+    out = []
+    stack = [(tree.root, [])]
+    while stack:
+        node, prefix = stack.pop()
+        tokens = prefix + node.tokens
+        if not node.children and node is not tree.root:
+            out.append(tokens)
+        stack.extend((child, tokens) for child in node.children.values())
+    return out
