@@ -11,16 +11,25 @@ Layout contract:
   seq_lens[b] - q_len_b + i and attends to every position up to its own.
 
 num_heads must be a multiple of num_kv_heads (grouped-query attention).
+
+`paged_attention_triton` is flash attention over the pages: one program per
+(query head, sequence, block of BLOCK_M query tokens), an online softmax in
+fp32 over KV tiles of BLOCK_N positions gathered through the page table. KV
+tiles every query row of the block may see run unmasked; the tiles on the
+causal diagonal run masked. `attend_block` is the inner step, shared with the
+decode kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels._triton import check, interpreting, tl, triton
 
-def gather_kv(
-    cache: torch.Tensor, page_row: torch.Tensor, seq_len: int
-) -> torch.Tensor:
+LOG2E = 1.4426950408889634
+
+
+def gather_kv(cache: torch.Tensor, page_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """[seq_len, num_kv_heads, head_dim] of one sequence, read through its pages."""
     page_size = cache.shape[1]
     num_pages = (seq_len + page_size - 1) // page_size
@@ -59,4 +68,268 @@ def paged_attention_ref(
         scores.masked_fill_(mask[None], float("-inf"))
         probs = scores.softmax(dim=-1)
         out[q_start:q_end] = torch.einsum("hls,shd->lhd", probs, v).to(q.dtype)
+    return out
+
+
+@triton.jit
+def mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b with fp32 accumulation; IEEE multiplies in fp32 (fp32 inputs, interpreter)."""
+    if IEEE:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def attend_block(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_base_ptr,
+    v_base_ptr,
+    page_row_ptr,
+    start_n,
+    kv_end,
+    stride_k_page,
+    stride_k_slot,
+    stride_v_page,
+    stride_v_slot,
+    offs_d,
+    d_mask,
+    qk_scale,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One online-softmax step over KV positions [start_n, start_n + BLOCK_N).
+
+    q is [M, BLOCK_D] with query positions q_pos [M]; k/v_base_ptr point at the
+    KV head in the caches. MASKED applies `position < kv_end` and causality
+    (`position <= q_pos`); unmasked tiles must lie wholly inside both. Scores
+    are in the log2 domain (qk_scale includes log2(e)); m_i, l_i are the running
+    max and sum per row, acc the unnormalized output.
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_valid = offs_n < kv_end
+        page = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=n_valid, other=0).to(tl.int64)
+    else:
+        n_valid = offs_n >= 0
+        page = tl.load(page_row_ptr + offs_n // PAGE_SIZE).to(tl.int64)
+    slot = offs_n % PAGE_SIZE
+    k_off = page * stride_k_page + slot * stride_k_slot
+    kv_mask = n_valid[None, :] & d_mask[:, None]
+    k_t = tl.load(k_base_ptr + k_off[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)
+    s = mma(q, k_t, tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), IEEE) * qk_scale
+    if MASKED:
+        visible = n_valid[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v_off = page * stride_v_page + slot * stride_v_slot
+    v = tl.load(
+        v_base_ptr + v_off[:, None] + offs_d[None, :],
+        mask=n_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    page_table_ptr,
+    cu_seqlens_q_ptr,
+    seq_lens_ptr,
+    qk_scale,
+    stride_q_t,
+    stride_q_h,
+    stride_o_t,
+    stride_o_h,
+    stride_k_page,
+    stride_k_slot,
+    stride_k_h,
+    stride_v_page,
+    stride_v_slot,
+    stride_v_h,
+    stride_page_table,
+    GROUP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    # heads vary fastest, then sequences; the last (longest) query blocks run first
+    head = tl.program_id(0)
+    seq = tl.program_id(1)
+    q_block = tl.num_programs(2) - 1 - tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if q_block * BLOCK_M < q_len:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        prefix = seq_len - q_len
+        offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        m_valid = offs_m < q_len
+        d_mask = offs_d < HEAD_DIM
+        q_rows = (q_start + offs_m).to(tl.int64)
+        q = tl.load(
+            q_ptr + q_rows[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :],
+            mask=m_valid[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        q_pos = prefix + offs_m
+        kv_head = head // GROUP
+        k_base = k_cache_ptr + kv_head * stride_k_h
+        v_base = v_cache_ptr + kv_head * stride_v_h
+        page_row = page_table_ptr + seq.to(tl.int64) * stride_page_table
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        # tiles every row of the block sees in full, then the diagonal tiles
+        first_pos = prefix + q_block * BLOCK_M
+        kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
+        full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+        for start_n in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = attend_block(
+                acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
+                stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+                qk_scale, PAGE_SIZE, BLOCK_N, False, IEEE,
+            )  # fmt: skip
+        for start_n in range(full_end, kv_end, BLOCK_N):
+            acc, m_i, l_i = attend_block(
+                acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
+                stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+                qk_scale, PAGE_SIZE, BLOCK_N, True, IEEE,
+            )  # fmt: skip
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + q_rows[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=m_valid[:, None] & d_mask[None, :],
+        )
+
+
+def _prefill_configs() -> list:
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages); all fit Hopper's shared memory at head_dim 128
+    shapes = [
+        (128, 64, 8, 3),
+        (128, 64, 8, 4),
+        (128, 128, 8, 2),
+        (128, 32, 4, 3),
+        (64, 64, 4, 3),
+        (64, 32, 4, 4),
+    ]
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+        for m, n, w, st in shapes
+    ]
+
+
+_paged_prefill_tuned = triton.autotune(
+    configs=_prefill_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "IEEE"]
+)(_paged_prefill_kernel)
+
+# the interpreter runs one fixed, small configuration (no timing to tune on)
+_INTERPRETER_PREFILL = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+
+def check_paged_kv(
+    op: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor
+) -> None:
+    """The layout contract shared by the prefill and decode wrappers."""
+    check(q.dim() == 3 and q.stride(-1) == 1, f"{op}: q must be [num_tokens, num_heads, head_dim]")
+    check(
+        k_cache.dim() == 4 and k_cache.stride(-1) == 1,
+        f"{op}: k_cache must be [num_pages, page_size, num_kv_heads, head_dim]",
+    )
+    check(
+        v_cache.shape == k_cache.shape and v_cache.stride(-1) == 1,
+        f"{op}: v_cache must match k_cache",
+    )
+    check(k_cache.dtype == v_cache.dtype, f"{op}: k_cache and v_cache dtypes differ")
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    check(
+        k_cache.shape[3] == head_dim,
+        f"{op}: q head_dim {head_dim} != cache head_dim {k_cache.shape[3]}",
+    )
+    check(
+        num_heads % num_kv_heads == 0,
+        f"{op}: num_heads {num_heads} not a multiple of num_kv_heads {num_kv_heads}",
+    )
+    check(head_dim >= 16, f"{op}: head_dim must be at least 16")
+    check(
+        page_table.dim() == 2 and page_table.dtype == torch.int32 and page_table.stride(-1) == 1,
+        f"{op}: page_table must be [num_seqs, max_pages_per_seq] int32",
+    )
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_q_len: int | None = None,
+) -> torch.Tensor:
+    """`paged_attention_ref` in one launch for every sequence of the batch.
+
+    max_q_len (the longest sequence's new-token count) sizes the grid; when
+    omitted it is read from cu_seqlens_q, which synchronizes with the device.
+    """
+    check_paged_kv("paged_attention", q, k_cache, v_cache, page_table)
+    num_seqs = seq_lens.shape[0]
+    check(
+        cu_seqlens_q.shape == (num_seqs + 1,) and cu_seqlens_q.dtype == torch.int32,
+        "paged_attention: cu_seqlens_q must be [num_seqs + 1] int32",
+    )
+    check(seq_lens.dtype == torch.int32, "paged_attention: seq_lens must be int32")
+    check(
+        page_table.shape[0] >= num_seqs, "paged_attention: page_table has fewer rows than seq_lens"
+    )
+    num_tokens, num_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if num_seqs else 0
+    if num_tokens == 0 or max_q_len == 0:
+        return out
+    ieee = interpreting() or q.dtype == torch.float32
+    args = (
+        q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0),
+    )  # fmt: skip
+    meta = {
+        "GROUP": num_heads // k_cache.shape[2],
+        "PAGE_SIZE": k_cache.shape[1],
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": max(triton.next_power_of_2(head_dim), 16),
+        "IEEE": ieee,
+    }
+
+    def grid(cfg: dict) -> tuple[int, int, int]:
+        return (num_heads, num_seqs, triton.cdiv(max_q_len, cfg["BLOCK_M"]))
+
+    if interpreting():
+        _paged_prefill_kernel[grid](*args, **meta, **_INTERPRETER_PREFILL)
+    else:
+        _paged_prefill_tuned[grid](*args, **meta)
     return out

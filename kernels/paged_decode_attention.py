@@ -3,13 +3,25 @@
 Layout contract: q is [num_seqs, num_heads, head_dim]; k_cache, v_cache,
 page_table and seq_lens as in `paged_attention` (seq_lens includes the token
 being decoded, whose KV is already stored).
+
+`paged_decode_attention_triton` splits each sequence's KV along its length
+into num_splits parts, in two launches:
+1. one program per (sequence, KV head, split) attends all the query heads of
+   that KV head (a [BLOCK_H, head_dim] tile, so each K/V page is read once per
+   KV head) over its part, and writes the partial max, sum and unnormalized
+   output of every head;
+2. one program per (sequence, query head) merges the parts.
+A sequence whose seq_len is 0 (a padding row) gets zeros.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from kernels.paged_attention import paged_attention_ref
+from kernels._triton import check, interpreting, tl, triton
+from kernels.paged_attention import LOG2E, attend_block, check_paged_kv, paged_attention_ref
 
 
 def paged_decode_attention_ref(
@@ -22,3 +34,215 @@ def paged_decode_attention_ref(
 ) -> torch.Tensor:
     cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    page_table_ptr,
+    seq_lens_ptr,
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    qk_scale,
+    stride_q_t,
+    stride_q_h,
+    stride_k_page,
+    stride_k_slot,
+    stride_k_h,
+    stride_v_page,
+    stride_v_slot,
+    stride_v_h,
+    stride_page_table,
+    GROUP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # every split covers a whole number of BLOCK_N tiles; trailing splits may be empty
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_valid = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    q = tl.load(
+        q_ptr + seq.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :],
+        mask=h_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    q_pos = tl.full([BLOCK_H], 0, dtype=tl.int32) + seq_len - 1
+    k_base = k_cache_ptr + kv_head * stride_k_h
+    v_base = v_cache_ptr + kv_head * stride_v_h
+    page_row = page_table_ptr + seq.to(tl.int64) * stride_page_table
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for start_n in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = attend_block(
+            acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, end,
+            stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+            qk_scale, PAGE_SIZE, BLOCK_N, False, IEEE,
+        )  # fmt: skip
+    for start_n in range(full_end, end, BLOCK_N):
+        acc, m_i, l_i = attend_block(
+            acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, end,
+            stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+            qk_scale, PAGE_SIZE, BLOCK_N, True, IEEE,
+        )  # fmt: skip
+    # partials are [num_seqs, num_heads, num_splits] (+ [BLOCK_D] for the output)
+    part = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
+    tl.store(part_m_ptr + part, m_i, mask=h_valid)
+    tl.store(part_l_ptr + part, l_i, mask=h_valid)
+    tl.store(
+        part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+        acc,
+        mask=h_valid[:, None] & d_mask[None, :],
+    )
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    out_ptr,
+    num_splits,
+    stride_o_t,
+    stride_o_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_valid = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+    part = (seq * tl.num_programs(1) + head) * num_splits + offs_s
+    m = tl.load(part_m_ptr + part, mask=s_valid, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + part, mask=s_valid, other=0.0)
+    acc = tl.load(
+        part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+        mask=s_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    weight = tl.math.exp2(m - tl.max(m, axis=0))
+    total = tl.sum(weight * l_s, axis=0)
+    out = tl.sum(weight[:, None] * acc, axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(
+        out_ptr + seq * stride_o_t + head * stride_o_h + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=d_mask,
+    )
+
+
+def _split_configs() -> list:
+    # (BLOCK_N, num_warps, num_stages)
+    shapes = [(64, 4, 3), (64, 4, 2), (128, 8, 2), (32, 4, 4), (128, 4, 3)]
+    return [triton.Config({"BLOCK_N": n}, num_warps=w, num_stages=st) for n, w, st in shapes]
+
+
+_decode_split_tuned = triton.autotune(
+    configs=_split_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "IEEE"]
+)(_decode_split_kernel)
+
+_MIN_TOKENS_PER_SPLIT = 256
+_MAX_SPLITS = 64
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if interpreting():
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Enough (sequence, KV head, split) programs to fill num_sms about 4 times,
+    with at least _MIN_TOKENS_PER_SPLIT positions of the longest possible sequence
+    per split. Depends on shapes only, so a captured graph keeps it."""
+    wanted = triton.cdiv(4 * num_sms, max(num_seqs * num_kv_heads, 1))
+    most = triton.cdiv(max_seq_len, _MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, most, _MAX_SPLITS))
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """`paged_decode_attention_ref` as split-KV attention with a merge launch.
+
+    num_splits defaults to `default_num_splits` over the page table's capacity
+    (max_pages_per_seq * page_size); no value is read back from the device.
+    """
+    check_paged_kv("paged_decode_attention", q, k_cache, v_cache, page_table)
+    num_seqs, num_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    check(
+        seq_lens.shape == (num_seqs,) and seq_lens.dtype == torch.int32,
+        "paged_decode_attention: seq_lens must be [num_seqs] int32",
+    )
+    check(
+        page_table.shape[0] >= num_seqs, "paged_decode_attention: page_table has fewer rows than q"
+    )
+    out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        max_seq_len = page_table.shape[1] * page_size
+        num_splits = default_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_sms(q.device))
+    check(num_splits >= 1, "paged_decode_attention: num_splits must be >= 1")
+    group = num_heads // num_kv_heads
+    block_d = max(triton.next_power_of_2(head_dim), 16)
+    part_out = torch.empty(
+        (num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device
+    )
+    part_m = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    args = (
+        q, k_cache, v_cache, page_table, seq_lens, part_out, part_m, part_l,
+        scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0),
+    )  # fmt: skip
+    meta = {
+        "GROUP": group,
+        "PAGE_SIZE": page_size,
+        "BLOCK_H": max(triton.next_power_of_2(group), 16),  # tl.dot needs >= 16 rows
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": block_d,
+        "IEEE": interpreting() or q.dtype == torch.float32,
+    }
+    grid = (num_seqs, num_kv_heads, num_splits)
+    if interpreting():
+        _decode_split_kernel[grid](*args, **meta, BLOCK_N=16)
+    else:
+        _decode_split_tuned[grid](*args, **meta)
+    _decode_reduce_kernel[(num_seqs, num_heads)](
+        part_out, part_m, part_l, out, num_splits, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+    )  # fmt: skip
+    return out

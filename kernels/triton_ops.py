@@ -1,0 +1,25 @@
+"""The Triton implementation set, registered as the "cuda" backend of `kernels.get_ops`."""
+
+from __future__ import annotations
+
+from kernels import Ops, register_backend
+from kernels.bitmask import apply_bitmask_triton
+from kernels.kv_store import kv_store_triton
+from kernels.paged_attention import paged_attention_triton
+from kernels.paged_decode_attention import paged_decode_attention_triton
+from kernels.rmsnorm import rmsnorm_triton
+from kernels.rotary import rotary_triton
+from kernels.silu_and_mul import silu_and_mul_triton
+
+TRITON_OPS = Ops(
+    name="triton",
+    rmsnorm=rmsnorm_triton,
+    rotary=rotary_triton,
+    silu_and_mul=silu_and_mul_triton,
+    kv_store=kv_store_triton,
+    paged_attention=paged_attention_triton,
+    paged_decode_attention=paged_decode_attention_triton,
+    apply_bitmask=apply_bitmask_triton,
+)
+
+register_backend("cuda", lambda: TRITON_OPS)

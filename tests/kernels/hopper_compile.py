@@ -1,0 +1,181 @@
+"""Compiles every Triton kernel for an H100/H200 (sm_90) without a GPU.
+
+The interpreter runs the kernels' logic on the CPU but accepts programs a GPU
+compiler rejects; this compiles them ahead of time for sm_90 (through PTX and
+the ptxas bundled with Triton) and prints one JSON line per kernel with the
+shared memory it needs. It sets TRITON_INTERPRET=0 itself, so it runs as its
+own process:
+
+    python tests/kernels/hopper_compile.py [--sweep]
+
+--sweep compiles every autotune config for bf16 and fp32 at head_dim 80 and
+128 (minutes); configs over the shared-memory limit are reported, not failed,
+since the autotuner skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler import compile as triton_compile
+
+from kernels import (
+    bitmask,
+    kv_store,
+    paged_attention,
+    paged_decode_attention,
+    rmsnorm,
+    rotary,
+    silu_and_mul,
+)
+
+HOPPER = GPUTarget("cuda", 90, 32)
+MAX_SHARED_BYTES = 227 * 1024  # per block on sm_90
+
+SCALARS = {"qk_scale": "fp32", "eps": "fp32"}
+
+
+def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int):
+    """Compiles as a launch would specialize it: pointers and strides 16-aligned."""
+    names = kernel.arg_names
+    signature, attrs = {}, {}
+    for i, name in enumerate(names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = types[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = SCALARS.get(name, "i32")
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        attrs=attrs,
+    )
+    return triton_compile(
+        src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+
+
+def attention_types(dtype: str) -> dict[str, str]:
+    kv = {name: f"*{dtype}" for name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr")}
+    ints = {name: "*i32" for name in ("page_table_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr")}
+    parts = {name: "*fp32" for name in ("part_out_ptr", "part_m_ptr", "part_l_ptr")}
+    return kv | ints | parts
+
+
+def cases(sweep: bool):
+    """(name, kernel, pointer types, constexprs, num_warps, num_stages).
+
+    Without sweep: bf16, head_dim 80 (padded to 128), each attention kernel's
+    first autotune config. With sweep: bf16 and fp32, head_dim 80 and 128,
+    every config."""
+    for dtype, ieee in (("bf16", False), ("fp32", True))[: 2 if sweep else 1]:
+        types = attention_types(dtype)
+        for head_dim in (80, 128)[: 2 if sweep else 1]:
+            consts = dict(PAGE_SIZE=16, HEAD_DIM=head_dim, BLOCK_D=128, IEEE=ieee)
+            prefill_cfgs = paged_attention._prefill_configs()
+            split_cfgs = paged_decode_attention._split_configs()
+            for cfg in prefill_cfgs if sweep else prefill_cfgs[:1]:
+                yield (
+                    f"prefill {dtype} d{head_dim} {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}",
+                    paged_attention._paged_prefill_kernel,
+                    types,
+                    consts | cfg.kwargs | {"GROUP": 4},
+                    cfg.num_warps,
+                    cfg.num_stages,
+                )
+            for cfg in split_cfgs if sweep else split_cfgs[:1]:
+                yield (
+                    f"decode split {dtype} d{head_dim} {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}",
+                    paged_decode_attention._decode_split_kernel,
+                    types,
+                    consts | cfg.kwargs | {"GROUP": 8, "BLOCK_H": 16},
+                    cfg.num_warps,
+                    cfg.num_stages,
+                )
+    yield (
+        "decode reduce",
+        paged_decode_attention._decode_reduce_kernel,
+        attention_types("bf16"),
+        dict(HEAD_DIM=80, BLOCK_S=8, BLOCK_D=128),
+        4,
+        1,
+    )
+    bf16 = "*bf16"
+    yield (
+        "rmsnorm",
+        rmsnorm._rmsnorm_kernel,
+        dict.fromkeys(("x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "new_residual_ptr"), bf16),
+        dict(HAS_RESIDUAL=True, BLOCK_H=4096),
+        8,
+        1,
+    )
+    rotary_types = dict.fromkeys(("q_ptr", "k_ptr", "q_out_ptr", "k_out_ptr"), bf16)
+    yield (
+        "rotary",
+        rotary._rotary_kernel,
+        rotary_types | {"positions_ptr": "*i64", "cos_sin_ptr": "*fp32"},
+        dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64),
+        4,
+        1,
+    )
+    yield (
+        "silu_and_mul",
+        silu_and_mul._silu_and_mul_kernel,
+        {"x_ptr": bf16, "out_ptr": bf16},
+        dict(BLOCK_N=1024),
+        4,
+        1,
+    )
+    kv_types = dict.fromkeys(("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"), bf16)
+    yield (
+        "kv_store",
+        kv_store._kv_store_kernel,
+        kv_types | {"slot_mapping_ptr": "*i64"},
+        dict(BLOCK_H=8, BLOCK_D=128),
+        4,
+        1,
+    )
+    yield (
+        "apply_bitmask",
+        bitmask._apply_bitmask_kernel,
+        {"logits_ptr": "*fp32", "bitmask_ptr": "*i32"},
+        dict(BLOCK_V=4096),
+        8,
+        1,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Exit status 1 when a kernel fails to compile, or (without --sweep, where
+    the autotuner would skip it) needs more shared memory than sm_90 has."""
+    sweep = "--sweep" in argv
+    failed = 0
+    for name, kernel, types, consts, num_warps, num_stages in cases(sweep):
+        try:
+            compiled = compile_sm90(kernel, types, consts, num_warps, num_stages)
+        except Exception as exc:
+            failed += 1
+            print(json.dumps({"kernel": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}))
+            continue
+        shared = compiled.metadata.shared
+        fits = shared <= MAX_SHARED_BYTES
+        failed += not (fits or sweep)
+        print(json.dumps({"kernel": name, "shared_bytes": shared, "fits": fits}), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
