@@ -1,0 +1,1 @@
+"""The executor service: weights, the KV tensors, the forward pass and sampling."""

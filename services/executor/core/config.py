@@ -1,0 +1,71 @@
+"""Executor configuration: one frozen dataclass, validated at construction."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    model_path: str
+    """A Hugging Face model folder (config.json and safetensors)."""
+    model_name: str | None = None
+    """Name the executor reports; None means the folder's name."""
+    device: str = "auto"
+    """"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N"."""
+    dtype: str = "auto"
+    """"auto": the config's torch_dtype on CUDA, float32 on CPU."""
+    page_size: int = 16
+    """Tokens per KV page."""
+    num_pages: int | None = None
+    """KV pages to allocate; None sizes the pool from memory (see below)."""
+    kv_memory_fraction: float = 0.85
+    """On CUDA: share of the memory free after weights and activations given to the KV pool."""
+    cpu_kv_bytes: int = 256 * MIB
+    """On CPU: bytes given to the KV pool when num_pages is None."""
+    max_num_seqs: int = 256
+    """Most sequences the executor holds at once."""
+    max_num_batched_tokens: int = 8192
+    """Most tokens one step may run."""
+    max_model_len: int | None = None
+    """Context limit (prompt + output); None takes the model config's."""
+    seed: int = 0
+    """Seed of the executor's generator, which draws seeds for requests that give none."""
+    cuda_graphs: bool = True
+    """On CUDA: replay decode steps as captured graphs (one per batch-size bucket)."""
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> InvalidArgument:
+            return InvalidArgument(f"executor.{name} {why}")
+
+        if not self.model_path:
+            raise bad("model_path", "must not be empty")
+        if self.model_name is not None and not self.model_name:
+            raise bad("model_name", "must not be empty when given")
+        if not _DEVICE_RE.match(self.device):
+            raise bad("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not 1 <= self.page_size <= 1024:
+            raise bad("page_size", f"must be in [1, 1024], got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise bad("num_pages", f"must be >= 1 when given, got {self.num_pages}")
+        if not 0.0 < self.kv_memory_fraction <= 1.0:
+            raise bad("kv_memory_fraction", f"must be in (0, 1], got {self.kv_memory_fraction}")
+        if self.cpu_kv_bytes < 1:
+            raise bad("cpu_kv_bytes", f"must be >= 1, got {self.cpu_kv_bytes}")
+        if self.max_num_seqs < 1:
+            raise bad("max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise bad("max_num_batched_tokens", f"must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise bad("max_model_len", f"must be >= 2 when given, got {self.max_model_len}")
+        if self.seed < 0:
+            raise bad("seed", f"must be >= 0, got {self.seed}")

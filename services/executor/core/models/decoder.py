@@ -1,0 +1,182 @@
+"""The one decoder-only transformer behind every registered architecture.
+
+Llama, Mistral, Qwen2 and Qwen3 differ only in the options of `ModelSpec`
+(q/k/v bias, per-head q/k RMSNorm, head_dim, rotary parameters). Weights are
+plain tensors with q/k/v and gate/up fused at load time; every op comes from
+`kernels.get_ops(device)`, matrix products go to torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels import Ops
+from kernels.rotary import rope_cos_sin_cache
+from services.executor.core.forward_batch import ForwardBatch
+from services.executor.core.kv_pool import KVPool
+from services.executor.core.models.spec import ModelSpec
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    """[q_size + 2 * kv_size, hidden]: q, then k, then v."""
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    """[2 * intermediate, hidden]: gate, then up."""
+    down: torch.Tensor
+
+
+@dataclass(slots=True)
+class DecoderWeights:
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: torch.Tensor
+    """The same tensor as `embed` when the model ties them."""
+
+
+def empty_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> DecoderWeights:
+    """Uninitialised weights of the right shapes; the loader fills every one."""
+
+    def empty(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    qkv_rows = spec.q_size + 2 * spec.kv_size
+    layers = [
+        LayerWeights(
+            input_norm=empty(spec.hidden_size),
+            qkv=empty(qkv_rows, spec.hidden_size),
+            qkv_bias=empty(qkv_rows) if spec.qkv_bias else None,
+            q_norm=empty(spec.head_dim) if spec.qk_norm else None,
+            k_norm=empty(spec.head_dim) if spec.qk_norm else None,
+            o_proj=empty(spec.hidden_size, spec.q_size),
+            o_bias=empty(spec.hidden_size) if spec.o_bias else None,
+            post_norm=empty(spec.hidden_size),
+            gate_up=empty(2 * spec.intermediate_size, spec.hidden_size),
+            down=empty(spec.hidden_size, spec.intermediate_size),
+        )
+        for _ in range(spec.num_layers)
+    ]
+    embed = empty(spec.vocab_size, spec.hidden_size)
+    lm_head = embed if spec.tie_word_embeddings else empty(spec.vocab_size, spec.hidden_size)
+    return DecoderWeights(embed=embed, layers=layers, norm=empty(spec.hidden_size), lm_head=lm_head)
+
+
+def hf_weight_targets(spec: ModelSpec, weights: DecoderWeights) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor name -> the view of our weights it is copied into."""
+    q, kv, inter = spec.q_size, spec.kv_size, spec.intermediate_size
+    targets: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": weights.embed,
+        "model.norm.weight": weights.norm,
+    }
+    if not spec.tie_word_embeddings:
+        targets["lm_head.weight"] = weights.lm_head
+    for i, layer in enumerate(weights.layers):
+        p = f"model.layers.{i}."
+        targets[p + "input_layernorm.weight"] = layer.input_norm
+        targets[p + "post_attention_layernorm.weight"] = layer.post_norm
+        for name, rows in (("q", slice(0, q)), ("k", slice(q, q + kv)), ("v", slice(q + kv, None))):
+            targets[f"{p}self_attn.{name}_proj.weight"] = layer.qkv[rows]
+            if layer.qkv_bias is not None:
+                targets[f"{p}self_attn.{name}_proj.bias"] = layer.qkv_bias[rows]
+        targets[p + "self_attn.o_proj.weight"] = layer.o_proj
+        if layer.o_bias is not None:
+            targets[p + "self_attn.o_proj.bias"] = layer.o_bias
+        if layer.q_norm is not None and layer.k_norm is not None:
+            targets[p + "self_attn.q_norm.weight"] = layer.q_norm
+            targets[p + "self_attn.k_norm.weight"] = layer.k_norm
+        targets[p + "mlp.gate_proj.weight"] = layer.gate_up[:inter]
+        targets[p + "mlp.up_proj.weight"] = layer.gate_up[inter:]
+        targets[p + "mlp.down_proj.weight"] = layer.down
+    return targets
+
+
+class Decoder:
+    """Runs one flattened batch through the model and returns the logits rows asked for."""
+
+    def __init__(
+        self, spec: ModelSpec, weights: DecoderWeights, ops: Ops, max_positions: int
+    ) -> None:
+        self.spec = spec
+        self.weights = weights
+        self.ops = ops
+        self.scale = spec.head_dim**-0.5
+        self.cos_sin_cache = rope_cos_sin_cache(
+            spec.head_dim, max_positions, spec.rope_theta, spec.rope_scaling
+        ).to(weights.embed.device)
+        # Kernels that size their grid from max_q_len take it from the host (no device read).
+        self._attention_kwargs = (
+            ("max_q_len",)
+            if "max_q_len" in inspect.signature(ops.paged_attention).parameters
+            else ()
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
+        """[len(batch.logits_indices), vocab_size] float32 logits."""
+        spec, ops = self.spec, self.ops
+        hidden = F.embedding(batch.input_ids, self.weights.embed)
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.weights.layers):
+            normed, residual = ops.rmsnorm(hidden, layer.input_norm, spec.rms_norm_eps, residual)
+            attn = self._attention(layer, normed, batch, kv_pool.k_caches[i], kv_pool.v_caches[i])
+            hidden = F.linear(attn, layer.o_proj, layer.o_bias)
+            normed, residual = ops.rmsnorm(hidden, layer.post_norm, spec.rms_norm_eps, residual)
+            hidden = F.linear(ops.silu_and_mul(F.linear(normed, layer.gate_up)), layer.down)
+        hidden, _ = ops.rmsnorm(hidden, self.weights.norm, spec.rms_norm_eps, residual)
+        hidden = hidden[batch.logits_indices]
+        return F.linear(hidden, self.weights.lm_head).float()
+
+    def _attention(
+        self,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        spec, ops = self.spec, self.ops
+        num_tokens = x.shape[0]
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+        q = q.reshape(num_tokens, spec.num_heads, spec.head_dim)
+        k = k.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
+        v = v.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = self._head_norm(q, layer.q_norm)
+            k = self._head_norm(k, layer.k_norm)
+        q, k = ops.rotary(q, k, batch.positions, self.cos_sin_cache)
+        ops.kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
+        if batch.is_decode:
+            out = ops.paged_decode_attention(
+                q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale
+            )
+        else:
+            extra = {name: getattr(batch, name) for name in self._attention_kwargs}
+            out = ops.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                batch.page_table,
+                batch.cu_seqlens_q,
+                batch.seq_lens,
+                self.scale,
+                **extra,
+            )
+        return out.reshape(num_tokens, spec.q_size)
+
+    def _head_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        normed, _ = self.ops.rmsnorm(x.reshape(-1, shape[-1]), weight, self.spec.rms_norm_eps)
+        return normed.reshape(shape)

@@ -1,0 +1,81 @@
+"""Where the executor runs: device and dtype choice, context limit, KV pool sizing."""
+
+from __future__ import annotations
+
+import torch
+
+from services.common.errors import InvalidArgument
+from services.executor.core.config import ExecutorConfig
+from services.executor.core.kv_pool import num_pages_for_budget, page_bytes
+from services.executor.core.loader import DTYPES
+from services.executor.core.models import ModelSpec
+
+ACTIVATION_SLACK_BYTES = 512 << 20
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidArgument(f"executor.device {name!r}: CUDA is not available")
+        index = torch.cuda.current_device() if device.index is None else device.index
+        if index >= torch.cuda.device_count():
+            raise InvalidArgument(f"executor.device {name!r}: no such CUDA device")
+        device = torch.device("cuda", index)
+    return device
+
+
+def resolve_dtype(name: str, config_dtype: str | None, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    return DTYPES.get(str(config_dtype), torch.bfloat16)
+
+
+def resolve_max_model_len(config: ExecutorConfig, spec: ModelSpec) -> int:
+    if config.max_model_len is None:
+        return spec.max_position_embeddings
+    if config.max_model_len > spec.max_position_embeddings:
+        raise InvalidArgument(
+            f"executor.max_model_len ({config.max_model_len}) exceeds the model's "
+            f"context of {spec.max_position_embeddings} positions"
+        )
+    return config.max_model_len
+
+
+def activation_reserve_bytes(config: ExecutorConfig, spec: ModelSpec, dtype: torch.dtype) -> int:
+    """A generous bound on the memory one step's activations and logits take."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_token = 4 * spec.hidden_size + spec.q_size + 2 * spec.kv_size + 3 * spec.intermediate_size
+    logits = 3 * config.max_num_seqs * spec.vocab_size * 4
+    return config.max_num_batched_tokens * per_token * itemsize + logits + ACTIVATION_SLACK_BYTES
+
+
+def size_num_pages(
+    config: ExecutorConfig,
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    num_scratch_pages: int = 0,
+) -> int:
+    """Usable pages: config.num_pages, or what the memory budget allows after scratch pages.
+
+    Call after the weights are loaded, so free memory excludes them.
+    """
+    if config.num_pages is not None:
+        return config.num_pages
+    bytes_per_page = page_bytes(
+        spec.num_layers, config.page_size, spec.num_kv_heads, spec.head_dim, dtype
+    )
+    if device.type != "cuda":
+        budget = config.cpu_kv_bytes
+    else:
+        torch.cuda.empty_cache()
+        free, _total = torch.cuda.mem_get_info(device)
+        reserve = activation_reserve_bytes(config, spec, dtype)
+        budget = max(int((free - reserve) * config.kv_memory_fraction), 0)
+    budget -= num_scratch_pages * bytes_per_page
+    return num_pages_for_budget(budget, bytes_per_page)

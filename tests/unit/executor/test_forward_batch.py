@@ -1,0 +1,63 @@
+"""The flattened batch: positions, slots, page table and logits rows, against a per-token loop."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from services.executor.core.cuda_graphs import batch_buckets
+from services.executor.core.forward_batch import BatchEntry, build_forward_batch
+
+CPU = torch.device("cpu")
+
+
+def per_token_reference(entries: list[BatchEntry], page_size: int) -> tuple[list[int], list[int]]:
+    positions, slots = [], []
+    for e in entries:
+        for i in range(len(e.token_ids)):
+            pos = e.num_computed_tokens + i
+            positions.append(pos)
+            slots.append(e.page_ids[pos // page_size] * page_size + pos % page_size)
+    return positions, slots
+
+
+def test_mixed_batch_layout_matches_a_per_token_loop() -> None:
+    entries = [
+        BatchEntry(0, [5, 6, 7, 8, 9], [3, 9], True),  # prefill
+        BatchEntry(6, [11], [4, 2, 8], True),  # decode
+        BatchEntry(8, [12, 13, 14], [0, 1, 7, 6], False),  # extend, a non-final chunk
+    ]
+    batch = build_forward_batch(entries, page_size=4, device=CPU)
+    positions, slots = per_token_reference(entries, 4)
+    assert batch.input_ids.tolist() == [5, 6, 7, 8, 9, 11, 12, 13, 14]
+    assert batch.positions.tolist() == positions
+    assert batch.slot_mapping.tolist() == slots
+    assert batch.cu_seqlens_q.tolist() == [0, 5, 6, 9]
+    assert batch.seq_lens.tolist() == [5, 7, 11]
+    # width = pages needed by the longest sequence (11 tokens -> 3 pages); unused entries are 0
+    assert batch.page_table.tolist() == [[3, 9, 0], [4, 2, 0], [0, 1, 7]]
+    assert batch.logits_indices.tolist() == [4, 5]
+    assert not batch.is_decode and batch.max_q_len == 5
+    assert batch.page_table.dtype == torch.int32 and batch.slot_mapping.dtype == torch.int64
+
+
+def test_decode_tokens_are_read_from_the_device_buffer() -> None:
+    last_tokens = torch.tensor([70, 71, 72, 73])
+    entries = [
+        BatchEntry(3, [0], [1], True, device_row=2),
+        BatchEntry(5, [0], [2, 3], True, device_row=0),
+        BatchEntry(0, [40, 41], [5], True),
+    ]
+    batch = build_forward_batch(entries, page_size=4, device=CPU, last_tokens=last_tokens)
+    assert batch.input_ids.tolist() == [72, 70, 40, 41]
+    decode_only = build_forward_batch(entries[:2], page_size=4, device=CPU, last_tokens=last_tokens)
+    assert decode_only.is_decode
+
+
+def test_decode_graph_buckets_cover_every_batch_size() -> None:
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    buckets = batch_buckets(256)
+    assert buckets[:7] == [1, 2, 4, 8, 16, 32, 64] and buckets[-1] == 256
+    assert all(b - a <= 32 for a, b in itertools.pairwise(buckets))
