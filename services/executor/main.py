@@ -1,0 +1,246 @@
+"""`python -m services.executor.main --model DIR --cache-address HOST:PORT [...]`
+
+Lifecycle: start the server (health NOT_SERVING), load the model on the step
+thread (the loop keeps answering health checks), register the KV pool with
+the cache service, then SERVING. On SIGTERM/SIGINT: health NOT_SERVING, open
+Step streams finish their queued plans and end, the pool is unregistered
+(best effort), the core shuts down. A model that fails to load, or a cache
+service that cannot be reached, ends the process with exit code 1 and a
+message naming the model folder or the cache address.
+
+Flags and environment are read here only: RADIXMESH_EXECUTOR_ID and
+RADIXMESH_CACHE_ADDRESS are the defaults of --executor-id and --cache-address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2_grpc
+from services.common.config import ServerConfig, add_server_arguments
+from services.common.errors import InvalidArgument, RadixmeshError
+from services.common.interceptor import error_from_rpc_error
+from services.common.logging import configure_logging, get_logger
+from services.common.server import ServiceRuntime, run_service
+from services.executor.core.config import DTYPES, ExecutorConfig
+from services.executor.server import DEFAULT_MAX_INFLIGHT_PLANS, SERVICE_NAME, ExecutorServicer
+
+if TYPE_CHECKING:
+    from services.executor.core.executor import ExecutorCore, ModelInfo
+
+log = get_logger(__name__)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_UNREGISTER_TIMEOUT_S = 2.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.executor.main", description="radixmesh executor service"
+    )
+    parser.add_argument("--model", required=True, help="Hugging Face model folder")
+    parser.add_argument(
+        "--executor-id",
+        default=os.environ.get("RADIXMESH_EXECUTOR_ID"),
+        help="unique id of this executor's pool (default: $RADIXMESH_EXECUTOR_ID, "
+        "else <hostname>:<port>)",
+    )
+    parser.add_argument(
+        "--cache-address",
+        default=os.environ.get("RADIXMESH_CACHE_ADDRESS"),
+        help="cache service HOST:PORT (default: $RADIXMESH_CACHE_ADDRESS)",
+    )
+    parser.add_argument(
+        "--cache-timeout-seconds",
+        type=float,
+        default=30.0,
+        help="how long to wait for the cache service at start (default %(default)s)",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument("--num-pages", type=int, default=None, help="KV pages (default: sized)")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="seed for unseeded requests")
+    parser.add_argument(
+        "--max-inflight-plans",
+        type=int,
+        default=DEFAULT_MAX_INFLIGHT_PLANS,
+        help="plans read ahead of the results sent (default %(default)s)",
+    )
+    parser.add_argument(
+        "--no-grammar", action="store_true", help="refuse constraints (no tokenizer needed)"
+    )
+    parser.add_argument("--log-level", default="info")
+    add_server_arguments(parser)
+    return parser
+
+
+def executor_config(args: argparse.Namespace) -> ExecutorConfig:
+    return ExecutorConfig(
+        model_path=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+    )
+
+
+def load(config: ExecutorConfig, with_grammar: bool):
+    """(core, grammar service or None); runs on the step thread."""
+    from services.executor.core.executor import ExecutorCore
+
+    grammar = None
+    folder = Path(config.model_path)
+    if with_grammar and any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        from services.executor.core.grammar import GrammarService
+
+        grammar = GrammarService.from_model_dir(folder)
+    elif with_grammar:
+        log.warning("grammar_off", reason=f"no tokenizer in {folder}; constraints are refused")
+    factory = None
+    if grammar is not None:
+
+        def factory(constraint):
+            return grammar.new_matcher(grammar.compile_sync(constraint))
+
+    try:
+        return ExecutorCore(config, factory), grammar
+    except BaseException:
+        if grammar is not None:
+            grammar.close()
+        raise
+
+
+async def register_pool(address: str, request: cache_pb2.RegisterPoolRequest, timeout: float):
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = cache_pb2_grpc.CacheStub(channel)
+        try:
+            await stub.RegisterPool(request, timeout=timeout, wait_for_ready=True)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc_error(exc) from None
+
+
+async def unregister_pool(address: str, executor_id: str) -> None:
+    """Best effort: a failure is logged, never raised."""
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            response = await cache_pb2_grpc.CacheStub(channel).UnregisterPool(
+                cache_pb2.UnregisterPoolRequest(executor_id=executor_id),
+                timeout=_UNREGISTER_TIMEOUT_S,
+            )
+        log.info("pool_unregistered", num_leases_dropped=response.num_leases_dropped)
+    except grpc.aio.AioRpcError as exc:
+        log.warning("pool_unregister_failed", code=exc.code().name, message=exc.details())
+
+
+async def serve(args: argparse.Namespace) -> int:
+    try:
+        configure_logging("executor", args.log_level)
+        if not args.cache_address:
+            raise InvalidArgument("--cache-address (or $RADIXMESH_CACHE_ADDRESS) is required")
+        config = executor_config(args)
+        server_config = ServerConfig.from_args("executor", args)
+    except InvalidArgument as exc:
+        print(f"executor: {exc}", file=sys.stderr)
+        return 2
+    runtime = ServiceRuntime(server_config)
+    servicer = ExecutorServicer(
+        max_inflight_plans=args.max_inflight_plans,
+        shutdown_requested=runtime.wait_shutdown_requested,
+    )
+    await runtime.start(
+        lambda server: executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server),
+        [SERVICE_NAME],
+    )
+    executor_id = args.executor_id or f"{socket.gethostname()}:{runtime.port}"
+    loaded = False
+
+    async def start_up() -> int:
+        nonlocal loaded
+        try:
+            core = await _load(args, config, servicer, executor_id)
+            loaded = True
+            await _register(args, executor_id, core.info)
+        except Exception as exc:
+            print(f"executor: {exc}", file=sys.stderr)
+            runtime.request_shutdown()
+            return 1
+        runtime.set_serving()
+        return 0
+
+    async def on_shutdown() -> None:
+        startup.cancel()  # a signal during loading: stop waiting for it
+        try:
+            if loaded:
+                await unregister_pool(args.cache_address, executor_id)
+        finally:
+            await servicer.close()
+
+    startup = asyncio.create_task(start_up())
+    await runtime.serve_until_signal(on_shutdown)
+    if startup.cancelled():
+        return 0
+    return startup.result()
+
+
+class _StartupError(Exception):
+    """The model did not load, or the cache did not take the pool: exit 1 with this message."""
+
+
+async def _load(
+    args: argparse.Namespace, config: ExecutorConfig, servicer: ExecutorServicer, executor_id: str
+) -> ExecutorCore:
+    """Load on the step thread, then attach to the servicer."""
+    loop = asyncio.get_running_loop()
+    try:
+        core, grammar = await loop.run_in_executor(
+            servicer.step_thread, load, config, not args.no_grammar
+        )
+    except Exception as exc:
+        log.error("model_load_failed", model=args.model, reason=str(exc))
+        raise _StartupError(f"cannot load model {args.model}: {exc}") from exc
+    servicer.attach(core, executor_id, grammar)
+    info = core.info
+    log.info("model_loaded", executor_id=executor_id, model=info.name, device=info.device,
+             num_pages=info.num_pages, page_size=info.page_size)  # fmt: skip
+    return core
+
+
+async def _register(args: argparse.Namespace, executor_id: str, info: ModelInfo) -> None:
+    request = cache_pb2.RegisterPoolRequest(
+        executor_id=executor_id, model=info.name, num_pages=info.num_pages, page_size=info.page_size
+    )
+    try:
+        await register_pool(args.cache_address, request, args.cache_timeout_seconds)
+    except RadixmeshError as exc:
+        log.error("pool_register_failed", cache_address=args.cache_address, reason=str(exc))
+        raise _StartupError(
+            f"cannot register the pool with the cache service at {args.cache_address}: "
+            f"{exc.code} {exc}"
+        ) from exc
+    log.info("pool_registered", cache_address=args.cache_address)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_service(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

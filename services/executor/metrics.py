@@ -1,0 +1,95 @@
+"""The executor's Prometheus metrics, `radixmesh_executor_*`, recorded once per step.
+
+`record` runs on the step thread right after the core returns (prometheus_client
+is thread-safe). Tokens are split by kind from the plan: a new sequence's
+tokens are prefill (extend when it starts over a cached prefix); a running
+sequence with one scheduled token is decode, with more it is a prefill chunk.
+The core does not say which pages hold live KV, so page usage is the cache
+service's to report (`radixmesh_cache_*`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.common.metrics import counter, gauge, histogram
+from services.common.step import StepPlan, StepResult
+
+ROOM = "executor"
+_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
+_SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics:
+    """Handles on the process registry's executor metrics (created once, shared)."""
+
+    step_seconds: Histogram
+    batch_sequences: Histogram
+    step_tokens: Histogram
+    tokens_total: Counter
+    steps_total: Counter
+    running_sequences: Gauge
+
+    @classmethod
+    def create(cls) -> StepMetrics:
+        return cls(
+            step_seconds=histogram(
+                ROOM,
+                "step_seconds",
+                "Time of one step in the core (forward and sampling).",
+                buckets=_STEP_BUCKETS,
+            ),
+            batch_sequences=histogram(
+                ROOM, "batch_sequences", "Sequences scheduled in one step.", buckets=_SEQ_BUCKETS
+            ),
+            step_tokens=histogram(
+                ROOM, "step_tokens", "Tokens scheduled in one step.", buckets=_TOKEN_BUCKETS
+            ),
+            tokens_total=counter(
+                ROOM, "tokens_total", "Tokens run, by kind: prefill, extend or decode.", ("kind",)
+            ),
+            steps_total=counter(
+                ROOM, "steps_total", "Steps run, by outcome: ok or error.", ("outcome",)
+            ),
+            running_sequences=gauge(
+                ROOM, "num_running_sequences", "Sequences the executor holds state for."
+            ),
+        )
+
+    def record(self, plan: StepPlan, result: StepResult, num_running_seqs: int) -> None:
+        """After a step that succeeded."""
+        num_prefill = num_extend = num_decode = 0
+        for new in plan.new_seqs:
+            if new.num_computed_tokens:
+                num_extend += new.num_scheduled_tokens
+            else:
+                num_prefill += new.num_scheduled_tokens
+        num_seqs = len(plan.new_seqs)
+        for running in plan.running_seqs:
+            num = running.num_scheduled_tokens
+            if num == 1:
+                num_decode += 1
+            else:
+                num_prefill += num
+            num_seqs += num > 0
+        self.steps_total.labels("ok").inc()
+        self.running_sequences.set(num_running_seqs)
+        if num_seqs == 0:
+            return  # a plan that only forgot sequences ran nothing
+        self.step_seconds.observe(result.step_seconds)
+        self.batch_sequences.observe(num_seqs)
+        self.step_tokens.observe(num_prefill + num_extend + num_decode)
+        tokens = self.tokens_total
+        if num_prefill:
+            tokens.labels("prefill").inc(num_prefill)
+        if num_extend:
+            tokens.labels("extend").inc(num_extend)
+        if num_decode:
+            tokens.labels("decode").inc(num_decode)
+
+    def record_error(self) -> None:
+        self.steps_total.labels("error").inc()

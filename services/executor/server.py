@@ -1,0 +1,257 @@
+"""The `radixmesh.v1.Executor` servicer: a thin shell over `ExecutorCore`.
+
+`Step` is one long-lived bidirectional stream per scheduler, one at a time.
+Two tasks share it:
+
+- the reader receives plans, checks they are numbered 1, 2, 3... without gaps,
+  converts each (and compiles its grammars) and hands it to the step thread
+  at once, so plan N+1 is received, converted and queued while step N runs;
+  it reads at most `max_inflight_plans` plans ahead of the results sent;
+- the writer (the handler itself) awaits each step's result in order and
+  sends it.
+
+Every step runs on one worker thread, strictly in order. A failed step, a
+plan out of order or a bad plan ends the stream with its status after the
+results of the plans before it; later plans do not run. When the stream ends
+for any reason (the scheduler closed it, went away, or an error), every
+sequence it created is dropped from the core. On shutdown the reader stops
+taking plans, the queued ones finish, and the stream ends UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from radixmesh.v1 import executor_pb2, executor_pb2_grpc
+from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.common.logging import get_logger
+from services.common.step import StepPlan
+from services.executor.convert import info_to_proto, plan_from_proto, result_to_proto
+from services.executor.metrics import StepMetrics
+
+if TYPE_CHECKING:
+    from services.executor.core.executor import ExecutorCore
+    from services.executor.core.grammar import GrammarService
+
+SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
+DEFAULT_MAX_INFLIGHT_PLANS = 4
+
+log = get_logger(__name__)
+
+_END = object()  # the scheduler closed its side of the stream
+
+
+@dataclass(slots=True)
+class _Stream:
+    """One Step stream's state. `req_ids` and `failed` belong to the step thread."""
+
+    req_ids: set[str] = field(default_factory=set)
+    """Sequences this stream created that the core may still hold."""
+    failed: bool = False
+    """A step raised: the plans after it are skipped."""
+    closed: bool = False
+    """The stream is ending (set on the loop thread): queued plans are skipped."""
+    num_steps: int = 0
+
+
+class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
+    """Serves one `ExecutorCore`, attached once the model is loaded (until then UNAVAILABLE)."""
+
+    def __init__(
+        self,
+        *,
+        max_inflight_plans: int = DEFAULT_MAX_INFLIGHT_PLANS,
+        shutdown_requested: Callable[[], Awaitable[None]] | None = None,
+        metrics: StepMetrics | None = None,
+    ) -> None:
+        """`shutdown_requested`: returns once the service is shutting down
+        (`ServiceRuntime.wait_shutdown_requested`); open streams then wind down."""
+        if max_inflight_plans < 1:
+            raise InvalidArgument(f"max_inflight_plans must be >= 1, got {max_inflight_plans}")
+        self._max_inflight = max_inflight_plans
+        self._shutdown_requested = shutdown_requested
+        self._metrics = metrics or StepMetrics.create()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="executor-step")
+        self._core: ExecutorCore | None = None
+        self._grammar: GrammarService | None = None
+        self._executor_id = ""
+        self._stream: _Stream | None = None
+        self._stream_released = asyncio.Event()
+
+    def attach(
+        self, core: ExecutorCore, executor_id: str, grammar: GrammarService | None = None
+    ) -> None:
+        """Start serving `core`; `grammar` compiles constraints ahead of the step thread."""
+        self._core, self._executor_id, self._grammar = core, executor_id, grammar
+
+    @property
+    def step_thread(self) -> ThreadPoolExecutor:
+        """The one thread that runs the core (loading may use it too)."""
+        return self._pool
+
+    async def close(self) -> None:
+        """Shut the core down on the step thread (after any step), then stop the thread."""
+        core, self._core = self._core, None
+        try:
+            if core is not None:
+                await asyncio.get_running_loop().run_in_executor(self._pool, core.shutdown)
+        finally:
+            self._pool.shutdown(wait=False)
+            if self._grammar is not None:
+                self._grammar.close()
+
+    async def wait_no_stream(self) -> None:
+        """Return once no Step stream is open and the last one has dropped its sequences."""
+        while self._stream is not None:
+            await self._stream_released.wait()
+
+    def _require_core(self) -> ExecutorCore:
+        if self._core is None:
+            raise Unavailable("executor: the model is not loaded (yet)")
+        return self._core
+
+    async def GetInfo(
+        self, request: executor_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.GetInfoResponse:
+        return info_to_proto(self._executor_id, self._require_core().info)
+
+    async def Step(
+        self,
+        request_iterator: AsyncIterator[executor_pb2.StepPlan],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[executor_pb2.StepResult]:
+        core = self._require_core()
+        stream = await self._claim_stream()
+        log.info("step_stream_opened")
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        slots = asyncio.Semaphore(self._max_inflight)
+        reader = asyncio.create_task(self._read(request_iterator, core, stream, queue, slots))
+        watcher = None
+        if self._shutdown_requested is not None:
+            watcher = asyncio.create_task(self._stop_reading_on_shutdown(reader))
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                response = await item
+                if response is None:  # skipped: cannot happen while the writer is alive
+                    return
+                yield response
+                slots.release()
+        finally:
+            stream.closed = True
+            reader.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            await self._end_stream(core, stream)
+
+    # -- the stream's parts --------------------------------------------------
+
+    async def _claim_stream(self) -> _Stream:
+        while self._stream is not None:
+            if not self._stream.closed:
+                raise FailedPrecondition(
+                    "Step: a scheduler stream is already open on this executor (one at a time)"
+                )
+            await self._stream_released.wait()  # the old stream is dropping its sequences
+        stream = self._stream = _Stream()
+        self._stream_released.clear()
+        return stream
+
+    async def _read(
+        self,
+        requests: AsyncIterator[executor_pb2.StepPlan],
+        core: ExecutorCore,
+        stream: _Stream,
+        queue: asyncio.Queue[Any],
+        slots: asyncio.Semaphore,
+    ) -> None:
+        """Receive, check, convert and submit plans; end the queue with _END or the error."""
+        loop = asyncio.get_running_loop()
+        plans = aiter(requests)
+        expected = 1
+        try:
+            while True:
+                await slots.acquire()
+                msg = await anext(plans, None)
+                if msg is None:
+                    queue.put_nowait(_END)
+                    return
+                if msg.step_id != expected:
+                    raise FailedPrecondition(
+                        f"step_id: expected {expected}, got {msg.step_id} (plans are numbered "
+                        "from 1 on each stream, without gaps)"
+                    )
+                expected += 1
+                plan = plan_from_proto(msg)
+                if self._grammar is not None:
+                    await self._compile_constraints(plan)
+                queue.put_nowait(loop.run_in_executor(self._pool, self._run, core, stream, plan))
+        except asyncio.CancelledError:
+            # Shutdown (or the writer ending): plans already queued still answer first.
+            queue.put_nowait(Unavailable("executor: shutting down, no further plans are taken"))
+            raise
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    async def _compile_constraints(self, plan: StepPlan) -> None:
+        """Compile new grammars here, while the previous step runs; the core then hits the cache."""
+        assert self._grammar is not None
+        for new in plan.new_seqs:
+            if new.constraint is not None:
+                await self._grammar.compile(new.constraint)
+
+    async def _stop_reading_on_shutdown(self, reader: asyncio.Task) -> None:
+        assert self._shutdown_requested is not None
+        await self._shutdown_requested()
+        reader.cancel()
+
+    def _run(
+        self, core: ExecutorCore, stream: _Stream, plan: StepPlan
+    ) -> executor_pb2.StepResult | None:
+        """One step, on the step thread; None when the stream ended or failed before it."""
+        if stream.closed or stream.failed:
+            return None
+        req_ids = stream.req_ids
+        req_ids.difference_update(plan.finished_req_ids)
+        req_ids.update(new.req_id for new in plan.new_seqs)
+        try:
+            result = core.step(plan)
+        except BaseException:
+            stream.failed = True
+            self._metrics.record_error()
+            raise
+        for output in result.outputs:
+            if output.finish_reason is not None:
+                req_ids.discard(output.req_id)
+        stream.num_steps += 1
+        self._metrics.record(plan, result, core.num_seqs)
+        return result_to_proto(result)
+
+    def _drop(self, core: ExecutorCore, stream: _Stream) -> int:
+        """On the step thread, after every step queued before it: forget the stream's sequences."""
+        req_ids = sorted(stream.req_ids)
+        stream.req_ids.clear()
+        if req_ids:
+            core.step(StepPlan(step_id=0, finished_req_ids=req_ids))
+        return len(req_ids)
+
+    async def _end_stream(self, core: ExecutorCore, stream: _Stream) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            num_dropped = await loop.run_in_executor(self._pool, self._drop, core, stream)
+            log.info("step_stream_closed", num_steps=stream.num_steps, num_dropped=num_dropped)
+        except Exception as exc:  # the core is shutting down: nothing left to drop into
+            log.warning("step_stream_cleanup_failed", error=repr(exc))
+        finally:
+            self._stream = None
+            self._stream_released.set()
