@@ -1,0 +1,151 @@
+"""Per-sequence grammar state, and the batch bitmask fill the executor runs each step.
+
+A `ConstraintMatcher` follows one sequence's output tokens through its
+compiled constraint: it fills that sequence's bitmask row, accepts the
+sampled token, and keeps the accepted tokens so that it can roll back and,
+after a preemption, be rebuilt by replaying them.
+
+Each step, for the batch of step N+1 (the tokens of step N accepted): launch
+the forward pass, call `fill_batch_bitmask` on the host while the device
+runs, copy the bitmask to the device and apply it (kernels/bitmask.py) to the
+logits before sampling. Rows of unconstrained sequences are all ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import xgrammar as xgr
+
+from services.common.errors import FailedPrecondition, InvalidArgument
+
+if TYPE_CHECKING:
+    from services.executor.core.grammar import CompiledConstraint
+
+ALL_ALLOWED = -1
+"""An int32 word with every bit set: the 32 tokens it covers are allowed."""
+
+
+class ConstraintMatcher:
+    """Grammar state of one sequence. Not thread-safe: one sequence, one thread at a time."""
+
+    __slots__ = ("_matcher", "_token_ids", "compiled")
+
+    def __init__(self, compiled: CompiledConstraint) -> None:
+        self.compiled = compiled
+        self._matcher = xgr.GrammarMatcher(compiled.grammar)
+        self._token_ids: list[int] = []
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """Tokens accepted so far (the output, a stop token last once terminated)."""
+        return tuple(self._token_ids)
+
+    @property
+    def is_terminated(self) -> bool:
+        """A stop token was accepted after a complete match: the output is finished."""
+        return self._matcher.is_terminated()
+
+    @property
+    def is_completed(self) -> bool:
+        """The tokens so far form a complete match (a stop token may still follow)."""
+        return self._matcher.is_completed()
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        """Writes the allowed next tokens into bitmask[row] (a host int32 tensor).
+
+        Once terminated, only the stop tokens are allowed (a sequence sampled one
+        step past its end gets a stop token again).
+        """
+        if self._matcher.is_terminated():
+            self._fill_stop_only(bitmask[row])
+            return
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self.compiled.token_mask is not None:
+            bitmask[row].bitwise_and_(self.compiled.token_mask)
+
+    def accept(self, token_id: int) -> bool:
+        """Advances by one sampled token; False (state unchanged) if the grammar refuses it."""
+        if token_id in self.compiled.banned_token_ids:
+            return False
+        if not self._matcher.accept_token(token_id):
+            return False
+        self._token_ids.append(token_id)
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forgets the last num_tokens accepted tokens (speculation, jump-forward retokenizing)."""
+        if not 0 <= num_tokens <= len(self._token_ids):
+            raise InvalidArgument(
+                f"num_tokens: must be in [0, {len(self._token_ids)}] (tokens accepted), got {num_tokens}"
+            )
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+            del self._token_ids[-num_tokens:]
+
+    def replay(self, token_ids: Sequence[int]) -> None:
+        """Resets, then accepts token_ids in order: the state after a preemption and resume.
+
+        Raises FailedPrecondition, leaving the matcher reset, if a token does not match.
+        """
+        self.reset()
+        for position, token_id in enumerate(token_ids):
+            if not self.accept(token_id):
+                self.reset()
+                raise FailedPrecondition(
+                    f"constraint replay: token {token_id} at output position {position} "
+                    "does not match the grammar"
+                )
+
+    def reset(self) -> None:
+        """Back to the start of the grammar, no tokens accepted."""
+        self._matcher.reset()
+        self._token_ids.clear()
+
+    def jump_forward_string(self) -> str:
+        """The text the grammar forces next ("" if none): it can be appended without sampling."""
+        if self._matcher.is_terminated():
+            return ""
+        return self._matcher.find_jump_forward_string()
+
+    def jump_forward_tokens(self) -> list[int]:
+        """Token ids spelling the forced text (may differ from the tokenizer's own encoding).
+
+        Accept each with `accept` and prefill them before sampling again.
+        """
+        if self._matcher.is_terminated():
+            return []
+        banned = self.compiled.banned_token_ids
+        forced = self._matcher.find_jump_forward_tokens()
+        if banned and any(t in banned for t in forced):
+            return []
+        return forced
+
+    def _fill_stop_only(self, row: torch.Tensor) -> None:
+        row.zero_()
+        for token_id in self.compiled.stop_token_ids:
+            word, bit = divmod(token_id, 32)
+            row[word] |= (1 << bit) - (1 << 32 if bit == 31 else 0)  # as a signed int32
+
+
+def fill_batch_bitmask(matchers: Sequence[ConstraintMatcher | None], bitmask: torch.Tensor) -> bool:
+    """Fills bitmask[i] for matchers[i]; rows of None (unconstrained) become all ones.
+
+    `bitmask` is a host int32 tensor with at least len(matchers) rows of
+    ceil(vocab_size/32) words. Returns whether any row constrains anything, so
+    that the device apply can be skipped for an unconstrained batch.
+    """
+    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.dim() != 2:
+        raise InvalidArgument("bitmask: must be a 2-D int32 host tensor")
+    if bitmask.shape[0] < len(matchers):
+        raise InvalidArgument(f"bitmask: has {bitmask.shape[0]} rows for {len(matchers)} sequences")
+    any_constrained = False
+    for row, matcher in enumerate(matchers):
+        if matcher is None:
+            bitmask[row].fill_(ALL_ALLOWED)
+        else:
+            matcher.fill_bitmask(bitmask, row)
+            any_constrained = True
+    return any_constrained
