@@ -1,0 +1,429 @@
+"""Vectorised sampling of one step's batch: penalties, masks, filters, the draw, logprobs.
+
+`Sampler.prepare` turns per-request parameters and token histories into
+device tensors (`SamplingInputs`); `Sampler.sample` then runs with no Python
+loop over requests, in the order Hugging Face and vLLM use:
+
+1. repetition penalty (HF: over prompt and output tokens, positive logits
+   divided, negative multiplied), then frequency and presence penalties
+   (OpenAI: over output tokens), on the raw logits;
+2. min_tokens: EOS and stop token ids get -inf while the output is shorter;
+3. the grammar bitmask, if any;
+4. temperature, then top-k, top-p and min-p (skipped when no row filters);
+   each keeps a prefix of the tokens by logit, found among the top
+   `MAX_FILTER_CANDIDATES` (a full sort only for rows whose prefix is longer);
+5. the draw: argmax for greedy rows, otherwise the exponential race
+   argmax(p / E) with E ~ Exp(1), whose winner is distributed as p.
+
+The race's uniforms come from a counter-based hash of (seed, output_len,
+token id), so a request's draw does not depend on the batch around it. On
+CUDA the race is compiled with `torch.compile` into one fused kernel (same
+integers, same tokens); `Sampler.warmup()` compiles it ahead of traffic.
+Logprobs are taken from the raw logits, before any processing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kernels import get_ops
+from services.common.errors import InvalidArgument
+from services.common.logging import get_logger
+from services.common.sampling import SamplingParams
+
+log = get_logger(__name__)
+
+MAX_FILTER_CANDIDATES = 4096
+"""Top-k/top-p/min-p look for their cut among this many best tokens of a row."""
+
+_MASK32 = 0xFFFFFFFF
+_FMIX_C1 = 0x85EBCA6B
+_FMIX_C2 = 0xC2B2AE35
+_GOLDEN = 0x9E3779B9
+_TOKEN_SALT = 0x6A09E667
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32), split so no int64 product exceeds 2**49."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche mix (a bijection of [0, 2**32)) on int64 tensors."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, _FMIX_C1)
+    h = h ^ (h >> 13)
+    h = _mul32(h, _FMIX_C2)
+    return h ^ (h >> 16)
+
+
+def row_keys(seeds: torch.Tensor, output_lens: torch.Tensor) -> torch.Tensor:
+    """[B] int64 in [0, 2**32): one key per (64-bit seed, output position).
+
+    `seeds` holds the seeds' two 32-bit halves as [B, 2] int64 (low, high).
+    """
+    key = _fmix32((seeds[:, 0] + _GOLDEN) & _MASK32)
+    key = _fmix32(key ^ seeds[:, 1])
+    return _fmix32(key ^ (output_lens & _MASK32))
+
+
+def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] float32 log(E) with E ~ Exp(1), a pure function of (row key, token id)."""
+    token_ids = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
+    token_mix = _fmix32(_mul32(token_ids, _GOLDEN) ^ _TOKEN_SALT)
+    bits = _fmix32(keys[:, None] ^ token_mix[None, :]) >> 8
+    uniform = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), exact
+    return torch.log(-torch.log(uniform))
+
+
+def race(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """argmax(p / E) over rows of logits x [S, V]: log p differs from x by a row constant."""
+    return (x - exponential_noise(keys, x.shape[1])).argmax(dim=-1)
+
+
+def filter_logits(
+    x: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
+    max_candidates: int = MAX_FILTER_CANDIDATES,
+) -> None:
+    """In place on scaled logits x [S, V]: top-k, top-p of what top-k keeps, then min-p.
+
+    Each filter keeps a prefix of the row sorted by logit, so the result is a
+    per-row threshold: logits below it become -inf (ties with it are kept, as
+    in Hugging Face's top-k). The cut is looked for among the row's best
+    `max_candidates`; rows whose cut lies further are redone with a full sort.
+    Off values: top_k = V, top_p = +inf, min_p = 0.
+    """
+    num_rows, vocab = x.shape
+    k = min(vocab, max_candidates)
+    candidates = x.topk(k, dim=-1).values  # sorted, best first
+    cut = torch.zeros(num_rows, k, dtype=torch.bool, device=x.device)
+    active = torch.zeros(num_rows, dtype=torch.bool, device=x.device)
+    inexact = torch.zeros(num_rows, dtype=torch.bool, device=x.device)
+    if top_k is not None:
+        cut |= torch.arange(k, device=x.device)[None, :] >= top_k[:, None]
+        active |= top_k < vocab
+    if top_p is not None:
+        kept = candidates.masked_fill(cut, float("-inf"))
+        norm = kept.logsumexp(dim=-1)
+        if k < vocab and top_k is None:
+            norm = x.logsumexp(dim=-1)  # top-p over the whole row
+        elif k < vocab:  # the top-k kept are all candidates only where top_k <= k
+            norm = torch.where(top_k <= k, norm, x.logsumexp(dim=-1))
+            inexact |= (top_k > k) & (top_k < vocab) & torch.isfinite(top_p)
+        probs = (kept - norm[:, None]).exp()
+        cut |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]  # the best is always kept
+        active |= torch.isfinite(top_p)
+    if min_p is not None:
+        # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p)
+        cut |= candidates < candidates[:, :1] + torch.log(min_p)[:, None]
+        active |= min_p > 0
+    num_kept = (~cut).sum(dim=-1)  # every filter cuts a suffix, so this is the kept prefix
+    threshold = candidates.gather(1, (num_kept - 1).clamp(min=0)[:, None])[:, 0]
+    if k < vocab:
+        inexact |= num_kept >= k  # the cut may lie beyond the candidates
+    threshold = torch.where(active & ~inexact, threshold, float("-inf"))
+    x.masked_fill_(x < threshold[:, None], float("-inf"))
+    if k < vocab:
+        rows = (active & inexact).nonzero().squeeze(1)
+        if rows.numel():
+            sub = x[rows]
+            pick = [t[rows] if t is not None else None for t in (top_k, top_p, min_p)]
+            filter_logits(sub, *pick, max_candidates=vocab)
+            x[rows] = sub
+
+
+@dataclass(slots=True)
+class SamplingInputs:
+    """Device tensors for one step's batch of B rows, built by `Sampler.prepare`.
+
+    Per-row tensors of the sampled (non-greedy) rows have S entries, in the
+    order of `sample_rows`. (row, token) pair lists may repeat a pair.
+    """
+
+    num_rows: int
+    all_greedy: bool
+    want_logprobs: bool
+    max_top_logprobs: int
+    sample_rows: torch.Tensor | None = None
+    """[S] int64 rows that draw at random; None when every row does (S == B)."""
+    temperature: torch.Tensor | None = None
+    """[S] float32."""
+    top_k: torch.Tensor | None = None
+    """[S] int64, vocab size where off; None when no sampled row uses top-k."""
+    top_p: torch.Tensor | None = None
+    """[S] float32, +inf where off; None when no sampled row uses top-p."""
+    min_p: torch.Tensor | None = None
+    """[S] float32, 0 where off; None when no sampled row uses min-p."""
+    keys: torch.Tensor | None = None
+    """[S] int64 hash keys of (seed, output_len)."""
+    repetition_rows: torch.Tensor | None = None
+    repetition_token_ids: torch.Tensor | None = None
+    """Prompt and output tokens of rows with a repetition penalty."""
+    repetition_penalty: torch.Tensor | None = None
+    """[P] float32 per pair: the row's penalty."""
+    penalty_rows: torch.Tensor | None = None
+    penalty_token_ids: torch.Tensor | None = None
+    """Output tokens, one pair per occurrence, of rows with frequency/presence penalties."""
+    frequency_penalty: torch.Tensor | None = None
+    """[Q] float32 per pair; subtracted once per occurrence."""
+    presence_penalty: torch.Tensor | None = None
+    """[Q] float32 per pair; subtracted once per distinct token."""
+    suppress_rows: torch.Tensor | None = None
+    suppress_token_ids: torch.Tensor | None = None
+    """Pairs set to -inf: EOS and stop ids of rows still short of min_tokens."""
+
+    @property
+    def needs_processing(self) -> bool:
+        """Whether any penalty or suppression touches the logits."""
+        return any(
+            t is not None for t in (self.repetition_rows, self.penalty_rows, self.suppress_rows)
+        )
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: torch.Tensor
+    """[B] int64, on device."""
+    logprobs: torch.Tensor | None
+    """[B] float32: log-prob of the sampled token under the raw logits."""
+    top_ids: torch.Tensor | None
+    """[B, k] int64 (k = max top_logprobs in the batch)."""
+    top_logprobs: torch.Tensor | None
+    """[B, k] float32."""
+
+
+def _pairs(
+    rows: list[int], token_lists: list[list[int]], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row, token) for every token of every list; ids outside the vocab are dropped."""
+    lengths = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
+    tokens = np.fromiter(
+        itertools.chain.from_iterable(token_lists), dtype=np.int64, count=int(lengths.sum())
+    )
+    row_of = np.repeat(np.asarray(rows, dtype=np.int64), lengths)
+    valid = (tokens >= 0) & (tokens < vocab_size)
+    return row_of[valid], tokens[valid]
+
+
+class Sampler:
+    """Samples one token per row of a step's logits; see the module docstring."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        device: torch.device,
+        *,
+        max_filter_candidates: int = MAX_FILTER_CANDIDATES,
+    ):
+        if vocab_size < 1:
+            raise InvalidArgument(f"vocab_size must be >= 1, got {vocab_size}")
+        if max_filter_candidates < 1:
+            raise InvalidArgument(
+                f"max_filter_candidates must be >= 1, got {max_filter_candidates}"
+            )
+        self.vocab_size = vocab_size
+        self.max_filter_candidates = max_filter_candidates
+        self.device = torch.device(device)
+        self._apply_bitmask = get_ops(self.device).apply_bitmask
+        self._race = torch.compile(race, dynamic=True) if self.device.type == "cuda" else race
+
+    def warmup(self) -> None:
+        """Compiles the race for this device now (a few seconds on CUDA), not on first use."""
+        for rows in (1, 2):
+            x = torch.zeros(rows, self.vocab_size, device=self.device)
+            self._draw_race(x, torch.zeros(rows, dtype=torch.int64, device=self.device))
+
+    def _tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values), dtype=dtype).to(self.device, non_blocking=True)
+
+    def prepare(
+        self,
+        params: list[SamplingParams],
+        seeds: list[int],
+        output_lens: list[int],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+        eos_token_ids: list[int],
+    ) -> SamplingInputs:
+        num_rows = len(params)
+        for name, values in (
+            ("seeds", seeds),
+            ("output_lens", output_lens),
+            ("prompt_token_ids", prompt_token_ids),
+            ("output_token_ids", output_token_ids),
+        ):
+            if len(values) != num_rows:
+                raise InvalidArgument(f"{name} has {len(values)} rows, params has {num_rows}")
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        inputs = SamplingInputs(
+            num_rows=num_rows,
+            all_greedy=not sampled,
+            want_logprobs=any(p.logprobs or p.top_logprobs > 0 for p in params),
+            max_top_logprobs=max((p.top_logprobs for p in params), default=0),
+        )
+        if sampled:
+            self._prepare_draw(inputs, [params[i] for i in sampled], sampled, seeds, output_lens)
+        self._prepare_penalties(inputs, params, prompt_token_ids, output_token_ids)
+        self._prepare_suppression(inputs, params, output_lens, eos_token_ids)
+        return inputs
+
+    def _prepare_draw(
+        self,
+        inputs: SamplingInputs,
+        params: list[SamplingParams],
+        rows: list[int],
+        seeds: list[int],
+        output_lens: list[int],
+    ) -> None:
+        vocab = self.vocab_size
+        if len(rows) < inputs.num_rows:
+            inputs.sample_rows = self._tensor(rows, torch.int64)
+        inputs.temperature = self._tensor([p.temperature for p in params], torch.float32)
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        if any(k < vocab for k in top_k):
+            inputs.top_k = self._tensor(top_k, torch.int64)
+        if any(p.top_p < 1.0 for p in params):
+            top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
+            inputs.top_p = self._tensor(top_p, torch.float32)
+        if any(p.min_p > 0.0 for p in params):
+            inputs.min_p = self._tensor([p.min_p for p in params], torch.float32)
+        row_seeds = np.array([seeds[i] for i in rows], dtype=np.uint64)
+        halves = np.stack([row_seeds & _MASK32, row_seeds >> np.uint64(32)], axis=1)
+        positions = np.array([output_lens[i] for i in rows], dtype=np.int64)
+        keys = row_keys(torch.from_numpy(halves.astype(np.int64)), torch.from_numpy(positions))
+        inputs.keys = keys.to(self.device, non_blocking=True)
+
+    def _prepare_penalties(
+        self,
+        inputs: SamplingInputs,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> None:
+        rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        if rep:
+            lists = [t for i in rep for t in (prompt_token_ids[i], output_token_ids[i])]
+            rows, tokens = _pairs([i for i in rep for _ in range(2)], lists, self.vocab_size)
+            penalty = np.array([p.repetition_penalty for p in params], dtype=np.float32)
+            inputs.repetition_rows = self._tensor(rows, torch.int64)
+            inputs.repetition_token_ids = self._tensor(tokens, torch.int64)
+            inputs.repetition_penalty = self._tensor(penalty[rows], torch.float32)
+        additive = [
+            i for i, p in enumerate(params) if p.frequency_penalty != 0 or p.presence_penalty != 0
+        ]
+        if additive:
+            rows, tokens = _pairs(
+                additive, [output_token_ids[i] for i in additive], self.vocab_size
+            )
+            frequency = np.array([p.frequency_penalty for p in params], dtype=np.float32)
+            presence = np.array([p.presence_penalty for p in params], dtype=np.float32)
+            inputs.penalty_rows = self._tensor(rows, torch.int64)
+            inputs.penalty_token_ids = self._tensor(tokens, torch.int64)
+            inputs.frequency_penalty = self._tensor(frequency[rows], torch.float32)
+            inputs.presence_penalty = self._tensor(presence[rows], torch.float32)
+
+    def _prepare_suppression(
+        self,
+        inputs: SamplingInputs,
+        params: list[SamplingParams],
+        output_lens: list[int],
+        eos_token_ids: list[int],
+    ) -> None:
+        short = [i for i, p in enumerate(params) if output_lens[i] < p.min_tokens]
+        if not short:
+            return
+        lists = [list(eos_token_ids) + list(params[i].stop_token_ids) for i in short]
+        rows, tokens = _pairs(short, lists, self.vocab_size)
+        if len(rows):
+            inputs.suppress_rows = self._tensor(rows, torch.int64)
+            inputs.suppress_token_ids = self._tensor(tokens, torch.int64)
+
+    def sample(
+        self, logits: torch.Tensor, inputs: SamplingInputs, bitmask: torch.Tensor | None = None
+    ) -> SampleResult:
+        """Draws one token per row of `logits` [B, >= vocab_size]; `logits` is not modified."""
+        if logits.dim() != 2 or logits.shape[0] != inputs.num_rows:
+            raise InvalidArgument(
+                f"logits must be [{inputs.num_rows}, vocab], got {tuple(logits.shape)}"
+            )
+        if logits.shape[1] < self.vocab_size:
+            raise InvalidArgument(f"logits have {logits.shape[1]} < {self.vocab_size} columns")
+        logits = logits[:, : self.vocab_size]
+        if inputs.all_greedy and bitmask is None and not inputs.needs_processing:
+            token_ids = logits.argmax(dim=-1)
+        else:
+            token_ids = self._process_and_draw(logits, inputs, bitmask)
+        return self._with_logprobs(logits, token_ids, inputs)
+
+    def process(
+        self, logits: torch.Tensor, inputs: SamplingInputs, bitmask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Steps 1-3 (penalties, min_tokens, bitmask) on a float32 copy of logits [B, V].
+
+        Pairs may repeat: a repeated pair reads the same old value and writes
+        the same new one, so the repetition and presence penalties apply once
+        per distinct token; the frequency penalty accumulates per occurrence.
+        """
+        x = logits[:, : self.vocab_size].to(torch.float32, copy=True)
+        if inputs.repetition_rows is not None:
+            index = (inputs.repetition_rows, inputs.repetition_token_ids)
+            values, penalty = x[index], inputs.repetition_penalty
+            x[index] = torch.where(values > 0, values / penalty, values * penalty)
+        if inputs.penalty_rows is not None:
+            index = (inputs.penalty_rows, inputs.penalty_token_ids)
+            x[index] = x[index] - inputs.presence_penalty
+            x.index_put_(index, -inputs.frequency_penalty, accumulate=True)
+        if inputs.suppress_rows is not None:
+            x[inputs.suppress_rows, inputs.suppress_token_ids] = float("-inf")
+        if bitmask is not None:
+            self._apply_bitmask(x, bitmask)
+        return x
+
+    def _process_and_draw(
+        self, logits: torch.Tensor, inputs: SamplingInputs, bitmask: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = self.process(logits, inputs, bitmask)
+        if inputs.all_greedy:
+            return x.argmax(dim=-1)
+        if inputs.sample_rows is None:
+            return self._draw(x, inputs)
+        token_ids = x.argmax(dim=-1)
+        token_ids[inputs.sample_rows] = self._draw(x[inputs.sample_rows], inputs)
+        return token_ids
+
+    def _draw(self, x: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
+        """Temperature, filters and the race over the sampled rows' logits x [S, V] (modified)."""
+        x.div_(inputs.temperature[:, None])
+        if inputs.top_k is not None or inputs.top_p is not None or inputs.min_p is not None:
+            filter_logits(x, inputs.top_k, inputs.top_p, inputs.min_p, self.max_filter_candidates)
+        return self._draw_race(x, inputs.keys)
+
+    def _draw_race(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        try:
+            return self._race(x, keys)
+        except Exception as exc:  # the compiler is missing or failed: same integers, eagerly
+            if self._race is race:
+                raise
+            log.warning("sampler_compile_failed", error=repr(exc))
+            self._race = race
+            return race(x, keys)
+
+    def _with_logprobs(
+        self, logits: torch.Tensor, token_ids: torch.Tensor, inputs: SamplingInputs
+    ) -> SampleResult:
+        if not inputs.want_logprobs:
+            return SampleResult(token_ids, None, None, None)
+        raw = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        chosen = raw.gather(1, token_ids[:, None]).squeeze(1)
+        if inputs.max_top_logprobs == 0:
+            return SampleResult(token_ids, chosen, None, None)
+        top_logprobs, top_ids = raw.topk(inputs.max_top_logprobs, dim=-1)
+        return SampleResult(token_ids, chosen, top_ids, top_logprobs)
