@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# The GPU benchmark suite: one command on the lent machine, from the repository root.
+#
+#   bash bench/gpu_suite.sh                # every step, in order
+#   bash bench/gpu_suite.sh peer summary   # some steps (results of earlier calls are kept)
+#
+# Steps: setup ceilings kernel_tests_gpu kernels model engine_b1 engine_offline peer
+#        kernel_tests summary
+# Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
+# and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
+# /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
+# set) on exit. The summary compares every number with its target.
+#
+# Without CUDA it is a smoke run of the same flow: tiny shapes on the CPU, numbers meaningless.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+BUDGET_S=${SUITE_BUDGET_S:-560}
+RESULTS=${RESULTS_DIR:-/tmp/radixmesh-bench}
+MODEL=${MODEL_DIR:-/tmp/llama8b}
+SITE=${SITE_DIR:-/tmp/site}
+PY=${PYTHON:-python3}
+START=$(date +%s)
+mkdir -p "$RESULTS"
+
+if [ -d "$SITE" ]; then export PYTHONPATH="$SITE:$PWD"; else export PYTHONPATH="$PWD"; fi
+if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    GPU=1
+else
+    GPU=0
+    MODEL=${MODEL_DIR:-/tmp/radixmesh-bench-tiny-model}
+    echo "no CUDA device: smoke run on the CPU with tiny shapes (numbers mean nothing)"
+fi
+
+copy_out() {
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$RESULTS"/. "$OUT"/ 2>/dev/null || true; fi
+}
+trap copy_out EXIT
+
+remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
+
+# run_step NAME MAX_SECONDS CMD...: runs CMD under timeout, output to $RESULTS/NAME.log
+# (its JSON, if any, goes to $RESULTS/NAME.json).
+run_step() {
+    local name=$1 max_s=$2
+    shift 2
+    local left limit rc t0
+    rm -f "$RESULTS/$name".{log,json,status}  # no stale result from an earlier call
+    left=$(remaining)
+    limit=$((left - 15 < max_s ? left - 15 : max_s))
+    if [ "$limit" -lt 10 ]; then
+        echo "== $name: skipped, ${left}s of the budget left" | tee "$RESULTS/$name.status"
+        return 0
+    fi
+    echo "== $name (limit ${limit}s): $*"
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+    rc=$?
+    tail -n 25 "$RESULTS/$name.log"
+    echo "== $name: rc=$rc in $(($(date +%s) - t0))s" | tee "$RESULTS/$name.status"
+    [ "$rc" -eq 124 ] && echo "== $name: TIMED OUT after ${limit}s"
+    return 0
+}
+
+step_setup() {
+    if [ "$GPU" = 1 ]; then
+        mkdir -p "$SITE"
+        if ls .whl/*.whl | cmp -s - "$SITE/.radixmesh-wheels"; then
+            echo "wheels already in $SITE"
+        else
+            $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target "$SITE" .whl/*.whl && ls .whl/*.whl >"$SITE/.radixmesh-wheels"
+        fi
+        if ! $PY -c "import pytest" 2>/dev/null && ls .whl/pytest/*.whl >/dev/null 2>&1; then
+            $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                --target "$SITE" .whl/pytest/*.whl
+        fi
+        export PYTHONPATH="$SITE:$PWD"
+        nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv || true
+    fi
+    $PY - <<'PY'
+import importlib, platform
+print("python", platform.python_version())
+for name in ("torch", "triton", "transformers", "grpc", "google.protobuf", "structlog", "redis",
+             "xgrammar", "pytest", "safetensors"):
+    try:
+        print(f"{name:<16}", getattr(importlib.import_module(name), "__version__", "?"))
+    except Exception as exc:
+        print(f"{name:<16} MISSING ({type(exc).__name__}: {exc})")
+PY
+}
+
+quick() { [ "$GPU" = 1 ] || echo --quick; }
+
+step_ceilings() {
+    run_step ceilings 60 $PY bench/ceilings.py $(quick) --json "$RESULTS/ceilings.json"
+}
+
+step_kernel_tests_gpu() {
+    [ "$GPU" = 1 ] || { echo "== kernel_tests_gpu: skipped (no CUDA)"; return 0; }
+    run_step kernel_tests_gpu 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels
+}
+
+step_kernels() {
+    run_step kernels 150 $PY bench/kernels.py $(quick) --json "$RESULTS/kernels.json"
+}
+
+step_model() {
+    local shape=()
+    [ "$GPU" = 1 ] || shape=(--tiny-shape)
+    run_step model 150 $PY bench/model_8b.py --out "$MODEL" "${shape[@]}" \
+        --json "$RESULTS/model.json"
+}
+
+engine_device() { if [ "$GPU" = 1 ]; then echo cuda; else echo cpu; fi; }
+
+step_engine_b1() {
+    local out=128
+    [ "$GPU" = 1 ] || out=8
+    run_step engine_b1 150 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
+        --num-requests 1 --prompt-len 32 --output-len "$out" --json
+}
+
+step_engine_offline() {
+    local n=256 p=512 o=128
+    [ "$GPU" = 1 ] || { n=8; p=32; o=8; }
+    run_step engine_offline 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
+        --num-requests "$n" --prompt-len "$p" --output-len "$o" \
+        --max-num-seqs 256 --max-num-batched-tokens 8192 --json
+}
+
+step_peer() {
+    local args=()
+    [ "$GPU" = 1 ] || args=(--device cpu --num-requests 4 --prompt-len 16 --output-len 8
+        --decode-output-len 8)
+    run_step peer 240 $PY bench/peer_hf.py --model "$MODEL" "${args[@]}" \
+        --json "$RESULTS/peer.json"
+}
+
+step_kernel_tests() {
+    [ "$GPU" = 1 ] || { echo "== kernel_tests: skipped (no CUDA; CI runs them interpreted)"; return 0; }
+    run_step kernel_tests 240 $PY -m pytest -q -p no:cacheprovider --maxfail=5 tests/kernels
+}
+
+step_summary() {
+    $PY - "$RESULTS" "$GPU" <<'PY' | tee "$RESULTS/summary.txt"
+import json, sys
+from pathlib import Path
+
+results, gpu = Path(sys.argv[1]), sys.argv[2] == "1"
+
+
+def load(name):
+    path = results / name
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+def engine(name):
+    """The JSON object bench/engine.py printed last in its log."""
+    log = results / f"{name}.log"
+    if not log.is_file():
+        return None
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith("{") and "output_tokens_per_s" in line:
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            (results / f"{name}.json").write_text(json.dumps(report) + "\n")
+            return report
+    return None
+
+
+ceil, kern, model = load("ceilings.json"), load("kernels.json"), load("model.json")
+b1, off, peer = engine("engine_b1"), engine("engine_offline"), load("peer.json") or {}
+peer_b1, peer_batch = peer.get("decode_batch1") or {}, peer.get("generate_batch") or {}
+copy = ceil and ceil["copy_gbps"]
+mm = ceil and ceil["matmul_tflops"]
+rows = []
+
+
+def row(metric, value, unit, reference=None, ratio=None, target=None, higher=True, note=""):
+    ok = "-"
+    if ratio is not None and target is not None:
+        ok = "yes" if (ratio >= target if higher else ratio <= target) else "NO"
+    rows.append(dict(metric=metric, value=value, unit=unit, reference=reference, ratio=ratio,
+                     target=(">=" if higher else "<=") + f" {target}" if target else None,
+                     ok=ok if gpu else "-", note=note))
+
+
+row("device copy bandwidth", copy, "GB/s")
+row("bf16 matmul 8192^3", mm, "TFLOP/s")
+for r in kern or []:
+    if r.get("target") is not None:
+        row(f"attention {r['name']}", round(r["value"], 1), r["unit"], round(r["ceiling"], 1),
+            round(r["ratio"], 3), r["target"],
+            note="of copy BW" if r["name"].startswith("decode") else "of torch SDPA")
+floor_ms = model and copy and model["weight_bytes"] / (copy * 1e6)
+if b1:
+    tpot = b1["tpot_p50_ms"]
+    row("batch-1 TPOT (engine)", tpot, "ms", floor_ms and round(floor_ms, 3),
+        floor_ms and round(tpot / floor_ms, 3), 1.15, higher=False,
+        note="reference: weight bytes / copy BW")
+if peer_b1.get("tpot_ms"):
+    row("batch-1 TPOT (HF generate)", peer_b1["tpot_ms"], "ms", floor_ms and round(floor_ms, 3),
+        floor_ms and round(peer_b1["tpot_ms"] / floor_ms, 3),
+        note="peer, for context")
+    if b1:
+        row("batch-1 speed-up over HF", round(peer_b1["tpot_ms"] / b1["tpot_p50_ms"], 2), "x")
+if off:
+    tps = off["output_tokens_per_s"]
+    hf = peer_batch.get("output_tokens_per_s")
+    row("offline output tok/s (engine)", tps, "tok/s", hf, hf and round(tps / hf, 2), 15,
+        note="reference: HF generate_batch")
+    if model and mm:
+        achieved = 2 * model["num_params"] * off["total_tokens_per_s"] / 1e12
+        row("offline achieved TFLOP/s", round(achieved, 1), "TFLOP/s", mm,
+            round(achieved / mm, 3), 0.6,
+            note="2 x params x (prompt+output) tokens / s over bf16 matmul")
+if hf_tps := peer_batch.get("output_tokens_per_s"):
+    row("offline output tok/s (HF)", hf_tps, "tok/s", note="peer generate_batch")
+
+print(f"{'metric':<34}{'value':>12} {'unit':<8}{'reference':>11}{'ratio':>9}  {'target':<8}{'ok':<4} note")
+for r in rows:
+    fmt = lambda v: "-" if v is None else f"{v:,}" if isinstance(v, (int, float)) else str(v)
+    print(f"{r['metric']:<34}{fmt(r['value']):>12} {r['unit']:<8}{fmt(r['reference']):>11}"
+          f"{fmt(r['ratio']):>9}  {r['target'] or '-':<8}{r['ok']:<4} {r['note']}")
+missing = [n for n, v in (("ceilings", ceil), ("kernels", kern), ("model", model),
+           ("engine_b1", b1), ("engine_offline", off), ("peer", peer)) if not v]
+for part, v in (("peer decode", peer_b1), ("peer generate_batch", peer_batch)):
+    if v.get("error"):
+        print(f"{part} failed: {v['error'][:300]}")
+if missing:
+    print("no result from: " + ", ".join(missing) + " (see their .log and .status)")
+for status in sorted(results.glob("*.status")):
+    print(status.read_text().strip())
+summary = {"gpu": gpu, "rows": rows, "missing": missing, "versions": ceil and ceil["versions"],
+           "engine_b1": b1, "engine_offline": off, "peer": peer, "model": model}
+(results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+PY
+}
+
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(setup ceilings kernel_tests_gpu kernels model engine_b1
+    engine_offline peer kernel_tests summary)
+for step in "${STEPS[@]}"; do
+    if ! declare -F "step_$step" >/dev/null; then
+        echo "unknown step '$step'"
+        continue
+    fi
+    "step_$step"
+done
+echo "== suite done in $(($(date +%s) - START))s; results in $RESULTS"
