@@ -1,0 +1,42 @@
+"""The live progress line: counts, rates and errors; silent when disabled or not a terminal."""
+
+from __future__ import annotations
+
+import io
+
+from radixmesh.loadgen.client import RequestResult
+from radixmesh.loadgen.progress import Progress
+
+
+def done(ok: bool, tokens: int = 4) -> RequestResult:
+    result = RequestResult(start_s=0.0, ok=ok, completion_tokens=tokens if ok else None)
+    if not ok:
+        result.fail("http_429", "queue full")
+    return result
+
+
+def test_line_counts_requests_tokens_and_errors():
+    progress = Progress(total=10, duration_s=None, stream=io.StringIO(), enabled=True)
+    for ok in (True, True, False, True):
+        progress.update(done(ok))
+    line = progress.line(elapsed_s=2.0)
+    assert "4/10 req" in line and "2.00 req/s" in line and "6.0 tok/s" in line
+    assert "errors 1" in line and "[########            ]" in line
+
+
+def test_writes_carriage_return_updates_and_a_final_newline_when_enabled():
+    stream = io.StringIO()
+    progress = Progress(total=2, duration_s=None, stream=stream, enabled=True, interval_s=0.0)
+    progress.update(done(True))
+    progress.update(done(True))
+    progress.finish()
+    text = stream.getvalue()
+    assert text.count("\r") == 3 and text.endswith("\n") and "2/2 req" in text
+
+
+def test_silent_when_the_stream_is_not_a_terminal():
+    stream = io.StringIO()  # isatty() is False
+    progress = Progress(total=None, duration_s=5.0, stream=stream, interval_s=0.0)
+    progress.update(done(True))
+    progress.finish()
+    assert not progress.enabled and stream.getvalue() == ""

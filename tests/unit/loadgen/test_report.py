@@ -1,0 +1,152 @@
+"""Percentiles, Prometheus deltas and histogram quantiles, and the report's internal consistency."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from radixmesh.loadgen.client import RequestResult
+from radixmesh.loadgen.report import build_report, flat_metrics, format_table, percentile, stats
+from radixmesh.loadgen.runner import LoadRun
+from radixmesh.loadgen.scrape import (
+    Endpoint,
+    delta,
+    histogram_delta,
+    parse_endpoints,
+    parse_text,
+    total,
+)
+from radixmesh.loadgen.slo import parse_slo
+from services.common.errors import InvalidArgument
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100])
+def test_percentiles_match_numpy_linear_interpolation(n):
+    rng = random.Random(n)
+    values = [rng.expovariate(3.0) for _ in range(n)]
+    for q in (0.0, 0.5, 0.9, 0.99, 1.0):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q * 100)))
+    assert stats(values)["mean"] == pytest.approx(float(np.mean(values)))
+    assert stats([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def snapshot(registry: CollectorRegistry, role: str) -> dict:
+    return {role: parse_text(generate_latest(registry).decode(), endpoint=f"{role}-0")}
+
+
+def test_counter_deltas_add_up_label_sets_and_missing_metrics_are_none():
+    registry = CollectorRegistry()
+    hits = Counter("radixmesh_cache_prefix_hit_tokens", "", ["executor_id"], registry=registry)
+    hits.labels("a").inc(5)
+    before = snapshot(registry, "cache")
+    hits.labels("a").inc(7)
+    hits.labels("b").inc(3)
+    after = snapshot(registry, "cache")
+    assert delta(before, after, "cache", "radixmesh_cache_prefix_hit_tokens_total") == 10
+    assert total(after, "cache", "radixmesh_cache_prefix_hit_tokens_total", executor_id="b") == 3
+    assert delta(before, after, "cache", "radixmesh_cache_nothing_total") is None
+    assert delta(before, after, "scheduler", "radixmesh_cache_prefix_hit_tokens_total") is None
+
+
+def test_histogram_delta_counts_only_the_run_and_its_quantiles_fall_in_the_right_bucket():
+    registry = CollectorRegistry()
+    buckets = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+    ttft = Histogram(
+        "radixmesh_scheduler_time_to_first_token_seconds", "", buckets=buckets, registry=registry
+    )
+    for _ in range(50):
+        ttft.observe(5.0)  # before the run: must not count
+    before = snapshot(registry, "scheduler")
+    rng = random.Random(0)
+    run = [rng.uniform(0.0, 0.3) for _ in range(400)]
+    for v in run:
+        ttft.observe(v)
+    after = snapshot(registry, "scheduler")
+    hist = histogram_delta(
+        before, after, "scheduler", "radixmesh_scheduler_time_to_first_token_seconds"
+    )
+    assert hist.count == 400
+    assert hist.mean == pytest.approx(sum(run) / 400)
+    edges = (0.0, *buckets)
+    for q in (0.5, 0.9, 0.99):
+        true = float(np.percentile(run, q * 100))
+        i = next(i for i, b in enumerate(buckets) if true <= b)
+        assert edges[i] <= hist.quantile(q) <= edges[i + 1]
+
+
+def result(
+    start,
+    *,
+    ok=True,
+    ttft=0.1,
+    e2e=0.5,
+    out=5,
+    prompt=20,
+    cached=10,
+    status="ok",
+    chunks=None,
+    **kw,
+):
+    r = RequestResult(start_s=start, ok=ok, status=status, ttft_s=ttft if ok else None, e2e_s=e2e)
+    r.chunk_times_s = (
+        chunks if chunks is not None else ([ttft, ttft + 0.1, ttft + 0.3] if ok else [])
+    )
+    if ok:
+        r.prompt_tokens, r.completion_tokens, r.cached_tokens = prompt, out, cached
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_report_numbers_agree_with_each_other_and_with_the_results():
+    results = [
+        result(0.0, e2e=0.5),
+        result(0.1, e2e=0.9, ttft=0.3, priority="batch"),
+        result(0.2, ok=False, status="http_429"),
+        result(0.3, ok=False, status="http_429"),
+        result(0.4, ok=False, status="timeout"),
+        result(0.5, is_json=True, json_valid=True, out=9),
+        result(0.6, is_json=True, json_valid=False, out=9),
+    ]
+    report = build_report(LoadRun(results, started_s=0.0, ended_s=2.0), {}, {})
+    assert report["num_requests"] == 7 == report["num_ok"] + report["num_errors"]
+    assert report["errors_by_status"] == {"http_429": 2, "timeout": 1}
+    assert report["error_rate"] == pytest.approx(3 / 7)
+    assert report["request_throughput"] == pytest.approx(4 / 2.0)
+    assert report["output_tokens_per_s"] == pytest.approx((5 + 5 + 9 + 9) / 2.0)
+    assert report["input_tokens_per_s"] == pytest.approx(80 / 2.0)
+    assert report["prefix_reuse_rate"] == pytest.approx(0.5)
+    assert report["ttft_s"]["p50"] == pytest.approx(0.1)
+    assert report["e2e_s"]["mean"] == pytest.approx((0.5 + 0.9 + 0.5 + 0.5) / 4)
+    assert report["p99_p50_ratio"] == pytest.approx(report["e2e_s"]["p99"] / report["e2e_s"]["p50"])
+    # time per output token: (e2e - ttft) / (tokens - 1)
+    expected_tpot = sorted([0.4 / 4, 0.6 / 4, 0.4 / 8, 0.4 / 8])
+    assert report["tpot_s"]["mean"] == pytest.approx(sum(expected_tpot) / 4)
+    assert report["itl_s"]["p50"] == pytest.approx(0.15)  # gaps 0.1 and 0.2 per request
+    assert report["json"]["num_requests"] == 2 and report["json"]["schema_pass_rate"] == 0.5
+    assert report["by_priority"]["batch"]["num_requests"] == 1
+    # not measured: null, not zero
+    for key in ("server_ttft_s", "executor_step_s", "kv_cache_hit_rate", "gpu_utilization"):
+        assert report[key] is None
+    assert report["gpu_memory_bytes_max"] is None
+    assert report["batch_size"] == {"running_mean": None, "running_max": None, "step_mean": None}
+    assert "http_429" in format_table(report)
+
+
+def test_every_flat_metric_is_a_valid_slo_name_and_the_report_fills_it():
+    report = build_report(LoadRun([result(0.0)], 0.0, 1.0), {}, {})
+    flat = flat_metrics(report)
+    assert parse_slo(",".join(f"{k}=1" for k in flat), set(flat))
+    assert flat["ttft_p50"] == pytest.approx(0.1) and flat["error_rate"] == 0.0
+    assert flat["schema_pass_rate"] is None
+
+
+def test_endpoint_specs_and_roles():
+    (cache, ex) = parse_endpoints(["cache=http://127.0.0.1:9100", "executor-1=http://h:9/m"])
+    assert cache == Endpoint("cache", "http://127.0.0.1:9100/metrics")
+    assert (ex.role, ex.url) == ("executor", "http://h:9/m")
+    with pytest.raises(InvalidArgument, match="metrics_url"):
+        parse_endpoints(["127.0.0.1:9100"])
