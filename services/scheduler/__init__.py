@@ -1,0 +1,1 @@
+"""The scheduler room: queues, admission, batch formation, preemption, routing, deadlines."""

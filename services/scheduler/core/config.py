@@ -1,0 +1,65 @@
+"""Scheduler configuration: one frozen dataclass, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192
+    """Token budget of one step (decodes + prefill chunks); also the prefill chunk size."""
+    max_num_seqs: int = 256
+    """Most sequences in one step, per executor."""
+    max_queue_len: int = 1024
+    """Most waiting requests (all executors); a full queue answers ResourceExhausted."""
+    page_lookahead: int = 4
+    """Pages leased ahead of need for decode growth, so most steps need no cache call."""
+    aging_rate: float = 0.1
+    """Priority classes gained per second of waiting, so no request starves."""
+    prefix_weight: float = 0.5
+    """Rank bonus (in classes, < 1) for a fully cached prompt; orders within a class."""
+    priority_preemption_gap: int | None = 2
+    """A waiting request preempts running work this many classes below it; None: never."""
+    max_steps_in_flight: int = 2
+    """Plans submitted to an executor and not yet answered (2: plan N+1 while N runs)."""
+    lease_holder: str = "scheduler"
+    """Holder id of every lease this scheduler takes (heartbeats renew them all)."""
+    heartbeat_interval_s: float = 5.0
+    """Seconds between lease heartbeats to the cache; well below the lease TTL."""
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value < 1:
+                raise InvalidArgument(f"scheduler.{name} must be >= 1, got {value}")
+
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_queue_len"):
+            positive(name)
+        if self.page_lookahead < 0:
+            raise InvalidArgument(
+                f"scheduler.page_lookahead must be >= 0, got {self.page_lookahead}"
+            )
+        if self.aging_rate < 0:
+            raise InvalidArgument(f"scheduler.aging_rate must be >= 0, got {self.aging_rate}")
+        if not (0.0 <= self.prefix_weight < 1.0):
+            raise InvalidArgument(
+                f"scheduler.prefix_weight must be in [0, 1), got {self.prefix_weight}"
+            )
+        gap = self.priority_preemption_gap
+        if gap is not None and not (1 <= gap <= 2):
+            raise InvalidArgument(
+                f"scheduler.priority_preemption_gap must be 1, 2 or None, got {gap}"
+            )
+        if not (1 <= self.max_steps_in_flight <= 2):
+            raise InvalidArgument(
+                f"scheduler.max_steps_in_flight must be 1 or 2, got {self.max_steps_in_flight}"
+            )
+        if not self.lease_holder:
+            raise InvalidArgument("scheduler.lease_holder must not be empty")
+        if not self.heartbeat_interval_s > 0:
+            raise InvalidArgument(
+                f"scheduler.heartbeat_interval_s must be > 0, got {self.heartbeat_interval_s}"
+            )

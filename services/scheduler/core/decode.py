@@ -1,0 +1,113 @@
+"""Running sequences in a step: decodes first, then the next chunks of prefills.
+
+A running sequence costs one token per decode, or a chunk of its prompt while
+it prefills. When its page table needs to grow and the pool is short, the
+lowest-priority, latest-arrived running request not yet in this step gives its
+pages back (possibly the sequence itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from services.common.errors import ResourceExhausted
+from services.common.step import RunningSequence
+from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.leases import Leases
+from services.scheduler.core.preemption import pick_victim, victim_order
+from services.scheduler.core.request import Request
+
+
+@dataclass(slots=True)
+class StepBudget:
+    num_tokens: int
+    num_seqs: int
+    preempted_req_ids: set[str] = field(default_factory=set)
+    """Requests preempted while planning this step; they do not resume in it."""
+    failed: list[tuple[Request, ResourceExhausted]] = field(default_factory=list)
+    """Requests that can never fit the pool, to end with an error."""
+
+    def take(self, num_tokens: int) -> None:
+        self.num_tokens -= num_tokens
+        self.num_seqs -= 1
+
+
+def wants_decode(req: Request, max_model_len: int) -> bool:
+    """Whether another decode can still produce a token the executor will keep."""
+    if req.prefilling or not req.on_executor:
+        return False
+    expected = req.num_expected_tokens
+    max_tokens = req.sampling.max_tokens
+    num_outputs = expected - len(req.prompt_token_ids)
+    return expected < max_model_len and (max_tokens is None or num_outputs < max_tokens)
+
+
+async def schedule_running(
+    ex: ExecutorState, leases: Leases, budget: StepBudget
+) -> list[RunningSequence]:
+    decodes = sorted((r for r in ex.running.values() if not r.prefilling), key=victim_order)
+    prefills = sorted((r for r in ex.running.values() if r.prefilling), key=victim_order)
+    pending = decodes + prefills
+    # pages ahead for every decode that needs them, asked for at once (one round trip
+    # over gRPC); one that is refused retries below, where preemption makes room
+    page_size, max_model_len = ex.page_size, ex.info.max_model_len
+    growing = [
+        r
+        for r in decodes
+        if wants_decode(r, max_model_len) and r.num_computed_tokens >= len(r.page_table) * page_size
+    ]
+    await asyncio.gather(*(leases.grow(ex, r, r.num_computed_tokens + 1) for r in growing))
+    scheduled: list[RunningSequence] = []
+    while pending and budget.num_tokens > 0 and budget.num_seqs > 0:
+        req = pending.pop(0)
+        if req.prefilling:
+            num_tokens = min(req.num_admitted_tokens - req.num_computed_tokens, budget.num_tokens)
+        elif wants_decode(req, ex.info.max_model_len):
+            num_tokens = 1
+        else:
+            continue
+        if not await _make_room(ex, leases, budget, req, pending, num_tokens):
+            continue
+        appended = req.page_table[len(req.page_table) - req.num_unsent_pages :]
+        req.num_unsent_pages = 0
+        scheduled.append(RunningSequence(req.req_id, num_tokens, appended))
+        req.num_computed_tokens += num_tokens
+        budget.take(num_tokens)
+    return scheduled
+
+
+async def _make_room(
+    ex: ExecutorState,
+    leases: Leases,
+    budget: StepBudget,
+    req: Request,
+    pending: list[Request],
+    num_tokens: int,
+) -> bool:
+    """Grow req's pages for this step, preempting others; False when req itself yields."""
+    while not await leases.grow(ex, req, req.num_computed_tokens + num_tokens):
+        waiting_lease = next((r for r in ex.queue if r.lease_id is not None), None)
+        if waiting_lease is not None:  # admitted ahead but not started: it gives back first
+            await leases.drop(waiting_lease)
+            continue
+        victim = pick_victim([*pending, req])
+        assert victim is not None
+        if victim is req:
+            if len(ex.running) == 1:
+                budget.failed.append((req, _too_long(ex, req, num_tokens)))
+            else:
+                await leases.preempt(ex, req)
+                budget.preempted_req_ids.add(req.req_id)
+            return False
+        pending.remove(victim)
+        await leases.preempt(ex, victim)
+        budget.preempted_req_ids.add(victim.req_id)
+    return True
+
+
+def _too_long(ex: ExecutorState, req: Request, num_tokens: int) -> ResourceExhausted:
+    return ResourceExhausted(
+        f"request {req.req_id} needs KV for {req.num_computed_tokens + num_tokens} tokens; "
+        f"executor {ex.executor_id} has {ex.info.num_pages} pages of {ex.page_size}"
+    )

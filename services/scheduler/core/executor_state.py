@@ -1,0 +1,72 @@
+"""The scheduler's view of one executor: its queue, its running batch, its steps in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.ports import ExecutorInfo, ExecutorPort
+from services.scheduler.core.queue import WaitQueue
+from services.scheduler.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorLoad:
+    """What GetLoad and the metrics report about one executor."""
+
+    executor_id: str
+    model: str
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    """Fraction of the executor's pages leased by this scheduler."""
+    healthy: bool
+
+
+@dataclass(slots=True)
+class ExecutorState:
+    port: ExecutorPort
+    info: ExecutorInfo
+    queue: WaitQueue
+    running: dict[str, Request] = field(default_factory=dict)
+    """Requests holding a lease on this executor, in admission order."""
+    num_in_flight: int = 0
+    """Plans submitted and not yet answered."""
+    next_step_id: int = 1
+    last_result_step: int = 0
+    """Id of the newest step whose result was processed."""
+    dropped_req_ids: list[str] = field(default_factory=list)
+    """Sequences the executor holds that the next plan tells it to forget."""
+    abort_req_ids: set[str] = field(default_factory=set)
+    """Aborts asked for, applied by the executor's loop at its next turn."""
+    alive: bool = True
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when work arrives (submit, abort) so an idle loop plans again."""
+
+    @classmethod
+    def create(cls, port: ExecutorPort, config: SchedulerConfig) -> ExecutorState:
+        return cls(port=port, info=port.info, queue=WaitQueue(config))
+
+    @property
+    def executor_id(self) -> str:
+        return self.info.executor_id
+
+    @property
+    def page_size(self) -> int:
+        return self.info.page_size
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or len(self.queue) or self.dropped_req_ids)
+
+    def load(self) -> ExecutorLoad:
+        num_leased = sum(len(r.page_table) for r in self.running.values())
+        return ExecutorLoad(
+            executor_id=self.executor_id,
+            model=self.info.model,
+            num_running=len(self.running),
+            num_waiting=len(self.queue),
+            kv_usage=min(1.0, num_leased / max(1, self.info.num_pages)),
+            healthy=self.alive,
+        )

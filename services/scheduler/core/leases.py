@@ -1,0 +1,121 @@
+"""The scheduler's side of page leases: admit, grow, preempt, finish, drop.
+
+Every lease this scheduler takes passes through here, so the page accounting
+of a request (page_table, num_computed_tokens, lease_id) changes in one place.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from services.common.errors import RadixmeshError, ResourceExhausted
+from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.ports import CachePort
+from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.sharing import InflightPrefixes
+
+log = structlog.get_logger(__name__)
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+class Leases:
+    def __init__(self, cache: CachePort, config: SchedulerConfig) -> None:
+        self._cache = cache
+        self._holder = config.lease_holder
+        self._lookahead = config.page_lookahead
+        self.inflight = InflightPrefixes()
+        """Prompt pages being computed, for admission to wait on instead of recomputing."""
+        self.num_preemptions = 0
+        """Requests that gave their pages back to resume later (a counter for metrics)."""
+
+    async def admit(self, ex: ExecutorState, req: Request) -> bool:
+        """Lease pages for every known token (plus lookahead); False when they do not fit.
+
+        The lookup leaves the last token out, so at least one token is computed
+        and the step yields its logits.
+        """
+        tokens = req.all_token_ids
+        page_size = ex.page_size
+        wanted = min(len(tokens) + self._lookahead * page_size, ex.info.max_model_len)
+        for num_tokens in dict.fromkeys((max(wanted, len(tokens)), len(tokens))):
+            try:
+                grant = await self._cache.acquire(
+                    ex.executor_id, tokens[:-1], num_tokens, self._holder
+                )
+            except ResourceExhausted:
+                continue
+            req.lease_id = grant.lease_id
+            req.page_table = list(grant.page_ids)
+            req.num_unsent_pages = 0
+            req.num_computed_tokens = grant.num_cached_tokens
+            req.num_admitted_tokens = len(tokens)
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = grant.num_cached_tokens
+            self.inflight.register(
+                req, page_size, req.num_computed_tokens, len(tokens), tentative=False
+            )
+            return True
+        return False
+
+    async def grow(self, ex: ExecutorState, req: Request, num_tokens: int) -> bool:
+        """Make the page table cover num_tokens positions; False when the pool is short."""
+        missing = pages_for(num_tokens, ex.page_size) - len(req.page_table)
+        if missing <= 0:
+            return True
+        assert req.lease_id is not None
+        for num_pages in dict.fromkeys((max(missing, self._lookahead), missing)):
+            try:
+                page_ids = await self._cache.extend(req.lease_id, num_pages)
+            except ResourceExhausted:
+                continue
+            req.page_table.extend(page_ids)
+            req.num_unsent_pages += len(page_ids)
+            return True
+        return False
+
+    async def preempt(self, ex: ExecutorState, req: Request) -> None:
+        """Give the pages back, keeping what was computed in the tree, and re-queue."""
+        num_computed = min(req.num_computed_tokens, req.num_tokens)
+        await self._end(req, req.all_token_ids[:num_computed])
+        ex.running.pop(req.req_id, None)
+        self.forget_on_executor(ex, req)
+        ex.queue.push(req)
+        req.hold_until_step = ex.next_step_id - 1
+        self.num_preemptions += 1
+        log.debug("preempted", req_id=req.req_id, num_computed_tokens=num_computed)
+
+    async def finish(self, req: Request) -> None:
+        """The executor ended the sequence: its computed tokens become a cached prefix."""
+        num_computed = min(req.num_computed_tokens, req.num_tokens - 1)
+        await self._end(req, req.all_token_ids[:num_computed])
+        req.status = RequestStatus.FINISHED
+
+    async def drop(self, req: Request) -> None:
+        """Abort or error: end the lease inserting nothing."""
+        await self._end(req, None)
+
+    def forget_on_executor(self, ex: ExecutorState, req: Request) -> None:
+        if req.on_executor:
+            ex.dropped_req_ids.append(req.req_id)
+            req.on_executor = False
+
+    async def _end(self, req: Request, commit_tokens: list[int] | None) -> None:
+        self.inflight.forget(req)
+        lease_id, req.lease_id = req.lease_id, None
+        req.page_table = []
+        req.num_unsent_pages = 0
+        req.num_computed_tokens = 0
+        req.num_admitted_tokens = 0
+        if lease_id is None:
+            return
+        try:
+            if commit_tokens:
+                await self._cache.commit(lease_id, commit_tokens)
+            else:
+                await self._cache.release(lease_id)
+        except RadixmeshError as exc:  # the cache expires what it could not end
+            log.warning("ending lease failed", req_id=req.req_id, lease_id=lease_id, error=str(exc))

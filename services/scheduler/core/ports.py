@@ -1,0 +1,71 @@
+"""What the scheduler needs from the cache and from each executor, as async protocols.
+
+The in-process engine implements them over the cores directly; the scheduler
+service implements them over gRPC streams. The scheduler core sees only these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from services.common.step import StepPlan, StepResult
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """A lease from the cache: the page table and how much of it is a cached prefix."""
+
+    lease_id: str
+    page_ids: list[int]
+    num_cached_tokens: int
+
+
+class CachePort(Protocol):
+    async def match(self, token_ids: list[int], model: str | None = None) -> dict[str, int]:
+        """Read-only: cached prefix length per executor id."""
+
+    async def acquire(
+        self, executor_id: str, token_ids: list[int], num_tokens: int, holder: str
+    ) -> LeaseGrant:
+        """Changes state: lock the cached prefix of token_ids, lease pages up to num_tokens.
+
+        Raises ResourceExhausted, changing nothing, when the pool cannot make room.
+        """
+
+    async def extend(self, lease_id: str, num_pages: int) -> list[int]:
+        """Changes state: more pages for a lease; ResourceExhausted when none are left."""
+
+    async def commit(self, lease_id: str, token_ids: list[int]) -> int:
+        """Changes state: insert the computed tokens' full pages, end the lease."""
+
+    async def release(self, lease_id: str) -> None:
+        """Changes state: end a lease, inserting nothing."""
+
+    async def heartbeat(self, holder: str) -> int:
+        """Changes state: renew the holder's leases; returns how many it holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    executor_id: str
+    model: str
+    page_size: int
+    num_pages: int
+    max_model_len: int
+    vocab_size: int | None = None
+    """Token ids must be below it; None: not checked by the scheduler."""
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+
+class ExecutorPort(Protocol):
+    @property
+    def info(self) -> ExecutorInfo: ...
+
+    def submit(self, plan: StepPlan) -> None:
+        """Queue a plan; plans run in submission order."""
+
+    async def next_result(self) -> StepResult:
+        """The result of the oldest unanswered plan. Raises when the executor is gone."""
+
+    async def close(self) -> None: ...

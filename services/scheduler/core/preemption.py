@@ -1,0 +1,27 @@
+"""Who gives up its pages when they run short, and when priority preempts running work."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from services.scheduler.core.request import Request
+
+
+def victim_order(req: Request) -> tuple[int, float]:
+    """Sort key: the largest key is preempted first (lowest class, then latest arrival)."""
+    return (int(req.priority), req.arrival_time)
+
+
+def pick_victim(candidates: Iterable[Request]) -> Request | None:
+    """The running request to preempt when pages run short, or None when there is none."""
+    return max(candidates, key=victim_order, default=None)
+
+
+def priority_victim(
+    candidates: Iterable[Request], waiting: Request, gap: int | None
+) -> Request | None:
+    """A running request at least `gap` classes below `waiting`, lowest and latest first."""
+    if gap is None:
+        return None
+    eligible = [r for r in candidates if int(r.priority) - int(waiting.priority) >= gap]
+    return pick_victim(eligible)

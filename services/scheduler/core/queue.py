@@ -1,0 +1,64 @@
+"""Waiting requests of one executor, ranked by priority class, cached prefix and age.
+
+Rank (lower is served first) = class - aging_rate * seconds waited
+- prefix_weight * (fraction of the prompt already cached). prefix_weight < 1,
+so the cached prefix orders requests within a class, while age lifts any
+request, of any class, until it is served: nothing starves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.request import Priority, Request, RequestStatus
+
+
+class WaitQueue:
+    """Insertion-ordered waiting requests; `ranked` sorts them on demand (per step)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._aging_rate = config.aging_rate
+        self._prefix_weight = config.prefix_weight
+        self._requests: dict[str, Request] = {}
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self._requests
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(list(self._requests.values()))
+
+    def push(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        self._requests[req.req_id] = req
+
+    def remove(self, req_id: str) -> Request | None:
+        return self._requests.pop(req_id, None)
+
+    def rank(self, req: Request, now: float) -> float:
+        waited = max(0.0, now - req.arrival_time)
+        cached = min(1.0, req.match_tokens / max(1, req.num_tokens))
+        return float(req.priority) - self._aging_rate * waited - self._prefix_weight * cached
+
+    def ranked(self, now: float) -> list[Request]:
+        """Waiting requests, the one to serve first at index 0."""
+        return sorted(self._requests.values(), key=lambda r: (self.rank(r, now), r.arrival_time))
+
+    def newest_unleased(self, priority: Priority) -> Request | None:
+        """The latest arrival of a class holding no lease (the one to shed first)."""
+        candidates = [
+            r for r in self._requests.values() if r.priority is priority and r.lease_id is None
+        ]
+        return max(candidates, key=lambda r: r.arrival_time, default=None)
+
+    def expired(self, now: float) -> list[Request]:
+        return [r for r in self._requests.values() if r.deadline is not None and r.deadline <= now]
+
+    def count_by_priority(self) -> dict[Priority, int]:
+        counts = dict.fromkeys(Priority, 0)
+        for req in self._requests.values():
+            counts[req.priority] += 1
+        return counts

@@ -1,0 +1,119 @@
+"""A request as the scheduler sees it, and the updates it streams back."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from services.common.errors import RadixmeshError
+from services.common.sampling import Constraint, SamplingParams
+from services.common.step import TokenLogprobs
+
+
+class Priority(enum.IntEnum):
+    """Priority classes; a lower value is served first."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+    SHEDDABLE = 2
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    """In a queue: new, or preempted and waiting to resume."""
+    RUNNING = "running"
+    """Holds a lease and is part of the executor's batch."""
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class Request:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time: float
+    """Scheduler clock (monotonic seconds) at submit."""
+    constraint: Constraint | None = None
+    model: str = ""
+    priority: Priority = Priority.INTERACTIVE
+    deadline: float | None = None
+    """Scheduler clock time after which the request ends with DeadlineExceeded."""
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    """Filled by the scheduler from step results."""
+    executor_id: str | None = None
+    """Set by routing."""
+    match_tokens: int = 0
+    """Cached prefix length seen by routing (a queue ranking hint, may go stale)."""
+    num_cached_tokens: int | None = None
+    """Tokens served from the cache at first admission (reported once)."""
+    lease_id: str | None = None
+    page_table: list[int] = field(default_factory=list)
+    """Pages of the lease: cached prefix first, then leased pages."""
+    num_unsent_pages: int = 0
+    """Tail pages of page_table the executor has not been sent yet."""
+    num_computed_tokens: int = 0
+    """KV positions computed once every submitted step has run (optimistic)."""
+    num_admitted_tokens: int = 0
+    """Tokens sent in full at admission (prompt + outputs so far); prefill runs to here."""
+    on_executor: bool = False
+    """The executor holds state for it (sent as a new sequence, not yet dropped)."""
+    hold_until_step: int = 0
+    """Set by a preemption: not re-admitted before this step's result (it may carry a token)."""
+    inflight_page_keys: list[int] = field(default_factory=list)
+    """Keys of the prompt pages this request computes that are not in the tree yet."""
+    page_keys: list[int] = field(default_factory=list)
+    """Hash chain over the full pages of all_token_ids (see sharing.page_keys)."""
+    followers: dict[str, int] = field(default_factory=dict)
+    """Waiting requests deferred until this one's prefix reaches the tree, with the
+    tokens of it they share."""
+    reported: bool = False
+    """The first update (with prompt and cached token counts) went out."""
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed_tokens < self.num_admitted_tokens
+
+    @property
+    def num_expected_tokens(self) -> int:
+        """Sequence length once every submitted step ran (computed + the unfed sample)."""
+        return self.num_computed_tokens + 1
+
+
+@dataclass(slots=True)
+class RequestUpdate:
+    """New tokens of one request from one step; the last one carries finish_reason or error."""
+
+    req_id: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """One entry per token when logprobs were asked for."""
+    finish_reason: str | None = None
+    """"stop", "length" or "abort" on the last update."""
+    matched_stop_token_id: int | None = None
+    num_prompt_tokens: int | None = None
+    """Set on the request's first update."""
+    num_cached_tokens: int | None = None
+    """Set on the request's first update."""
+    error: RadixmeshError | None = None
+    """A failed request (its last update)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+@dataclass(slots=True)
+class StepUpdates:
+    """Every request's updates from one scheduler step, delivered together."""
+
+    step_id: int
+    updates: list[RequestUpdate] = field(default_factory=list)

@@ -1,0 +1,403 @@
+"""The scheduler core: intake, one step loop per executor, results back to the consumer.
+
+Each executor gets a loop task that owns that executor's state: it applies
+aborts and deadlines, plans a step (running decodes first, then prefill
+chunks, then admissions) while the previous step runs, and turns each step
+result into one batch of updates. Only that loop changes its executor's
+requests, so planning never races with results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from services.common.errors import (
+    Aborted,
+    DeadlineExceeded,
+    InvalidArgument,
+    RadixmeshError,
+    ResourceExhausted,
+    Unavailable,
+)
+from services.common.sampling import Constraint, SamplingParams
+from services.common.step import StepPlan, StepResult
+from services.scheduler.core.admission import check_prompt, make_room_in_queue
+from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.decode import StepBudget, schedule_running
+from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
+from services.scheduler.core.leases import Leases
+from services.scheduler.core.ports import CachePort, ExecutorPort
+from services.scheduler.core.prefill import admit_waiting, preempt_for_priority
+from services.scheduler.core.request import (
+    Priority,
+    Request,
+    RequestStatus,
+    RequestUpdate,
+    StepUpdates,
+)
+from services.scheduler.core.routing import choose_executor, load_tokens
+
+log = structlog.get_logger(__name__)
+
+UpdateSink = Callable[[StepUpdates], None]
+
+
+class SchedulerCore:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache: CachePort,
+        executors: Sequence[ExecutorPort],
+        sink: UpdateSink,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not executors:
+            raise InvalidArgument("scheduler needs at least one executor")
+        self.config = config
+        self._cache = cache
+        self._sink = sink
+        self._clock = clock
+        self._leases = Leases(cache, config)
+        self._executors = {p.info.executor_id: ExecutorState.create(p, config) for p in executors}
+        self._requests: dict[str, Request] = {}
+        self._batch_ids = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._stopping = False
+        for ex in self._executors.values():
+            self._tasks.append(asyncio.create_task(self._loop(ex), name=f"step-{ex.executor_id}"))
+        self._heartbeat_task = asyncio.create_task(self._heartbeat(), name="lease-heartbeat")
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Abort everything still queued or running, give leases back, close the ports.
+
+        Each step loop ends at its next turn (the step in hand finishes and its
+        result is handled); one still busy after grace_s is cancelled.
+        """
+        self._stopping = True
+        for ex in self._executors.values():
+            ex.wake.set()
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+        tasks = [t for t in (*self._tasks, self._heartbeat_task) if t is not None]
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self._heartbeat_task = None
+        updates = []
+        for req in list(self._requests.values()):
+            await self._leases.drop(req)
+            updates.append(self._end(req, error=Aborted("scheduler is shutting down")))
+        self._deliver(updates)
+        for ex in self._executors.values():
+            await ex.port.close()
+
+    # -- intake ----------------------------------------------------------------------------
+
+    @property
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(ex.info.model for ex in self._executors.values()))
+
+    async def submit(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        constraint: Constraint | None = None,
+        model: str = "",
+        priority: Priority = Priority.INTERACTIVE,
+        deadline: float | None = None,
+    ) -> Request:
+        """Queue a request; its updates go to the sink. Raises on bad input or overload."""
+        if not req_id:
+            raise InvalidArgument("req_id must not be empty")
+        if req_id in self._requests:
+            raise InvalidArgument(f"req_id {req_id!r} is already in use")
+        tokens = list(prompt_token_ids)
+        model = model or self.models[0]
+        candidates = [ex for ex in self._executors.values() if ex.alive and ex.info.model == model]
+        if not candidates:
+            raise Unavailable(f"no executor serves model {model!r}")
+        check_prompt(tokens, candidates)
+        req = Request(
+            req_id=req_id,
+            prompt_token_ids=tokens,
+            sampling=sampling,
+            arrival_time=self._clock(),
+            constraint=constraint,
+            model=model,
+            priority=Priority(priority),
+            deadline=deadline,
+        )
+        matches = await self._match(tokens, model)
+        if req_id in self._requests:
+            raise InvalidArgument(f"req_id {req_id!r} is already in use")
+        shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
+        if shed is not None:
+            self._executors[shed.executor_id or ""].queue.remove(shed.req_id)
+            err = ResourceExhausted(f"request {shed.req_id} shed for interactive traffic")
+            self._deliver([self._end(shed, error=err)])
+        self._route(req, candidates, matches)
+        self._requests[req_id] = req
+        return req
+
+    def abort(self, req_id: str) -> bool:
+        """Cancel a request; its last update has finish_reason "abort". False if unknown."""
+        req = self._requests.get(req_id)
+        if req is None or req.executor_id is None:
+            return False
+        ex = self._executors[req.executor_id]
+        ex.abort_req_ids.add(req_id)
+        ex.wake.set()
+        return True
+
+    @property
+    def num_preemptions(self) -> int:
+        """Requests preempted so far (they resume and recompute what the cache lost)."""
+        return self._leases.num_preemptions
+
+    def num_waiting(self) -> dict[Priority, int]:
+        counts = dict.fromkeys(Priority, 0)
+        for ex in self._executors.values():
+            for priority, n in ex.queue.count_by_priority().items():
+                counts[priority] += n
+        return counts
+
+    def executor_loads(self) -> list[ExecutorLoad]:
+        """Per executor: running and waiting counts, leased page fraction, health."""
+        return [ex.load() for ex in self._executors.values()]
+
+    async def _match(self, tokens: list[int], model: str) -> dict[str, int]:
+        try:
+            return await self._cache.match(tokens[:-1], model)
+        except RadixmeshError as exc:
+            log.warning("match failed; routing by load only", error=str(exc))
+            return {}
+
+    def _route(
+        self, req: Request, candidates: list[ExecutorState], matches: dict[str, int]
+    ) -> None:
+        loads = {
+            ex.executor_id: load_tokens(list(ex.queue), list(ex.running.values()))
+            for ex in candidates
+        }
+        ex = self._executors[choose_executor(req.num_tokens, loads, matches)]
+        req.executor_id = ex.executor_id
+        req.match_tokens = matches.get(ex.executor_id, 0)
+        ex.queue.push(req)
+        ex.wake.set()
+
+    # -- the step loop ---------------------------------------------------------------------
+
+    async def _loop(self, ex: ExecutorState) -> None:
+        max_in_flight = self.config.max_steps_in_flight
+        while ex.alive and not self._stopping:
+            ex.wake.clear()
+            try:
+                await self._apply_aborts_and_deadlines(ex)
+                wants_plan = ex.num_in_flight < max_in_flight and ex.has_work
+                plan = await self._plan(ex) if wants_plan else None
+            except RadixmeshError as exc:
+                log.exception("planning failed", executor_id=ex.executor_id)
+                await self._fail_requests(ex, Unavailable(f"scheduling failed: {exc}"))
+                continue
+            if plan is None and not ex.num_in_flight:
+                await self._idle(ex)
+                continue
+            try:
+                if plan is not None:
+                    ex.port.submit(plan)
+                    ex.num_in_flight += 1
+                    continue
+                result = await ex.port.next_result()
+            except Exception as exc:
+                await self._executor_failed(ex, exc)
+                return
+            ex.num_in_flight -= 1
+            ex.last_result_step = result.step_id
+            await self._process(ex, result)
+
+    async def _idle(self, ex: ExecutorState) -> None:
+        """Wait for a submit or abort, or for the next deadline of this executor's requests."""
+        deadlines = [
+            r.deadline
+            for r in itertools.chain(ex.queue, ex.running.values())
+            if r.deadline is not None
+        ]
+        timeout = max(0.0, min(deadlines) - self._clock()) if deadlines else None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ex.wake.wait(), timeout)
+
+    async def _plan(self, ex: ExecutorState) -> StepPlan | None:
+        config = self.config
+        budget = StepBudget(config.max_num_batched_tokens, config.max_num_seqs)
+        now = self._clock()
+        ranked = ex.queue.ranked(now)
+        if ranked:
+            gap = config.priority_preemption_gap
+            await preempt_for_priority(
+                ex, self._leases, budget, ranked[0], gap, config.max_num_seqs
+            )
+        running_seqs = await schedule_running(ex, self._leases, budget)
+        new_seqs = await admit_waiting(ex, self._leases, budget, now, config.max_num_seqs)
+        if budget.failed:
+            updates = []
+            for req, err in budget.failed:
+                await self._forget(ex, req)
+                updates.append(self._end(req, error=err))
+            self._deliver(updates)
+        if not (running_seqs or new_seqs or ex.dropped_req_ids):
+            return None
+        plan = StepPlan(ex.next_step_id, new_seqs, running_seqs, ex.dropped_req_ids)
+        ex.next_step_id += 1
+        ex.dropped_req_ids = []
+        return plan
+
+    async def _process(self, ex: ExecutorState, result: StepResult) -> None:
+        updates: list[RequestUpdate] = []
+        finished: list[Request] = []
+        for out in result.outputs:
+            req = self._requests.get(out.req_id)
+            if req is None or req.executor_id != ex.executor_id:
+                continue  # aborted meanwhile
+            if out.token_id is None and out.finish_reason is None:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            update = self._start_update(req)
+            if out.token_id is not None:
+                req.output_token_ids.append(out.token_id)
+                update.token_ids.append(out.token_id)
+                if out.logprobs is not None:
+                    update.logprobs.append(out.logprobs)
+            if out.finish_reason is not None:
+                update.finish_reason = out.finish_reason
+                update.matched_stop_token_id = out.matched_stop_token_id
+                finished.append(req)
+            updates.append(update)
+        for req in finished:
+            req.on_executor = False  # the executor dropped it itself
+            ex.running.pop(req.req_id, None)
+            ex.queue.remove(req.req_id)
+            del self._requests[req.req_id]
+        # commits first (together: one round trip to a remote cache), so a follow-up
+        # request sent on seeing the last update finds this sequence in the tree
+        await asyncio.gather(*(self._leases.finish(req) for req in finished))
+        self._deliver(updates)
+        for update in updates:
+            req = ex.running.get(update.req_id)
+            if req is not None and req.followers and not req.prefilling:
+                await self._checkpoint(ex, req)
+
+    async def _checkpoint(self, ex: ExecutorState, leader: Request) -> None:
+        """The leader's prompt is computed: put it in the tree for the requests waiting on
+        it (a preemption that resumes at once, recomputing less than a page)."""
+        waiting = {f: n for f, n in leader.followers.items() if f in ex.queue}
+        leader.followers.clear()
+        if not waiting:
+            return
+        for req_id, num_shared_tokens in waiting.items():
+            follower = self._requests[req_id]
+            follower.match_tokens = max(follower.match_tokens, num_shared_tokens)
+        await self._leases.preempt(ex, leader)
+
+    # -- ends of requests ------------------------------------------------------------------
+
+    async def _apply_aborts_and_deadlines(self, ex: ExecutorState) -> None:
+        updates = []
+        aborts, ex.abort_req_ids = ex.abort_req_ids, set()
+        for req_id in aborts:
+            req = self._requests.get(req_id)
+            if req is not None and req.executor_id == ex.executor_id:
+                await self._forget(ex, req)
+                updates.append(self._end(req, finish_reason="abort"))
+        now = self._clock()
+        expired = ex.queue.expired(now) + [
+            r for r in ex.running.values() if r.deadline is not None and r.deadline <= now
+        ]
+        for req in expired:
+            await self._forget(ex, req)
+            msg = (
+                f"request {req.req_id} passed its deadline after {len(req.output_token_ids)} tokens"
+            )
+            updates.append(self._end(req, error=DeadlineExceeded(msg)))
+        self._deliver(updates)
+
+    async def _forget(self, ex: ExecutorState, req: Request) -> None:
+        """Take req out of this executor: queue, batch, executor state and lease."""
+        ex.queue.remove(req.req_id)
+        ex.running.pop(req.req_id, None)
+        self._leases.forget_on_executor(ex, req)
+        await self._leases.drop(req)
+
+    async def _executor_failed(self, ex: ExecutorState, exc: Exception) -> None:
+        """Requests that streamed nothing move to another executor; the rest end Unavailable."""
+        log.error("executor failed", executor_id=ex.executor_id, error=repr(exc))
+        ex.alive = False
+        others = [o for o in self._executors.values() if o.alive and o.info.model == ex.info.model]
+        updates = []
+        for req in [*ex.running.values(), *ex.queue]:
+            await self._forget(ex, req)
+            req.on_executor = False
+            if others and not req.output_token_ids:
+                req.hold_until_step = 0
+                self._route(req, others, {})
+            else:
+                err = Unavailable(f"executor {ex.executor_id} failed: {exc}")
+                updates.append(self._end(req, error=err))
+        ex.num_in_flight = 0
+        self._deliver(updates)
+        with contextlib.suppress(Exception):
+            await ex.port.close()
+
+    async def _fail_requests(self, ex: ExecutorState, err: RadixmeshError) -> None:
+        updates = []
+        for req in [*ex.running.values(), *ex.queue]:
+            await self._forget(ex, req)
+            updates.append(self._end(req, error=err))
+        self._deliver(updates)
+
+    def _start_update(self, req: Request) -> RequestUpdate:
+        update = RequestUpdate(req.req_id)
+        if not req.reported:
+            req.reported = True
+            update.num_prompt_tokens = len(req.prompt_token_ids)
+            update.num_cached_tokens = req.num_cached_tokens or 0
+        return update
+
+    def _end(
+        self, req: Request, *, finish_reason: str | None = None, error: RadixmeshError | None = None
+    ) -> RequestUpdate:
+        req.status = RequestStatus.FINISHED
+        self._requests.pop(req.req_id, None)
+        update = self._start_update(req)
+        update.finish_reason = finish_reason
+        update.error = error
+        return update
+
+    def _deliver(self, updates: list[RequestUpdate]) -> None:
+        if updates:
+            self._sink(StepUpdates(next(self._batch_ids), updates))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            try:
+                await self._cache.heartbeat(self.config.lease_holder)
+            except RadixmeshError as exc:
+                log.warning("lease heartbeat failed", error=str(exc))

@@ -1,0 +1,169 @@
+"""The scheduler service process: flags and environment, lifecycle.
+
+    python -m services.scheduler.main --port 50051 --cache-address 127.0.0.1:50052 \
+        --executor 127.0.0.1:50053 [--executor 127.0.0.1:50054] [--metrics-port 9101]
+
+It waits for the cache and every executor (health and GetInfo), opens one
+Step stream per executor, then reports SERVING. On SIGTERM: NOT_SERVING, the
+gateway streams get the grace period, then every request still queued or
+running is aborted and its leases released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from radixmesh.v1 import scheduler_pb2_grpc
+from services.cache.client import CacheClient
+from services.common.config import ServerConfig, add_server_arguments
+from services.common.errors import InvalidArgument, RadixmeshError
+from services.common.logging import configure_logging, get_logger
+from services.common.metrics import REGISTRY
+from services.common.server import ServiceRuntime, run_service
+from services.common.testing import wait_for_serving
+from services.scheduler.core import SchedulerConfig, SchedulerCore
+from services.scheduler.metrics import SchedulerMetricsCollector
+from services.scheduler.remote import RemoteCache, RemoteExecutor
+from services.scheduler.server import SERVICE_NAME, SchedulerServicer
+
+log = get_logger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.scheduler.main", description=__doc__)
+    add_server_arguments(p)
+    p.add_argument(
+        "--cache-address",
+        default=os.environ.get("RADIXMESH_CACHE_ADDRESS"),
+        help="cache service HOST:PORT (default: $RADIXMESH_CACHE_ADDRESS)",
+    )
+    p.add_argument(
+        "--executor",
+        action="append",
+        default=None,
+        help="executor HOST:PORT, repeatable (default: comma-separated $RADIXMESH_EXECUTORS)",
+    )
+    p.add_argument("--connect-timeout-seconds", type=float, default=60.0)
+    d = SchedulerConfig()
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
+    p.add_argument("--page-lookahead", type=int, default=d.page_lookahead)
+    p.add_argument("--aging-rate", type=float, default=d.aging_rate)
+    p.add_argument(
+        "--priority-preemption-gap",
+        type=int,
+        default=d.priority_preemption_gap,
+        help="classes between waiting and running work for preemption; 0 turns it off",
+    )
+    p.add_argument(
+        "--lease-holder",
+        default=os.environ.get("RADIXMESH_LEASE_HOLDER"),
+        help="holder id of this scheduler's leases (default: scheduler-<host>-<pid>)",
+    )
+    p.add_argument("--log-level", default=os.environ.get("RADIXMESH_LOG_LEVEL", "info"))
+    return p
+
+
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_queue_len=args.max_queue_len,
+        page_lookahead=args.page_lookahead,
+        aging_rate=args.aging_rate,
+        priority_preemption_gap=args.priority_preemption_gap or None,
+        lease_holder=args.lease_holder or f"scheduler-{socket.gethostname()}-{os.getpid()}",
+    )
+
+
+def executor_addresses(args: argparse.Namespace) -> list[str]:
+    addresses = args.executor or os.environ.get("RADIXMESH_EXECUTORS", "").split(",")
+    addresses = [a.strip() for a in addresses if a.strip()]
+    if not addresses:
+        raise InvalidArgument("--executor (or $RADIXMESH_EXECUTORS) names no executor")
+    return addresses
+
+
+async def connect(
+    args: argparse.Namespace, config: SchedulerConfig, servicer: SchedulerServicer
+) -> tuple[SchedulerCore, CacheClient]:
+    """Wait for the cache and the executors, then build and start the core."""
+    timeout = args.connect_timeout_seconds
+    await wait_for_serving(args.cache_address, timeout=timeout)
+    cache = CacheClient(args.cache_address)
+    executors = [RemoteExecutor(a, timeout) for a in executor_addresses(args)]
+    await asyncio.gather(*(e.connect() for e in executors))
+    config = dataclasses.replace(
+        config,
+        max_num_batched_tokens=min(
+            config.max_num_batched_tokens, *(e.max_num_batched_tokens for e in executors)
+        ),
+        max_num_seqs=min(config.max_num_seqs, *(e.max_num_seqs for e in executors)),
+    )
+    core = SchedulerCore(config, RemoteCache(cache), executors, servicer.deliver)
+    await core.start()
+    return core, cache
+
+
+async def serve(args: argparse.Namespace) -> int:
+    try:
+        configure_logging("scheduler", args.log_level)
+        if not args.cache_address:
+            raise InvalidArgument("--cache-address (or $RADIXMESH_CACHE_ADDRESS) is required")
+        executor_addresses(args)
+        config = scheduler_config(args)
+        server_config = ServerConfig.from_args("scheduler", args)
+    except InvalidArgument as exc:
+        print(f"scheduler: {exc}", file=sys.stderr)
+        return 2
+    servicer = SchedulerServicer()
+    runtime = ServiceRuntime(server_config)
+    await runtime.start(
+        lambda server: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server),
+        [SERVICE_NAME],
+    )
+    parts: list = []
+    collector = SchedulerMetricsCollector(lambda: parts[0] if parts else None)
+    REGISTRY.register(collector)
+
+    async def start_up() -> int:
+        try:
+            core, cache = await connect(args, config, servicer)
+        except (RadixmeshError, TimeoutError, ConnectionError) as exc:
+            print(f"scheduler: {exc}", file=sys.stderr)
+            runtime.request_shutdown()
+            return 1
+        parts.extend((core, cache))
+        servicer.attach(core)
+        runtime.set_serving()
+        log.info("scheduler_ready", address=runtime.address, models=core.models)
+        return 0
+
+    async def on_shutdown() -> None:
+        startup.cancel()
+        if parts:
+            core, cache = parts
+            await core.stop()
+            await cache.close()
+        REGISTRY.unregister(collector)
+
+    startup = asyncio.create_task(start_up())
+    await runtime.serve_until_signal(on_shutdown)
+    if startup.cancelled():
+        return 0
+    return startup.result()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_service(serve(build_parser().parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""gRPC ports: the scheduler core's CachePort and ExecutorPort over long-lived streams.
+
+The cache verbs go over the cache client's Batch stream (one stream message
+each way per verb, no unary call on the hot path). Each executor gets one
+Step stream: a plan is queued on it at once (at most two in flight), and
+results are read in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from radixmesh.v1 import executor_pb2, executor_pb2_grpc
+from services.cache.client import (
+    AcquireOp,
+    CacheClient,
+    CommitOp,
+    ExtendOp,
+    HeartbeatOp,
+    MatchOp,
+    ReleaseOp,
+)
+from services.common.errors import RadixmeshError, Unavailable
+from services.common.interceptor import error_from_rpc_error
+from services.common.step import StepPlan, StepResult
+from services.common.testing import wait_for_serving
+from services.scheduler import convert
+from services.scheduler.core import ExecutorInfo, LeaseGrant
+
+
+class RemoteCache:
+    """CachePort over the cache service's Batch stream."""
+
+    def __init__(self, client: CacheClient) -> None:
+        self.client = client
+
+    async def _one(self, op: Any) -> Any:
+        (result,) = await self.client.batch([op])
+        if isinstance(result, RadixmeshError):
+            raise result
+        return result
+
+    async def match(self, token_ids: list[int], model: str | None = None) -> dict[str, int]:
+        return await self._one(MatchOp(token_ids, model or ""))
+
+    async def acquire(
+        self, executor_id: str, token_ids: list[int], num_tokens: int, holder: str
+    ) -> LeaseGrant:
+        lease = await self._one(AcquireOp(executor_id, token_ids, num_tokens, holder))
+        return LeaseGrant(lease.lease_id, list(lease.page_ids), lease.num_cached_tokens)
+
+    async def extend(self, lease_id: str, num_pages: int) -> list[int]:
+        return await self._one(ExtendOp(lease_id, num_pages))
+
+    async def commit(self, lease_id: str, token_ids: list[int]) -> int:
+        return (await self._one(CommitOp(lease_id, token_ids))).num_cached_tokens
+
+    async def release(self, lease_id: str) -> None:
+        await self._one(ReleaseOp(lease_id))
+
+    async def heartbeat(self, holder: str) -> int:
+        return await self._one(HeartbeatOp(holder))
+
+
+class RemoteExecutor:
+    """ExecutorPort over one executor's Step stream. `await connect()` before use."""
+
+    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+        self.address = address
+        self._timeout = timeout_s
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = executor_pb2_grpc.ExecutorStub(self._channel)
+        self._outbox: asyncio.Queue[executor_pb2.StepPlan | None] = asyncio.Queue()
+        self._call: Any = None
+        self._info: ExecutorInfo | None = None
+        self.max_num_seqs = 0
+        self.max_num_batched_tokens = 0
+        """Limits the executor was sized for (from GetInfo)."""
+
+    @property
+    def info(self) -> ExecutorInfo:
+        if self._info is None:
+            raise Unavailable(f"executor {self.address} is not connected")
+        return self._info
+
+    async def connect(self) -> None:
+        """Wait for the executor to serve (model loaded), GetInfo, open the Step stream."""
+        try:
+            await wait_for_serving(self.address, timeout=self._timeout)
+        except (TimeoutError, ConnectionError) as exc:
+            raise Unavailable(f"executor {self.address}: {exc}") from None
+        try:
+            reply = await self._stub.GetInfo(
+                executor_pb2.GetInfoRequest(), timeout=self._timeout, wait_for_ready=True
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(f"executor {self.address}: {error_from_rpc_error(exc)}") from None
+        self._info = convert.info_from_proto(reply)
+        self.max_num_seqs = reply.max_num_seqs
+        self.max_num_batched_tokens = reply.max_num_batched_tokens
+        self._call = self._stub.Step(self._plans())
+
+    async def _plans(self) -> AsyncIterator[executor_pb2.StepPlan]:
+        while (plan := await self._outbox.get()) is not None:
+            yield plan
+
+    def submit(self, plan: StepPlan) -> None:
+        if self._call is None or self._call.done():
+            raise Unavailable(f"executor {self.address}: the Step stream is closed")
+        self._outbox.put_nowait(convert.plan_to_proto(plan))
+
+    async def next_result(self) -> StepResult:
+        try:
+            msg = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise Unavailable(f"executor {self.address}: {error_from_rpc_error(exc)}") from None
+        if msg is grpc.aio.EOF:
+            raise Unavailable(f"executor {self.address} ended the Step stream")
+        return convert.result_from_proto(msg)
+
+    async def close(self) -> None:
+        self._outbox.put_nowait(None)
+        if self._call is not None:
+            self._call.cancel()
+        await self._channel.close()

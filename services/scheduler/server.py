@@ -1,0 +1,159 @@
+"""The `radixmesh.v1.Scheduler` servicer: a thin shell over `SchedulerCore`.
+
+`Stream` multiplexes one gateway's requests on one bidirectional stream. The
+core delivers every request's updates of a step in one batch; the servicer
+splits a batch by stream and sends one StreamResponse per stream per step.
+A submit the core refuses (bad input, full queue, no executor) is answered
+with an error update for that req_id; the stream goes on. When the gateway
+half-closes, the stream ends after its last request finishes; when the
+stream breaks or is cancelled, its requests still running are aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.errors import InvalidArgument, RadixmeshError, Unavailable
+from services.common.logging import get_logger
+from services.scheduler import convert
+from services.scheduler.core import Priority, RequestUpdate, SchedulerCore, StepUpdates
+
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class _Stream:
+    stream_id: int
+    outbox: asyncio.Queue[scheduler_pb2.StreamResponse | None] = field(
+        default_factory=asyncio.Queue
+    )
+    req_ids: set[str] = field(default_factory=set)
+    """The gateway's ids of requests still running."""
+    half_closed: bool = False
+
+    def core_id(self, req_id: str) -> str:
+        return f"{self.stream_id}/{req_id}"
+
+    def end_if_done(self) -> None:
+        if self.half_closed and not self.req_ids:
+            self.outbox.put_nowait(None)
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self) -> None:
+        self._core: SchedulerCore | None = None
+        self._streams: dict[int, _Stream] = {}
+        self._stream_ids = itertools.count(1)
+
+    def attach(self, core: SchedulerCore) -> None:
+        """Serve `core`; it must deliver its updates to `self.deliver`."""
+        self._core = core
+
+    def deliver(self, batch: StepUpdates) -> None:
+        """The core's sink: one StreamResponse per stream with updates in this batch."""
+        responses: dict[int, scheduler_pb2.StreamResponse] = {}
+        for update in batch.updates:
+            stream_no, _, req_id = update.req_id.partition("/")
+            stream = self._streams.get(int(stream_no))
+            if stream is None or req_id not in stream.req_ids:
+                continue
+            response = responses.get(stream.stream_id)
+            if response is None:
+                response = responses[stream.stream_id] = scheduler_pb2.StreamResponse(
+                    step_id=batch.step_id
+                )
+            convert.update_to_proto(update, req_id, response.updates.add())
+            if update.finished:
+                stream.req_ids.discard(req_id)
+        for stream_id, response in responses.items():
+            stream = self._streams[stream_id]
+            stream.outbox.put_nowait(response)
+            stream.end_if_done()
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[scheduler_pb2.StreamRequest], context: Any
+    ) -> AsyncIterator[scheduler_pb2.StreamResponse]:
+        core = self._require_core()
+        stream = _Stream(next(self._stream_ids))
+        self._streams[stream.stream_id] = stream
+        reader = asyncio.create_task(self._read(core, stream, request_iterator))
+        try:
+            while (response := await stream.outbox.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            for req_id in list(stream.req_ids):
+                core.abort(stream.core_id(req_id))
+            del self._streams[stream.stream_id]
+
+    async def GetLoad(self, request: scheduler_pb2.GetLoadRequest, context: Any):
+        core = self._require_core()
+        response = scheduler_pb2.GetLoadResponse()
+        for load in core.executor_loads():
+            response.executors.add(**dataclasses.asdict(load))
+        for priority, count in core.num_waiting().items():
+            response.num_waiting[priority.name.lower()] = count
+        return response
+
+    async def _read(
+        self,
+        core: SchedulerCore,
+        stream: _Stream,
+        request_iterator: AsyncIterator[scheduler_pb2.StreamRequest],
+    ) -> None:
+        try:
+            async for message in request_iterator:
+                op = message.WhichOneof("op")
+                if op == "submit":
+                    await self._submit(core, stream, message.submit)
+                elif op == "abort" and message.abort.req_id in stream.req_ids:
+                    core.abort(stream.core_id(message.abort.req_id))
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:  # the stream broke: Stream's finally aborts what is left
+            log.warning("scheduler_stream_read_failed", error=str(exc))
+            stream.outbox.put_nowait(None)
+            return
+        stream.half_closed = True
+        stream.end_if_done()
+
+    async def _submit(
+        self, core: SchedulerCore, stream: _Stream, msg: scheduler_pb2.SubmitRequest
+    ) -> None:
+        try:
+            if msg.req_id in stream.req_ids:
+                raise InvalidArgument(f"submit.req_id {msg.req_id!r} is already running")
+            sub = convert.submission_from_proto(msg)
+            stream.req_ids.add(sub.req_id)
+            try:
+                await core.submit(
+                    stream.core_id(sub.req_id),
+                    sub.token_ids,
+                    sub.sampling,
+                    constraint=sub.constraint,
+                    model=sub.model,
+                    priority=Priority(sub.priority),
+                    deadline=sub.deadline,
+                )
+            except RadixmeshError:
+                stream.req_ids.discard(sub.req_id)
+                raise
+        except RadixmeshError as exc:
+            response = scheduler_pb2.StreamResponse()
+            convert.update_to_proto(
+                RequestUpdate(msg.req_id, error=exc), msg.req_id, response.updates.add()
+            )
+            stream.outbox.put_nowait(response)
+
+    def _require_core(self) -> SchedulerCore:
+        if self._core is None:
+            raise Unavailable("the scheduler is starting: no executors connected yet")
+        return self._core

@@ -1,0 +1,210 @@
+"""The scheduler service as a process, between a cache process and an executor process.
+
+A gateway-like client multiplexes requests on one Scheduler.Stream; the
+expected tokens come from Hugging Face transformers' greedy decoding of the
+same tiny model folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+import transformers
+
+from radixmesh.v1 import cache_pb2, cache_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from radixmesh.v1 import inference_pb2 as ipb
+from services.common.errors import InvalidArgument
+from services.common.sampling import SamplingParams
+from services.common.testing import free_port, wait_for_serving
+from services.scheduler.client import SchedulerClient
+
+REPO = Path(__file__).resolve().parents[2]
+VOCAB = 256
+EXECUTOR_ID = "exec-sched-test"
+
+
+def _write_model(path: Path) -> transformers.PreTrainedModel:
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Argmax decoding with EOS kept (the requests set ignore_eos)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def _spawn(module: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    """(scheduler address, cache address, HF model) with the three processes running."""
+    path = tmp_path_factory.mktemp("sched-mesh-model")
+    model = _write_model(path)
+    cache, executor, scheduler = free_port(), free_port(), free_port()
+    procs = [_spawn("services.cache.main", "--port", str(cache))]
+    procs.append(
+        _spawn(
+            "services.executor.main",
+            *("--model", str(path), "--port", str(executor), "--executor-id", EXECUTOR_ID),
+            *("--cache-address", f"127.0.0.1:{cache}", "--device", "cpu", "--no-grammar"),
+            *("--page-size", "4", "--num-pages", "256", "--max-num-seqs", "32"),
+        )
+    )
+    procs.append(
+        _spawn(
+            "services.scheduler.main",
+            *("--port", str(scheduler), "--cache-address", f"127.0.0.1:{cache}"),
+            *("--executor", f"127.0.0.1:{executor}", "--max-num-batched-tokens", "128"),
+        )
+    )
+    try:
+        asyncio.run(wait_for_serving(f"127.0.0.1:{scheduler}", timeout=90))
+        yield f"127.0.0.1:{scheduler}", f"127.0.0.1:{cache}", model
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=15)
+            if proc.poll() is None:
+                proc.kill()
+    assert [p.returncode for p in procs] == [0, 0, 0]
+
+
+class Client:
+    """One Scheduler.Stream, as a gateway holds it."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.outbox: asyncio.Queue[scheduler_pb2.StreamRequest | None] = asyncio.Queue()
+        self.call = scheduler_pb2_grpc.SchedulerStub(channel).Stream(self._requests())
+        self.responses: list[scheduler_pb2.StreamResponse] = []
+
+    async def _requests(self) -> AsyncIterator[scheduler_pb2.StreamRequest]:
+        while (message := await self.outbox.get()) is not None:
+            yield message
+
+    def submit(self, req_id: str, tokens: list[int], max_tokens: int, **kw) -> None:
+        sampling = ipb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        submit = scheduler_pb2.SubmitRequest(
+            req_id=req_id, token_ids=tokens, sampling=sampling, **kw
+        )
+        self.outbox.put_nowait(scheduler_pb2.StreamRequest(submit=submit))
+
+    def abort(self, req_id: str) -> None:
+        self.outbox.put_nowait(
+            scheduler_pb2.StreamRequest(abort=scheduler_pb2.AbortRequest(req_id=req_id))
+        )
+
+    async def until_finished(self, *req_ids: str) -> dict[str, list[scheduler_pb2.TokenUpdate]]:
+        left, updates = set(req_ids), {}
+        async with asyncio.timeout(60):
+            while left:
+                response = await self.call.read()
+                self.responses.append(response)
+                for u in response.updates:
+                    updates.setdefault(u.req_id, []).append(u)
+                    if u.finish_reason or u.error_code:
+                        left.discard(u.req_id)
+        return updates
+
+
+def _tokens(updates: list[scheduler_pb2.TokenUpdate]) -> list[int]:
+    return [t for u in updates for t in u.token_ids]
+
+
+async def test_a_stream_of_requests_gets_greedy_tokens_one_message_per_step(mesh):
+    address, _, model = mesh
+    prompts = {f"r{i}": [10 + i] * (3 + 5 * i) + [40 + i] for i in range(6)}
+    async with grpc.aio.insecure_channel(address) as channel:
+        client = Client(channel)
+        for req_id, prompt in prompts.items():
+            client.submit(req_id, prompt, 6)
+        updates = await client.until_finished(*prompts)
+        client.outbox.put_nowait(None)
+        assert await client.call.read() == grpc.aio.EOF  # ends once its requests are done
+    for req_id, prompt in prompts.items():
+        assert _tokens(updates[req_id]) == _greedy(model, prompt, 6), req_id
+        assert updates[req_id][0].num_prompt_tokens == len(prompt)
+        assert updates[req_id][-1].finish_reason == "length"
+    assert max(len(r.updates) for r in client.responses) >= 4
+    step_ids = [r.step_id for r in client.responses]
+    assert step_ids == sorted(step_ids)
+
+
+async def test_bad_submits_fail_alone_and_aborts_free_the_lease(mesh):
+    address, cache_address, model = mesh
+    async with grpc.aio.insecure_channel(address) as channel:
+        client = Client(channel)
+        client.submit("bad", [1, VOCAB + 5], 2)
+        client.submit("late", [3, 4], 2, deadline_unix_ms=1)
+        client.submit("long", [5, 6, 7], 400)
+        client.submit("ok", [8, 9], 3)
+        updates = await client.until_finished("bad", "late", "ok")
+        assert updates["bad"][-1].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "vocabulary" in updates["bad"][-1].error_message
+        assert updates["late"][-1].error_code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        assert _tokens(updates["ok"]) == _greedy(model, [8, 9], 3)
+        client.abort("long")
+        rest = await client.until_finished("long")
+        assert rest["long"][-1].finish_reason == "abort"
+        load = await scheduler_pb2_grpc.SchedulerStub(channel).GetLoad(
+            scheduler_pb2.GetLoadRequest()
+        )
+        client.outbox.put_nowait(None)
+    assert [(e.executor_id, e.healthy, e.num_running) for e in load.executors] == [
+        (EXECUTOR_ID, True, 0)
+    ]
+    async with grpc.aio.insecure_channel(cache_address) as channel:
+        stats = await cache_pb2_grpc.CacheStub(channel).GetStats(
+            cache_pb2.GetStatsRequest(executor_id=EXECUTOR_ID)
+        )
+    assert stats.pools[0].num_leases == 0
+
+
+async def test_the_client_streams_updates_and_aborts_when_left_early(mesh):
+    address, _, model = mesh
+    sampling = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    async with SchedulerClient(address) as client:
+        updates = [u async for u in client.generate("c1", [20, 21, 22], sampling)]
+        tokens = [t for u in updates for t in u.token_ids]
+        assert tokens == _greedy(model, [20, 21, 22], 5)
+        assert (updates[0].num_prompt_tokens, updates[-1].finish_reason) == (3, "length")
+        endless = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+        async for update in client.generate("c2", [23, 24], endless):
+            assert update.token_ids
+            break  # leaving early aborts it upstream
+        # a later request on the same stream finishes only after the loop applied the abort
+        after = [u async for u in client.generate("c3", [25], sampling)]
+        assert after[-1].finish_reason == "length"
+        load = await client.get_load()
+        assert load.executors[0].num_running == 0
+        failed = [u async for u in client.generate("c4", [1, VOCAB], sampling)]
+        assert isinstance(failed[-1].error, InvalidArgument)

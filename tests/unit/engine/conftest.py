@@ -1,0 +1,34 @@
+"""A tiny random-weight Llama saved once per session, and engines over it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_factories import write_tiny_llama
+
+from radixmesh.engine import Engine, EngineConfig
+from services.scheduler.core import SchedulerConfig
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture
+async def make_engine(tiny_llama):
+    """make_engine(scheduler=..., **executor fields) -> a started Engine, stopped after the test."""
+    engines: list[Engine] = []
+
+    async def make(scheduler: SchedulerConfig | None = None, **executor_fields) -> Engine:
+        fields = {"device": "cpu", "page_size": 4, "num_pages": 256, "max_num_seqs": 64}
+        fields.update(executor_fields)
+        engine = Engine(EngineConfig.for_model(str(tiny_llama), scheduler=scheduler, **fields))
+        await engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        await engine.stop()

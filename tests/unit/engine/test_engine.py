@@ -1,0 +1,148 @@
+"""The in-process engine with the real cache and executor cores on a tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+from engine_factories import VOCAB
+
+from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from services.common.sampling import SamplingParams
+from services.scheduler.core import Priority, SchedulerConfig
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def mixed_prompts(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt, max_tokens) pairs of mixed lengths; some share a prefix."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, VOCAB) for _ in range(12)]
+    out = []
+    for i in range(n):
+        own = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 30))]
+        out.append(((shared + own) if i % 3 == 0 else own, rng.randint(1, 8)))
+    return out
+
+
+async def alone(make_engine, cases) -> list[list[int]]:
+    """Each request on its own, one after the other, in a fresh engine."""
+    engine = await make_engine()
+    results = [(await engine.complete(p, greedy(n))).token_ids for p, n in cases]
+    await engine.stop()
+    return results
+
+
+async def test_concurrent_greedy_requests_give_the_tokens_each_gives_alone(make_engine, tiny_llama):
+    cases = mixed_prompts(64)
+    expected = await alone(make_engine, cases)
+    engine = await make_engine(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=64))
+    streams = [await engine.generate(p, greedy(n)) for p, n in cases]
+    results = await asyncio.gather(*(s.collect() for s in streams))
+    assert [r.token_ids for r in results] == expected
+    assert [len(r.token_ids) for r in results] == [n for _, n in cases]
+    # and alone equals Hugging Face greedy decoding, for a few of them
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    for (prompt, n), tokens in list(zip(cases, expected, strict=True))[:4]:
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(n):  # argmax with EOS kept, as ignore_eos asks
+                ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert ids[len(prompt) :] == tokens
+    await engine.stop()
+
+
+async def test_chunked_prefill_gives_the_same_tokens_as_one_chunk(make_engine):
+    prompt = [random.Random(1).randrange(3, VOCAB) for _ in range(70)]
+    whole = await make_engine(SchedulerConfig(max_num_batched_tokens=128))
+    expected = (await whole.complete(prompt, greedy(6))).token_ids
+    await whole.stop()
+    chunked = await make_engine(SchedulerConfig(max_num_batched_tokens=16))
+    assert (await chunked.complete(prompt, greedy(6))).token_ids == expected
+    await chunked.stop()
+
+
+async def test_preempted_requests_resume_with_the_same_tokens(make_engine):
+    cases = [([5 + i] * 9 + [40 + i], 24) for i in range(6)]
+    expected = await alone(make_engine, cases)
+    # 20 pages of 4 tokens: six requests growing to 34 tokens cannot all stay resident
+    engine = await make_engine(
+        SchedulerConfig(max_num_batched_tokens=64, page_lookahead=1), num_pages=20
+    )
+    streams = [await engine.generate(p, greedy(n)) for p, n in cases]
+    results = await asyncio.gather(*(s.collect() for s in streams))
+    assert engine.scheduler.num_preemptions > 0
+    assert [r.token_ids for r in results] == expected
+    await engine.stop()
+
+
+async def test_a_repeated_prompt_reuses_the_cached_prefix(make_engine):
+    engine = await make_engine()
+    prompt = list(range(10, 40))
+    first = await engine.complete(prompt, greedy(4))
+    second = await engine.complete(prompt, greedy(4))
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 28)
+    assert second.token_ids == first.token_ids
+    (stats,) = engine.cache_stats()
+    assert stats.num_prefix_hit_tokens >= 28
+    await engine.stop()
+
+
+async def test_abort_frees_every_page(make_engine):
+    engine = await make_engine()
+    (start,) = engine.cache_stats()
+    stream = await engine.generate(list(range(3, 50)), greedy(300))
+    queued = await engine.generate(list(range(5, 30)), greedy(300), priority=Priority.SHEDDABLE)
+    first = await anext(stream)
+    assert first.num_prompt_tokens == 47 and len(first.token_ids) == 1
+    assert stream.abort() and queued.abort()
+    rest = [u async for u in stream]
+    assert rest[-1].finish_reason == "abort"
+    assert (await queued.collect()).finish_reason == "abort"
+    (end,) = engine.cache_stats()
+    assert (end.num_free_pages, end.num_leases, end.num_cached_pages) == (
+        start.num_free_pages,
+        0,
+        0,
+    )
+    assert not engine.abort(stream.req_id)
+    await engine.stop()
+
+
+async def test_errors_reach_the_caller(make_engine):
+    engine = await make_engine(SchedulerConfig(max_queue_len=1), max_model_len=64)
+    with pytest.raises(InvalidArgument, match="vocabulary"):
+        await engine.generate([1, VOCAB], greedy(1))
+    with pytest.raises(InvalidArgument, match="limit is 63"):
+        await engine.generate([3] * 64, greedy(1))
+    with pytest.raises(InvalidArgument, match="timeout_s"):
+        await engine.generate([3], greedy(1), timeout_s=0)
+    await engine.stop()
+
+
+async def test_a_request_past_its_deadline_ends_with_deadline_exceeded(make_engine):
+    engine = await make_engine()
+    slow = await engine.generate([3] * 10, greedy(400), timeout_s=0.05)
+    with pytest.raises(DeadlineExceeded, match="deadline"):
+        await slow.collect()
+    (stats,) = engine.cache_stats()
+    assert stats.num_leases == 0
+    await engine.stop()
+
+
+async def test_a_full_queue_answers_resource_exhausted(make_engine):
+    engine = await make_engine(SchedulerConfig(max_queue_len=1, max_num_seqs=1))
+    running = await engine.generate([3, 4], greedy(200))
+    await anext(running)  # admitted: the queue is empty again
+    queued = await engine.generate([5, 6], greedy(1))
+    with pytest.raises(ResourceExhausted, match="queue full"):
+        await engine.generate([7, 8], greedy(1))
+    running.abort()
+    assert len((await queued.collect()).token_ids) == 1
+    await engine.stop()

@@ -1,0 +1,268 @@
+"""A toy executor that keeps its 'KV' in real page slots, and factories for scheduler tests.
+
+The toy model's next token is a hash of the whole context, and the context is
+read back from the page slots the scheduler assigned, so any page mix-up (a
+page reused while still needed, a cached prefix that does not hold what the
+tree says) changes the tokens and is recorded in `corruptions`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from dataclasses import dataclass, field
+
+from radixmesh.engine.ports import InProcessCache
+from services.cache.core import CacheCore
+from services.common.errors import Unavailable
+from services.common.sampling import SamplingParams
+from services.common.step import SequenceOutput, StepPlan, StepResult
+from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore, StepUpdates
+
+VOCAB = 101
+EOS = 0
+
+
+def next_token(context: list[int]) -> int:
+    """The toy model: a hash of every token so far, never EOS unless the hash lands on it."""
+    h = 17
+    for t in context:
+        h = (h * 31 + t + 1) % 1_000_003
+    return h % VOCAB
+
+
+def reference(prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> list[int]:
+    """Tokens a request gets when it runs alone."""
+    tokens, out = list(prompt), []
+    while len(out) < max_tokens:
+        tok = next_token(tokens)
+        tokens.append(tok)
+        out.append(tok)
+        if tok == EOS and not ignore_eos:
+            break
+    return out
+
+
+@dataclass(slots=True)
+class _Seq:
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    page_ids: list[int]
+    sampling: SamplingParams
+
+
+class ToyExecutor:
+    """Runs step plans with the executor core's semantics over a toy model."""
+
+    def __init__(self, num_pages: int, page_size: int, max_model_len: int = 512) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.max_model_len = max_model_len
+        self.kv: list[list[int | None]] = [[None] * page_size for _ in range(num_pages)]
+        self.seqs: dict[str, _Seq] = {}
+        self.corruptions: list[str] = []
+        self.plans: list[StepPlan] = []
+        self.next_step_id = 1
+
+    def step(self, plan: StepPlan) -> StepResult:
+        assert plan.step_id == self.next_step_id, (plan.step_id, self.next_step_id)
+        self.next_step_id += 1
+        self.plans.append(plan)
+        for req_id in plan.finished_req_ids:
+            self.seqs.pop(req_id, None)
+        work = []
+        for new in plan.new_seqs:
+            assert new.req_id not in self.seqs, f"{new.req_id} sent twice"
+            seq = _Seq(
+                list(new.token_ids),
+                new.num_prompt_tokens,
+                new.num_computed_tokens,
+                list(new.page_ids),
+                new.sampling,
+            )
+            self.seqs[new.req_id] = seq
+            work.append((new.req_id, seq, new.num_scheduled_tokens))
+        for running in plan.running_seqs:
+            seq = self.seqs.get(running.req_id)
+            if seq is not None:
+                seq.page_ids.extend(running.appended_page_ids)
+                work.append((running.req_id, seq, running.num_scheduled_tokens))
+        for req_id, seq, n in work:  # every KV write of the step happens before any read
+            self._write(req_id, seq, n)
+        outputs = [self._sample(req_id, seq, n) for req_id, seq, n in work]
+        return StepResult(plan.step_id, outputs)
+
+    def _slot(self, seq: _Seq, pos: int) -> tuple[int, int]:
+        return seq.page_ids[pos // self.page_size], pos % self.page_size
+
+    def _write(self, req_id: str, seq: _Seq, n: int) -> None:
+        end = seq.num_computed_tokens + n
+        assert n >= 1 and end <= len(seq.token_ids), (req_id, seq.num_computed_tokens, n)
+        assert len(seq.page_ids) * self.page_size >= end, f"{req_id}: pages do not cover {end}"
+        for pos in range(seq.num_computed_tokens, end):
+            page, off = self._slot(seq, pos)
+            self.kv[page][off] = seq.token_ids[pos]
+
+    def _sample(self, req_id: str, seq: _Seq, n: int) -> SequenceOutput:
+        seq.num_computed_tokens += n
+        end = seq.num_computed_tokens
+        if end < len(seq.token_ids):
+            return SequenceOutput(req_id, None)
+        context = [self.kv[p][o] for p, o in (self._slot(seq, i) for i in range(end))]
+        if context != seq.token_ids:
+            self.corruptions.append(req_id)
+        tok = next_token([t if t is not None else -1 for t in context])
+        seq.token_ids.append(tok)
+        num_out = len(seq.token_ids) - seq.num_prompt_tokens
+        params = seq.sampling
+        reason = None
+        if tok == EOS and not params.ignore_eos:
+            reason = "stop"
+        elif (params.max_tokens is not None and num_out >= params.max_tokens) or len(
+            seq.token_ids
+        ) >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            del self.seqs[req_id]
+        return SequenceOutput(req_id, tok, None, reason, tok if reason == "stop" else None)
+
+
+class ToyExecutorPort:
+    """ExecutorPort over a ToyExecutor; a test may hold steps (gate) or make it fail."""
+
+    def __init__(self, executor_id: str, toy: ToyExecutor, model: str = "toy") -> None:
+        self.toy = toy
+        self._info = ExecutorInfo(
+            executor_id, model, toy.page_size, toy.num_pages, toy.max_model_len, VOCAB, (EOS,)
+        )
+        self._plans: collections.deque[StepPlan] = collections.deque()
+        self.gate: asyncio.Event | None = None
+        """When set to an Event, each step waits for it (tests clear it to hold steps)."""
+        self.fail_at_step: int | None = None
+        self.num_steps_run = 0
+        self.step_done = asyncio.Event()
+        self.closed = False
+
+    @property
+    def info(self) -> ExecutorInfo:
+        return self._info
+
+    def submit(self, plan: StepPlan) -> None:
+        self._plans.append(plan)
+
+    async def next_result(self) -> StepResult:
+        if self.gate is not None:
+            await self.gate.wait()
+        await asyncio.sleep(0)  # a step takes time: let submit/abort callers in
+        plan = self._plans.popleft()
+        if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:
+            raise Unavailable("toy executor lost")
+        result = self.toy.step(plan)
+        self.num_steps_run += 1
+        self.step_done.set()
+        return result
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class Collector:
+    """The scheduler's sink: every batch, and per request its tokens and ending."""
+
+    def __init__(self) -> None:
+        self.batches: list[StepUpdates] = []
+        self.tokens: dict[str, list[int]] = collections.defaultdict(list)
+        self.finished: dict[str, object] = {}
+        self.first: dict[str, object] = {}
+        self.order: list[str] = []
+        """req_ids in the order their first token arrived."""
+        self._events: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
+        self._any = asyncio.Event()
+
+    def __call__(self, batch: StepUpdates) -> None:
+        self.batches.append(batch)
+        for u in batch.updates:
+            self.first.setdefault(u.req_id, u)
+            if u.token_ids and u.req_id not in self.order:
+                self.order.append(u.req_id)
+            self.tokens[u.req_id].extend(u.token_ids)
+            if u.finished:
+                assert u.req_id not in self.finished, f"{u.req_id} finished twice"
+                self.finished[u.req_id] = u
+                self._events[u.req_id].set()
+        self._any.set()
+
+    async def wait(self, *req_ids: str, timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            for req_id in req_ids:
+                await self._events[req_id].wait()
+
+    async def next_batch(self, timeout: float = 10.0) -> None:
+        """Until the next batch of updates arrives."""
+        self._any.clear()
+        async with asyncio.timeout(timeout):
+            await self._any.wait()
+
+    async def wait_tokens(self, req_id: str, n: int, timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self.tokens[req_id]) < n and req_id not in self.finished:
+                self._any.clear()
+                await self._any.wait()
+
+
+@dataclass
+class Rig:
+    scheduler: SchedulerCore
+    cache: CacheCore
+    toys: list[ToyExecutor]
+    ports: list[ToyExecutorPort]
+    sink: Collector
+    clock: list[float] = field(default_factory=lambda: [0.0])
+
+    @property
+    def toy(self) -> ToyExecutor:
+        return self.toys[0]
+
+    @property
+    def port(self) -> ToyExecutorPort:
+        return self.ports[0]
+
+    def stats(self, i: int = 0):
+        return self.cache.stats(self.ports[i].info.executor_id)[0]
+
+
+_ids = itertools.count()
+
+
+def make_rig(
+    config: SchedulerConfig | None = None,
+    *,
+    num_pages: int = 64,
+    page_size: int = 4,
+    num_executors: int = 1,
+    max_model_len: int = 512,
+    models: list[str] | None = None,
+    manual_clock: bool = False,
+) -> Rig:
+    """A scheduler over the real cache core and toy executors (one pool per executor)."""
+    config = config or SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16)
+    cache = CacheCore()
+    toys, ports = [], []
+    for i in range(num_executors):
+        model = models[i] if models else "toy"
+        ex_id = f"toy-{next(_ids)}"
+        cache.register_pool(ex_id, model, num_pages, page_size)
+        toy = ToyExecutor(num_pages, page_size, max_model_len)
+        toys.append(toy)
+        ports.append(ToyExecutorPort(ex_id, toy, model))
+    sink = Collector()
+    clock = [0.0]
+    kwargs = {"clock": lambda: clock[0]} if manual_clock else {}
+    scheduler = SchedulerCore(config, InProcessCache(cache), ports, sink, **kwargs)
+    return Rig(scheduler, cache, toys, ports, sink, clock)
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
