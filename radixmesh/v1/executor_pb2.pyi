@@ -64,14 +64,40 @@ class SequenceOutput(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_inference_pb2.PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "outputs", "step_seconds")
+    __slots__ = ("step_id", "outputs", "step_seconds", "health")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     outputs: _containers.RepeatedCompositeFieldContainer[SequenceOutput]
     step_seconds: float
-    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    health: DeviceHealth
+    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., step_seconds: _Optional[float] = ..., health: _Optional[_Union[DeviceHealth, _Mapping]] = ...) -> None: ...
+
+class DeviceHealth(_message.Message):
+    __slots__ = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "temperature_celsius")
+    UTILIZATION_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_CELSIUS_FIELD_NUMBER: _ClassVar[int]
+    utilization_ratio: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    temperature_celsius: float
+    def __init__(self, utilization_ratio: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., temperature_celsius: _Optional[float] = ...) -> None: ...
+
+class PrepareConstraintRequest(_message.Message):
+    __slots__ = ("constraint",)
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    constraint: _inference_pb2.Constraint
+    def __init__(self, constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ...) -> None: ...
+
+class PrepareConstraintResponse(_message.Message):
+    __slots__ = ("compile_seconds",)
+    COMPILE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    compile_seconds: float
+    def __init__(self, compile_seconds: _Optional[float] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()

@@ -44,6 +44,11 @@ class ExecutorStub:
                 request_serializer=radixmesh_dot_v1_dot_executor__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_executor__pb2.GetInfoResponse.FromString,
                 _registered_method=True)
+        self.PrepareConstraint = channel.unary_unary(
+                '/radixmesh.v1.Executor/PrepareConstraint',
+                request_serializer=radixmesh_dot_v1_dot_executor__pb2.PrepareConstraintRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_executor__pb2.PrepareConstraintResponse.FromString,
+                _registered_method=True)
 
 
 class ExecutorServicer:
@@ -64,6 +69,17 @@ class ExecutorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareConstraint(self, request, context):
+        """PrepareConstraint compiles a constraint for this executor's tokenizer
+        and keeps it in the executor's grammar cache, so a sequence that carries
+        it never waits on a compile inside a step. The scheduler calls it before
+        it queues a constrained request. INVALID_ARGUMENT with the compiler's
+        reason for a bad or too complex grammar.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExecutorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +92,11 @@ def add_ExecutorServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=radixmesh_dot_v1_dot_executor__pb2.GetInfoRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_executor__pb2.GetInfoResponse.SerializeToString,
+            ),
+            'PrepareConstraint': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareConstraint,
+                    request_deserializer=radixmesh_dot_v1_dot_executor__pb2.PrepareConstraintRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_executor__pb2.PrepareConstraintResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +153,33 @@ class Executor:
             '/radixmesh.v1.Executor/GetInfo',
             radixmesh_dot_v1_dot_executor__pb2.GetInfoRequest.SerializeToString,
             radixmesh_dot_v1_dot_executor__pb2.GetInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareConstraint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Executor/PrepareConstraint',
+            radixmesh_dot_v1_dot_executor__pb2.PrepareConstraintRequest.SerializeToString,
+            radixmesh_dot_v1_dot_executor__pb2.PrepareConstraintResponse.FromString,
             options,
             channel_credentials,
             insecure,
