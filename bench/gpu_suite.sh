@@ -103,7 +103,7 @@ step_kernel_tests_gpu() {
 }
 
 step_kernels() {
-    run_step kernels 150 $PY bench/kernels.py $(quick) --json "$RESULTS/kernels.json"
+    run_step kernels 150 $PY bench/kernel_bench.py $(quick) --json "$RESULTS/kernels.json"
 }
 
 step_model() {

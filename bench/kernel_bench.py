@@ -11,7 +11,7 @@ Every timed kernel is first checked against its torch reference. `--quick`
 runs tiny shapes (through Triton's interpreter when there is no GPU) to check
 that the script works; its numbers mean nothing.
 
-    python bench/kernels.py [--quick] [--json results.json]
+    python bench/kernel_bench.py [--quick] [--json results.json]
 """
 
 from __future__ import annotations
