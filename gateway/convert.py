@@ -112,8 +112,6 @@ def constraint_to_proto(constraint: Constraint | None) -> inference_pb2.Constrai
 
 def generate_request_from_proto(request: inference_pb2.GenerateRequest) -> GatewayRequest:
     """A public GenerateRequest -> GatewayRequest; bad fields raise InvalidArgument naming them."""
-    if request.session_id:
-        raise InvalidArgument("session_id: sessions are not served by this gateway yet")
     which = request.WhichOneof("input")
     if which is None:
         raise InvalidArgument("input: one of prompt, token_ids or messages is required")
@@ -136,6 +134,7 @@ def generate_request_from_proto(request: inference_pb2.GenerateRequest) -> Gatew
         priority=priority,
         stream=True,
         chat=which == "messages",
+        session_id=request.session_id,
     )
 
 

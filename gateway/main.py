@@ -18,7 +18,9 @@ from typing import Any
 import grpc
 
 from gateway.core.auth import Admission
+from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
+from gateway.core.prepare import PreparedRequest
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig, RedisRateLimiter
 from gateway.core.tokenizer import Tokenizer
 from gateway.openai_http import OpenAIHttpServer, start_http_server
@@ -26,6 +28,7 @@ from gateway.server import InferenceServicer
 from gateway.upstream import SchedulerUpstream
 from radixmesh.v1 import inference_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
+from services.common.errors import InvalidArgument
 from services.common.logging import configure_logging, get_logger
 from services.common.server import ServiceRuntime, run_service
 from services.common.testing import wait_for_serving
@@ -44,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scheduler-address", required=True, help="HOST:PORT of the scheduler")
     parser.add_argument(
         "--scheduler-wait-s", type=float, default=600.0, help="wait for the scheduler"
+    )
+    parser.add_argument(
+        "--cache-address",
+        default=os.environ.get("RADIXMESH_CACHE_ADDRESS", ""),
+        help="HOST:PORT of the cache service: sessions and the result cache (default off)",
+    )
+    parser.add_argument(
+        "--result-cache",
+        action="store_true",
+        help="answer repeated deterministic requests from the cache service's result cache",
     )
     parser.add_argument("--redis-url", default="", help="share rate-limit buckets across replicas")
     parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeat)")
@@ -75,6 +88,24 @@ def _admission(args: argparse.Namespace) -> tuple[Admission, Any]:
     return Admission(api_keys, RedisRateLimiter(client, config)), client
 
 
+def _memory(args: argparse.Namespace, models: ModelRegistry) -> tuple[GatewayMemory, Any]:
+    """Sessions and the result cache in the cache service, and its client to close (or None)."""
+    if not args.cache_address:
+        if args.result_cache:
+            raise InvalidArgument("--result-cache needs --cache-address")
+        return GatewayMemory(), None
+    from services.cache.client import CacheClient
+    from services.cache.store.keys import result_key
+
+    client = CacheClient(args.cache_address)
+
+    def key(prepared: PreparedRequest) -> str:
+        model = prepared.model or models.default_model
+        return result_key(model, prepared.prompt_token_ids, prepared.sampling, prepared.constraint)
+
+    return GatewayMemory(client, key, cache_results=args.result_cache), client
+
+
 async def serve(args: argparse.Namespace) -> int:
     configure_logging("gateway", args.log_level)
     runtime = ServiceRuntime(ServerConfig.from_args("gateway", args))
@@ -83,14 +114,15 @@ async def serve(args: argparse.Namespace) -> int:
     channel = grpc.aio.insecure_channel(args.scheduler_address)
     upstream = SchedulerUpstream(channel)
     admission, redis_client = _admission(args)
-    servicer = InferenceServicer(models, upstream, admission)
+    memory, cache_client = _memory(args, models)
+    servicer = InferenceServicer(models, upstream, admission, memory)
     await runtime.start(
         lambda server: inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server),
         ["radixmesh.v1.Inference"],
     )
     serving = False
     http = OpenAIHttpServer(
-        models, upstream, admission, ready=lambda: serving and not runtime.stopping
+        models, upstream, admission, ready=lambda: serving and not runtime.stopping, memory=memory
     )
     runner = await start_http_server(http.build_app(), args.host, args.http_port)
 
@@ -100,6 +132,8 @@ async def serve(args: argparse.Namespace) -> int:
         await channel.close()
         if redis_client is not None:
             await redis_client.aclose()
+        if cache_client is not None:
+            await cache_client.close()
 
     try:
         await wait_for_serving(

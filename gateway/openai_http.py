@@ -20,7 +20,8 @@ from aiohttp import web
 
 from gateway.core import openai_responses as resp
 from gateway.core.auth import Admission
-from gateway.core.generate import ChoiceEvent, Upstream, collect, generate, total_usage
+from gateway.core.generate import ChoiceEvent, Upstream, collect, total_usage
+from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
 from gateway.core.openai import parse_chat_request, parse_completion_request, parse_json_body
 from gateway.core.prepare import PreparedRequest, prepare_request
@@ -43,7 +44,9 @@ class OpenAIHttpServer:
         upstream: Upstream,
         admission: Admission = Admission(),
         ready: Callable[[], bool] = lambda: True,
+        memory: GatewayMemory | None = None,
     ) -> None:
+        self._memory = memory or GatewayMemory()
         self._models = models
         self._upstream = upstream
         self._admission = admission
@@ -99,10 +102,12 @@ class OpenAIHttpServer:
             gateway_request = parse(parse_json_body(await request.read()))
             model_id, tokenizer = self._models.resolve(gateway_request.model)
             response_id = resp.new_response_id(gateway_request.chat)
-            prepared = prepare_request(gateway_request, tokenizer, response_id)
+            session_id = gateway_request.session_id
+            history = await self._memory.history(session_id)
+            prepared = prepare_request(gateway_request, tokenizer, response_id, history=history)
         except Exception as exc:
             return _error(exc)
-        events = generate(prepared, tokenizer, self._upstream)
+        events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
         reply = _Reply(gateway_request, prepared, model_id, response_id, tokenizer)
         async with contextlib.aclosing(events):
             if gateway_request.stream:

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 
 from gateway import convert
 from gateway.core.auth import Admission
-from gateway.core.generate import Upstream, generate
+from gateway.core.generate import Upstream
+from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
 from gateway.core.prepare import prepare_request
 from gateway.core.request import ChatMessage
@@ -24,11 +25,16 @@ from services.common.errors import InvalidArgument
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     def __init__(
-        self, models: ModelRegistry, upstream: Upstream, admission: Admission = Admission()
+        self,
+        models: ModelRegistry,
+        upstream: Upstream,
+        admission: Admission = Admission(),
+        memory: GatewayMemory | None = None,
     ) -> None:
         self._models = models
         self._upstream = upstream
         self._admission = admission
+        self._memory = memory or GatewayMemory()
 
     async def _admit(self, context) -> None:
         metadata = dict(context.invocation_metadata() or ())
@@ -40,12 +46,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         request_id = (
             convert.check_request_id(request.request_id) if request.request_id else uuid.uuid4().hex
         )
+        await self._admit(context)
         gateway_request = convert.generate_request_from_proto(request)
         _, tokenizer = self._models.resolve(gateway_request.model)
+        session_id = gateway_request.session_id
         prepared = prepare_request(
-            gateway_request, tokenizer, request_id, _deadline_unix_ms(context)
+            gateway_request,
+            tokenizer,
+            request_id,
+            _deadline_unix_ms(context),
+            history=await self._memory.history(session_id),
         )
-        async with contextlib.aclosing(generate(prepared, tokenizer, self._upstream)) as events:
+        events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
+        async with contextlib.aclosing(events):
             async for event in events:
                 for response in convert.event_to_responses(request_id, event):
                     yield response

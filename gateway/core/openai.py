@@ -64,6 +64,7 @@ _COMMON = frozenset(
         "regex",
         "ebnf",
         "choices",
+        "session_id",
     }
 )
 _CHAT_ONLY = frozenset(
@@ -371,6 +372,7 @@ def _request(
         user=f.string("user", "") or "",
         chat=chat,
         echo=echo,
+        session_id=f.string("session_id", "") or "",
     )
 
 

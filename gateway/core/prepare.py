@@ -9,6 +9,7 @@ share the prompt (so the prefix cache serves the copies) and differ in seed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.core.request import GatewayRequest, Priority
@@ -33,9 +34,17 @@ class PreparedRequest:
 
 
 def prepare_request(
-    request: GatewayRequest, tokenizer: Tokenizer, req_id: str, deadline_unix_ms: int = 0
+    request: GatewayRequest,
+    tokenizer: Tokenizer,
+    req_id: str,
+    deadline_unix_ms: int = 0,
+    history: Sequence[int] = (),
 ) -> PreparedRequest:
-    """Tokenize and check one request; raises InvalidArgument naming the field."""
+    """Tokenize and check one request; raises InvalidArgument naming the field.
+
+    history: a session's token ids so far; the input's tokens follow them (without
+    a leading BOS, which the history already starts with).
+    """
     if not req_id:
         raise InvalidArgument("request_id: must not be empty")
     given = request.input
@@ -48,6 +57,10 @@ def prepare_request(
     else:
         field, token_ids = "prompt", list(given.token_ids or ())
         tokenizer.validate_token_ids(token_ids, field)
+    if history:
+        if token_ids and token_ids[0] == tokenizer.bos_token_id:
+            token_ids = token_ids[1:]
+        token_ids = [*history, *token_ids]
     max_tokens = tokenizer.check_length(len(token_ids), request.sampling.max_tokens, field)
     return PreparedRequest(
         req_id=req_id,

@@ -52,3 +52,5 @@ class GatewayRequest:
     """True for chat.completion shapes, False for text_completion."""
     echo: bool = False
     """Completions only: the prompt text is prepended to each choice."""
+    session_id: str = ""
+    """Conversation id: the session's tokens so far come before this request's input."""

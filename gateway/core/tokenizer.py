@@ -71,6 +71,7 @@ class Tokenizer:
         self.max_model_len = max_model_len
         self.name = name
         self.vocab_size = len(hf_tokenizer)
+        self.bos_token_id: int | None = getattr(hf_tokenizer, "bos_token_id", None)
         self.eos_token_ids: tuple[int, ...] = tuple(
             i for i in [hf_tokenizer.eos_token_id] if i is not None
         )

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -50,12 +51,19 @@ class EnvoyProcess:
         access_log_path: str | Path | None = None,
         concurrency: int = 1,
         log_level: str = "info",
+        process_group: int | None = None,
+        command_prefix: Sequence[str] = (),
     ) -> None:
+        """process_group goes to subprocess.Popen and command_prefix runs before the envoy
+        binary (a supervisor isolates its children from the terminal's Ctrl-C and ties them
+        to its own life with a launcher)."""
         self.config_path = Path(config_path)
         self.admin_port = admin_port
         self._access_log_path = access_log_path
         self._concurrency = concurrency
         self._log_level = log_level
+        self._process_group = process_group
+        self._command_prefix = tuple(command_prefix)
         self._proc: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
         self._log_tail: list[str] = []
@@ -65,6 +73,7 @@ class EnvoyProcess:
         log_file = open(self._access_log_path, "a") if self._access_log_path else None  # noqa: SIM115
         self._proc = subprocess.Popen(
             [
+                *self._command_prefix,
                 envoy_binary(),
                 "-c",
                 str(self.config_path),
@@ -77,6 +86,7 @@ class EnvoyProcess:
             stdout=log_file if log_file is not None else subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            process_group=self._process_group,
         )
         if log_file is not None:
             log_file.close()  # the child holds its own descriptor
@@ -101,6 +111,19 @@ class EnvoyProcess:
         url = f"http://127.0.0.1:{self.admin_port}{path}"
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.read().decode()
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """Block until Envoy exits (or timeout_s passes); its exit code, None if running."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
 
     @property
     def log_tail(self) -> str:

@@ -76,6 +76,23 @@ def test_services_run_their_modules_with_health_checks():
     assert (args.port, args.http_port, args.metrics_port) == (50051, 8000, 9100)
 
 
+def test_every_command_parses_with_its_main():
+    """Each service's flags are accepted by the argparse of the main it runs."""
+    from services.cache.main import parse_args as cache_args
+    from services.executor.main import build_parser as executor_parser
+    from services.scheduler.main import build_parser as scheduler_parser
+
+    services = resolved(BASE)["services"]
+    parse = {
+        "cache": cache_args,
+        "executor": executor_parser().parse_args,
+        "scheduler": scheduler_parser().parse_args,
+    }
+    for name, parse_args in parse.items():
+        args = parse_args(services[name]["command"][3:])
+        assert args.host == "0.0.0.0" and args.metrics_port is not None
+
+
 def test_executor_reserves_a_gpu_and_the_cpu_variant_does_not():
     gpu = resolved(BASE)["services"]["executor"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
@@ -92,11 +109,13 @@ def test_addresses_point_at_the_ports_services_listen_on():
     }
     for name in ("scheduler", "executor"):
         assert flag(services[name]["command"], "cache-address") == f"cache:{ports['cache']}"
-    for name in ("gateway", "executor"):
-        assert (
-            flag(services[name]["command"], "scheduler-address")
-            == f"scheduler:{ports['scheduler']}"
-        )
+    assert flag(services["gateway"]["command"], "cache-address") == f"cache:{ports['cache']}"
+    assert (
+        flag(services["gateway"]["command"], "scheduler-address")
+        == f"scheduler:{ports['scheduler']}"
+    )
+    executor_port = flag(services["executor"]["command"], "port")
+    assert flag(services["scheduler"]["command"], "executor") == f"executor:{executor_port}"
     for name in ("gateway", "scheduler", "cache"):
         probe = services[name]["healthcheck"]["test"]
         assert probe[2:] == ["grpc", f"localhost:{ports[name]}"]

@@ -106,7 +106,7 @@ async def test_stop_string_ends_choice_and_aborts_at_the_scheduler(mesh):
             "temperature",
         ),
         ({"prompt": "x", "model": "big"}, grpc.StatusCode.NOT_FOUND, "model"),
-        ({"prompt": "x", "session_id": "s"}, grpc.StatusCode.INVALID_ARGUMENT, "session_id"),
+        ({"prompt": "x", "session_id": "s"}, grpc.StatusCode.FAILED_PRECONDITION, "session_id"),
         ({}, grpc.StatusCode.INVALID_ARGUMENT, "input"),
         (
             {"prompt": "x", "sampling": inference_pb2.SamplingParams(max_tokens=100)},

@@ -1,0 +1,101 @@
+"""Running `radixmesh serve` as a subprocess for the e2e tests: start, wait ready, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from radixmesh.commands.serve import READY_LINE
+from services.common.testing import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "sk-e2e"
+START_TIMEOUT_S = 240
+
+
+@dataclass
+class Serve:
+    process: subprocess.Popen
+    port: int
+    endpoints: dict
+    output: list[str]
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def child_pids(self) -> dict[str, int]:
+        return {s["name"]: s["pid"] for s in self.endpoints["services"]}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and "Z" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "X"
+
+
+def start_serve(tmp: Path, *extra: str, timeout_s: float = START_TIMEOUT_S) -> Serve:
+    """`radixmesh serve` as a subprocess; returns once it is ready (fails with its output)."""
+    port = free_port()
+    endpoints_path = tmp / "endpoints.json"
+    argv = [
+        *(sys.executable, "-m", "radixmesh.cli", "serve", "--port", str(port)),
+        *("--device", "cpu", "--num-pages", "256", "--log-dir", str(tmp / "logs")),
+        *("--endpoints-json", str(endpoints_path), *extra),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    output: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith(READY_LINE):
+                ready.set()
+        ready.set()  # exited
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(timeout_s) or process.poll() is not None:
+        process.send_signal(signal.SIGINT)
+        process.wait(60)
+        pytest.fail(f"radixmesh serve did not become ready:\n{''.join(output)[-6000:]}")
+    return Serve(process, port, json.loads(endpoints_path.read_text()), output)
+
+
+def stop_serve(serve: Serve) -> None:
+    """Ctrl-C: serve exits 0 and leaves none of its children running."""
+    serve.process.send_signal(signal.SIGINT)
+    code = serve.process.wait(60)
+    left = {name: pid for name, pid in serve.child_pids.items() if alive(pid)}
+    assert code == 0, "".join(serve.output)[-4000:]
+    assert not left, f"children still running after Ctrl-C: {left}"
+
+
+AUTH = (("authorization", f"Bearer {API_KEY}"),)
+"""gRPC metadata of the main key."""

@@ -1,0 +1,101 @@
+"""`radixmesh serve`'s plan: each service's command line parses with its own main's flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.main import build_parser as gateway_parser
+from radixmesh.mesh import MeshConfig, MeshPorts, plan_stages
+from services.cache.main import parse_args as cache_args
+from services.common.errors import InvalidArgument
+from services.executor.main import build_parser as executor_parser
+from services.scheduler.main import build_parser as scheduler_parser
+
+PARSERS = {
+    "cache": cache_args,
+    "executor": lambda argv: executor_parser().parse_args(argv),
+    "scheduler": lambda argv: scheduler_parser().parse_args(argv),
+    "gateway": lambda argv: gateway_parser().parse_args(argv),
+}
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    return tmp_path
+
+
+def _parsed(config: MeshConfig, ports: MeshPorts) -> dict:
+    parsed = {}
+    for stage in plan_stages(config, ports):
+        for spec in stage:
+            module = spec.argv[2]  # python -m <module> ...
+            kind = spec.name.split("-")[0]
+            assert module.split(".")[-2] == kind or module == "gateway.main"
+            parsed[spec.name] = PARSERS[kind](list(spec.argv[3:]))
+    return parsed
+
+
+def test_services_are_wired_to_each_other(model_dir, tmp_path):
+    config = MeshConfig(
+        model_dir=model_dir,
+        log_dir=tmp_path / "logs",
+        num_executors=2,
+        api_keys=("k1", "k2"),
+        rate_limit_per_s=3.0,
+        redis_url="redis://127.0.0.1:1/0",
+        result_cache=True,
+        device="cpu",
+    )
+    ports = MeshPorts.pick(2)
+    args = _parsed(config, ports)
+    assert [name for name in args] == ["cache", "executor-0", "executor-1", "scheduler", "gateway"]
+    cache = f"127.0.0.1:{ports.cache}"
+    assert args["cache"].port == ports.cache and args["cache"].redis_url == config.redis_url
+    for i in range(2):
+        executor = args[f"executor-{i}"]
+        assert (executor.port, executor.cache_address) == (ports.executors[i][0], cache)
+        assert (executor.executor_id, executor.device) == (f"exec-{i}", "cpu")
+    assert args["scheduler"].executor == [f"127.0.0.1:{p}" for p, _ in ports.executors]
+    assert args["scheduler"].cache_address == cache
+    gateway = args["gateway"]
+    assert gateway.scheduler_address == f"127.0.0.1:{ports.scheduler}"
+    assert (gateway.cache_address, gateway.result_cache) == (cache, True)
+    assert (gateway.api_key, gateway.rate_limit_per_s) == (["k1", "k2"], 3.0)
+    assert gateway.model == executor.model == str(model_dir)
+    every_port = [
+        ports.cache, ports.cache_metrics, *[p for pair in ports.executors for p in pair],
+        ports.scheduler, ports.scheduler_metrics, ports.gateway, ports.gateway_http,
+        ports.gateway_metrics, ports.admin,
+    ]  # fmt: skip
+    assert len(set(every_port)) == len(every_port)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"num_executors": 0}, "executors"),
+        ({"device": "tpu"}, "device"),
+        ({"public_port": 0}, "port"),
+        ({"redis_url": "localhost:6379"}, "redis_url"),
+        ({"rate_limit_per_s": -1.0}, "rate_limit_per_s"),
+    ],
+)
+def test_bad_settings_name_the_field(model_dir, tmp_path, fields, field):
+    with pytest.raises(InvalidArgument, match=field):
+        MeshConfig(model_dir=model_dir, log_dir=tmp_path, **fields)
+
+
+def test_a_folder_without_config_is_refused(tmp_path):
+    with pytest.raises(InvalidArgument, match=r"model: .* has no config\.json"):
+        MeshConfig(model_dir=tmp_path, log_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [("cuda", ["cuda:0", "cuda:1"]), ("cuda:1", ["cuda:1"] * 2), ("auto", ["auto"] * 2)],
+)
+def test_executor_devices(model_dir, tmp_path, device, expected):
+    config = MeshConfig(model_dir=model_dir, log_dir=tmp_path, num_executors=2, device=device)
+    args = _parsed(config, MeshPorts.pick(2))
+    assert [args[f"executor-{i}"].device for i in range(2)] == expected
