@@ -1,23 +1,33 @@
-"""ExecutorCore: the model, the KV pool and per-sequence state; runs one step plan at a time.
+"""ExecutorCore: the model, the KV pool and per-sequence state; runs step plans.
 
 A plan first drops finished ids, then admits new sequences, extends the page
 tables of running ones, and runs every scheduled token in one forward. A
 sequence samples when the step reaches the end of its known tokens; its
 sampled token stays on the device for the next decode. The core ends a
-sequence itself on EOS, a stop token, max_tokens or the context limit, and
-forgets it at once (the scheduler learns it from the result, one step late).
+sequence itself on EOS, a stop token, max_tokens or the context limit (and on
+a token its grammar refuses, with "abort"), and forgets it at once (the
+scheduler learns it from the result, one step late).
+
+A step is split in two, so that the host work of step N + 1 can run while
+step N is on the device: `prepare(plan)` (checks, state updates known from
+the plan alone, host arrays, their upload) and `execute(prepared)` (forward,
+sampling, finish detection). `step(plan)` is `execute(prepare(plan))`.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kernels import get_ops
-from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.errors import FailedPrecondition
+from services.common.logging import get_logger
 from services.common.sampling import SamplingParams
 from services.common.step import (
     NewSequence,
@@ -28,23 +38,26 @@ from services.common.step import (
 )
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import DecodeGraphs
-from services.executor.core.forward_batch import BatchEntry, build_forward_batch
+from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.decoder import Decoder
+from services.executor.core.plan_checks import PlanLimits, validate_plan
 from services.executor.core.resources import (
     resolve_device,
     resolve_dtype,
     resolve_max_model_len,
     size_num_pages,
 )
-from services.executor.core.sampling import Sampler, SampleResult
+from services.executor.core.sampling import Sampler, SampleResult, SamplingInputs
 from services.executor.core.sequence import (
     MatcherFactory,
     SequenceState,
     TokenMatcher,
     check_finish,
 )
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +77,31 @@ class ModelInfo:
     max_num_batched_tokens: int
 
 
+@dataclass(slots=True)
+class PreparedStep:
+    """A plan with its host work done, for `ExecutorCore.execute`; opaque beyond step_id."""
+
+    step_id: int
+    index: int
+    """Order of preparation: steps execute in this order."""
+    seqs: list[SequenceState] = field(default_factory=list)
+    """The scheduled sequences, in batch order."""
+    batch: ForwardBatch | None = None
+    """None when nothing is scheduled."""
+    samplers: list[SequenceState] = field(default_factory=list)
+    """The sequences that sample, in batch (and logits row) order."""
+    output_lens: list[int] = field(default_factory=list)
+    """Each sampler's number of output tokens before this step's sample."""
+    sampling_inputs: SamplingInputs | None = None
+    """None: built at execute time (a penalised history was not complete)."""
+    prepare_seconds: float = 0.0
+
+
 class ExecutorCore:
-    """Owns the weights, the KV pool and every running sequence's state; not thread-safe.
+    """Owns the weights, the KV pool and every running sequence's state.
+
+    One thread may call `prepare` while another calls `execute` (see `prepare`);
+    other calls are not thread-safe.
 
     `matcher_factory` turns a request's Constraint into its grammar matcher
     (see `sequence.TokenMatcher`); without one, constrained requests are refused.
@@ -108,7 +144,21 @@ class ExecutorCore:
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
         self._matcher_factory = matcher_factory
+        self._limits = PlanLimits(
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+            vocab_size=spec.vocab_size,
+            page_size=config.page_size,
+            num_pages=num_pages,
+            has_grammar=matcher_factory is not None,
+        )
+        self._lock = threading.Lock()
+        """Guards held sequences, free rows and the step counters between prepare and execute."""
+        self._num_prepared = 0
+        self._num_executed = 0
         self._seqs: dict[str, SequenceState] = {}
+        self._page_tables = PageTables(config.max_num_seqs, -(-max_model_len // config.page_size))
         self._free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self._last_tokens = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self._seed_rng = random.Random(config.seed)
@@ -120,105 +170,100 @@ class ExecutorCore:
     def has_seq(self, req_id: str) -> bool:
         return req_id in self._seqs
 
-    @torch.inference_mode()
     def step(self, plan: StepPlan) -> StepResult:
         """Runs one plan; a refused plan (InvalidArgument, ResourceExhausted) changes nothing."""
+        return self.execute(self.prepare(plan))
+
+    @torch.inference_mode()
+    def prepare(self, plan: StepPlan) -> PreparedStep:
+        """Everything of a step that does not need the results of steps not yet executed.
+
+        Contract:
+        - Prepared steps are executed in the order prepared, each once. Step N + 1
+          may be prepared before step N is executed, and (on another thread) while
+          step N executes; prepare calls do not overlap each other, nor do execute calls.
+        - Drops plan.finished_req_ids, checks the plan (raising InvalidArgument or
+          ResourceExhausted leaves the core as it was, the drops aside), admits new
+          sequences, appends pages, advances each scheduled sequence's planned
+          state (num_computed_tokens, num_known_tokens) and uploads the batch.
+        - A dropped sequence still runs, with its output, in steps prepared before.
+        - Decode inputs need no sampled values: the last token stays on the device
+          and is read when the step executes. A running id the core does not hold
+          is skipped; one that an earlier step ends at execute time (EOS, stop,
+          length) is skipped by `execute` (its rows run and are discarded).
+        - Sampling inputs are built here unless a penalised row's token history
+          is still missing a token from an unexecuted step; the grammar bitmask is
+          always built at execute time (it follows the tokens sampled before).
+        """
         start = time.perf_counter()
-        for req_id in plan.finished_req_ids:
-            self._drop(req_id)
-        self._validate(plan)
-        matchers = self._build_matchers(plan.new_seqs)  # may refuse a constraint: before changes
-        scheduled: list[tuple[SequenceState, int]] = []
-        for new in plan.new_seqs:
-            seq = self._admit(new, matchers.get(new.req_id))
-            scheduled.append((seq, new.num_scheduled_tokens))
-        for running in plan.running_seqs:
-            seq = self._seqs.get(running.req_id)
-            if seq is None:
-                continue  # it finished here one step earlier
-            seq.page_ids.extend(running.appended_page_ids)
-            if running.num_scheduled_tokens:
-                scheduled.append((seq, running.num_scheduled_tokens))
-        outputs = self._run(scheduled) if scheduled else []
-        return StepResult(plan.step_id, outputs, time.perf_counter() - start)
+        with self._lock:
+            for req_id in plan.finished_req_ids:
+                self._drop(req_id)
+            validate_plan(plan, self._seqs, self._limits)
+            matchers = self._build_matchers(plan.new_seqs)  # may refuse: before changes
+            seqs: list[SequenceState] = []
+            num_tokens: list[int] = []
+            for new in plan.new_seqs:
+                seqs.append(self._admit(new, matchers.get(new.req_id)))
+                num_tokens.append(new.num_scheduled_tokens)
+            for running in plan.running_seqs:
+                seq = self._seqs.get(running.req_id)
+                if seq is None:
+                    continue  # it finished here in a step executed earlier
+                if running.appended_page_ids:
+                    self._page_tables.write(seq.row, seq.num_pages, running.appended_page_ids)
+                    seq.num_pages += len(running.appended_page_ids)
+                if running.num_scheduled_tokens:
+                    seqs.append(seq)
+                    num_tokens.append(running.num_scheduled_tokens)
+            prepared = PreparedStep(plan.step_id, self._num_prepared)
+            self._num_prepared += 1
+            if seqs:
+                self._prepare_batch(prepared, seqs, num_tokens)
+        prepared.prepare_seconds = time.perf_counter() - start
+        return prepared
+
+    @torch.inference_mode()
+    def execute(self, prepared: PreparedStep) -> StepResult:
+        """Runs a prepared step: forward, grammar masks, sampling, finish detection.
+
+        step_seconds in the result is this call's time plus the prepare's. If it
+        raises, the state of the step's sequences is undefined: drop them.
+        """
+        start = time.perf_counter()
+        with self._lock:
+            if prepared.index < self._num_executed:
+                raise FailedPrecondition(
+                    f"step {prepared.step_id}: prepared steps run once, in the order prepared"
+                )
+            self._num_executed = prepared.index + 1
+        batch = prepared.batch
+        outputs: list[SequenceOutput] = []
+        if batch is not None:
+            batch.load_device_tokens(self._last_tokens)
+            if self._graphs is not None and self._graphs.can_run(batch):
+                logits = self._graphs.run(batch)
+            else:
+                logits = self.model.forward(batch, self.kv_pool)
+            sampled = self._sample(prepared, batch, logits) if prepared.samplers else {}
+            with self._lock:
+                for seq in prepared.seqs:
+                    if seq.finished:
+                        continue  # ended by an earlier step; the scheduler did not know yet
+                    sample = sampled.get(id(seq))
+                    outputs.append(
+                        self._finish_sample(seq, *sample)
+                        if sample is not None
+                        else SequenceOutput(seq.req_id, None)
+                    )
+        seconds = prepared.prepare_seconds + time.perf_counter() - start
+        return StepResult(prepared.step_id, outputs, seconds)
 
     def shutdown(self) -> None:
-        self._seqs.clear()
-        self._graphs = None
-        self.kv_pool.release()
-
-    # -- plan checks -------------------------------------------------------
-
-    def _validate(self, plan: StepPlan) -> None:
-        """Raises before any state changes, so a rejected plan leaves the core as it was."""
-        if plan.num_scheduled_tokens > self.config.max_num_batched_tokens:
-            raise ResourceExhausted(
-                f"plan {plan.step_id}: {plan.num_scheduled_tokens} scheduled tokens exceed "
-                f"max_num_batched_tokens ({self.config.max_num_batched_tokens})"
-            )
-        if len(self._seqs) + len(plan.new_seqs) > self.config.max_num_seqs:
-            raise ResourceExhausted(
-                f"plan {plan.step_id}: {len(self._seqs)} held + {len(plan.new_seqs)} new "
-                f"sequences exceed max_num_seqs ({self.config.max_num_seqs})"
-            )
-        seen: set[str] = set()
-        for new in plan.new_seqs:
-            if new.req_id in self._seqs or new.req_id in seen:
-                raise InvalidArgument(f"new_seqs: req_id {new.req_id!r} is already running")
-            seen.add(new.req_id)
-            self._check_new(new)
-        for running in plan.running_seqs:
-            seq = self._seqs.get(running.req_id)
-            if seq is not None:
-                self._check_span(
-                    running.req_id, seq.num_computed_tokens, running.num_scheduled_tokens,
-                    len(seq.token_ids), len(seq.page_ids) + len(running.appended_page_ids),
-                )  # fmt: skip
-                self._check_page_ids(running.req_id, running.appended_page_ids)
-
-    def _check_new(self, new: NewSequence) -> None:
-        where = f"new_seqs[{new.req_id!r}]"
-        num_tokens = len(new.token_ids)
-        if not 1 <= new.num_prompt_tokens <= num_tokens:
-            raise InvalidArgument(
-                f"{where}.num_prompt_tokens must be in [1, {num_tokens}], got {new.num_prompt_tokens}"
-            )
-        if num_tokens >= self.info.max_model_len:
-            raise InvalidArgument(
-                f"{where}.token_ids: {num_tokens} tokens leave no room under max_model_len "
-                f"({self.info.max_model_len})"
-            )
-        if new.num_scheduled_tokens < 1:
-            raise InvalidArgument(f"{where}.num_scheduled_tokens must be >= 1")
-        vocab = self.info.vocab_size
-        if any(not 0 <= t < vocab for t in new.token_ids):
-            raise InvalidArgument(f"{where}.token_ids must be in [0, {vocab})")
-        if new.constraint is not None and self._matcher_factory is None:
-            raise InvalidArgument(f"{where}.constraint: this executor has no grammar backend")
-        self._check_span(
-            where, new.num_computed_tokens, new.num_scheduled_tokens, num_tokens, len(new.page_ids)
-        )
-        self._check_page_ids(where, new.page_ids)
-
-    def _check_span(
-        self, where: str, num_computed: int, num_scheduled: int, num_known: int, num_pages: int
-    ) -> None:
-        end = num_computed + num_scheduled
-        if num_scheduled < 0 or end > num_known:
-            raise InvalidArgument(
-                f"{where}: num_computed_tokens ({num_computed}) + num_scheduled_tokens "
-                f"({num_scheduled}) exceed the {num_known} known tokens"
-            )
-        if num_pages * self.config.page_size < end:
-            raise InvalidArgument(
-                f"{where}.page_ids: {num_pages} pages of {self.config.page_size} cannot hold "
-                f"{end} tokens"
-            )
-
-    def _check_page_ids(self, where: str, page_ids: list[int]) -> None:
-        num_pages = self.kv_pool.num_pages
-        if page_ids and any(not 0 <= p < num_pages for p in page_ids):
-            raise InvalidArgument(f"{where}.page_ids must be in [0, {num_pages})")
+        with self._lock:
+            self._seqs.clear()
+            self._graphs = None
+            self.kv_pool.release()
 
     # -- state ---------------------------------------------------------------
 
@@ -240,89 +285,153 @@ class ExecutorCore:
             token_ids=list(new.token_ids),
             num_prompt_tokens=new.num_prompt_tokens,
             num_computed_tokens=new.num_computed_tokens,
-            page_ids=list(new.page_ids),
+            num_known_tokens=len(new.token_ids),
+            num_pages=len(new.page_ids),
             sampling=new.sampling,
             seed=seed,
             row=self._free_rows.pop(),
             matcher=matcher,
         )
+        self._page_tables.write(seq.row, 0, new.page_ids)
         self._seqs[new.req_id] = seq
         return seq
 
     def _drop(self, req_id: str) -> None:
+        """Forgets a sequence the plan names; steps prepared before still run it."""
         seq = self._seqs.pop(req_id, None)
         if seq is not None:
+            self._release_row(seq)
+
+    def _end(self, seq: SequenceState) -> None:
+        """The core ends the sequence: later prepared steps skip it."""
+        seq.finished = True
+        if self._seqs.get(seq.req_id) is seq:
+            del self._seqs[seq.req_id]
+        self._release_row(seq)
+
+    def _release_row(self, seq: SequenceState) -> None:
+        # The row may be reused at once: its next owner reads it only after writing it.
+        if not seq.released:
+            seq.released = True
             self._free_rows.append(seq.row)
 
-    # -- compute -------------------------------------------------------------
+    # -- prepare ---------------------------------------------------------------
 
-    def _run(self, scheduled: list[tuple[SequenceState, int]]) -> list[SequenceOutput]:
-        entries = []
-        for seq, num_tokens in scheduled:
-            end = seq.num_computed_tokens + num_tokens
-            samples = end == len(seq.token_ids)
-            entries.append(
-                BatchEntry(
-                    num_computed_tokens=seq.num_computed_tokens,
-                    token_ids=seq.token_ids[seq.num_computed_tokens : end],
-                    page_ids=seq.page_ids,
-                    samples=samples,
-                    device_row=seq.row if samples and seq.has_device_token else -1,
-                )
-            )
-        batch = build_forward_batch(entries, self.config.page_size, self.device, self._last_tokens)
-        if self._graphs is not None and self._graphs.can_run(batch):
-            logits = self._graphs.run(batch)
+    def _prepare_batch(
+        self, prepared: PreparedStep, seqs: list[SequenceState], num_tokens: list[int]
+    ) -> None:
+        n = len(seqs)
+        rows = np.fromiter((s.row for s in seqs), dtype=np.int64, count=n)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
+        known = np.fromiter((s.num_known_tokens for s in seqs), dtype=np.int64, count=n)
+        on_device = np.fromiter((s.has_device_token for s in seqs), dtype=bool, count=n)
+        q_lens = np.array(num_tokens, dtype=np.int64)
+        samples = starts + q_lens == known
+        from_device = samples & on_device  # then q_len is 1: the decode of the last sample
+        if from_device.all():
+            token_ids = np.zeros(n, dtype=np.int64)
         else:
-            logits = self.model.forward(batch, self.kv_pool)
-        samplers = [seq for (seq, _), e in zip(scheduled, entries, strict=True) if e.samples]
-        sampled = self._sample(samplers, logits) if samplers else {}
-        outputs = []
-        for seq, num_tokens in scheduled:
-            seq.num_computed_tokens += num_tokens
-            output = sampled.get(seq.req_id) or SequenceOutput(seq.req_id, None)
-            outputs.append(output)
-            if output.finish_reason is not None:
-                self._drop(seq.req_id)
-        return outputs
+            token_ids = np.fromiter(
+                itertools.chain.from_iterable(
+                    (0,) if d else s.token_ids[c : c + q]
+                    for s, c, q, d in zip(
+                        seqs, starts.tolist(), num_tokens, from_device.tolist(), strict=True
+                    )
+                ),
+                dtype=np.int64,
+                count=int(q_lens.sum()),
+            )
+        prepared.batch = build_batch(
+            rows, starts, q_lens, samples, from_device, token_ids,
+            self._page_tables, self.config.page_size, self.device,
+        )  # fmt: skip
+        prepared.seqs = seqs
+        sample_idx = np.flatnonzero(samples).tolist()
+        prepared.samplers = [seqs[i] for i in sample_idx]
+        prepared.output_lens = [
+            seqs[i].num_known_tokens - seqs[i].num_prompt_tokens for i in sample_idx
+        ]
+        for seq, q in zip(seqs, num_tokens, strict=True):
+            seq.num_computed_tokens += q
+        for seq in prepared.samplers:
+            seq.num_known_tokens += 1
+            seq.has_device_token = True
+        if all(
+            len(s.token_ids) + 1 == s.num_known_tokens or not _has_penalties(s.sampling)
+            for s in prepared.samplers
+        ):  # penalties read token histories: complete unless a step before is unexecuted
+            prepared.sampling_inputs = self._sampling_inputs(
+                prepared.samplers, prepared.output_lens
+            )
 
-    def _sample(self, seqs: list[SequenceState], logits: torch.Tensor) -> dict[str, SequenceOutput]:
+    def _sampling_inputs(self, seqs: list[SequenceState], output_lens: list[int]) -> SamplingInputs:
         # Token histories matter only to penalties: other rows pass empty lists (no copies).
         penalised = [_has_penalties(s.sampling) for s in seqs]
-        inputs = self.sampler.prepare(
+        num_prompt = [s.num_prompt_tokens for s in seqs]
+        return self.sampler.prepare(
             [s.sampling for s in seqs],
             [s.seed for s in seqs],
-            [s.num_output_tokens for s in seqs],
-            [s.prompt_token_ids if p else [] for s, p in zip(seqs, penalised, strict=True)],
-            [s.output_token_ids if p else [] for s, p in zip(seqs, penalised, strict=True)],
+            output_lens,
+            [
+                s.token_ids[:k] if p else []
+                for s, k, p in zip(seqs, num_prompt, penalised, strict=True)
+            ],
+            [
+                s.token_ids[k : k + o] if p else []
+                for s, k, o, p in zip(seqs, num_prompt, output_lens, penalised, strict=True)
+            ],
             self.info.eos_token_ids,
         )
-        bitmask = self._bitmask(seqs)
-        result = self.sampler.sample(logits, inputs, bitmask)
-        rows = torch.tensor([s.row for s in seqs], dtype=torch.int64, device=self.device)
-        self._last_tokens[rows] = result.token_ids
+
+    # -- execute -------------------------------------------------------------
+
+    def _sample(
+        self, prepared: PreparedStep, batch: ForwardBatch, logits: torch.Tensor
+    ) -> dict[int, tuple[int, TokenLogprobs | None]]:
+        """id(seq) -> (token_id, logprobs) for the live sequences that sample."""
+        seqs = prepared.samplers
+        live = [not s.finished for s in seqs]
+        inputs = prepared.sampling_inputs
+        if inputs is None:
+            inputs = self._sampling_inputs(seqs, prepared.output_lens)
+        result = self.sampler.sample(logits, inputs, self._bitmask(seqs, live))
+        assert batch.sample_rows is not None
+        if all(live):
+            self._last_tokens[batch.sample_rows] = result.token_ids
+        else:  # a finished sequence's row may have a new owner already
+            kept = [i for i, ok in enumerate(live) if ok]
+            keep = torch.tensor(kept, dtype=torch.int64, device=self.device)
+            self._last_tokens[batch.sample_rows[keep]] = result.token_ids[keep]
         token_ids = result.token_ids.tolist()
         logprobs = _logprobs_by_row(seqs, token_ids, result)
-        outputs = {}
-        for i, (seq, token_id) in enumerate(zip(seqs, token_ids, strict=True)):
-            seq.token_ids.append(token_id)
-            seq.has_device_token = True
-            if seq.matcher is not None:
-                seq.matcher.accept(token_id)
-            reason, stop_id = check_finish(
-                seq, token_id, self.info.eos_token_ids, self.info.max_model_len
-            )
-            outputs[seq.req_id] = SequenceOutput(seq.req_id, token_id, logprobs[i], reason, stop_id)
-        return outputs
+        return {id(seq): (token_ids[i], logprobs[i]) for i, seq in enumerate(seqs) if live[i]}
 
-    def _bitmask(self, seqs: list[SequenceState]) -> torch.Tensor | None:
+    def _finish_sample(
+        self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None
+    ) -> SequenceOutput:
+        if seq.matcher is not None and not seq.matcher.accept(token_id):
+            # The bitmask allowed only tokens the grammar accepts: this is an internal error.
+            log.error("grammar_refused_sampled_token", req_id=seq.req_id, token_id=token_id)
+            self._end(seq)
+            return SequenceOutput(seq.req_id, None, finish_reason="abort")
+        seq.token_ids.append(token_id)
+        reason, stop_id = check_finish(
+            seq, token_id, self.info.eos_token_ids, self.info.max_model_len
+        )
+        if reason is not None:
+            self._end(seq)
+        return SequenceOutput(seq.req_id, token_id, logprobs, reason, stop_id)
+
+    def _bitmask(self, seqs: list[SequenceState], live: list[bool]) -> torch.Tensor | None:
         if all(s.matcher is None for s in seqs):
             return None
         words = (self.info.vocab_size + 31) // 32
         bitmask = torch.full((len(seqs), words), -1, dtype=torch.int32)
         for row, seq in enumerate(seqs):
-            if seq.matcher is not None:
+            if seq.matcher is not None and live[row]:
                 seq.matcher.fill_bitmask(bitmask, row)
+        if self.device.type == "cuda":
+            bitmask = bitmask.pin_memory()
         return bitmask.to(self.device, non_blocking=True)
 
 

@@ -2,8 +2,16 @@
 
 Every sequence contributes `q_len` consecutive tokens starting at its
 `num_computed_tokens` (0 for a fresh prefill, the cached prefix length for an
-extend, len - 1 for a decode). Host-side arrays are built with numpy in a few
-vectorised operations and copied to the device once each.
+extend, len - 1 for a decode). Host arrays are built with numpy in a few
+vectorised operations; page tables come from `PageTables`, a host copy of
+every held sequence's pages updated as pages are appended, so a step costs
+no per-page Python work. On CUDA every array travels in one pinned,
+non-blocking host-to-device copy.
+
+Tokens a sequence sampled on this executor are not on the host when the batch
+is built (the step that samples them may not have run yet): the batch keeps
+their rows, and `ForwardBatch.load_device_tokens` fills them from the
+executor's device buffer right before the forward, in stream order.
 """
 
 from __future__ import annotations
@@ -13,21 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-
-@dataclass(slots=True)
-class BatchEntry:
-    """One sequence's part of a step, as the batch builder sees it."""
-
-    num_computed_tokens: int
-    token_ids: list[int]
-    """The num_scheduled_tokens tokens to run; the last is a placeholder when device_row >= 0."""
-    page_ids: list[int]
-    """The sequence's page table (at least enough pages for the tokens after this step)."""
-    samples: bool
-    """Whether the step reaches the end of the known tokens, so the sequence needs logits."""
-    device_row: int = -1
-    """>= 0: the last token is the sequence's last sampled one, kept on the device in that row."""
 
 
 @dataclass(slots=True)
@@ -50,6 +43,12 @@ class ForwardBatch:
     """Every sequence runs exactly one token."""
     max_q_len: int
     """The most new tokens of one sequence (sizes attention grids without a device read)."""
+    token_dst: torch.Tensor | None = None
+    """[D] int64 rows of input_ids whose token is on the device; None when there are none."""
+    token_src: torch.Tensor | None = None
+    """[D] int64 rows of the device token buffer that hold those tokens."""
+    sample_rows: torch.Tensor | None = None
+    """[S] int64 buffer rows of the sequences that sample, in batch order (None: none given)."""
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +58,149 @@ class ForwardBatch:
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
 
+    def load_device_tokens(self, last_tokens: torch.Tensor) -> None:
+        """Copies device-held tokens into input_ids; call once, after they were sampled."""
+        if self.token_src is None or self.token_dst is None:
+            return
+        if self.token_dst.shape[0] == self.input_ids.shape[0]:  # every token (pure decode)
+            self.input_ids = last_tokens.index_select(0, self.token_src)
+        else:
+            self.input_ids[self.token_dst] = last_tokens[self.token_src]
+        self.token_src = self.token_dst = None
+
+
+class PageTables:
+    """Host page tables of every buffer row: [num_rows, max_pages_per_seq] int32.
+
+    Pages past `max_pages_per_seq` are never read (no position reaches them)
+    and are not stored.
+    """
+
+    def __init__(self, num_rows: int, max_pages_per_seq: int) -> None:
+        self.table = np.zeros((num_rows, max_pages_per_seq), dtype=np.int32)
+
+    @property
+    def max_pages_per_seq(self) -> int:
+        return int(self.table.shape[1])
+
+    def write(self, row: int, start: int, page_ids: list[int]) -> None:
+        """Sets pages start, start + 1, ... of `row` to page_ids."""
+        end = min(start + len(page_ids), self.table.shape[1])
+        if end > start:
+            self.table[row, start:end] = page_ids[: end - start]
+
+
+def build_batch(
+    rows: np.ndarray,
+    starts: np.ndarray,
+    q_lens: np.ndarray,
+    samples: np.ndarray,
+    from_device: np.ndarray,
+    token_ids: np.ndarray,
+    page_tables: PageTables,
+    page_size: int,
+    device: torch.device,
+) -> ForwardBatch:
+    """One batch from per-sequence arrays (B each) and the flat new tokens [T].
+
+    rows: buffer rows (page table rows and device token rows); starts: the
+    num_computed_tokens; samples: the sequence needs logits; from_device: its
+    last new token is the one held in the device buffer at its row (the host
+    value in token_ids is a placeholder).
+    """
+    num_seqs = len(rows)
+    seq_lens = starts + q_lens
+    cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=cu_seqlens[1:])
+    num_tokens = int(cu_seqlens[-1])
+    max_q_len = int(q_lens.max(initial=0))
+    is_decode = bool(num_seqs > 0 and max_q_len == 1)
+    if is_decode:
+        positions = starts
+    else:
+        seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
+        positions = np.arange(num_tokens, dtype=np.int64) + (starts - cu_seqlens[:-1])[seq_of_token]
+
+    pages_needed = (seq_lens + page_size - 1) // page_size
+    width = int(pages_needed.max(initial=0))
+    page_table = page_tables.table[rows, :width]  # a copy: later appends do not reach it
+    if pages_needed.min(initial=width) < width:
+        page_table[np.arange(width) >= pages_needed[:, None]] = 0
+    token_rows = np.arange(num_seqs) if is_decode else seq_of_token
+    slot_mapping = (
+        page_table[token_rows, positions // page_size].astype(np.int64) * page_size
+        + positions % page_size
+    )
+    last_rows = cu_seqlens[1:] - 1
+    arrays = [
+        token_ids.astype(np.int64, copy=False),
+        positions,
+        cu_seqlens.astype(np.int32),
+        seq_lens.astype(np.int32),
+        page_table,
+        slot_mapping,
+        last_rows[samples],
+        rows[samples],
+    ]
+    has_device_tokens = bool(from_device.any())
+    if has_device_tokens:
+        arrays += [last_rows[from_device], rows[from_device]]
+    tensors = upload(arrays, device)
+    return ForwardBatch(
+        input_ids=tensors[0],
+        positions=tensors[1],
+        cu_seqlens_q=tensors[2],
+        seq_lens=tensors[3],
+        page_table=tensors[4],
+        slot_mapping=tensors[5],
+        logits_indices=tensors[6],
+        is_decode=is_decode,
+        max_q_len=max_q_len,
+        sample_rows=tensors[7],
+        token_dst=tensors[8] if has_device_tokens else None,
+        token_src=tensors[9] if has_device_tokens else None,
+    )
+
+
+def upload(
+    arrays: list[np.ndarray], device: torch.device, packed: bool | None = None
+) -> list[torch.Tensor]:
+    """int64/int32 host arrays as tensors on `device`, same shapes and dtypes.
+
+    Unpacked (the default on CPU) they share the arrays' memory. Packed (the
+    default on CUDA) they go into one buffer, pinned on CUDA, copied with one
+    non-blocking transfer (the caching host allocator keeps the buffer until
+    the copy is done) and split on the device.
+    """
+    if not (device.type == "cuda" if packed is None else packed):
+        return [torch.from_numpy(a) for a in arrays]
+    host = torch.from_numpy(np.concatenate([a.ravel() for a in arrays], dtype=np.int64))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    staged = host.to(device, non_blocking=True)
+    tensors = []
+    offset = 0
+    for a in arrays:
+        tensor = staged[offset : offset + a.size].view(a.shape)
+        tensors.append(tensor.to(torch.int32) if a.dtype == np.int32 else tensor)
+        offset += a.size
+    return tensors
+
+
+@dataclass(slots=True)
+class BatchEntry:
+    """One sequence's part of a step, for `build_forward_batch` (tests, tools)."""
+
+    num_computed_tokens: int
+    token_ids: list[int]
+    """The num_scheduled_tokens tokens to run; the last is a placeholder when device_row >= 0."""
+    page_ids: list[int]
+    """The sequence's page table (at least enough pages for the tokens after this step)."""
+    samples: bool
+    """Whether the step reaches the end of the known tokens, so the sequence needs logits."""
+    device_row: int = -1
+    """>= 0: the last token is the sequence's last sampled one, kept on the device in that row."""
+
 
 def build_forward_batch(
     entries: list[BatchEntry],
@@ -66,59 +208,27 @@ def build_forward_batch(
     device: torch.device,
     last_tokens: torch.Tensor | None = None,
 ) -> ForwardBatch:
-    """Flattens entries into device tensors; reads device-held last tokens from `last_tokens`."""
+    """A batch from self-contained entries; reads device-held tokens from `last_tokens`."""
     num_seqs = len(entries)
-    q_lens = np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=num_seqs)
-    starts = np.fromiter((e.num_computed_tokens for e in entries), dtype=np.int64, count=num_seqs)
-    seq_lens = starts + q_lens
-    cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
-    np.cumsum(q_lens, out=cu_seqlens[1:])
-    num_tokens = int(cu_seqlens[-1])
-
-    input_ids = np.fromiter(
-        itertools.chain.from_iterable(e.token_ids for e in entries),
-        dtype=np.int64,
-        count=num_tokens,
-    )
-    seq_of_token = np.repeat(np.arange(num_seqs), q_lens)
-    positions = np.arange(num_tokens, dtype=np.int64) + (starts - cu_seqlens[:-1])[seq_of_token]
-
-    pages_needed = (seq_lens + page_size - 1) // page_size
-    width = int(pages_needed.max(initial=0))
-    page_table = np.zeros((num_seqs, width), dtype=np.int32)
-    page_table[np.arange(width) < pages_needed[:, None]] = np.fromiter(  # row-major fill
-        itertools.chain.from_iterable(
-            e.page_ids[:n] for e, n in zip(entries, pages_needed.tolist(), strict=True)
-        ),
-        dtype=np.int32,
-        count=int(pages_needed.sum()),
-    )
-    slot_mapping = (
-        page_table[seq_of_token, positions // page_size].astype(np.int64) * page_size
-        + positions % page_size
-    )
-    last_rows = cu_seqlens[1:] - 1
-    samples = np.fromiter((e.samples for e in entries), dtype=bool, count=num_seqs)
-
-    def to_device(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(array).to(device=device, dtype=dtype, non_blocking=True)
-
-    input_ids_t = to_device(input_ids, torch.int64)
+    tables = PageTables(num_seqs, max((len(e.page_ids) for e in entries), default=0))
+    for row, e in enumerate(entries):
+        tables.write(row, 0, e.page_ids)
     device_rows = np.fromiter((e.device_row for e in entries), dtype=np.int64, count=num_seqs)
     from_device = device_rows >= 0
+    batch = build_batch(
+        np.arange(num_seqs),
+        np.fromiter((e.num_computed_tokens for e in entries), dtype=np.int64, count=num_seqs),
+        np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=num_seqs),
+        np.fromiter((e.samples for e in entries), dtype=bool, count=num_seqs),
+        from_device,
+        np.fromiter(itertools.chain.from_iterable(e.token_ids for e in entries), dtype=np.int64),
+        tables,
+        page_size,
+        device,
+    )
     if from_device.any():
         if last_tokens is None:
             raise ValueError("entries read device-held tokens but no last_tokens buffer was given")
-        src = to_device(device_rows[from_device], torch.int64)
-        input_ids_t[to_device(last_rows[from_device], torch.int64)] = last_tokens[src]
-    return ForwardBatch(
-        input_ids=input_ids_t,
-        positions=to_device(positions, torch.int64),
-        cu_seqlens_q=to_device(cu_seqlens, torch.int32),
-        seq_lens=to_device(seq_lens, torch.int32),
-        page_table=to_device(page_table, torch.int32),
-        slot_mapping=to_device(slot_mapping, torch.int64),
-        logits_indices=to_device(last_rows[samples], torch.int64),
-        is_decode=bool(num_seqs > 0 and (q_lens == 1).all()),
-        max_q_len=int(q_lens.max(initial=0)),
-    )
+        batch.token_src = torch.from_numpy(device_rows[from_device]).to(device)
+        batch.load_device_tokens(last_tokens)
+    return batch

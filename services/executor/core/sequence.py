@@ -16,8 +16,13 @@ class TokenMatcher(Protocol):
 
     Before sampling, the executor asks for the row of allowed tokens; after
     sampling, it reports the chosen token. A matcher that has reached the
-    grammar's end finishes the sequence with "stop". `grammar_matcher.ConstraintMatcher`
-    is the implementation.
+    grammar's end finishes the sequence with "stop"; one that refuses the
+    sampled token (which the bitmask should have made impossible) ends it with
+    "abort", without the token. `grammar_matcher.ConstraintMatcher` is the
+    implementation. Its jump-forward (forced continuation) is not used: forced
+    tokens are not the tokenizer's own encoding of the text, so the output
+    would differ from plain sampling, and the step contract returns one token
+    per sequence and step.
     """
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -25,7 +30,7 @@ class TokenMatcher(Protocol):
         ...
 
     def accept(self, token_id: int) -> bool:
-        """Advances by one sampled token; False if the grammar refuses it."""
+        """Advances by one sampled token; False if the grammar refuses it (the core aborts)."""
         ...
 
     def replay(self, token_ids: Sequence[int]) -> None:
@@ -41,13 +46,19 @@ MatcherFactory = Callable[[Constraint], TokenMatcher]
 
 @dataclass(slots=True)
 class SequenceState:
+    """One held sequence. `ExecutorCore.prepare` advances the planned fields, `execute` the rest."""
+
     req_id: str
     token_ids: list[int]
-    """Every known token: prompt, earlier outputs, then each token this executor samples."""
+    """Every token on the host: prompt, earlier outputs, then each token this executor sampled
+    in an executed step (it lags num_known_tokens while a prepared step is not executed)."""
     num_prompt_tokens: int
     num_computed_tokens: int
-    """Tokens whose KV is in the pages; the executor advances it after each step."""
-    page_ids: list[int]
+    """Tokens whose KV is in the pages once every prepared step has run (advanced by prepare)."""
+    num_known_tokens: int
+    """len(token_ids) plus the tokens that prepared, not yet executed, steps will sample."""
+    num_pages: int
+    """Pages the scheduler gave the sequence (their ids live in the core's host page tables)."""
     sampling: SamplingParams
     seed: int
     """The request's seed, or one drawn by the executor at admission."""
@@ -55,7 +66,12 @@ class SequenceState:
     """Row of this sequence in the executor's device buffer of last sampled tokens."""
     matcher: TokenMatcher | None = None
     has_device_token: bool = False
-    """token_ids[-1] was sampled here; the device buffer holds it at `row`."""
+    """The last known token is sampled here: the device buffer holds it at `row` (or will,
+    in stream order, when the prepared step that samples it runs)."""
+    finished: bool = False
+    """The core ended the sequence in an executed step; later prepared steps skip it."""
+    released: bool = False
+    """Its buffer row went back to the free list (when dropped or finished)."""
 
     @property
     def num_output_tokens(self) -> int:

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 
 from services.executor.core.cuda_graphs import batch_buckets
-from services.executor.core.forward_batch import BatchEntry, build_forward_batch
+from services.executor.core.forward_batch import (
+    BatchEntry,
+    PageTables,
+    build_batch,
+    build_forward_batch,
+    upload,
+)
 
 CPU = torch.device("cpu")
 
@@ -61,3 +68,46 @@ def test_decode_graph_buckets_cover_every_batch_size() -> None:
     buckets = batch_buckets(256)
     assert buckets[:7] == [1, 2, 4, 8, 16, 32, 64] and buckets[-1] == 256
     assert all(b - a <= 32 for a, b in itertools.pairwise(buckets))
+
+
+def test_host_page_tables_follow_appends_and_rows_in_any_order() -> None:
+    tables = PageTables(num_rows=4, max_pages_per_seq=3)
+    tables.write(2, 0, [9, 9, 9])  # a previous owner of row 2
+    tables.write(2, 0, [5])  # its new owner: one page, then one more appended
+    tables.write(2, 1, [6])
+    tables.write(0, 0, [1, 2])
+    tables.write(0, 2, [3, 4, 8])  # pages past max_pages_per_seq are never read: dropped
+    assert tables.table[0].tolist() == [1, 2, 3] and tables.table[2].tolist() == [5, 6, 9]
+    entries = [  # rows 2 then 0: an extend over 5 cached tokens, and a decode
+        BatchEntry(5, [21, 22], [5, 6], True),
+        BatchEntry(9, [23], [1, 2, 3], False),
+    ]
+    batch = build_batch(
+        rows=np.array([2, 0]),
+        starts=np.array([5, 9]),
+        q_lens=np.array([2, 1]),
+        samples=np.array([True, False]),
+        from_device=np.array([False, False]),
+        token_ids=np.array([21, 22, 23]),
+        page_tables=tables,
+        page_size=4,
+        device=CPU,
+    )
+    positions, slots = per_token_reference(entries, 4)
+    assert batch.positions.tolist() == positions and batch.slot_mapping.tolist() == slots
+    assert batch.page_table.tolist() == [[5, 6, 0], [1, 2, 3]]  # row 2's stale 9 is not shown
+    assert batch.sample_rows.tolist() == [2] and batch.token_src is None
+    tables.write(2, 2, [7])
+    assert batch.page_table[0].tolist() == [5, 6, 0]  # a built batch does not see later appends
+
+
+def test_packed_upload_splits_back_into_each_array() -> None:
+    arrays = [
+        np.array([3, 1, 4], dtype=np.int64),
+        np.array([[1, 5], [9, 2]], dtype=np.int32),
+        np.zeros(0, dtype=np.int64),
+        np.array([6], dtype=np.int32),
+    ]
+    for tensor, array in zip(upload(arrays, CPU, packed=True), arrays, strict=True):
+        assert tensor.dtype == torch.from_numpy(array).dtype
+        assert tensor.tolist() == array.tolist()

@@ -26,7 +26,9 @@ class ArchOptions:
     qk_norm: bool = False
     """RMSNorm over each head of q and k before rotary (Qwen3)."""
     honours_sliding_window: bool = False
-    """Whether `sliding_window` applies to every layer (Mistral) and so caps the context."""
+    """Whether `sliding_window` applies to every layer (Mistral). The attention kernels have
+    no window, so the context is capped at the window: up to it, windowed attention and
+    full attention are the same, so outputs stay exact."""
 
 
 @dataclass(frozen=True, slots=True)
