@@ -25,6 +25,7 @@ from radixmesh.engine.ports import InProcessCache, InProcessExecutor
 
 if TYPE_CHECKING:  # the executor core imports torch; loading waits for start()
     from services.executor.core.executor import ExecutorCore
+    from services.executor.core.grammar import GrammarService
     from services.executor.core.sequence import MatcherFactory
 from services.cache.core import CacheConfig, CacheCore, PoolStats
 from services.common.errors import InvalidArgument, RadixmeshError, Unavailable
@@ -121,9 +122,23 @@ class RequestStream:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, matcher_factory: MatcherFactory | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        matcher_factory: MatcherFactory | None = None,
+        grammar: GrammarService | None = None,
+    ) -> None:
+        """`grammar`: the constraint compiler of every executor (they share a tokenizer);
+        a constrained request is compiled there before it is queued, and the executors'
+        matcher factory defaults to `grammar.matcher_for`, which then finds it cached.
+        `matcher_factory` alone: constraints compile inside the step. Neither: a
+        constrained request ends with InvalidArgument. The engine does not close `grammar`.
+        """
         self.config = config
+        if matcher_factory is None and grammar is not None:
+            matcher_factory = grammar.matcher_for
         self._matcher_factory = matcher_factory
+        self.grammar = grammar
         self.cache = CacheCore(config.cache)
         self.executors: list[ExecutorCore] = []
         self._scheduler: SchedulerCore | None = None
@@ -149,7 +164,12 @@ class Engine:
         )
         ports = []
         for i, core in enumerate(cores):
-            port = InProcessExecutor(f"executor-{i}", core)
+            port = InProcessExecutor(
+                f"executor-{i}",
+                core,
+                self.grammar,
+                has_grammar=self._matcher_factory is not None,
+            )
             info = port.info
             self.cache.register_pool(info.executor_id, info.model, info.num_pages, info.page_size)
             ports.append(port)

@@ -11,15 +11,18 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import time
 from typing import TYPE_CHECKING
 
 from services.cache.core import CacheCore
-from services.common.errors import Unavailable
+from services.common.errors import InvalidArgument, Unavailable
+from services.common.sampling import Constraint
 from services.common.step import StepPlan, StepResult
 from services.scheduler.core import ExecutorInfo, LeaseGrant
 
 if TYPE_CHECKING:
     from services.executor.core.executor import ExecutorCore
+    from services.executor.core.grammar import GrammarService
 
 
 class InProcessCache:
@@ -64,10 +67,26 @@ def executor_info(executor_id: str, core: ExecutorCore) -> ExecutorInfo:
 
 
 class InProcessExecutor:
-    """ExecutorPort over an ExecutorCore: steps run on one worker thread, in order."""
+    """ExecutorPort over an ExecutorCore: steps run on one worker thread, in order.
 
-    def __init__(self, executor_id: str, core: ExecutorCore) -> None:
+    `grammar` is the service behind the core's matcher factory: constraints are
+    compiled into its cache ahead of scheduling. Without it a constraint is
+    accepted as is when the core has a matcher factory of its own (compiled at
+    step time), and refused when the core has no grammar backend.
+    """
+
+    def __init__(
+        self,
+        executor_id: str,
+        core: ExecutorCore,
+        grammar: GrammarService | None = None,
+        *,
+        has_grammar: bool = False,
+    ) -> None:
+        """`has_grammar`: the core was given a matcher factory (implied by `grammar`)."""
         self.core = core
+        self.grammar = grammar
+        self._has_grammar = has_grammar or grammar is not None
         self._info = executor_info(executor_id, core)
         self._worker = concurrent.futures.ThreadPoolExecutor(1, f"executor-{executor_id}")
         self._pending: collections.deque[asyncio.Future[StepResult]] = collections.deque()
@@ -87,6 +106,17 @@ class InProcessExecutor:
         if not self._pending:
             raise Unavailable(f"executor {self._info.executor_id}: no step in flight")
         return await self._pending.popleft()
+
+    async def prepare_constraint(self, constraint: Constraint) -> float:
+        if self.grammar is None:
+            if self._has_grammar:
+                return 0.0
+            raise InvalidArgument(
+                f"constraint: executor {self._info.executor_id} has no grammar backend"
+            )
+        start = time.monotonic()
+        compiled = await self.grammar.compile(constraint)
+        return min(time.monotonic() - start, compiled.compile_seconds)
 
     async def close(self) -> None:
         self._closed = True

@@ -71,8 +71,21 @@ class SequenceOutput:
     matched_stop_token_id: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """What the executor's GPU reports (NVML); a field is None when the device cannot say."""
+
+    utilization_ratio: float | None = None
+    """Fraction of the last sample period the GPU was busy, [0, 1]."""
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+
+
 @dataclass(slots=True)
 class StepResult:
     step_id: int
     outputs: list[SequenceOutput] = field(default_factory=list)
     step_seconds: float = 0.0
+    health: DeviceHealth | None = None
+    """Set by the executor service at most about once a second; None on CPU and in between."""

@@ -20,6 +20,7 @@ from radixmesh.v1 import executor_pb2, inference_pb2
 from services.common.errors import InvalidArgument
 from services.common.sampling import Constraint, ConstraintKind, SamplingParams
 from services.common.step import (
+    DeviceHealth,
     NewSequence,
     RunningSequence,
     SequenceOutput,
@@ -34,6 +35,8 @@ if TYPE_CHECKING:  # the core imports torch; conversion does not need it
 __all__ = [
     "constraint_from_proto",
     "constraint_to_proto",
+    "health_from_proto",
+    "health_to_proto",
     "info_to_proto",
     "plan_from_proto",
     "plan_to_proto",
@@ -46,6 +49,7 @@ __all__ = [
 DEFAULT_SAMPLING = SamplingParams()
 _REPEATED_SAMPLING_FIELDS = frozenset({"stop", "stop_token_ids"})
 _SAMPLING_DEFAULTS = {f.name: getattr(DEFAULT_SAMPLING, f.name) for f in fields(SamplingParams)}
+_HEALTH_FIELDS = tuple(f.name for f in fields(DeviceHealth))
 
 # oneof field name <-> ConstraintKind (CHOICES and JSON_OBJECT carry no plain string).
 _KIND_BY_FIELD = {
@@ -196,7 +200,21 @@ def result_to_proto(result: StepResult) -> executor_pb2.StepResult:
             add_top = position.top.add
             for token_id, logprob in logprobs.top:
                 add_top(token_id=token_id, logprob=logprob)
+    if result.health is not None:
+        health_to_proto(result.health, msg.health)
     return msg
+
+
+def health_to_proto(health: DeviceHealth, msg: executor_pb2.DeviceHealth) -> None:
+    """Fill `msg` with the fields the device reported (the others stay absent)."""
+    for name in _HEALTH_FIELDS:
+        value = getattr(health, name)
+        if value is not None:
+            setattr(msg, name, value)
+
+
+def health_from_proto(msg: executor_pb2.DeviceHealth) -> DeviceHealth:
+    return DeviceHealth(**{d.name: value for d, value in msg.ListFields()})
 
 
 def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
@@ -221,7 +239,8 @@ def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
                 ),
             )
         )
-    return StepResult(msg.step_id, outputs, msg.step_seconds)
+    health = health_from_proto(msg.health) if msg.HasField("health") else None
+    return StepResult(msg.step_id, outputs, msg.step_seconds, health)
 
 
 # -- info ---------------------------------------------------------------------

@@ -30,8 +30,16 @@ from services.common.config import ServerConfig, add_server_arguments
 from services.common.errors import InvalidArgument, RadixmeshError
 from services.common.interceptor import error_from_rpc_error
 from services.common.logging import configure_logging, get_logger
+from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
 from services.executor.core.config import DTYPES, ExecutorConfig
+from services.executor.health import (
+    DeviceHealthCollector,
+    HealthSampler,
+    NvmlDevice,
+    cuda_uuid,
+    open_nvml_device,
+)
 from services.executor.server import DEFAULT_MAX_INFLIGHT_PLANS, SERVICE_NAME, ExecutorServicer
 
 if TYPE_CHECKING:
@@ -160,9 +168,13 @@ async def serve(args: argparse.Namespace) -> int:
         print(f"executor: {exc}", file=sys.stderr)
         return 2
     runtime = ServiceRuntime(server_config)
+    health = HealthSampler()  # reads the GPU once the model is loaded on one
+    collector = DeviceHealthCollector(health)
+    REGISTRY.register(collector)
     servicer = ExecutorServicer(
         max_inflight_plans=args.max_inflight_plans,
         shutdown_requested=runtime.wait_shutdown_requested,
+        health=health,
     )
     await runtime.start(
         lambda server: executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server),
@@ -176,6 +188,7 @@ async def serve(args: argparse.Namespace) -> int:
         try:
             core = await _load(args, config, servicer, executor_id)
             loaded = True
+            health.attach(await asyncio.to_thread(_open_device, core.info.device))
             await _register(args, executor_id, core.info)
         except Exception as exc:
             print(f"executor: {exc}", file=sys.stderr)
@@ -191,12 +204,18 @@ async def serve(args: argparse.Namespace) -> int:
                 await unregister_pool(args.cache_address, executor_id)
         finally:
             await servicer.close()
+            health.close()
+            REGISTRY.unregister(collector)
 
     startup = asyncio.create_task(start_up())
     await runtime.serve_until_signal(on_shutdown)
     if startup.cancelled():
         return 0
     return startup.result()
+
+
+def _open_device(device: str) -> NvmlDevice | None:
+    return open_nvml_device(device, uuid=cuda_uuid(device))
 
 
 class _StartupError(Exception):

@@ -21,6 +21,7 @@ taking plans, the queued ones finish, and the stream ends UNAVAILABLE.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +33,13 @@ from radixmesh.v1 import executor_pb2, executor_pb2_grpc
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from services.common.logging import get_logger
 from services.common.step import StepPlan
-from services.executor.convert import info_to_proto, plan_from_proto, result_to_proto
+from services.executor.convert import (
+    constraint_from_proto,
+    info_to_proto,
+    plan_from_proto,
+    result_to_proto,
+)
+from services.executor.health import HealthSampler
 from services.executor.metrics import StepMetrics
 
 if TYPE_CHECKING:
@@ -69,14 +76,17 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         max_inflight_plans: int = DEFAULT_MAX_INFLIGHT_PLANS,
         shutdown_requested: Callable[[], Awaitable[None]] | None = None,
         metrics: StepMetrics | None = None,
+        health: HealthSampler | None = None,
     ) -> None:
         """`shutdown_requested`: returns once the service is shutting down
-        (`ServiceRuntime.wait_shutdown_requested`); open streams then wind down."""
+        (`ServiceRuntime.wait_shutdown_requested`); open streams then wind down.
+        `health`: the device's health, attached to a step result about once a second."""
         if max_inflight_plans < 1:
             raise InvalidArgument(f"max_inflight_plans must be >= 1, got {max_inflight_plans}")
         self._max_inflight = max_inflight_plans
         self._shutdown_requested = shutdown_requested
         self._metrics = metrics or StepMetrics.create()
+        self._health = health or HealthSampler()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="executor-step")
         self._core: ExecutorCore | None = None
         self._grammar: GrammarService | None = None
@@ -120,6 +130,27 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self, request: executor_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> executor_pb2.GetInfoResponse:
         return info_to_proto(self._executor_id, self._require_core().info)
+
+    async def PrepareConstraint(
+        self, request: executor_pb2.PrepareConstraintRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.PrepareConstraintResponse:
+        """Compile into the grammar cache on the compile threads (never the step thread).
+
+        compile_seconds: how long this call waited for the compile, at most the
+        compile's own time (about 0 when it was cached).
+        """
+        self._require_core()
+        constraint = constraint_from_proto(request.constraint)
+        if constraint is None:
+            raise InvalidArgument("constraint: must be set")
+        if self._grammar is None:
+            raise InvalidArgument(
+                f"constraint: executor {self._executor_id} has no grammar backend"
+            )
+        start = time.monotonic()
+        compiled = await self._grammar.compile(constraint)
+        waited = min(time.monotonic() - start, compiled.compile_seconds)
+        return executor_pb2.PrepareConstraintResponse(compile_seconds=waited)
 
     async def Step(
         self,
@@ -235,6 +266,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 req_ids.discard(output.req_id)
         stream.num_steps += 1
         self._metrics.record(plan, result, core.num_seqs)
+        result.health = self._health.poll()  # about once a second; None on CPU
         return result_to_proto(result)
 
     def _drop(self, core: ExecutorCore, stream: _Stream) -> int:

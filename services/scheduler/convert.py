@@ -15,7 +15,13 @@ from typing import Any
 from radixmesh.v1 import executor_pb2, inference_pb2, scheduler_pb2
 from services.common.errors import InvalidArgument, RadixmeshError
 from services.common.sampling import Constraint, ConstraintKind, SamplingParams
-from services.common.step import SequenceOutput, StepPlan, StepResult, TokenLogprobs
+from services.common.step import (
+    DeviceHealth,
+    SequenceOutput,
+    StepPlan,
+    StepResult,
+    TokenLogprobs,
+)
 from services.scheduler.core import ExecutorInfo, Priority, RequestUpdate
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -214,7 +220,13 @@ def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
                 ),
             )
         )
-    return StepResult(msg.step_id, outputs, msg.step_seconds)
+    health = health_from_proto(msg.health) if msg.HasField("health") else None
+    return StepResult(msg.step_id, outputs, msg.step_seconds, health)
+
+
+def health_from_proto(msg: executor_pb2.DeviceHealth) -> DeviceHealth:
+    """The fields the executor's device reported; absent ones stay None."""
+    return DeviceHealth(**{d.name: value for d, value in msg.ListFields()})
 
 
 def info_from_proto(msg: executor_pb2.GetInfoResponse) -> ExecutorInfo:

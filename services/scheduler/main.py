@@ -67,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("RADIXMESH_LEASE_HOLDER"),
         help="holder id of this scheduler's leases (default: scheduler-<host>-<pid>)",
     )
+    p.add_argument(
+        "--max-temperature-celsius",
+        type=float,
+        default=d.max_temperature_celsius,
+        help="route around an executor whose GPU is hotter (default %(default)s)",
+    )
+    p.add_argument(
+        "--saturation-queue-len",
+        type=int,
+        default=d.saturation_queue_len,
+        help="waiting requests that make a fully busy GPU saturated (default %(default)s)",
+    )
     p.add_argument("--log-level", default=os.environ.get("RADIXMESH_LOG_LEVEL", "info"))
     return p
 
@@ -80,6 +92,8 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         aging_rate=args.aging_rate,
         priority_preemption_gap=args.priority_preemption_gap or None,
         lease_holder=args.lease_holder or f"scheduler-{socket.gethostname()}-{os.getpid()}",
+        max_temperature_celsius=args.max_temperature_celsius,
+        saturation_queue_len=args.saturation_queue_len,
     )
 
 

@@ -26,6 +26,7 @@ from services.cache.client import (
 )
 from services.common.errors import RadixmeshError, Unavailable
 from services.common.interceptor import error_from_rpc_error
+from services.common.sampling import Constraint
 from services.common.step import StepPlan, StepResult
 from services.common.testing import wait_for_serving
 from services.scheduler import convert
@@ -121,6 +122,18 @@ class RemoteExecutor:
         if msg is grpc.aio.EOF:
             raise Unavailable(f"executor {self.address} ended the Step stream")
         return convert.result_from_proto(msg)
+
+    async def prepare_constraint(self, constraint: Constraint) -> float:
+        """PrepareConstraint: the executor compiles it into its grammar cache (unary call,
+        beside the Step stream). A compile has its own limit on the executor."""
+        request = executor_pb2.PrepareConstraintRequest(
+            constraint=convert.constraint_to_proto(constraint)
+        )
+        try:
+            reply = await self._stub.PrepareConstraint(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc_error(exc) from None
+        return reply.compile_seconds
 
     async def close(self) -> None:
         self._outbox.put_nowait(None)

@@ -29,6 +29,9 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 log = get_logger(__name__)
 
 
+_LOAD_FIELDS = frozenset(scheduler_pb2.ExecutorLoad.DESCRIPTOR.fields_by_name)
+
+
 @dataclass(slots=True)
 class _Stream:
     stream_id: int
@@ -98,7 +101,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         core = self._require_core()
         response = scheduler_pb2.GetLoadResponse()
         for load in core.executor_loads():
-            response.executors.add(**dataclasses.asdict(load))
+            fields = dataclasses.asdict(load)
+            # a request preparing its constraint counts as waiting for the executor
+            fields["num_waiting"] += fields.pop("num_preparing")
+            response.executors.add(**{k: v for k, v in fields.items() if k in _LOAD_FIELDS})
         for priority, count in core.num_waiting().items():
             response.num_waiting[priority.name.lower()] = count
         return response

@@ -66,10 +66,10 @@ def _spawn(module: str, *args: str) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    """(scheduler address, cache address, HF model) with the three processes running."""
+    """(scheduler address, cache address, HF model, scheduler metrics port), processes running."""
     path = tmp_path_factory.mktemp("sched-mesh-model")
     model = _write_model(path)
-    cache, executor, scheduler = free_port(), free_port(), free_port()
+    cache, executor, scheduler, metrics = free_port(), free_port(), free_port(), free_port()
     procs = [_spawn("services.cache.main", "--port", str(cache))]
     procs.append(
         _spawn(
@@ -84,11 +84,12 @@ def mesh(tmp_path_factory):
             "services.scheduler.main",
             *("--port", str(scheduler), "--cache-address", f"127.0.0.1:{cache}"),
             *("--executor", f"127.0.0.1:{executor}", "--max-num-batched-tokens", "128"),
+            *("--metrics-port", str(metrics)),
         )
     )
     try:
         asyncio.run(wait_for_serving(f"127.0.0.1:{scheduler}", timeout=90))
-        yield f"127.0.0.1:{scheduler}", f"127.0.0.1:{cache}", model
+        yield f"127.0.0.1:{scheduler}", f"127.0.0.1:{cache}", model, metrics
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -141,7 +142,7 @@ def _tokens(updates: list[scheduler_pb2.TokenUpdate]) -> list[int]:
 
 
 async def test_a_stream_of_requests_gets_greedy_tokens_one_message_per_step(mesh):
-    address, _, model = mesh
+    address, _, model, _ = mesh
     prompts = {f"r{i}": [10 + i] * (3 + 5 * i) + [40 + i] for i in range(6)}
     async with grpc.aio.insecure_channel(address) as channel:
         client = Client(channel)
@@ -160,18 +161,22 @@ async def test_a_stream_of_requests_gets_greedy_tokens_one_message_per_step(mesh
 
 
 async def test_bad_submits_fail_alone_and_aborts_free_the_lease(mesh):
-    address, cache_address, model = mesh
+    address, cache_address, model, metrics_port = mesh
     async with grpc.aio.insecure_channel(address) as channel:
         client = Client(channel)
         client.submit("bad", [1, VOCAB + 5], 2)
         client.submit("late", [3, 4], 2, deadline_unix_ms=1)
         client.submit("long", [5, 6, 7], 400)
         client.submit("ok", [8, 9], 3)
-        updates = await client.until_finished("bad", "late", "ok")
+        client.submit("constrained", [8, 9], 3, constraint=ipb.Constraint(regex="[ab]+"))
+        updates = await client.until_finished("bad", "late", "ok", "constrained")
         assert updates["bad"][-1].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         assert "vocabulary" in updates["bad"][-1].error_message
         assert updates["late"][-1].error_code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
         assert _tokens(updates["ok"]) == _greedy(model, [8, 9], 3)
+        # refused by the executor's PrepareConstraint (it runs without a grammar backend)
+        assert updates["constrained"][-1].error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "no grammar backend" in updates["constrained"][-1].error_message
         client.abort("long")
         rest = await client.until_finished("long")
         assert rest["long"][-1].finish_reason == "abort"
@@ -187,10 +192,26 @@ async def test_bad_submits_fail_alone_and_aborts_free_the_lease(mesh):
             cache_pb2.GetStatsRequest(executor_id=EXECUTOR_ID)
         )
     assert stats.pools[0].num_leases == 0
+    text = await _scrape(metrics_port)
+    finished = (
+        'radixmesh_scheduler_finished_requests_total{code="INVALID_ARGUMENT",finish_reason="error"}'
+    )
+    assert f"{finished} 1.0" in text  # the constraint; a bad prompt is refused at submit
+    assert 'radixmesh_scheduler_time_to_first_token_seconds_count{priority="interactive"}' in text
+
+
+async def _scrape(port: int) -> str:
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        return await response.text()
 
 
 async def test_the_client_streams_updates_and_aborts_when_left_early(mesh):
-    address, _, model = mesh
+    address, _, model, _ = mesh
     sampling = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     async with SchedulerClient(address) as client:
         updates = [u async for u in client.generate("c1", [20, 21, 22], sampling)]

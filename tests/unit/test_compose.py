@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib
+import io
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,7 @@ import yaml
 
 from gateway.envoy.__main__ import main as render_envoy_main
 from gateway.envoy.process import validate_config
+from services.common.config import ServerConfig
 
 COMPOSE_DIR = Path(__file__).resolve().parents[2] / "compose"
 BASE = COMPOSE_DIR / "docker-compose.yml"
@@ -23,6 +29,8 @@ MODULES = {
     "executor": "services.executor.main",
     "envoy": "gateway.envoy",
 }
+SERVERS = ("gateway", "scheduler", "cache", "executor")
+"""Services on the shared runtime; each main names its ServerConfig after the service."""
 
 
 def compose_binary() -> str:
@@ -76,21 +84,46 @@ def test_services_run_their_modules_with_health_checks():
     assert (args.port, args.http_port, args.metrics_port) == (50051, 8000, 9100)
 
 
-def test_every_command_parses_with_its_main():
-    """Each service's flags are accepted by the argparse of the main it runs."""
-    from services.cache.main import parse_args as cache_args
-    from services.executor.main import build_parser as executor_parser
-    from services.scheduler.main import build_parser as scheduler_parser
+def main_parser(module: str) -> Callable[[list[str]], argparse.Namespace]:
+    """How `python -m <module>` parses its argv: its main's own parser, abbreviations off
+    (a flag must be spelled as the main defines it), or its `parse_args` when it exposes
+    no parser."""
+    main = importlib.import_module(module)
+    if hasattr(main, "__path__"):  # a package runs its __main__
+        main = importlib.import_module(f"{module}.__main__")
+    build_parser = getattr(main, "build_parser", None)
+    if build_parser is None:
+        return main.parse_args
+    parser = build_parser()
+    parser.allow_abbrev = False
+    return parser.parse_args
 
-    services = resolved(BASE)["services"]
-    parse = {
-        "cache": cache_args,
-        "executor": executor_parser().parse_args,
-        "scheduler": scheduler_parser().parse_args,
-    }
-    for name, parse_args in parse.items():
-        args = parse_args(services[name]["command"][3:])
-        assert args.host == "0.0.0.0" and args.metrics_port is not None
+
+@pytest.mark.parametrize("files", [(BASE,), (BASE, CPU)], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("service", sorted(MODULES))
+def test_every_flag_is_one_its_main_accepts(files, service):
+    """Each service's command line parses with the argparse of the main it runs."""
+    command = resolved(*files)["services"][service]["command"]
+    argv = command[3:]
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = main_parser(MODULES[service])(argv)
+    except SystemExit:
+        pytest.fail(f"{service}: {MODULES[service]} refuses {argv}: {stderr.getvalue()}")
+    if service in SERVERS:  # the shared --host/--port/--metrics-port, validated
+        server = ServerConfig.from_args(service, args)
+        assert (server.host, server.metrics_port is not None) == ("0.0.0.0", True)
+
+
+def test_a_flag_no_main_defines_is_caught():
+    parse = main_parser(MODULES["executor"])
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit):
+        parse(["--model=/m", "--scheduler-address=scheduler:50052"])
+    assert "--scheduler-address" in stderr.getvalue()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit):
+        parse(["--model=/m", "--cache=cache:50053"])  # an abbreviation is not the flag
 
 
 def test_executor_reserves_a_gpu_and_the_cpu_variant_does_not():

@@ -6,7 +6,8 @@ the doc in both directions:
   and build each service's request metrics (`ErrorInterceptor(<service name>)`,
   the names read from `ServerConfig.from_args("<name>", ...)` in each main.py);
 - collect every scrape-time `Collector` class of the project over a real core
-  (a new collector class fails `test_every_collector_class_is_instantiated_here`
+  (the GPU health collector over a reader that reports every field; a new
+  collector class fails `test_every_collector_class_is_instantiated_here`
   until it is added to COLLECTOR_FACTORIES);
 - scan the source for `counter(...)`, `gauge(...)` and `histogram(...)` calls
   whose room and name are literals or module constants (metrics created later,
@@ -130,13 +131,27 @@ def _cache_core():
     return core
 
 
+class _ReportingGpu:
+    """A device reader that reports every field (the gauges exist only on such a GPU)."""
+
+    def read(self):
+        from services.common.step import DeviceHealth
+
+        return DeviceHealth(0.5, 1 << 30, 1 << 34, 60.0)
+
+    def close(self) -> None:
+        pass
+
+
 def _collector_factories() -> dict[type, Callable[[], Collector]]:
     from services.cache.server import CacheMetricsCollector
+    from services.executor.health import DeviceHealthCollector, HealthSampler
     from services.scheduler.metrics import SchedulerMetricsCollector
 
     return {
         CacheMetricsCollector: lambda: CacheMetricsCollector(_cache_core()),
         SchedulerMetricsCollector: lambda: SchedulerMetricsCollector(_scheduler_core),
+        DeviceHealthCollector: lambda: DeviceHealthCollector(HealthSampler(_ReportingGpu())),
     }
 
 

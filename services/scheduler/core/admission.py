@@ -32,7 +32,7 @@ def make_room_in_queue(
     """None when there is room; the sheddable request to drop for an interactive one;
     else ResourceExhausted. The caller removes and ends the returned request."""
     executors = list(executors)
-    num_waiting = sum(len(ex.queue) for ex in executors)
+    num_waiting = sum(len(ex.queue) + len(ex.preparing) for ex in executors)
     if num_waiting < max_queue_len:
         return None
     if req.priority is Priority.INTERACTIVE:

@@ -29,6 +29,14 @@ class SchedulerConfig:
     """Holder id of every lease this scheduler takes (heartbeats renew them all)."""
     heartbeat_interval_s: float = 5.0
     """Seconds between lease heartbeats to the cache; well below the lease TTL."""
+    max_temperature_celsius: float = 85.0
+    """Routing passes over an executor whose GPU is hotter than this (see routing.py)."""
+    saturation_utilization_ratio: float = 0.95
+    """GPU utilization at which an executor with a long queue counts as saturated."""
+    saturation_queue_len: int = 8
+    """Waiting requests that make a fully utilized executor saturated."""
+    max_health_age_s: float = 5.0
+    """Device health older than this is not used for routing (the executor went quiet)."""
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -56,6 +64,18 @@ class SchedulerConfig:
         if not (1 <= self.max_steps_in_flight <= 2):
             raise InvalidArgument(
                 f"scheduler.max_steps_in_flight must be 1 or 2, got {self.max_steps_in_flight}"
+            )
+        if not 0.0 < self.saturation_utilization_ratio <= 1.0:
+            raise InvalidArgument(
+                "scheduler.saturation_utilization_ratio must be in (0, 1], "
+                f"got {self.saturation_utilization_ratio}"
+            )
+        for name in ("max_temperature_celsius", "max_health_age_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgument(f"scheduler.{name} must be > 0, got {getattr(self, name)}")
+        if self.saturation_queue_len < 0:
+            raise InvalidArgument(
+                f"scheduler.saturation_queue_len must be >= 0, got {self.saturation_queue_len}"
             )
         if not self.lease_holder:
             raise InvalidArgument("scheduler.lease_holder must not be empty")

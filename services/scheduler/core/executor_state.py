@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from services.common.step import DeviceHealth
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.ports import ExecutorInfo, ExecutorPort
 from services.scheduler.core.queue import WaitQueue
@@ -22,6 +23,8 @@ class ExecutorLoad:
     kv_usage: float
     """Fraction of the executor's pages leased by this scheduler."""
     healthy: bool
+    num_preparing: int = 0
+    """Constrained requests waiting for their grammar before they join the queue."""
 
 
 @dataclass(slots=True)
@@ -31,6 +34,8 @@ class ExecutorState:
     queue: WaitQueue
     running: dict[str, Request] = field(default_factory=dict)
     """Requests holding a lease on this executor, in admission order."""
+    preparing: dict[str, Request] = field(default_factory=dict)
+    """Routed here, their constraint compiling on this executor; queued when it is done."""
     num_in_flight: int = 0
     """Plans submitted and not yet answered."""
     next_step_id: int = 1
@@ -41,12 +46,21 @@ class ExecutorState:
     abort_req_ids: set[str] = field(default_factory=set)
     """Aborts asked for, applied by the executor's loop at its next turn."""
     alive: bool = True
+    health: DeviceHealth | None = None
+    """The device health of the newest step result that carried one (see `note_health`)."""
+    health_time: float = 0.0
+    """Scheduler clock when `health` arrived."""
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when work arrives (submit, abort) so an idle loop plans again."""
 
     @classmethod
     def create(cls, port: ExecutorPort, config: SchedulerConfig) -> ExecutorState:
         return cls(port=port, info=port.info, queue=WaitQueue(config))
+
+    def note_health(self, health: DeviceHealth | None, now: float) -> None:
+        """Keep a step result's device health (results between reports carry none)."""
+        if health is not None:
+            self.health, self.health_time = health, now
 
     @property
     def executor_id(self) -> str:
@@ -69,4 +83,5 @@ class ExecutorState:
             num_waiting=len(self.queue),
             kv_usage=min(1.0, num_leased / max(1, self.info.num_pages)),
             healthy=self.alive,
+            num_preparing=len(self.preparing),
         )

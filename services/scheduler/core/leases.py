@@ -14,6 +14,7 @@ from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.ports import CachePort
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.sharing import InflightPrefixes
+from services.scheduler.core.stats import SchedulerStats
 
 log = structlog.get_logger(__name__)
 
@@ -23,14 +24,13 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class Leases:
-    def __init__(self, cache: CachePort, config: SchedulerConfig) -> None:
+    def __init__(self, cache: CachePort, config: SchedulerConfig, stats: SchedulerStats) -> None:
         self._cache = cache
+        self._stats = stats
         self._holder = config.lease_holder
         self._lookahead = config.page_lookahead
         self.inflight = InflightPrefixes()
         """Prompt pages being computed, for admission to wait on instead of recomputing."""
-        self.num_preemptions = 0
-        """Requests that gave their pages back to resume later (a counter for metrics)."""
 
     async def admit(self, ex: ExecutorState, req: Request) -> bool:
         """Lease pages for every known token (plus lookahead); False when they do not fit.
@@ -85,7 +85,7 @@ class Leases:
         self.forget_on_executor(ex, req)
         ex.queue.push(req)
         req.hold_until_step = ex.next_step_id - 1
-        self.num_preemptions += 1
+        self._stats.num_preemptions += 1
         log.debug("preempted", req_id=req.req_id, num_computed_tokens=num_computed)
 
     async def finish(self, req: Request) -> None:

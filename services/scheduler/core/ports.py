@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.common.sampling import Constraint
 from services.common.step import StepPlan, StepResult
 
 
@@ -67,5 +68,13 @@ class ExecutorPort(Protocol):
 
     async def next_result(self) -> StepResult:
         """The result of the oldest unanswered plan. Raises when the executor is gone."""
+
+    async def prepare_constraint(self, constraint: Constraint) -> float:
+        """Compile the constraint into the executor's grammar cache, so the step that
+        first carries it does not compile; returns the compile's seconds (0: cached).
+
+        Raises InvalidArgument with the compiler's reason, or when the executor has
+        no grammar backend.
+        """
 
     async def close(self) -> None: ...

@@ -18,6 +18,7 @@ from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.preemption import priority_victim
 from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.stats import SchedulerStats
 
 
 async def preempt_for_priority(
@@ -44,7 +45,12 @@ async def preempt_for_priority(
 
 
 async def admit_waiting(
-    ex: ExecutorState, leases: Leases, budget: StepBudget, now: float, max_num_seqs: int
+    ex: ExecutorState,
+    leases: Leases,
+    budget: StepBudget,
+    now: float,
+    max_num_seqs: int,
+    stats: SchedulerStats,
 ) -> list[NewSequence]:
     candidates = _candidates(ex, leases, budget, now, max_num_seqs)
     # every lease of the step is asked for at once: over gRPC they share one round trip
@@ -62,6 +68,7 @@ async def admit_waiting(
         if budget.num_tokens <= 0 or budget.num_seqs <= 0:
             continue  # keeps its lease and goes first next step
         new_seqs.append(_start(ex, budget, req))
+        stats.admitted(req, now)
     return new_seqs
 
 

@@ -54,9 +54,6 @@ class WaitQueue:
         ]
         return max(candidates, key=lambda r: r.arrival_time, default=None)
 
-    def expired(self, now: float) -> list[Request]:
-        return [r for r in self._requests.values() if r.deadline is not None and r.deadline <= now]
-
     def count_by_priority(self) -> dict[Priority, int]:
         counts = dict.fromkeys(Priority, 0)
         for req in self._requests.values():

@@ -19,6 +19,8 @@ class Priority(enum.IntEnum):
 
 
 class RequestStatus(enum.Enum):
+    PREPARING = "preparing"
+    """Its constraint compiles on the executor it is routed to; queued once that is done."""
     WAITING = "waiting"
     """In a queue: new, or preempted and waiting to resume."""
     RUNNING = "running"
@@ -69,6 +71,14 @@ class Request:
     tokens of it they share."""
     reported: bool = False
     """The first update (with prompt and cached token counts) went out."""
+    prepared_on: str | None = None
+    """Executor whose grammar cache holds the constraint (set once preparation succeeded)."""
+    queued_time: float | None = None
+    """Scheduler clock when it first joined a queue (after constraint preparation)."""
+    first_scheduled_time: float | None = None
+    """Scheduler clock of its first admission into a batch (for the queue time metric)."""
+    last_token_time: float | None = None
+    """Scheduler clock of the step result that carried its latest output token."""
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -41,7 +41,8 @@ from services.scheduler.core.request import (
     RequestUpdate,
     StepUpdates,
 )
-from services.scheduler.core.routing import choose_executor, load_tokens
+from services.scheduler.core.routing import choose_executor, executors_in_trouble, load_tokens
+from services.scheduler.core.stats import SchedulerStats
 
 log = structlog.get_logger(__name__)
 
@@ -63,12 +64,16 @@ class SchedulerCore:
         self._cache = cache
         self._sink = sink
         self._clock = clock
-        self._leases = Leases(cache, config)
+        self.stats = SchedulerStats()
+        """Request latencies and counts, read by the metrics collector."""
+        self._leases = Leases(cache, config, self.stats)
         self._executors = {p.info.executor_id: ExecutorState.create(p, config) for p in executors}
         self._requests: dict[str, Request] = {}
         self._batch_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._prepare_tasks: dict[str, asyncio.Task[None]] = {}
+        """Constraint preparations in flight, by req_id."""
         self._stopping = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -90,7 +95,10 @@ class SchedulerCore:
             ex.wake.set()
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
-        tasks = [t for t in (*self._tasks, self._heartbeat_task) if t is not None]
+        preparing = list(self._prepare_tasks.values())
+        for task in preparing:
+            task.cancel()
+        tasks = [t for t in (*self._tasks, self._heartbeat_task, *preparing) if t is not None]
         if self._tasks:
             _, late = await asyncio.wait(self._tasks, timeout=grace_s)
             for task in late:
@@ -125,7 +133,13 @@ class SchedulerCore:
         priority: Priority = Priority.INTERACTIVE,
         deadline: float | None = None,
     ) -> Request:
-        """Queue a request; its updates go to the sink. Raises on bad input or overload."""
+        """Queue a request; its updates go to the sink. Raises on bad input or overload.
+
+        A constrained request first has its constraint prepared (compiled) on the
+        executor routing picks, in a task of its own; it joins that executor's
+        queue once the grammar is cached there, or ends with the compiler's
+        InvalidArgument. The step loops never wait on a compile.
+        """
         if not req_id:
             raise InvalidArgument("req_id must not be empty")
         if req_id in self._requests:
@@ -171,7 +185,14 @@ class SchedulerCore:
     @property
     def num_preemptions(self) -> int:
         """Requests preempted so far (they resume and recompute what the cache lost)."""
-        return self._leases.num_preemptions
+        return self.stats.num_preemptions
+
+    def num_running(self) -> dict[Priority, int]:
+        counts = dict.fromkeys(Priority, 0)
+        for ex in self._executors.values():
+            for req in ex.running.values():
+                counts[req.priority] += 1
+        return counts
 
     def num_waiting(self) -> dict[Priority, int]:
         counts = dict.fromkeys(Priority, 0)
@@ -195,14 +216,50 @@ class SchedulerCore:
         self, req: Request, candidates: list[ExecutorState], matches: dict[str, int]
     ) -> None:
         loads = {
-            ex.executor_id: load_tokens(list(ex.queue), list(ex.running.values()))
+            ex.executor_id: load_tokens(
+                [*ex.queue, *ex.preparing.values()], list(ex.running.values())
+            )
             for ex in candidates
         }
-        ex = self._executors[choose_executor(req.num_tokens, loads, matches)]
+        avoid = executors_in_trouble(candidates, self._clock(), self.config)
+        ex = self._executors[choose_executor(req.num_tokens, loads, matches, avoid)]
         req.executor_id = ex.executor_id
         req.match_tokens = matches.get(ex.executor_id, 0)
+        if req.constraint is not None and req.prepared_on != ex.executor_id:
+            req.status = RequestStatus.PREPARING
+            ex.preparing[req.req_id] = req
+            task = asyncio.create_task(self._prepare(ex, req), name=f"prepare-{req.req_id}")
+            self._prepare_tasks[req.req_id] = task
+        else:
+            self._enqueue(ex, req)
+
+    def _enqueue(self, ex: ExecutorState, req: Request) -> None:
+        if req.queued_time is None:
+            req.queued_time = self._clock()
         ex.queue.push(req)
         ex.wake.set()
+
+    async def _prepare(self, ex: ExecutorState, req: Request) -> None:
+        """Compile req's constraint on its executor, then queue it there (or end it)."""
+        assert req.constraint is not None
+        start = self._clock()
+        err: RadixmeshError | None = None
+        try:
+            await ex.port.prepare_constraint(req.constraint)
+        except RadixmeshError as exc:
+            err = exc
+        except Exception as exc:  # a transport failure the port did not translate
+            err = Unavailable(f"executor {ex.executor_id}: preparing the constraint failed: {exc}")
+        finally:
+            self._prepare_tasks.pop(req.req_id, None)
+        if ex.preparing.pop(req.req_id, None) is None:
+            return  # aborted, expired or moved meanwhile
+        self.stats.constraint_prepare.observe(self._clock() - start)
+        if err is not None:
+            self._deliver([self._end(req, error=err)])
+            return
+        req.prepared_on = ex.executor_id
+        self._enqueue(ex, req)
 
     # -- the step loop ---------------------------------------------------------------------
 
@@ -232,13 +289,14 @@ class SchedulerCore:
                 return
             ex.num_in_flight -= 1
             ex.last_result_step = result.step_id
+            ex.note_health(result.health, self._clock())
             await self._process(ex, result)
 
     async def _idle(self, ex: ExecutorState) -> None:
         """Wait for a submit or abort, or for the next deadline of this executor's requests."""
         deadlines = [
             r.deadline
-            for r in itertools.chain(ex.queue, ex.running.values())
+            for r in itertools.chain(ex.queue, ex.running.values(), ex.preparing.values())
             if r.deadline is not None
         ]
         timeout = max(0.0, min(deadlines) - self._clock()) if deadlines else None
@@ -256,7 +314,9 @@ class SchedulerCore:
                 ex, self._leases, budget, ranked[0], gap, config.max_num_seqs
             )
         running_seqs = await schedule_running(ex, self._leases, budget)
-        new_seqs = await admit_waiting(ex, self._leases, budget, now, config.max_num_seqs)
+        new_seqs = await admit_waiting(
+            ex, self._leases, budget, now, config.max_num_seqs, self.stats
+        )
         if budget.failed:
             updates = []
             for req, err in budget.failed:
@@ -273,6 +333,8 @@ class SchedulerCore:
     async def _process(self, ex: ExecutorState, result: StepResult) -> None:
         updates: list[RequestUpdate] = []
         finished: list[Request] = []
+        now = self._clock()
+        stats = self.stats
         for out in result.outputs:
             req = self._requests.get(out.req_id)
             if req is None or req.executor_id != ex.executor_id:
@@ -283,12 +345,14 @@ class SchedulerCore:
             if out.token_id is not None:
                 req.output_token_ids.append(out.token_id)
                 update.token_ids.append(out.token_id)
+                stats.token(req, now)
                 if out.logprobs is not None:
                     update.logprobs.append(out.logprobs)
             if out.finish_reason is not None:
                 update.finish_reason = out.finish_reason
                 update.matched_stop_token_id = out.matched_stop_token_id
                 finished.append(req)
+                stats.finished(req, now, out.finish_reason, "OK")
             updates.append(update)
         for req in finished:
             req.on_executor = False  # the executor dropped it itself
@@ -319,27 +383,35 @@ class SchedulerCore:
     # -- ends of requests ------------------------------------------------------------------
 
     async def _apply_aborts_and_deadlines(self, ex: ExecutorState) -> None:
-        updates = []
         aborts, ex.abort_req_ids = ex.abort_req_ids, set()
-        for req_id in aborts:
-            req = self._requests.get(req_id)
-            if req is not None and req.executor_id == ex.executor_id:
-                await self._forget(ex, req)
-                updates.append(self._end(req, finish_reason="abort"))
+        aborted = {
+            req_id: req
+            for req_id in aborts
+            if (req := self._requests.get(req_id)) is not None and req.executor_id == ex.executor_id
+        }
         now = self._clock()
-        expired = ex.queue.expired(now) + [
-            r for r in ex.running.values() if r.deadline is not None and r.deadline <= now
+        expired = [
+            r
+            for r in itertools.chain(ex.queue, ex.running.values(), ex.preparing.values())
+            if r.deadline is not None and r.deadline <= now and r.req_id not in aborted
         ]
+        if not (aborted or expired):
+            return
+        # their leases end together: over gRPC the verbs share the Batch stream's round trip
+        await asyncio.gather(*(self._forget(ex, r) for r in (*aborted.values(), *expired)))
+        updates = [self._end(req, finish_reason="abort") for req in aborted.values()]
         for req in expired:
-            await self._forget(ex, req)
-            msg = (
-                f"request {req.req_id} passed its deadline after {len(req.output_token_ids)} tokens"
-            )
+            num_tokens = len(req.output_token_ids)
+            msg = f"request {req.req_id} passed its deadline after {num_tokens} tokens"
             updates.append(self._end(req, error=DeadlineExceeded(msg)))
         self._deliver(updates)
 
     async def _forget(self, ex: ExecutorState, req: Request) -> None:
-        """Take req out of this executor: queue, batch, executor state and lease."""
+        """Take req out of this executor: preparation, queue, batch, executor state, lease."""
+        if ex.preparing.pop(req.req_id, None) is not None:
+            task = self._prepare_tasks.pop(req.req_id, None)
+            if task is not None:
+                task.cancel()  # a compile already running finishes into the grammar cache
         ex.queue.remove(req.req_id)
         ex.running.pop(req.req_id, None)
         self._leases.forget_on_executor(ex, req)
@@ -351,7 +423,7 @@ class SchedulerCore:
         ex.alive = False
         others = [o for o in self._executors.values() if o.alive and o.info.model == ex.info.model]
         updates = []
-        for req in [*ex.running.values(), *ex.queue]:
+        for req in [*ex.running.values(), *ex.queue, *ex.preparing.values()]:
             await self._forget(ex, req)
             req.on_executor = False
             if others and not req.output_token_ids:
@@ -385,6 +457,9 @@ class SchedulerCore:
     ) -> RequestUpdate:
         req.status = RequestStatus.FINISHED
         self._requests.pop(req.req_id, None)
+        self.stats.finished(
+            req, self._clock(), finish_reason, "OK" if error is None else error.code
+        )
         update = self._start_update(req)
         update.finish_reason = finish_reason
         update.error = error

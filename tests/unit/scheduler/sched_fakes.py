@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from radixmesh.engine.ports import InProcessCache
 from services.cache.core import CacheCore
-from services.common.errors import Unavailable
-from services.common.sampling import SamplingParams
+from services.common.errors import InvalidArgument, Unavailable
+from services.common.sampling import Constraint, SamplingParams
 from services.common.step import SequenceOutput, StepPlan, StepResult
 from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore, StepUpdates
 
@@ -144,6 +144,14 @@ class ToyExecutorPort:
         self.num_steps_run = 0
         self.step_done = asyncio.Event()
         self.closed = False
+        self.clock: list[float] | None = None
+        """The rig's manual clock: each step advances it by step_seconds."""
+        self.step_seconds = 0.0
+        self.prepare_gate: asyncio.Event | None = None
+        """When set to an Event, each constraint preparation waits for it."""
+        self.bad_constraints: dict[str, str] = {}
+        """Constraint value -> the compiler's message for it."""
+        self.prepared: list[Constraint] = []
 
     @property
     def info(self) -> ExecutorInfo:
@@ -157,12 +165,22 @@ class ToyExecutorPort:
             await self.gate.wait()
         await asyncio.sleep(0)  # a step takes time: let submit/abort callers in
         plan = self._plans.popleft()
+        if self.clock is not None:
+            self.clock[0] += self.step_seconds
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:
             raise Unavailable("toy executor lost")
         result = self.toy.step(plan)
         self.num_steps_run += 1
         self.step_done.set()
         return result
+
+    async def prepare_constraint(self, constraint: Constraint) -> float:
+        if self.prepare_gate is not None:
+            await self.prepare_gate.wait()
+        if constraint.value in self.bad_constraints:
+            raise InvalidArgument(self.bad_constraints[constraint.value])
+        self.prepared.append(constraint)
+        return 0.0
 
     async def close(self) -> None:
         self.closed = True
@@ -171,7 +189,11 @@ class ToyExecutorPort:
 class Collector:
     """The scheduler's sink: every batch, and per request its tokens and ending."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: list[float] | None = None) -> None:
+        self.clock = clock
+        self.token_times: dict[str, list[float]] = collections.defaultdict(list)
+        """With a clock: per request, the clock at each batch that carried a token of it."""
+        self.finish_times: dict[str, float] = {}
         self.batches: list[StepUpdates] = []
         self.tokens: dict[str, list[int]] = collections.defaultdict(list)
         self.finished: dict[str, object] = {}
@@ -188,6 +210,10 @@ class Collector:
             if u.token_ids and u.req_id not in self.order:
                 self.order.append(u.req_id)
             self.tokens[u.req_id].extend(u.token_ids)
+            if self.clock is not None:
+                self.token_times[u.req_id] += [self.clock[0]] * len(u.token_ids)
+                if u.finished:
+                    self.finish_times[u.req_id] = self.clock[0]
             if u.finished:
                 assert u.req_id not in self.finished, f"{u.req_id} finished twice"
                 self.finished[u.req_id] = u
@@ -257,8 +283,11 @@ def make_rig(
         toy = ToyExecutor(num_pages, page_size, max_model_len)
         toys.append(toy)
         ports.append(ToyExecutorPort(ex_id, toy, model))
-    sink = Collector()
     clock = [0.0]
+    sink = Collector(clock if manual_clock else None)
+    if manual_clock:
+        for port in ports:
+            port.clock = clock
     kwargs = {"clock": lambda: clock[0]} if manual_clock else {}
     scheduler = SchedulerCore(config, InProcessCache(cache), ports, sink, **kwargs)
     return Rig(scheduler, cache, toys, ports, sink, clock)

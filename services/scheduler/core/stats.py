@@ -1,0 +1,113 @@
+"""Request statistics kept by the core as plain numbers; the metrics collector reads them.
+
+Recorded at a request's events (first admission, first token, end) and once
+per step for the step's new tokens, so the hot path pays a few additions and
+one bisect per request per step. Only the event loop writes them and the
+metrics endpoint (served by the same loop) reads them, so there are no locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.scheduler.core.request import Priority, Request
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+"""Upper bounds (seconds) of the queue time, TTFT and end-to-end latency histograms."""
+INTER_TOKEN_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+CACHED_TOKENS_BUCKETS = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+PREPARE_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Histogram:
+    """Counts per bucket (upper bounds inclusive, as Prometheus's `le`) and their sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        """counts[i]: values in (bounds[i-1], bounds[i]]; the last one: above every bound."""
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, values at or below it) per bucket, ending with (inf, count)."""
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+def _by_priority(bounds: Sequence[float]) -> dict[Priority, Histogram]:
+    return {p: Histogram(bounds) for p in Priority}
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    queue_time: dict[Priority, Histogram] = field(
+        default_factory=lambda: _by_priority(LATENCY_BUCKETS_S)
+    )
+    """Seconds from joining the queue (after any constraint preparation) to first admission."""
+    time_to_first_token: dict[Priority, Histogram] = field(
+        default_factory=lambda: _by_priority(LATENCY_BUCKETS_S)
+    )
+    """Seconds from submit to the step result carrying the first output token."""
+    e2e_latency: dict[Priority, Histogram] = field(
+        default_factory=lambda: _by_priority(LATENCY_BUCKETS_S)
+    )
+    """Seconds from submit to the request's last update, whatever its end."""
+    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(INTER_TOKEN_BUCKETS_S))
+    """Seconds between a request's consecutive output tokens."""
+    cached_prompt_tokens: Histogram = field(
+        default_factory=lambda: Histogram(CACHED_TOKENS_BUCKETS)
+    )
+    """Prompt tokens found in the cache at a request's first admission."""
+    constraint_prepare: Histogram = field(default_factory=lambda: Histogram(PREPARE_BUCKETS_S))
+    """Seconds a constrained request waited for its grammar before it was queued."""
+    num_prompt_tokens: int = 0
+    """Prompt tokens of admitted requests (cached ones included)."""
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    num_finished: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(finish_reason, code) -> requests ended: ("stop", "OK"), ("error", "DEADLINE_EXCEEDED")."""
+
+    def admitted(self, req: Request, now: float) -> None:
+        """req joined a batch. The first time: its queue time, prompt and cached tokens."""
+        if req.first_scheduled_time is not None:
+            return
+        req.first_scheduled_time = now
+        queued = req.queued_time if req.queued_time is not None else req.arrival_time
+        self.queue_time[req.priority].observe(now - queued)
+        self.num_prompt_tokens += len(req.prompt_token_ids)
+        self.cached_prompt_tokens.observe(req.num_cached_tokens or 0)
+
+    def token(self, req: Request, now: float) -> None:
+        """req got an output token from the step whose result arrived at `now`."""
+        if req.last_token_time is None:
+            self.time_to_first_token[req.priority].observe(now - req.arrival_time)
+        else:
+            self.inter_token_latency.observe(now - req.last_token_time)
+        req.last_token_time = now
+        self.num_generation_tokens += 1
+
+    def finished(self, req: Request, now: float, finish_reason: str | None, code: str) -> None:
+        self.e2e_latency[req.priority].observe(now - req.arrival_time)
+        self.num_finished[(finish_reason or "error", code)] += 1
