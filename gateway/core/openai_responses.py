@@ -18,6 +18,15 @@ from services.common.errors import RadixmeshError
 
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 
+OPENAI_CONSTRAINT_PARAMS = {
+    "constraint.json_schema": "response_format.json_schema.schema",
+    "constraint.json_object": "response_format",
+    "constraint.regex": "regex",
+    "constraint.ebnf": "ebnf",
+    "constraint.choices": "choices",
+}
+"""The executor's constraint fields (in its compile errors) -> the OpenAI body's fields."""
+
 MIN_LOGPROB = -9999.0
 """-inf (a token the sampler could not pick) is reported as this, as OpenAI does; JSON has no inf."""
 
@@ -270,12 +279,15 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if not isinstance(exc, RadixmeshError):
         return 500, error_body("internal error", "server_error", code="internal_error")
     status, error_type = HTTP_STATUS.get(exc.code, (500, "server_error"))
-    param = getattr(exc, "param", None)
+    param, message = getattr(exc, "param", None), str(exc)
     if param is None and status < 500:
         # Cores start messages with the field they blame: "messages[0].role: ...".
-        match = _LEADING_FIELD.match(str(exc))
+        match = _LEADING_FIELD.match(message)
         param = match[1] if match else None
-    return status, error_body(str(exc), error_type, param, exc.code.lower())
+        if param in OPENAI_CONSTRAINT_PARAMS:  # named as the client's body spells it
+            param = OPENAI_CONSTRAINT_PARAMS[param]
+            message = f"{param}: {message[match.end() :]}"
+    return status, error_body(message, error_type, param, exc.code.lower())
 
 
 def sse(obj: dict[str, Any]) -> bytes:
