@@ -19,7 +19,7 @@ import grpc
 
 from gateway.core.auth import Admission
 from gateway.core.memory import GatewayMemory
-from gateway.core.models import ModelRegistry
+from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import PreparedRequest
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig, RedisRateLimiter
 from gateway.core.tokenizer import Tokenizer
@@ -34,6 +34,11 @@ from services.common.server import ServiceRuntime, run_service
 from services.common.testing import wait_for_serving
 
 log = get_logger(__name__)
+
+EXECUTOR_COUNTS_TTL_S = 1.0
+"""ListModels asks the scheduler for its executors at most this often."""
+REDIS_TIMEOUT_S = 1.0
+"""Longest wait for one rate-limit call to Redis."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,10 +87,25 @@ def _admission(args: argparse.Namespace) -> tuple[Admission, Any]:
     )
     if not args.redis_url:
         return Admission(api_keys, LocalRateLimiter(config)), None
-    import redis.asyncio as aioredis
-
-    client = aioredis.from_url(args.redis_url)
+    client = rate_limit_redis(args.redis_url)
     return Admission(api_keys, RedisRateLimiter(client, config)), client
+
+
+def rate_limit_redis(url: str, timeout_s: float = REDIS_TIMEOUT_S) -> Any:
+    """A `redis.asyncio.Redis` for the rate-limit buckets: each call waits at most timeout_s
+    and is retried once, at once (a connection Redis dropped is reopened), so a Redis that
+    is down answers UNAVAILABLE within about two timeouts instead of hanging requests."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return aioredis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1),
+        retry_on_timeout=False,
+    )
 
 
 def _memory(args: argparse.Namespace, models: ModelRegistry) -> tuple[GatewayMemory, Any]:
@@ -115,7 +135,8 @@ async def serve(args: argparse.Namespace) -> int:
     upstream = SchedulerUpstream(channel)
     admission, redis_client = _admission(args)
     memory, cache_client = _memory(args, models)
-    servicer = InferenceServicer(models, upstream, admission, memory)
+    counts = ExecutorCounts(upstream.executors_per_model, ttl_s=EXECUTOR_COUNTS_TTL_S)
+    servicer = InferenceServicer(models, upstream, admission, memory, counts)
     await runtime.start(
         lambda server: inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server),
         ["radixmesh.v1.Inference"],

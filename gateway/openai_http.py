@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.core import openai_responses as resp
-from gateway.core.auth import Admission
+from gateway.core.auth import Admission, client_address
 from gateway.core.generate import ChoiceEvent, Upstream, collect, total_usage
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
@@ -87,7 +87,9 @@ class OpenAIHttpServer:
         return web.json_response(resp.model_list([model_id], self._created)["data"][0])
 
     async def _admit(self, request: web.Request) -> None:
-        await self._admission.admit(request.headers.get("Authorization", ""), str(request.remote))
+        forwarded = ",".join(request.headers.getall("X-Forwarded-For", ()))
+        client = client_address(forwarded, request.remote or "")
+        await self._admission.admit(request.headers.get("Authorization", ""), client)
 
     async def _health(self, request: web.Request) -> web.Response:
         return (

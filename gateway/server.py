@@ -1,8 +1,10 @@
 """The public gRPC API (`radixmesh.v1.Inference`): convert, call the core, convert.
 
 Errors are core exceptions; the runtime's ErrorInterceptor maps them to status
-codes. A client that cancels its Generate call closes the event stream, which
-aborts its choices at the scheduler.
+codes. Every call, ListModels included, passes admission (API key, rate limit);
+a keyless caller is limited by the client address Envoy forwards in
+`x-forwarded-for` (see `gateway.core.auth`). A client that cancels its Generate
+call closes the event stream, which aborts its choices at the scheduler.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 from gateway import convert
-from gateway.core.auth import Admission
+from gateway.core.auth import Admission, client_address
 from gateway.core.generate import Upstream
 from gateway.core.memory import GatewayMemory
-from gateway.core.models import ModelRegistry
+from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import prepare_request
 from gateway.core.request import ChatMessage
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
@@ -30,15 +32,26 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         upstream: Upstream,
         admission: Admission = Admission(),
         memory: GatewayMemory | None = None,
+        executor_counts: ExecutorCounts | None = None,
     ) -> None:
+        """executor_counts: fills ListModels' num_executors (None: reported as 0)."""
         self._models = models
+        self._executor_counts = executor_counts
         self._upstream = upstream
         self._admission = admission
         self._memory = memory or GatewayMemory()
 
     async def _admit(self, context) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        await self._admission.admit(str(metadata.get("authorization", "")), context.peer())
+        metadata = context.invocation_metadata() or ()
+        authorization = ""
+        forwarded: list[str] = []
+        for key, value in metadata:
+            if key == "authorization":
+                authorization = str(value)
+            elif key == "x-forwarded-for":
+                forwarded.append(str(value))
+        client = client_address(",".join(forwarded), context.peer() or "")
+        await self._admission.admit(authorization, client)
 
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context
@@ -83,11 +96,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def ListModels(
         self, request: inference_pb2.ListModelsRequest, context
     ) -> inference_pb2.ListModelsResponse:
+        await self._admit(context)
+        counts = await self._executor_counts.get() if self._executor_counts else {}
         cards = []
         for model_id in self._models.ids:
             _, tokenizer = self._models.resolve(model_id)
             cards.append(
-                inference_pb2.ModelCard(id=model_id, max_model_len=tokenizer.max_model_len)
+                inference_pb2.ModelCard(
+                    id=model_id,
+                    max_model_len=tokenizer.max_model_len,
+                    num_executors=counts.get(model_id, 0),
+                )
             )
         return inference_pb2.ListModelsResponse(models=cards)
 

@@ -75,6 +75,13 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.submits = []
         self.aborts = asyncio.Queue()
         self.num_streams = 0
+        self.executors = [scheduler_pb2.ExecutorLoad(executor_id="e0", model="tiny", healthy=True)]
+        """What GetLoad reports; tests may change it."""
+        self.num_get_load = 0
+
+    async def GetLoad(self, request, context):
+        self.num_get_load += 1
+        return scheduler_pb2.GetLoadResponse(executors=self.executors)
 
     async def Stream(self, request_iterator, context):
         self.num_streams += 1

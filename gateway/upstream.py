@@ -95,6 +95,15 @@ class SchedulerUpstream:
         if stream is not None:
             stream.outbox.put_nowait(convert.abort_to_proto(req_id))
 
+    async def executors_per_model(self, timeout_s: float = 1.0) -> dict[str, int]:
+        """Healthy executors per model, from the scheduler's GetLoad."""
+        load = await self._stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=timeout_s)
+        counts: dict[str, int] = {}
+        for executor in load.executors:
+            if executor.healthy:
+                counts[executor.model] = counts.get(executor.model, 0) + 1
+        return counts
+
     async def close(self) -> None:
         """End the stream (the scheduler aborts what is still running on it)."""
         stream, self._stream = self._stream, None

@@ -59,6 +59,9 @@ class MeshConfig:
     """Serve repeated deterministic requests from the cache service's result cache."""
     num_pages: int | None = None
     """KV pages per executor; None lets the executor size its pool."""
+    kv_memory_fraction: float | None = None
+    """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
+    None keeps the executor's default."""
     start_timeout_s: float = 600.0
     """Longest wait for one service to report SERVING (an executor loads its model)."""
     stop_timeout_s: float = 15.0
@@ -83,6 +86,9 @@ class MeshConfig:
             raise InvalidArgument(f"redis_url: must start with redis://, got {self.redis_url!r}")
         if self.num_pages is not None and self.num_pages < 1:
             raise InvalidArgument(f"num_pages: must be >= 1, got {self.num_pages}")
+        fraction = self.kv_memory_fraction
+        if fraction is not None and not 0.0 < fraction <= 1.0:
+            raise InvalidArgument(f"kv_memory_fraction: must be in (0, 1], got {fraction}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +168,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *("--model", str(config.model_dir), "--device", executor_device(config.device, i)),
             *("--cache-address", _address(ports.cache), "--executor-id", f"exec-{i}"),
             *(("--num-pages", str(config.num_pages)) if config.num_pages else ()),
+            *_kv_fraction_args(config.kv_memory_fraction),
         )
         executors.append(
             ServiceSpec(
@@ -209,6 +216,10 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
         extra={"http": _address(ports.gateway_http)},
     )
     return [[cache], executors, [scheduler], [gateway]]
+
+
+def _kv_fraction_args(fraction: float | None) -> tuple[str, ...]:
+    return () if fraction is None else ("--kv-memory-fraction", repr(fraction))
 
 
 def child_env() -> dict[str, str]:

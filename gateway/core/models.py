@@ -1,11 +1,19 @@
-"""The models a gateway serves: model id -> Tokenizer, and which one an empty name selects."""
+"""The models a gateway serves: model id -> Tokenizer, and which one an empty name selects;
+and how many executors serve each (`ExecutorCounts`, for ListModels)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.core.tokenizer import Tokenizer
 from services.common.errors import InvalidArgument, NotFound
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
+Clock = Callable[[], float]
 
 
 class ModelRegistry:
@@ -30,3 +38,39 @@ class ModelRegistry:
         if tokenizer is None:
             raise NotFound(f"model: {model_id!r} is not served here; see the model list")
         return model_id, tokenizer
+
+
+ExecutorCountsFetch = Callable[[], Awaitable[Mapping[str, int]]]
+
+
+class ExecutorCounts:
+    """Healthy executors per model as the scheduler reports them, fetched at most once per
+    `ttl_s` however many callers ask (ListModels is cheap to call in a loop).
+
+    A failed fetch is logged and reads as no executors until the next fetch.
+    """
+
+    def __init__(
+        self, fetch: ExecutorCountsFetch, ttl_s: float = 1.0, clock: Clock = time.monotonic
+    ) -> None:
+        if not (math.isfinite(ttl_s) and ttl_s >= 0):
+            raise InvalidArgument(f"executor_counts.ttl_s must be >= 0, got {ttl_s}")
+        self._fetch = fetch
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._counts: Mapping[str, int] = {}
+        self._fetched_at: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Mapping[str, int]:
+        """Model id -> number of healthy executors serving it (absent: none)."""
+        async with self._lock:
+            now = self._clock()
+            if self._fetched_at is None or now - self._fetched_at >= self._ttl_s:
+                try:
+                    self._counts = dict(await self._fetch())
+                except Exception as exc:
+                    log.warning("executor_counts_failed", error=str(exc))
+                    self._counts = {}
+                self._fetched_at = self._clock()
+            return self._counts

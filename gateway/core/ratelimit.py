@@ -9,7 +9,10 @@ the wait before a retry can succeed.
 The Redis limiter runs one Lua script per request: read the bucket, refill
 it for the time passed, take the cost, write it back, all atomically, so
 concurrent replicas never hand out more than the bucket holds. Keys expire
-once a bucket would be full again, so idle keys cost no memory.
+once a bucket would be full again, so idle keys cost no memory. When Redis
+cannot be reached (refused, reset, timed out) the limiter raises `Unavailable`:
+it fails closed, never letting requests through unlimited, and a client may
+retry once Redis is back.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.common.errors import InvalidArgument, ResourceExhausted
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 
 Clock = Callable[[], float]
 
@@ -161,5 +167,8 @@ class RedisRateLimiter:
             repr(self._clock()),
             repr(cost),
         ]
-        allowed, remaining, retry = await self._script(keys=[self.redis_key(key)], args=args)
+        try:
+            allowed, remaining, retry = await self._script(keys=[self.redis_key(key)], args=args)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise Unavailable(f"rate limiter: Redis is unreachable ({exc}); retry later") from exc
         return RateDecision(bool(allowed), float(remaining), float(retry))

@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--result-cache", action="store_true", help="cache results of deterministic requests"
     )
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages per executor")
+    parser.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        default=None,
+        help="on CUDA without --num-pages: share of free GPU memory for each executor's KV pool",
+    )
     parser.add_argument("--log-dir", default=None, help="service logs (default: a temp folder)")
     parser.add_argument(
         "--start-timeout-s", type=float, default=600.0, help="per service start limit"
@@ -80,6 +86,7 @@ def _config(args: argparse.Namespace):
         rate_limit_burst=args.rate_limit_burst,
         result_cache=args.result_cache,
         num_pages=args.num_pages,
+        kv_memory_fraction=args.kv_memory_fraction,
         start_timeout_s=args.start_timeout_s,
     )
 

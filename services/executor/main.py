@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import socket
 import sys
@@ -88,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="plans read ahead of the results sent (default %(default)s)",
     )
     parser.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        default=_config_default("kv_memory_fraction"),
+        help="on CUDA without --num-pages: share of the memory free after the weights and "
+        "the activation reserve given to the KV pool, in (0, 1] (default %(default)s)",
+    )
+    parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="run decode steps eagerly on CUDA instead of replaying captured graphs",
+    )
+    parser.add_argument(
         "--no-grammar", action="store_true", help="refuse constraints (no tokenizer needed)"
     )
     parser.add_argument("--log-level", default="info")
@@ -102,11 +115,17 @@ def executor_config(args: argparse.Namespace) -> ExecutorConfig:
         dtype=args.dtype,
         page_size=args.page_size,
         num_pages=args.num_pages,
+        kv_memory_fraction=args.kv_memory_fraction,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         seed=args.seed,
+        cuda_graphs=not args.no_cuda_graphs,
     )
+
+
+def _config_default(name: str):
+    return next(f.default for f in dataclasses.fields(ExecutorConfig) if f.name == name)
 
 
 def load(config: ExecutorConfig, with_grammar: bool):

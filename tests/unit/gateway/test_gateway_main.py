@@ -46,7 +46,10 @@ async def test_gateway_process_serves_and_stops_on_sigterm(fake_scheduler, model
             models = await stub.ListModels(
                 inference_pb2.ListModelsRequest(), metadata=[("authorization", "Bearer sk-1")]
             )
-            assert [m.id for m in models.models] == ["tiny"]
+            assert [(m.id, m.num_executors) for m in models.models] == [("tiny", 1)]
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ListModels(inference_pb2.ListModelsRequest())
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:

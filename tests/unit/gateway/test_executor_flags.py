@@ -1,0 +1,69 @@
+"""The executor's --kv-memory-fraction and --no-cuda-graphs flags, and `radixmesh serve
+--kv-memory-fraction` reaching every executor's command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from radixmesh.commands import serve as serve_command
+from radixmesh.mesh import MeshConfig, MeshPorts, plan_stages
+from services.common.errors import InvalidArgument
+from services.executor.core.config import ExecutorConfig
+from services.executor.main import build_parser, executor_config
+
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(ExecutorConfig)}
+
+
+def executor_args(*flags: str) -> argparse.Namespace:
+    return build_parser().parse_args(["--model", "/models/m", *flags])
+
+
+def test_flags_reach_the_executor_config():
+    config = executor_config(executor_args("--kv-memory-fraction", "0.5", "--no-cuda-graphs"))
+    assert (config.kv_memory_fraction, config.cuda_graphs) == (0.5, False)
+
+
+def test_without_the_flags_the_config_keeps_its_defaults():
+    config = executor_config(executor_args())
+    assert config.kv_memory_fraction == DEFAULTS["kv_memory_fraction"]
+    assert config.cuda_graphs is DEFAULTS["cuda_graphs"] is True
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.2"])
+def test_a_fraction_out_of_range_names_the_field(value):
+    with pytest.raises(InvalidArgument, match=r"executor\.kv_memory_fraction"):
+        executor_config(executor_args("--kv-memory-fraction", value))
+
+
+def serve_config(tmp_path, *flags: str) -> MeshConfig:
+    (tmp_path / "config.json").write_text("{}")
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tmp_path), "--log-dir", str(tmp_path), *flags])
+    return serve_command._config(args)
+
+
+def executor_fractions(config: MeshConfig) -> list[float]:
+    stages = plan_stages(config, MeshPorts.pick(config.num_executors))
+    executors = [s for stage in stages for s in stage if s.name.startswith("executor-")]
+    return [executor_config(build_parser().parse_args(s.argv[3:])).kv_memory_fraction
+            for s in executors]  # fmt: skip
+
+
+def test_serve_passes_the_fraction_to_every_executor(tmp_path):
+    config = serve_config(tmp_path, "--kv-memory-fraction", "0.6", "--executors", "2")
+    assert config.kv_memory_fraction == 0.6
+    assert executor_fractions(config) == [0.6, 0.6]
+
+
+def test_serve_without_the_flag_leaves_the_executor_default(tmp_path):
+    config = serve_config(tmp_path)
+    assert executor_fractions(config) == [DEFAULTS["kv_memory_fraction"]]
+
+
+def test_serve_refuses_a_fraction_out_of_range(tmp_path):
+    with pytest.raises(InvalidArgument, match="kv_memory_fraction"):
+        serve_config(tmp_path, "--kv-memory-fraction", "2")
