@@ -32,8 +32,11 @@ from services.common.server import ServiceRuntime, run_service
 log = get_logger(__name__)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m services.cache.main", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    """The process's flags; abbreviations off, so a flag is spelled as defined here."""
+    parser = argparse.ArgumentParser(
+        prog="python -m services.cache.main", description=__doc__, allow_abbrev=False
+    )
     add_server_arguments(parser)
     parser.add_argument(
         "--redis-url",
@@ -46,7 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--result-ttl", type=float, default=600.0, help="result cache TTL seconds")
     parser.add_argument("--session-ttl", type=float, default=3600.0, help="session TTL seconds")
     parser.add_argument("--log-level", default=os.environ.get("RADIXMESH_LOG_LEVEL", "info"))
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses `argv` (default: sys.argv[1:]) with `build_parser()`."""
+    return build_parser().parse_args(argv)
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,16 +85,12 @@ def test_services_run_their_modules_with_health_checks():
 
 
 def main_parser(module: str) -> Callable[[list[str]], argparse.Namespace]:
-    """How `python -m <module>` parses its argv: its main's own parser, abbreviations off
-    (a flag must be spelled as the main defines it), or its `parse_args` when it exposes
-    no parser."""
+    """How `python -m <module>` parses its argv: its main's own `build_parser()` (every
+    main exposes one), abbreviations off (a flag must be spelled as the main defines it)."""
     main = importlib.import_module(module)
     if hasattr(main, "__path__"):  # a package runs its __main__
         main = importlib.import_module(f"{module}.__main__")
-    build_parser = getattr(main, "build_parser", None)
-    if build_parser is None:
-        return main.parse_args
-    parser = build_parser()
+    parser = main.build_parser()
     parser.allow_abbrev = False
     return parser.parse_args
 
@@ -124,6 +120,19 @@ def test_a_flag_no_main_defines_is_caught():
     assert "--scheduler-address" in stderr.getvalue()
     with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit):
         parse(["--model=/m", "--cache=cache:50053"])  # an abbreviation is not the flag
+
+
+def test_cache_flags_parse_with_its_own_parser_which_refuses_abbreviations():
+    from services.cache.main import build_parser, parse_args
+
+    argv = resolved(BASE)["services"]["cache"]["command"][3:]
+    args = build_parser().parse_args(argv)
+    assert args.redis_url == "redis://redis:6379/0"
+    assert vars(parse_args(argv)) == vars(args)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit):
+        parse_args(["--lease=5"])  # would be --lease-ttl if abbreviations were on
+    assert "--lease=5" in stderr.getvalue()
 
 
 def test_executor_reserves_a_gpu_and_the_cpu_variant_does_not():

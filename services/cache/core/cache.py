@@ -9,19 +9,22 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
+from array import array
 from collections.abc import Callable, Sequence
 
 from services.cache.core.config import CacheConfig
 from services.cache.core.eviction import EVICTION_POLICIES
 from services.cache.core.pool import LeaseState, Pool
+from services.cache.core.radix import pack_tokens
 from services.cache.core.types import CommitResult, Lease, PoolStats
 from services.common.errors import InvalidArgument, NotFound
 
 Clock = Callable[[], float]
 
 
-def _as_list(tokens: Sequence[int]) -> list[int]:
-    return tokens if type(tokens) is list else list(tokens)
+def _as_tokens(tokens: Sequence[int]) -> Sequence[int]:
+    """A list or an array as it is (both slice cheaply); any other sequence as a list."""
+    return tokens if type(tokens) in (list, array) else list(tokens)
 
 
 class CacheCore:
@@ -30,6 +33,9 @@ class CacheCore:
     Leases expire per holder: a holder's TTL (`lease_ttl_s`) restarts with each of its
     heartbeats, acquires and extends; `expire()` releases every lease of a holder whose
     TTL ran out. Read-only verbs never touch access times, locks or pages.
+
+    Token ids are ints in int64 (ids in [0, 2**32) are packed fastest), given as a list,
+    an array (used as is) or any other sequence (copied into a list).
     """
 
     def __init__(self, config: CacheConfig | None = None, clock: Clock = time.monotonic) -> None:
@@ -86,7 +92,7 @@ class CacheCore:
     def match(self, tokens: Sequence[int], model: str | None = None) -> dict[str, int]:
         """Read-only on pools and trees: cached prefix length of `tokens` on each pool
         (of `model`, if given). Counts one prefix query per pool looked at in the stats."""
-        tokens = _as_list(tokens)
+        tokens = _as_tokens(tokens)
         return {
             executor_id: pool.lookup(tokens).num_tokens
             for executor_id, pool in self._pools.items()
@@ -114,7 +120,7 @@ class CacheCore:
         pool = self._pool(executor_id)
         if not holder:
             raise InvalidArgument("holder must not be empty")
-        tokens = _as_list(tokens)
+        tokens = _as_tokens(tokens)
         if num_tokens < max(1, len(tokens)):
             raise InvalidArgument(
                 f"num_tokens must be >= max(1, len(token_ids)={len(tokens)}), got {num_tokens}"
@@ -164,7 +170,7 @@ class CacheCore:
         state = self._lease(lease_id)
         pool = state.pool
         ps = pool.page_size
-        tokens = _as_list(tokens)
+        tokens = _as_tokens(tokens)
         if len(tokens) < state.num_cached_tokens:
             raise InvalidArgument(
                 f"token_ids ({len(tokens)}) must cover the lease's cached prefix ({state.num_cached_tokens} tokens)"
@@ -174,19 +180,16 @@ class CacheCore:
                 f"token_ids ({len(tokens)}) exceed the lease's {len(state.page_ids)} pages of {ps} tokens"
             )
         cached = state.num_cached_tokens
-        if cached and tokens[cached - ps : cached] != state.node.tokens[-ps:]:
+        if cached and pack_tokens(tokens[cached - ps : cached]) != state.node.tokens[-ps:]:
             # A cheap guard (one page, not the whole prefix) against a caller mix-up.
             raise InvalidArgument("token_ids do not start with the lease's cached prefix")
         num_full_pages = len(tokens) // ps
+        # Packed before anything changes: a bad token id raises with no state changed.
+        new_tokens = pack_tokens(tokens[cached : num_full_pages * ps])
         first = state.num_prefix_pages
         own_pages = state.page_ids[first:]
         inserted = pool.tree.insert(
-            state.node,
-            tokens,
-            first * ps,
-            num_full_pages * ps,
-            own_pages[: num_full_pages - first],
-            self._clock(),
+            state.node, new_tokens, own_pages[: num_full_pages - first], self._clock()
         )
         to_free = inserted.duplicate_page_ids + own_pages[num_full_pages - first :]
         pool.allocator.free(to_free)

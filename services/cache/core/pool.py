@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.cache.core.allocator import PageAllocator
@@ -63,7 +64,7 @@ class Pool:
     def same_geometry(self, model: str, num_pages: int, page_size: int) -> bool:
         return (self.model, self.num_pages, self.page_size) == (model, num_pages, page_size)
 
-    def lookup(self, tokens: list[int]) -> TreeMatch:
+    def lookup(self, tokens: Sequence[int]) -> TreeMatch:
         """Read-only on the tree; counts one prefix query in the stats."""
         match = self.tree.walk(tokens)
         self.count_query(len(tokens), match.num_tokens)

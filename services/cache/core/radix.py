@@ -2,8 +2,14 @@
 
 Every node holds whole pages: `tokens` is a multiple of `page_size` long and `page_ids`
 has one id per page of it. Children are keyed by the tuple of their first page's tokens,
-so walking costs one dict lookup per node plus one list comparison per edge (C speed),
-never a Python loop over tokens. Match lengths are multiples of `page_size`.
+so walking costs one dict lookup per node plus one comparison per edge (C speed), never a
+Python loop over tokens. Match lengths are multiples of `page_size`.
+
+Edges keep their tokens packed (`array`, 4 bytes a token id when ids are in [0, 2**32)),
+not as lists of int objects: comparing a request with an edge packs the request's tokens
+once and compares machine words, and evicting an edge frees one buffer instead of one int
+object per token. Arrays of different type codes compare by value, so the rare edge
+packed as int64 (a negative id) still matches correctly.
 
 A node's `lock_count` is the number of leases holding it (a lease locks its whole path
 to the root), so an unlocked node has only unlocked descendants. Only unlocked leaves
@@ -13,9 +19,31 @@ incrementally.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.cache.core.eviction import EvictionPolicy
+from services.common.errors import InvalidArgument
+
+
+def pack_tokens(tokens: Sequence[int]) -> array:
+    """Read-only: `tokens` (a list or an array) packed as uint32, or as int64 when an id
+    does not fit. InvalidArgument names `token_ids` when an id is not an integer in int64."""
+    try:
+        if type(tokens) is not list:
+            return array("I", tokens)  # a copy without conversion from a uint32 array
+        packed = array("I")
+        packed.fromlist(tokens)  # a quarter faster than array("I", tokens) on a list
+        return packed
+    except OverflowError:
+        pass  # a negative id or one >= 2**32: the slower signed 64-bit packing
+    except TypeError as exc:
+        raise InvalidArgument(f"token_ids must be integers: {exc}") from None
+    try:
+        return array("q", tokens)
+    except (OverflowError, TypeError):
+        raise InvalidArgument("token_ids must be integers in [-2**63, 2**63)") from None
 
 
 @dataclass(slots=True, eq=False)
@@ -24,7 +52,8 @@ class RadixNode:
     """None for the root and for a node that was evicted (detached)."""
     key: tuple[int, ...]
     """The first page's tokens: this node's key in `parent.children`."""
-    tokens: list[int]
+    tokens: array
+    """Packed token ids (see `pack_tokens`), whole pages."""
     page_ids: list[int]
     last_access: float
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
@@ -60,15 +89,16 @@ class RadixTree:
     def __init__(self, page_size: int, policy: EvictionPolicy, now: float = 0.0) -> None:
         self.page_size = page_size
         self.policy = policy
-        self.root = RadixNode(parent=None, key=(), tokens=[], page_ids=[], last_access=now)
+        self.root = RadixNode(parent=None, key=(), tokens=array("I"), page_ids=[], last_access=now)
         self.num_cached_pages = 0
         self.num_locked_pages = 0
         self.num_nodes = 0
 
     # ---- read-only ----
 
-    def walk(self, tokens: list[int]) -> TreeMatch:
-        """Read-only: the longest cached prefix of `tokens` (full pages only)."""
+    def walk(self, tokens: Sequence[int]) -> TreeMatch:
+        """Read-only: the longest cached prefix of `tokens` (a list or an array; full
+        pages only). Packs only the tokens it compares with an edge."""
         ps = self.page_size
         end = len(tokens) // ps * ps
         node = self.root
@@ -78,12 +108,13 @@ class RadixTree:
             if child is None:
                 break
             edge = child.tokens
-            edge_end = pos + len(edge)
-            if edge_end <= end and tokens[pos:edge_end] == edge:
+            num_tokens = min(len(edge), end - pos)
+            packed = pack_tokens(tokens[pos : pos + num_tokens])
+            if num_tokens == len(edge) and packed == edge:
                 node = child
-                pos = edge_end
+                pos += num_tokens
                 continue
-            num_pages = _num_equal_pages(tokens, pos, edge, min(len(edge), end - pos) // ps, ps)
+            num_pages = _num_equal_pages(packed, 0, edge, num_tokens // ps, ps)
             return TreeMatch(node, pos + num_pages * ps, child, num_pages)
         return TreeMatch(node, pos)
 
@@ -151,28 +182,25 @@ class RadixTree:
             node = node.parent
 
     def insert(
-        self,
-        node: RadixNode,
-        tokens: list[int],
-        start: int,
-        end: int,
-        page_ids: list[int],
-        now: float,
+        self, node: RadixNode, tokens: array, page_ids: list[int], now: float
     ) -> InsertResult:
-        """Changes state: inserts `tokens[start:end]` (full pages) below `node`, which ends
-        at `start`; `page_ids` are their pages, one per page of tokens.
+        """Changes state: inserts packed `tokens` (full pages, from `pack_tokens`) below
+        `node`, where they continue its path; `page_ids` are their pages, one per page.
+        The tree may keep `tokens` itself as a new leaf's edge: the caller hands it over.
 
         Pages whose tokens are already in the tree are not inserted; they come back in
         `duplicate_page_ids` for the caller to free. The walked path is touched.
         """
         ps = self.page_size
-        pos = start
+        end = len(tokens)
+        pos = 0
         duplicates: list[int] = []
         while pos < end:
             key = tuple(tokens[pos : pos + ps])
             child = node.children.get(key)
             if child is None:
-                leaf = RadixNode(node, key, tokens[pos:end], page_ids[(pos - start) // ps :], now)
+                edge = tokens[pos:] if pos else tokens
+                leaf = RadixNode(node, key, edge, page_ids[pos // ps :], now)
                 node.children[key] = leaf
                 self.num_nodes += 1
                 self.num_cached_pages += len(leaf.page_ids)
@@ -183,7 +211,7 @@ class RadixTree:
             num_pages = _num_equal_pages(tokens, pos, edge, min(len(edge), end - pos) // ps, ps)
             if num_pages * ps < len(edge) and pos + num_pages * ps < end:
                 child = self._split(child, num_pages)  # the sequence diverges inside the edge
-            first = (pos - start) // ps
+            first = pos // ps
             duplicates += page_ids[first : first + num_pages]
             pos += num_pages * ps
             child.last_access = now
@@ -259,11 +287,12 @@ class RadixTree:
             self.policy.compact(self.is_evictable)
 
 
-def _num_equal_pages(tokens: list[int], pos: int, edge: list[int], num_pages: int, ps: int) -> int:
+def _num_equal_pages(tokens: array, pos: int, edge: array, num_pages: int, ps: int) -> int:
     """How many leading pages of `edge` equal `tokens[pos:]`, up to `num_pages`.
 
-    Binary search over slice comparisons: about one pass over the compared tokens in
-    total, at C speed. The first page is known to match (it is the child's key)."""
+    Binary search over slice comparisons of packed arrays: about one pass over the
+    compared tokens in total, at C speed. The first page is known to match (it is the
+    child's key)."""
     if num_pages and tokens[pos : pos + num_pages * ps] == edge[: num_pages * ps]:
         return num_pages
     lo, hi = min(1, num_pages), num_pages - 1

@@ -49,7 +49,7 @@ def cached_sequences(core: CacheCore, executor_id: str = "exec-0") -> list[list[
     stack = [(tree.root, [])]
     while stack:
         node, prefix = stack.pop()
-        tokens = prefix + node.tokens
+        tokens = prefix + node.tokens.tolist()
         if not node.children and node is not tree.root:
             out.append(tokens)
         stack.extend((child, tokens) for child in node.children.values())

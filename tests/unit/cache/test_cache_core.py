@@ -358,3 +358,51 @@ def test_eviction_trims_only_the_tail_pages_it_needs(make_core):
     core.release(lease.lease_id)
     assert core.acquire("exec-0", seq(100, 24), 24, "h").num_cached_tokens == 20
     check_pool(core)
+
+
+# ---- token ids: packed edges ----
+
+
+def test_ids_outside_uint32_are_cached_and_meet_uint32_edges_by_value(make_core):
+    core = make_core()
+    wide = [*seq(100, 4), -1, 2**32, 2**63 - 1, 7]  # packed as int64
+    committed(core, wide)
+    assert cached_sequences(core) == [wide]
+    assert core.match(wide)["exec-0"] == 8
+    narrow = [*seq(100, 4), *seq(200, 4)]  # packed as uint32: shares the first page
+    lease = core.acquire("exec-0", narrow, 8, "h")
+    assert lease.num_cached_tokens == 4
+    core.commit(lease.lease_id, narrow)
+    assert sorted(cached_sequences(core)) == sorted([wide, narrow])
+    assert core.match(narrow)["exec-0"] == 8  # through the split edge, still packed as int64
+    assert core.match([*seq(100, 4), -1, 2**32, 2**63 - 1, 8])["exec-0"] == 4
+    check_pool(core)
+
+
+def test_token_ids_that_are_not_int64_integers_are_invalid_and_change_nothing(make_core):
+    core = make_core()
+    committed(core, seq(100, 8))
+    lease = core.acquire("exec-0", seq(100, 4), 12, "h")
+    before = snapshot(core)
+    for bad in ([*seq(100, 4), 1.5, 0, 0, 0], [*seq(100, 4), 2**63, 0, 0, 0], [*seq(100, 3), "x"]):
+        with pytest.raises(InvalidArgument, match="token_ids"):
+            core.commit(lease.lease_id, bad)
+        assert snapshot(core) == before
+    with pytest.raises(InvalidArgument, match="token_ids"):
+        core.match([*seq(100, 3), 103.0])  # equal to the cached page's key, then packed
+    core.commit(lease.lease_id, seq(100, 12))
+    check_pool(core)
+
+
+def test_tokens_given_as_arrays_act_as_lists(make_core):
+    from array import array
+
+    as_list, as_array = make_core(), make_core()
+    for tokens in ([*seq(100, 8), 5, 6, 7, 8], [*seq(100, 6), -3, 4]):
+        committed(as_list, tokens)
+        packed = array("q", tokens)
+        lease = as_array.acquire("exec-0", packed, len(packed), "h")
+        as_array.commit(lease.lease_id, packed)
+        assert as_array.match(array("q", tokens)) == as_list.match(tokens)
+    assert sorted(cached_sequences(as_array)) == sorted(cached_sequences(as_list))
+    check_pool(as_array)

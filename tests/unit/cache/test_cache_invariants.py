@@ -79,6 +79,20 @@ class CacheMachine(RuleBasedStateMachine):
         cut = data.draw(st.integers(0, len(base)))
         return self._acquire(base[:cut] + tail[:4], extra, holder)
 
+    @rule(
+        target=leases,
+        data=st.data(),
+        tokens=token_lists,
+        wide=st.sampled_from([-1, 2**32]),
+        extra=st.integers(0, 4),
+        holder=st.sampled_from(HOLDERS),
+    )
+    def acquire_wide(self, data, tokens, wide, extra, holder):
+        """Acquire tokens with one id outside uint32: edges packed as int64 then share
+        prefixes with (and split against) edges packed as uint32."""
+        at = data.draw(st.integers(0, len(tokens)))
+        return self._acquire([*tokens[:at], wide, *tokens[at:]], extra, holder)
+
     def _acquire(self, tokens, extra, holder):
         expected_cached = self.core.match(tokens)["exec-0"]
         before = self._state()
