@@ -1,11 +1,21 @@
-"""In-process engine throughput: output tokens/s, TTFT and TPOT on N requests.
+"""Engine throughput: output tokens/s, TTFT and TPOT on N requests, in-process or as services.
 
     python bench/engine.py --num-requests 64 --prompt-len 128 --output-len 32
     python bench/engine.py --workload shared-prefix --shared-len 96 --model /models/Llama-3.1-8B
+    python bench/engine.py --mode services --device cpu
 
 Every request is submitted at once (offline batch); each one ignores EOS so
 it generates exactly --output-len tokens. With no --model, the tiny default
 model is used (created once in the cache folder).
+
+Modes: `inprocess` drives the in-process Engine (one executor core, no gRPC);
+`services` starts a cache, one executor and a scheduler as processes and
+drives the same workload through the scheduler's Stream (SchedulerClient);
+`both` runs the two one after the other and adds the ratio services /
+in-process. The default is `both` on CPU and `inprocess` on a GPU. With
+--json one object is printed: the first mode's numbers at the top level,
+and in `both` mode the services numbers under "services" and the ratios
+under "services_over_inprocess".
 """
 
 from __future__ import annotations
@@ -13,18 +23,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from radixmesh.engine import Engine, EngineConfig
+from services.common.logging import configure_logging
 from services.common.sampling import SamplingParams
-from services.scheduler.core import SchedulerConfig
+from services.scheduler.core import RequestUpdate, SchedulerConfig
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("inprocess", "services", "both")
+
+Generate = Callable[[str, list[int], SamplingParams], AsyncIterator[RequestUpdate]]
+"""(req_id, prompt, sampling) -> the request's updates."""
 
 
 @dataclass(slots=True)
@@ -38,6 +58,7 @@ class Timing:
 
 @dataclass(slots=True)
 class Report:
+    mode: str
     num_requests: int
     prompt_len: int
     output_len: int
@@ -69,14 +90,16 @@ def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
     return [shared + draw(args.prompt_len - args.shared_len) for _ in range(args.num_requests)]
 
 
-async def run_requests(engine: Engine, prompts: list[list[int]], output_len: int) -> list[Timing]:
+async def run_requests(
+    generate: Generate, prompts: list[list[int]], output_len: int, tag: str
+) -> list[Timing]:
     sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     timings = []
 
-    async def one(prompt: list[int]) -> None:
+    async def one(i: int, prompt: list[int]) -> None:
         timing = Timing(time.perf_counter())
         timings.append(timing)
-        async for update in await engine.generate(prompt, sampling):
+        async for update in generate(f"{tag}-{i}", prompt, sampling):
             if update.error is not None:
                 raise update.error
             if update.num_cached_tokens is not None:
@@ -87,7 +110,7 @@ async def run_requests(engine: Engine, prompts: list[list[int]], output_len: int
                 timing.last = now
                 timing.num_tokens += len(update.token_ids)
 
-    await asyncio.gather(*(one(p) for p in prompts))
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     return timings
 
 
@@ -95,12 +118,33 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
 
-async def bench(args: argparse.Namespace) -> Report:
-    model = args.model
-    if model is None:
-        from radixmesh.tiny_model import ensure_default_model
+def model_dir(args: argparse.Namespace) -> str:
+    if args.model is not None:
+        return args.model
+    from radixmesh.tiny_model import ensure_default_model
 
-        model = str(ensure_default_model())
+    return str(ensure_default_model())
+
+
+def warmup_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    """Other tokens than the timed prompts, so nothing of theirs is cached."""
+    rng = random.Random(args.seed + 1)
+    return [[rng.randrange(vocab // 2, vocab) for _ in range(8)] for _ in range(4)]
+
+
+async def timed(
+    args: argparse.Namespace, generate: Generate, vocab: int
+) -> tuple[list[list[int]], list[Timing], float]:
+    """(prompts, timings, seconds) of the workload, after the warm-up."""
+    prompts = make_prompts(args, vocab)
+    if args.warmup:
+        await run_requests(generate, warmup_prompts(args, vocab), 2, "warmup")
+    start = time.perf_counter()
+    timings = await run_requests(generate, prompts, args.output_len, "bench")
+    return prompts, timings, time.perf_counter() - start
+
+
+async def bench_inprocess(args: argparse.Namespace) -> Report:
     executor_fields = {"device": args.device, "page_size": args.page_size}
     if args.num_pages:
         executor_fields["num_pages"] = args.num_pages
@@ -111,18 +155,111 @@ async def bench(args: argparse.Namespace) -> Report:
         max_num_seqs=args.max_num_seqs,
         max_queue_len=max(1024, args.num_requests),
     )
-    config = EngineConfig.for_model(model, scheduler=scheduler, **executor_fields)
+    config = EngineConfig.for_model(model_dir(args), scheduler=scheduler, **executor_fields)
+    if args.num_threads:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
     async with Engine(config) as engine:
-        prompts = make_prompts(args, engine.executors[0].info.vocab_size)
-        if args.warmup:  # other tokens than the timed prompts, so nothing of theirs is cached
-            vocab = engine.executors[0].info.vocab_size
-            rng = random.Random(args.seed + 1)
-            warm = [[rng.randrange(vocab // 2, vocab) for _ in range(8)] for _ in range(4)]
-            await run_requests(engine, warm, 2)
-        start = time.perf_counter()
-        timings = await run_requests(engine, prompts, args.output_len)
-        seconds = time.perf_counter() - start
+
+        async def generate(req_id, prompt, sampling):
+            async for update in await engine.generate(prompt, sampling, req_id=req_id):
+                yield update
+
+        vocab = engine.executors[0].info.vocab_size
+        prompts, timings, seconds = await timed(args, generate, vocab)
         num_preemptions = engine.scheduler.num_preemptions
+    return summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
+
+
+def free_ports(n: int) -> list[int]:
+    from services.common.testing import free_port
+
+    ports: list[int] = []
+    while len(ports) < n:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    return ports
+
+
+def service_specs(args: argparse.Namespace, model: str) -> list:
+    """ServiceSpecs in start order: cache, one executor, the scheduler (loopback ports)."""
+    from radixmesh.supervisor import ServiceSpec
+
+    cache, executor, scheduler, metrics = free_ports(4)
+    cache_address = f"127.0.0.1:{cache}"
+    sizes = ["--max-num-seqs", str(args.max_num_seqs)]
+    sizes += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    executor_args = ["--model", model, "--executor-id", "executor-0", "--device", args.device]
+    executor_args += ["--cache-address", cache_address, "--page-size", str(args.page_size)]
+    executor_args += [*sizes, "--log-level", "warning"]
+    if args.num_pages:
+        executor_args += ["--num-pages", str(args.num_pages)]
+    scheduler_args = ["--cache-address", cache_address, "--executor", f"127.0.0.1:{executor}"]
+    scheduler_args += [*sizes, "--max-queue-len", str(max(1024, args.num_requests))]
+    scheduler_args += ["--metrics-port", str(metrics), "--log-level", "warning"]
+
+    def spec(name: str, port: int, extra: list[str], service: str, **kw) -> ServiceSpec:
+        argv = (sys.executable, "-m", f"services.{name}.main", "--port", str(port), *extra)
+        return ServiceSpec(name, argv, f"127.0.0.1:{port}", f"radixmesh.v1.{service}", **kw)
+
+    return [
+        spec("cache", cache, [], "Cache"),
+        spec("executor", executor, executor_args, "Executor", start_timeout_s=600),
+        spec("scheduler", scheduler, scheduler_args, "Scheduler", metrics_port=metrics),
+    ]
+
+
+async def scrape_preemptions(port: int) -> int:
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith("radixmesh_scheduler_preemptions_total "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+async def bench_services(args: argparse.Namespace) -> Report:
+    from radixmesh.supervisor import Supervisor
+    from services.scheduler.client import SchedulerClient
+
+    model = model_dir(args)
+    vocab = model_vocab_size(model)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `radixmesh serve` runs its executors
+    if args.num_threads:  # the executor's torch reads these at import
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.num_threads)
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as log_dir:
+        supervisor = Supervisor(log_dir, env=env)
+        try:
+            specs = service_specs(args, model)
+            for spec in specs:  # each SERVING before the next starts
+                await supervisor.start_stage([spec])
+            scheduler = specs[-1]
+            async with SchedulerClient(scheduler.address) as client:
+                prompts, timings, seconds = await timed(args, client.generate, vocab)
+            num_preemptions = await scrape_preemptions(scheduler.metrics_port)
+        finally:
+            await supervisor.stop_all()
+    return summarize(args, "services", prompts, timings, seconds, num_preemptions)
+
+
+def model_vocab_size(model: str) -> int:
+    config = json.loads((Path(model) / "config.json").read_text())
+    return int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+
+
+def summarize(
+    args: argparse.Namespace,
+    mode: str,
+    prompts: list[list[int]],
+    timings: list[Timing],
+    seconds: float,
+    num_preemptions: int,
+) -> Report:
     ttft = [(t.first - t.submitted) * 1e3 for t in timings]
     tpot = [(t.last - t.first) * 1e3 / (t.num_tokens - 1) for t in timings if t.num_tokens > 1]
     num_out = sum(t.num_tokens for t in timings)
@@ -131,6 +268,7 @@ async def bench(args: argparse.Namespace) -> Report:
     shared = args.shared_len // page_size * page_size if args.workload == "shared-prefix" else 0
     best = (len(prompts) - 1) * shared / num_prompt
     return Report(
+        mode=mode,
         num_requests=args.num_requests,
         prompt_len=args.prompt_len,
         output_len=args.output_len,
@@ -148,6 +286,23 @@ async def bench(args: argparse.Namespace) -> Report:
     )
 
 
+RATIO_KEYS = ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms")
+
+
+def ratios(services: Report, inprocess: Report) -> dict[str, float]:
+    """services / in-process for throughput (higher is better) and latencies (lower is)."""
+    a, b = asdict(services), asdict(inprocess)
+    return {k: round(a[k] / b[k], 3) if b[k] else 0.0 for k in RATIO_KEYS}
+
+
+def default_mode(device: str) -> str:
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "both" if device == "cpu" else "inprocess"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None, help="model folder (default: the tiny model)")
@@ -163,23 +318,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=0,
+        help="torch CPU threads of the engine / executor process (default: torch's own)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="inprocess, services or both (default: both on CPU, inprocess on a GPU)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     if args.workload == "shared-prefix" and not 0 < args.shared_len < args.prompt_len:
         p.error("--shared-len must be in (0, --prompt-len)")
+    if args.num_threads < 0:
+        p.error("--num-threads must be >= 0")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report = asyncio.run(bench(args))
+    configure_logging("bench", "warning", json=False)  # stdout is left to the results
+    mode = args.mode or default_mode(args.device)
+    reports = []
+    if mode in ("inprocess", "both"):
+        reports.append(asyncio.run(bench_inprocess(args)))
+    if mode in ("services", "both"):
+        reports.append(asyncio.run(bench_services(args)))
+    out = asdict(reports[0])
+    if len(reports) == 2:
+        out["services"] = asdict(reports[1])
+        out["services_over_inprocess"] = ratios(reports[1], reports[0])
     if args.json:
-        print(json.dumps(asdict(report)))
-    else:
-        width = max(len(k) for k in asdict(report))
-        for key, value in asdict(report).items():
-            print(f"{key:<{width}}  {value}")
+        print(json.dumps(out))
+        return 0
+    for report in reports:
+        print_table(asdict(report))
+        print()
+    if len(reports) == 2:
+        print_table({f"services/inprocess {k}": v for k, v in ratios(*reports[::-1]).items()})
     return 0
+
+
+def print_table(rows: dict) -> None:
+    width = max(len(k) for k in rows)
+    for key, value in rows.items():
+        print(f"{key:<{width}}  {value}")
 
 
 if __name__ == "__main__":

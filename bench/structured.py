@@ -13,11 +13,20 @@ temporary folder), and a synthetic one of `--synthetic-vocab` tokens (default
 
     python -m bench.structured                       # both vocabularies, batch 64
     python -m bench.structured --batch-size 128 --steps 200
+
+`--mode engine` runs the in-process Engine instead: `--batch-size` requests under a JSON
+Schema (an array of PERSON records, long enough that every request runs to max_tokens) and
+the same prompts unconstrained (ignore_eos), in alternating rounds, and reports time per
+output token of both, their ratio, where the constrained step's extra time goes, and how
+many output tokens the grammar forced (one allowed token: what jump-forward could skip).
+
+    python -m bench.structured --mode engine --rounds 3 --output-len 64
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -27,11 +36,13 @@ import statistics
 import tempfile
 import time
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
-from radixmesh.tiny_model import corpus_text, write_tiny_model
-from services.common.sampling import Constraint, ConstraintKind
+from radixmesh.tiny_model import corpus_text, ensure_default_model, write_tiny_model
+from services.common.logging import configure_logging
+from services.common.sampling import Constraint, ConstraintKind, SamplingParams
 from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.grammar_matcher import ConstraintMatcher, fill_batch_bitmask
 
@@ -252,6 +263,210 @@ def report(title: str, service: GrammarService, args: argparse.Namespace) -> Non
         print(f"| {name} | {ms:.1f} |")
 
 
+# -- engine mode ---------------------------------------------------------------
+
+PEOPLE = {
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": PERSON, "minItems": 8}},
+    "required": ["people"],
+}
+"""A list of person records: at least 8 records, so outputs outlast --output-len."""
+
+
+class _Timers:
+    """Seconds and calls per part of the executor's step, per kind of round (`kind`)."""
+
+    def __init__(self) -> None:
+        self.kind = "warm-up"
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.calls: dict[tuple[str, str], int] = {}
+
+    def wrap(self, owner: object, name: str, label: str) -> None:
+        """Replaces owner.name (an instance attribute) by a timed call of it."""
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.add(label, time.perf_counter() - start)
+
+        setattr(owner, name, timed)
+
+    def add(self, label: str, seconds: float) -> None:
+        key = (self.kind, label)
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def per_step_us(self, kind: str, label: str) -> float:
+        """Mean us per executed step of `kind` rounds (0 if never called)."""
+        num_steps = self.calls.get((kind, STEP_LABEL), 0)
+        return self.seconds.get((kind, label), 0.0) / max(num_steps, 1) * 1e6
+
+
+STEP_LABEL = "execute (whole step)"
+FILL_LABEL = "bitmask fill (host)"
+
+
+class _TimedMatcher:
+    """A ConstraintMatcher whose accept time is added to the timers (the executor's hook)."""
+
+    __slots__ = ("inner", "timers")
+
+    def __init__(self, inner: ConstraintMatcher, timers: _Timers) -> None:
+        self.inner, self.timers = inner, timers
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.inner.fill_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        start = time.perf_counter()
+        ok = self.inner.accept(token_id)
+        self.timers.add("grammar accept", time.perf_counter() - start)
+        return ok
+
+    def replay(self, token_ids) -> None:
+        self.inner.replay(token_ids)
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated
+
+
+async def _run_round(engine, prompts, sampling, constraint) -> tuple[list[float], list]:
+    """Submits every prompt at once; per-request TPOT (ms) from its token arrival times."""
+
+    async def one(prompt: list[int]):
+        first = last = 0.0
+        num_tokens = 0
+        result = []
+        stream = await engine.generate(prompt, sampling, constraint=constraint)
+        async for update in stream:
+            if update.error is not None:
+                raise update.error
+            if update.token_ids:
+                now = time.perf_counter()
+                first, last = first or now, now
+                num_tokens += len(update.token_ids)
+                result += update.token_ids
+        tpot = (last - first) * 1e3 / (num_tokens - 1) if num_tokens > 1 else float("nan")
+        return tpot, result
+
+    done = await asyncio.gather(*(one(p) for p in prompts))
+    return [t for t, _ in done], [r for _, r in done]
+
+
+def count_forced(service: GrammarService, constraint: Constraint, outputs: list[list[int]]):
+    """(forced, total): output tokens at which the grammar allowed exactly one token."""
+    compiled = service.compile_sync(constraint)
+    bitmask = service.allocate_bitmask(1)
+    forced = total = 0
+    for tokens in outputs:
+        matcher = service.new_matcher(compiled)
+        for token_id in tokens:
+            matcher.fill_bitmask(bitmask, 0)
+            bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
+            forced += int(bits[: service.vocab_size].sum()) == 1
+            total += 1
+            if not matcher.accept(token_id):
+                break
+    return forced, total
+
+
+async def bench_engine(args: argparse.Namespace, model: str) -> None:
+    from radixmesh.engine import Engine, EngineConfig
+    from services.scheduler.core import SchedulerConfig
+
+    service = GrammarService.from_model_dir(model, config=GrammarConfig(compile_timeout_s=120))
+    timers = _Timers()
+    scheduler = SchedulerConfig(max_num_seqs=args.batch_size, max_queue_len=4 * args.batch_size)
+    # room for every request and its lookahead pages at once: no preemption skews the rounds
+    pages_per_seq = -(-(args.prompt_len + args.output_len) // 16) + scheduler.page_lookahead + 1
+    config = EngineConfig.for_model(
+        model,
+        scheduler=scheduler,
+        device=args.device,
+        page_size=16,
+        num_pages=args.batch_size * pages_per_seq,
+        max_num_seqs=args.batch_size,
+    )
+    constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(PEOPLE))
+    factory = lambda c: _TimedMatcher(service.matcher_for(c), timers)  # noqa: E731
+    rng = random.Random(0)
+    rounds: list[dict] = []
+    async with Engine(config, matcher_factory=factory, grammar=service) as engine:
+        core = engine.executors[0]
+        vocab = core.info.vocab_size
+        prompts = [
+            [rng.randrange(vocab // 4, vocab) for _ in range(args.prompt_len)]
+            for _ in range(args.batch_size)
+        ]
+        timers.wrap(core, "execute", STEP_LABEL)
+        timers.wrap(core.model, "forward", "forward")
+        if args.fill == "serial":  # profiling: the fill after the forward, on the step's thread
+            core._masks.start_fill = lambda seqs, live: None
+        timers.wrap(core._masks, "fill", FILL_LABEL)
+        timers.wrap(core._masks, "upload", "bitmask upload")
+        timers.wrap(core.sampler, "sample", "sample (incl. bitmask apply)")
+        warm = SamplingParams(max_tokens=8, temperature=0.0)
+        await _run_round(engine, prompts[:8], warm, constraint)
+        await _run_round(engine, prompts[:8], warm, None)
+        sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+        for _ in range(args.rounds):
+            row: dict = {}
+            for kind in ("unconstrained", "constrained"):
+                timers.kind = kind
+                tpots, outputs = await _run_round(
+                    engine, prompts, sampling, constraint if kind == "constrained" else None
+                )
+                row[kind] = (statistics.mean(tpots), statistics.median(tpots))
+                row[f"{kind} outputs"] = outputs
+            rounds.append(row)
+    _report_engine(args, rounds, timers)
+    outputs = rounds[-1]["constrained outputs"]
+    forced, total = count_forced(service, constraint, outputs)
+    share = forced / max(total, 1)
+    print(f"\nforced output tokens (the grammar allowed exactly one): {forced} of {total}")
+    print(f"({100 * share:.1f}%): jump-forward could save at most that share of decode steps")
+    print(f"(at most {1 / (1 - share):.2f}x fewer steps per output)")
+    service.close(wait=True)
+
+
+def _report_engine(args: argparse.Namespace, rounds: list[dict], timers: _Timers) -> None:
+    print(f"\n### engine, batch {args.batch_size}, prompt {args.prompt_len}, ", end="")
+    print(f"output {args.output_len} tokens, greedy, device {args.device}, fill {args.fill}\n")
+    print("| round | unconstrained TPOT mean / p50 ms | constrained TPOT mean / p50 ms |", end="")
+    print(" ratio (mean) | constrained outputs short of max_tokens |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for i, row in enumerate(rounds):
+        (um, up), (cm, cp) = row["unconstrained"], row["constrained"]
+        short = sum(len(o) < args.output_len for o in row["constrained outputs"])
+        print(f"| {i + 1} | {um:.2f} / {up:.2f} | {cm:.2f} / {cp:.2f} | {cm / um:.3f} | {short} |")
+    labels = [
+        STEP_LABEL,
+        "forward",
+        "sample (incl. bitmask apply)",
+        FILL_LABEL,
+        "bitmask upload",
+        "grammar accept",
+    ]
+    print("\n| per executed step (all rounds) | unconstrained us | constrained us |")
+    print("| --- | ---: | ---: |")
+    for label in labels:
+        u = timers.per_step_us("unconstrained", label)
+        c = timers.per_step_us("constrained", label)
+        print(f"| {label} | {u:.0f} | {c:.0f} |")
+    ratios = sorted(row["constrained"][0] / row["unconstrained"][0] for row in rounds)
+    print(f"\nTPOT ratio constrained / unconstrained over {len(rounds)} rounds: median ", end="")
+    print(f"{statistics.median(ratios):.3f}, range {ratios[0]:.3f} to {ratios[-1]:.3f}")
+    step_u, step_c = (timers.per_step_us(k, STEP_LABEL) for k in ("unconstrained", "constrained"))
+    fwd_u, fwd_c = (timers.per_step_us(k, "forward") for k in ("unconstrained", "constrained"))
+    extra = (step_c - fwd_c) - (step_u - fwd_u)
+    print(f"grammar cost outside the forward: {extra:.0f} us per step, ", end="")
+    print(f"{100 * extra / step_u:.1f}% of the unconstrained step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a Hugging Face model folder (default: the tiny model)")
@@ -260,8 +475,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=8, help="for xgrammar's batch matcher")
     parser.add_argument("--compile-repeats", type=int, default=3)
+    parser.add_argument("--mode", choices=("host", "engine"), default="host")
+    parser.add_argument("--rounds", type=int, default=3, help="engine: rounds of both kinds")
+    parser.add_argument("--prompt-len", type=int, default=32, help="engine: prompt tokens")
+    parser.add_argument("--output-len", type=int, default=64, help="engine: output tokens")
+    parser.add_argument("--device", default="auto", help="engine: cpu, cuda or auto")
+    parser.add_argument(
+        "--fill",
+        choices=("overlap", "serial"),
+        default="overlap",
+        help="engine, CPU: fill the bitmask beside the forward (the executor's way) or after it",
+    )
     args = parser.parse_args()
     print(f"host: {platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}")
+    if args.mode == "engine":
+        configure_logging("bench", level="warning", json=False)
+        model = args.model or str(ensure_default_model())
+        asyncio.run(bench_engine(args, model))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or write_tiny_model(tmp, arch="llama", seed=0)
         report("tiny model tokenizer", GrammarService.from_model_dir(model), args)

@@ -228,6 +228,9 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # OpenMP workers that spin between parallel regions starve the other services (and the
+    # executor's own gRPC loop) on a small CPU machine; sleeping costs a CPU forward little.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 

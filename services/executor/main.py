@@ -246,6 +246,7 @@ async def _load(
 ) -> ExecutorCore:
     """Load on the step thread, then attach to the servicer."""
     loop = asyncio.get_running_loop()
+    servicer.bind_device(config.device)  # the core is built on the step thread's device
     try:
         core, grammar = await loop.run_in_executor(
             servicer.step_thread, load, config, not args.no_grammar

@@ -4,30 +4,43 @@
 Two tasks share it:
 
 - the reader receives plans, checks they are numbered 1, 2, 3... without gaps,
-  converts each (and compiles its grammars) and hands it to the step thread
-  at once, so plan N+1 is received, converted and queued while step N runs;
-  it reads at most `max_inflight_plans` plans ahead of the results sent;
+  converts each (and compiles its grammars) and queues its prepare and its
+  execute at once; it reads at most `max_inflight_plans` plans ahead of the
+  results sent;
 - the writer (the handler itself) awaits each step's result in order and
   sends it.
 
-Every step runs on one worker thread, strictly in order. A failed step, a
-plan out of order or a bad plan ends the stream with its status after the
-results of the plans before it; later plans do not run. When the stream ends
-for any reason (the scheduler closed it, went away, or an error), every
-sequence it created is dropped from the core. On shutdown the reader stops
-taking plans, the queued ones finish, and the stream ends UNAVAILABLE.
+Two worker threads run the core, each strictly in plan order: the prepare
+thread runs `ExecutorCore.prepare` (checks, state, host arrays, upload), the
+execute thread `ExecutorCore.execute` (forward, sampling, finish detection).
+Plan N + 1 is prepared while step N executes (on CUDA, while execute waits for
+the sampled tokens), and no further ahead: its prepare starts once step N - 1
+has executed. On CPU, by default, prepares run on the execute thread between
+steps (see `overlap_prepare`). On a device "cuda:N" both threads make it their current device
+(`bind_device`, from `attach` at the latest) before any job queued after.
+
+A failed prepare or execute, a plan out of order or a bad plan ends the stream
+with its status after the results of the plans before it; later plans do not
+run. When the stream ends for any reason (the scheduler closed it, went away,
+or an error), every sequence it created is dropped from the core, after every
+prepare and execute of the stream; a cancelled handler does not cut the drop
+short, and the next stream (and `wait_no_stream`) waits for it. On shutdown
+the reader stops taking plans, the queued ones finish, and the stream ends
+UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import torch
 
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -43,7 +56,7 @@ from services.executor.health import HealthSampler
 from services.executor.metrics import StepMetrics
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import ExecutorCore
+    from services.executor.core.executor import ExecutorCore, PreparedStep
     from services.executor.core.grammar import GrammarService
 
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
@@ -56,14 +69,20 @@ _END = object()  # the scheduler closed its side of the stream
 
 @dataclass(slots=True)
 class _Stream:
-    """One Step stream's state. `req_ids` and `failed` belong to the step thread."""
+    """One Step stream's state; each field says which thread writes it."""
 
     req_ids: set[str] = field(default_factory=set)
-    """Sequences this stream created that the core may still hold."""
-    failed: bool = False
-    """A step raised: the plans after it are skipped."""
+    """Prepare thread: sequences this stream created that the core may still hold."""
+    ended: deque[str] = field(default_factory=deque)
+    """Execute thread appends the sequences the core ended; the prepare thread forgets them."""
+    prepare_failed: bool = False
+    """Prepare thread: a prepare raised; the plans after it are skipped."""
+    execute_failed: bool = False
+    """Execute thread: a step raised; the plans after it are skipped."""
     closed: bool = False
-    """The stream is ending (set on the loop thread): queued plans are skipped."""
+    """Loop thread: the stream is ending; queued plans are skipped."""
+    last_prepare: Future | None = None
+    """Loop thread: the last prepare queued; the drop waits for it."""
     num_steps: int = 0
 
 
@@ -77,42 +96,70 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         shutdown_requested: Callable[[], Awaitable[None]] | None = None,
         metrics: StepMetrics | None = None,
         health: HealthSampler | None = None,
+        overlap_prepare: bool | None = None,
     ) -> None:
         """`shutdown_requested`: returns once the service is shutting down
         (`ServiceRuntime.wait_shutdown_requested`); open streams then wind down.
-        `health`: the device's health, attached to a step result about once a second."""
+        `health`: the device's health, attached to a step result about once a second.
+        `overlap_prepare`: prepare plan N + 1 on its own thread while step N executes;
+        None: on a CUDA device only (on CPU there is no device time to hide, and the
+        two threads only contend for the interpreter: prepares then run on the step
+        thread, between steps)."""
         if max_inflight_plans < 1:
             raise InvalidArgument(f"max_inflight_plans must be >= 1, got {max_inflight_plans}")
         self._max_inflight = max_inflight_plans
         self._shutdown_requested = shutdown_requested
         self._metrics = metrics or StepMetrics.create()
         self._health = health or HealthSampler()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="executor-step")
+        self._prepare_thread = ThreadPoolExecutor(1, thread_name_prefix="executor-prepare")
+        self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="executor-step")
+        self._overlap_prepare = overlap_prepare
+        self._prepare_on = self._prepare_thread
+        """Where prepares run: the prepare thread, or the execute thread (set by `attach`)."""
         self._core: ExecutorCore | None = None
         self._grammar: GrammarService | None = None
         self._executor_id = ""
         self._stream: _Stream | None = None
         self._stream_released = asyncio.Event()
+        self._release: asyncio.Task | None = None
 
     def attach(
         self, core: ExecutorCore, executor_id: str, grammar: GrammarService | None = None
     ) -> None:
-        """Start serving `core`; `grammar` compiles constraints ahead of the step thread."""
+        """Start serving `core`; `grammar` compiles constraints ahead of the step threads."""
         self._core, self._executor_id, self._grammar = core, executor_id, grammar
+        self.bind_device(core.device)
+        overlap = self._overlap_prepare
+        if overlap is None:
+            overlap = core.device.type == "cuda"
+        self._prepare_on = self._prepare_thread if overlap else self._execute_thread
+
+    def bind_device(self, device: torch.device | str) -> None:
+        """Make `device` the current CUDA device of both worker threads, before any job
+        queued after this call (a load on `step_thread` too); anything but "cuda:N" is a no-op."""
+        try:
+            device = torch.device(device)
+        except RuntimeError:  # "auto"
+            return
+        if device.type == "cuda" and device.index is not None:
+            for thread in (self._prepare_thread, self._execute_thread):
+                thread.submit(torch.cuda.set_device, device)  # FIFO: before later jobs
 
     @property
     def step_thread(self) -> ThreadPoolExecutor:
-        """The one thread that runs the core (loading may use it too)."""
-        return self._pool
+        """The thread that executes steps (loading may use it too)."""
+        return self._execute_thread
 
     async def close(self) -> None:
-        """Shut the core down on the step thread (after any step), then stop the thread."""
+        """Shut the core down after every queued prepare and step, then stop the threads."""
         core, self._core = self._core, None
         try:
             if core is not None:
-                await asyncio.get_running_loop().run_in_executor(self._pool, core.shutdown)
+                await asyncio.wrap_future(self._prepare_on.submit(lambda: None))
+                await asyncio.wrap_future(self._execute_thread.submit(core.shutdown))
         finally:
-            self._pool.shutdown(wait=False)
+            self._prepare_thread.shutdown(wait=False)
+            self._execute_thread.shutdown(wait=False)
             if self._grammar is not None:
                 self._grammar.close()
 
@@ -134,7 +181,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     async def PrepareConstraint(
         self, request: executor_pb2.PrepareConstraintRequest, context: grpc.aio.ServicerContext
     ) -> executor_pb2.PrepareConstraintResponse:
-        """Compile into the grammar cache on the compile threads (never the step thread).
+        """Compile into the grammar cache on the compile threads (never a step thread).
 
         compile_seconds: how long this call waited for the compile, at most the
         compile's own time (about 0 when it was cached).
@@ -183,7 +230,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             reader.cancel()
             if watcher is not None:
                 watcher.cancel()
-            await self._end_stream(core, stream)
+            self._release = asyncio.create_task(self._end_stream(core, stream))
+            await asyncio.shield(self._release)  # a cancelled handler leaves it running
 
     # -- the stream's parts --------------------------------------------------
 
@@ -206,9 +254,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         queue: asyncio.Queue[Any],
         slots: asyncio.Semaphore,
     ) -> None:
-        """Receive, check, convert and submit plans; end the queue with _END or the error."""
-        loop = asyncio.get_running_loop()
+        """Receive, check, convert and queue plans; end the queue with _END or the error."""
         plans = aiter(requests)
+        executes: deque[Future] = deque(maxlen=2)  # the last two plans' executes
         expected = 1
         try:
             while True:
@@ -226,7 +274,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 plan = plan_from_proto(msg)
                 if self._grammar is not None:
                     await self._compile_constraints(plan)
-                queue.put_nowait(loop.run_in_executor(self._pool, self._run, core, stream, plan))
+                queue.put_nowait(asyncio.wrap_future(self._submit(core, stream, plan, executes)))
         except asyncio.CancelledError:
             # Shutdown (or the writer ending): plans already queued still answer first.
             queue.put_nowait(Unavailable("executor: shutting down, no further plans are taken"))
@@ -234,8 +282,19 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         except Exception as exc:
             queue.put_nowait(exc)
 
+    def _submit(
+        self, core: ExecutorCore, stream: _Stream, plan: StepPlan, executes: deque[Future]
+    ) -> Future:
+        """Queue the plan's prepare and execute; the prepare waits for the execute two plans back."""
+        gate = executes[0] if len(executes) == executes.maxlen else None
+        prepare = self._prepare_on.submit(self._prepare, core, stream, plan, gate)
+        stream.last_prepare = prepare
+        execute = self._execute_thread.submit(self._execute, core, stream, plan, prepare)
+        executes.append(execute)
+        return execute
+
     async def _compile_constraints(self, plan: StepPlan) -> None:
-        """Compile new grammars here, while the previous step runs; the core then hits the cache."""
+        """Compile new grammars here, while earlier steps run; the core then hits the cache."""
         assert self._grammar is not None
         for new in plan.new_seqs:
             if new.constraint is not None:
@@ -246,41 +305,66 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         await self._shutdown_requested()
         reader.cancel()
 
-    def _run(
-        self, core: ExecutorCore, stream: _Stream, plan: StepPlan
-    ) -> executor_pb2.StepResult | None:
-        """One step, on the step thread; None when the stream ended or failed before it."""
-        if stream.closed or stream.failed:
+    def _prepare(
+        self, core: ExecutorCore, stream: _Stream, plan: StepPlan, gate: Future | None
+    ) -> PreparedStep | None:
+        """On the prepare thread, once `gate` (step N - 1 for plan N + 1) has executed."""
+        if gate is not None:
+            wait([gate])
+        if stream.closed or stream.prepare_failed or stream.execute_failed:
             return None
         req_ids = stream.req_ids
+        while stream.ended:  # ended by the core, unless this thread admitted the id again
+            req_id = stream.ended.popleft()
+            if not core.has_seq(req_id):
+                req_ids.discard(req_id)
         req_ids.difference_update(plan.finished_req_ids)
         req_ids.update(new.req_id for new in plan.new_seqs)
         try:
-            result = core.step(plan)
+            return core.prepare(plan)
         except BaseException:
-            stream.failed = True
+            stream.prepare_failed = True
+            raise
+
+    def _execute(
+        self, core: ExecutorCore, stream: _Stream, plan: StepPlan, prepare: Future
+    ) -> executor_pb2.StepResult | None:
+        """One step, on the execute thread; None when the stream ended or failed before it."""
+        if stream.closed or stream.execute_failed:
+            return None
+        try:
+            prepared = prepare.result()  # a failed prepare raises here, after the steps before
+            if prepared is None:
+                return None
+            result = core.execute(prepared)
+        except BaseException:
+            stream.execute_failed = True
             self._metrics.record_error()
             raise
         for output in result.outputs:
             if output.finish_reason is not None:
-                req_ids.discard(output.req_id)
+                stream.ended.append(output.req_id)
         stream.num_steps += 1
         self._metrics.record(plan, result, core.num_seqs)
         result.health = self._health.poll()  # about once a second; None on CPU
         return result_to_proto(result)
 
     def _drop(self, core: ExecutorCore, stream: _Stream) -> int:
-        """On the step thread, after every step queued before it: forget the stream's sequences."""
-        req_ids = sorted(stream.req_ids)
+        """On the execute thread, after every prepare and step of the stream: forget its
+        sequences (the prepare thread is idle: nothing is queued there until the release)."""
+        if stream.last_prepare is not None:
+            wait([stream.last_prepare])
+        req_ids = sorted(r for r in stream.req_ids if core.has_seq(r))
         stream.req_ids.clear()
         if req_ids:
             core.step(StepPlan(step_id=0, finished_req_ids=req_ids))
         return len(req_ids)
 
     async def _end_stream(self, core: ExecutorCore, stream: _Stream) -> None:
+        """Drop the stream's sequences, then release it (a task: the handler may be cancelled)."""
         try:
-            loop = asyncio.get_running_loop()
-            num_dropped = await loop.run_in_executor(self._pool, self._drop, core, stream)
+            drop = self._execute_thread.submit(self._drop, core, stream)
+            num_dropped = await asyncio.wrap_future(drop)
             log.info("step_stream_closed", num_steps=stream.num_steps, num_dropped=num_dropped)
         except Exception as exc:  # the core is shutting down: nothing left to drop into
             log.warning("step_stream_cleanup_failed", error=repr(exc))

@@ -16,6 +16,7 @@ sampling, finish detection). `step(plan)` is `execute(prepare(plan))`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -39,6 +40,7 @@ from services.common.step import (
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import DecodeGraphs
 from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch
+from services.executor.core.grammar_masks import GrammarMasks
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.decoder import Decoder
@@ -58,6 +60,7 @@ from services.executor.core.sequence import (
 )
 
 log = get_logger(__name__)
+_NONE: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ class ExecutorCore:
         self._free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self._last_tokens = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self._seed_rng = random.Random(config.seed)
+        self._masks = GrammarMasks(config.max_num_seqs, spec.vocab_size, self.device)
 
     @property
     def num_seqs(self) -> int:
@@ -227,6 +231,8 @@ class ExecutorCore:
     def execute(self, prepared: PreparedStep) -> StepResult:
         """Runs a prepared step: forward, grammar masks, sampling, finish detection.
 
+        The grammar bitmask is filled beside the forward: on a worker thread on CPU, on
+        this thread while the device computes with CUDA (see grammar_masks.py).
         step_seconds in the result is this call's time plus the prepare's. If it
         raises, the state of the step's sequences is undefined: drop them.
         """
@@ -241,11 +247,18 @@ class ExecutorCore:
         outputs: list[SequenceOutput] = []
         if batch is not None:
             batch.load_device_tokens(self._last_tokens)
+            live = [not s.finished for s in prepared.samplers]
+            fill = self._masks.start_fill(prepared.samplers, live)
             if self._graphs is not None and self._graphs.can_run(batch):
                 logits = self._graphs.run(batch)
             else:
                 logits = self.model.forward(batch, self.kv_pool)
-            sampled = self._sample(prepared, batch, logits) if prepared.samplers else {}
+            bitmask = (
+                fill.result() if fill is not None else self._masks.fill(prepared.samplers, live)
+            )
+            sampled = (
+                self._sample(prepared, batch, logits, live, bitmask) if prepared.samplers else {}
+            )
             with self._lock:
                 for seq in prepared.seqs:
                     if seq.finished:
@@ -264,6 +277,7 @@ class ExecutorCore:
             self._seqs.clear()
             self._graphs = None
             self.kv_pool.release()
+        self._masks.shutdown()
 
     # -- state ---------------------------------------------------------------
 
@@ -364,12 +378,22 @@ class ExecutorCore:
                 prepared.samplers, prepared.output_lens
             )
 
-    def _sampling_inputs(self, seqs: list[SequenceState], output_lens: list[int]) -> SamplingInputs:
+    def _sampling_inputs(
+        self,
+        seqs: list[SequenceState],
+        output_lens: list[int],
+        grammar_ends: frozenset[int] = _NONE,
+    ) -> SamplingInputs:
+        """`grammar_ends`: rows whose grammar allows only stop tokens; min_tokens is lifted
+        there (the grammar wins: it ends the sequence with "stop")."""
         # Token histories matter only to penalties: other rows pass empty lists (no copies).
         penalised = [_has_penalties(s.sampling) for s in seqs]
         num_prompt = [s.num_prompt_tokens for s in seqs]
         return self.sampler.prepare(
-            [s.sampling for s in seqs],
+            [
+                dataclasses.replace(s.sampling, min_tokens=0) if i in grammar_ends else s.sampling
+                for i, s in enumerate(seqs)
+            ],
             [s.seed for s in seqs],
             output_lens,
             [
@@ -386,15 +410,29 @@ class ExecutorCore:
     # -- execute -------------------------------------------------------------
 
     def _sample(
-        self, prepared: PreparedStep, batch: ForwardBatch, logits: torch.Tensor
+        self,
+        prepared: PreparedStep,
+        batch: ForwardBatch,
+        logits: torch.Tensor,
+        live: list[bool],
+        bitmask: torch.Tensor | None,
     ) -> dict[int, tuple[int, TokenLogprobs | None]]:
-        """id(seq) -> (token_id, logprobs) for the live sequences that sample."""
+        """id(seq) -> (token_id, logprobs) for the live sequences that sample.
+
+        `bitmask`: the host grammar rows of the samplers (None: no live constrained one).
+        """
         seqs = prepared.samplers
-        live = [not s.finished for s in seqs]
         inputs = prepared.sampling_inputs
-        if inputs is None:
-            inputs = self._sampling_inputs(seqs, prepared.output_lens)
-        result = self.sampler.sample(logits, inputs, self._bitmask(seqs, live))
+        ends = _NONE
+        if bitmask is not None:
+            ends = self._masks.grammar_ends(
+                seqs, live, prepared.output_lens, bitmask, self.info.eos_token_ids
+            )
+        if inputs is None or ends:
+            inputs = self._sampling_inputs(seqs, prepared.output_lens, ends)
+        if bitmask is not None:
+            bitmask = self._masks.upload(bitmask)
+        result = self.sampler.sample(logits, inputs, bitmask)
         assert batch.sample_rows is not None
         if all(live):
             self._last_tokens[batch.sample_rows] = result.token_ids
@@ -421,18 +459,6 @@ class ExecutorCore:
         if reason is not None:
             self._end(seq)
         return SequenceOutput(seq.req_id, token_id, logprobs, reason, stop_id)
-
-    def _bitmask(self, seqs: list[SequenceState], live: list[bool]) -> torch.Tensor | None:
-        if all(s.matcher is None for s in seqs):
-            return None
-        words = (self.info.vocab_size + 31) // 32
-        bitmask = torch.full((len(seqs), words), -1, dtype=torch.int32)
-        for row, seq in enumerate(seqs):
-            if seq.matcher is not None and live[row]:
-                seq.matcher.fill_bitmask(bitmask, row)
-        if self.device.type == "cuda":
-            bitmask = bitmask.pin_memory()
-        return bitmask.to(self.device, non_blocking=True)
 
 
 def _has_penalties(params: SamplingParams) -> bool:

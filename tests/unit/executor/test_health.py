@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
+import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
@@ -232,9 +233,13 @@ class EmptyCore:
     """Runs any plan in no time and outputs nothing: the stream's plumbing only."""
 
     num_seqs = 0
+    device = torch.device("cpu")
 
-    def step(self, plan: StepPlan) -> StepResult:
-        return StepResult(plan.step_id, [], 0.001)
+    def prepare(self, plan: StepPlan) -> StepPlan:
+        return plan
+
+    def execute(self, prepared: StepPlan) -> StepResult:
+        return StepResult(prepared.step_id, [], 0.001)
 
     def shutdown(self) -> None:
         pass
