@@ -50,7 +50,9 @@ class SamplingParams:
         if self.min_tokens < 0:
             raise bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            raise bad(
+                "min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
             raise bad("temperature", f"must be in [0, 2], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
@@ -72,7 +74,9 @@ class SamplingParams:
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative token ids")
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
-            raise bad("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+            raise bad(
+                "top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
+            )
         if not (1 <= self.n <= MAX_N):
             raise bad("n", f"must be in [1, {MAX_N}], got {self.n}")
 
@@ -105,6 +109,8 @@ class Constraint:
     def __post_init__(self) -> None:
         if self.kind is ConstraintKind.CHOICES:
             if not self.choices or any(not c for c in self.choices):
-                raise InvalidArgument("constraint.choices must be a non-empty list of non-empty strings")
+                raise InvalidArgument(
+                    "constraint.choices must be a non-empty list of non-empty strings"
+                )
         elif self.kind is not ConstraintKind.JSON_OBJECT and not self.value:
             raise InvalidArgument(f"constraint.{self.kind.value} must not be empty")

@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator
 import grpc
 
 from radixmesh.v1 import inference_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.common import convert as wire
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.interceptor import error_from_status
 from services.common.sampling import Constraint, SamplingParams
 from services.common.step import TokenLogprobs
-from services.scheduler import convert
 from services.scheduler.core import Priority, RequestUpdate
 
 _PRIORITY = {
@@ -95,12 +95,12 @@ class SchedulerClient:
             req_id=req_id,
             model=model,
             token_ids=token_ids,
-            sampling=convert.sampling_to_proto(sampling or SamplingParams()),
+            sampling=wire.sampling_to_proto(sampling or SamplingParams()),
             priority=_PRIORITY[priority],
             deadline_unix_ms=deadline_unix_ms,
         )
         if constraint is not None:
-            submit.constraint.CopyFrom(convert.constraint_to_proto(constraint))
+            submit.constraint.CopyFrom(wire.constraint_to_proto(constraint))
         queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
         self._queues[req_id] = queue
         self._send(scheduler_pb2.StreamRequest(submit=submit))

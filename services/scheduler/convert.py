@@ -9,34 +9,23 @@ defaults; bad values raise InvalidArgument naming the field.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from radixmesh.v1 import executor_pb2, inference_pb2, scheduler_pb2
-from services.common.errors import InvalidArgument, RadixmeshError
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
-from services.common.step import (
-    DeviceHealth,
-    SequenceOutput,
-    StepPlan,
-    StepResult,
-    TokenLogprobs,
+from services.common.convert import (
+    constraint_from_proto,
+    sampling_from_proto,
 )
+from services.common.errors import InvalidArgument, RadixmeshError
+from services.common.sampling import Constraint, SamplingParams
+from services.common.step import TokenLogprobs
 from services.scheduler.core import ExecutorInfo, Priority, RequestUpdate
 
-DEFAULT_SAMPLING = SamplingParams()
-_SAMPLING_DEFAULTS = {f.name: getattr(DEFAULT_SAMPLING, f.name) for f in fields(SamplingParams)}
-_REPEATED = frozenset({"stop", "stop_token_ids"})
 _PRIORITY = {
     inference_pb2.PRIORITY_UNSPECIFIED: Priority.INTERACTIVE,
     inference_pb2.PRIORITY_INTERACTIVE: Priority.INTERACTIVE,
     inference_pb2.PRIORITY_BATCH: Priority.BATCH,
     inference_pb2.PRIORITY_SHEDDABLE: Priority.SHEDDABLE,
-}
-_STRING_KINDS = {
-    "json_schema": ConstraintKind.JSON_SCHEMA,
-    "regex": ConstraintKind.REGEX,
-    "ebnf": ConstraintKind.EBNF,
 }
 # google.rpc.Code values of the errors the scheduler reports on a TokenUpdate
 _RPC_CODE = {
@@ -63,46 +52,6 @@ class Submission:
     priority: Priority
     deadline: float | None
     """On the scheduler's clock (time.monotonic)."""
-
-
-def sampling_from_proto(msg: inference_pb2.SamplingParams) -> SamplingParams:
-    kwargs: dict[str, Any] = {}
-    for descriptor, value in msg.ListFields():
-        kwargs[descriptor.name] = tuple(value) if descriptor.name in _REPEATED else value
-    return SamplingParams(**kwargs) if kwargs else DEFAULT_SAMPLING
-
-
-def sampling_to_proto(params: SamplingParams) -> inference_pb2.SamplingParams:
-    kwargs: dict[str, Any] = {
-        name: getattr(params, name)
-        for name, default in _SAMPLING_DEFAULTS.items()
-        if getattr(params, name) != default
-    }
-    return inference_pb2.SamplingParams(**kwargs)
-
-
-def constraint_from_proto(msg: inference_pb2.Constraint) -> Constraint | None:
-    kind = msg.WhichOneof("kind")
-    if kind is None:
-        return None
-    if kind == "choices":
-        return Constraint(ConstraintKind.CHOICES, choices=tuple(msg.choices.choices))
-    if kind == "json_object":
-        if not msg.json_object:
-            raise InvalidArgument("constraint.json_object must be true when set")
-        return Constraint(ConstraintKind.JSON_OBJECT)
-    return Constraint(_STRING_KINDS[kind], getattr(msg, kind))
-
-
-def constraint_to_proto(constraint: Constraint) -> inference_pb2.Constraint:
-    if constraint.kind is ConstraintKind.CHOICES:
-        return inference_pb2.Constraint(
-            choices=inference_pb2.Choices(choices=list(constraint.choices))
-        )
-    if constraint.kind is ConstraintKind.JSON_OBJECT:
-        return inference_pb2.Constraint(json_object=True)
-    kwargs: dict[str, Any] = {constraint.kind.value: constraint.value}
-    return inference_pb2.Constraint(**kwargs)
 
 
 def submission_from_proto(
@@ -171,62 +120,6 @@ def error_code(error: RadixmeshError) -> int:
 
 
 # -- the executor stream ------------------------------------------------------
-
-
-def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
-    msg = executor_pb2.StepPlan(step_id=plan.step_id, finished_req_ids=plan.finished_req_ids)
-    for seq in plan.new_seqs:
-        new = msg.new_seqs.add(
-            req_id=seq.req_id,
-            token_ids=seq.token_ids,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_computed_tokens=seq.num_computed_tokens,
-            num_scheduled_tokens=seq.num_scheduled_tokens,
-            page_ids=seq.page_ids,
-        )
-        if seq.sampling != DEFAULT_SAMPLING:
-            new.sampling.CopyFrom(sampling_to_proto(seq.sampling))
-        if seq.constraint is not None:
-            new.constraint.CopyFrom(constraint_to_proto(seq.constraint))
-    add = msg.running_seqs.add
-    for run in plan.running_seqs:
-        add(
-            req_id=run.req_id,
-            appended_page_ids=run.appended_page_ids,
-            num_scheduled_tokens=run.num_scheduled_tokens,
-        )
-    return msg
-
-
-def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
-    outputs = []
-    for out in msg.outputs:
-        logprobs = None
-        if out.HasField("logprobs"):
-            pos = out.logprobs
-            logprobs = TokenLogprobs(
-                pos.sampled.token_id,
-                pos.sampled.logprob,
-                [(t.token_id, t.logprob) for t in pos.top],
-            )
-        outputs.append(
-            SequenceOutput(
-                req_id=out.req_id,
-                token_id=out.token_id if out.HasField("token_id") else None,
-                logprobs=logprobs,
-                finish_reason=out.finish_reason or None,
-                matched_stop_token_id=(
-                    out.matched_stop_token_id if out.HasField("matched_stop_token_id") else None
-                ),
-            )
-        )
-    health = health_from_proto(msg.health) if msg.HasField("health") else None
-    return StepResult(msg.step_id, outputs, msg.step_seconds, health)
-
-
-def health_from_proto(msg: executor_pb2.DeviceHealth) -> DeviceHealth:
-    """The fields the executor's device reported; absent ones stay None."""
-    return DeviceHealth(**{d.name: value for d, value in msg.ListFields()})
 
 
 def info_from_proto(msg: executor_pb2.GetInfoResponse) -> ExecutorInfo:

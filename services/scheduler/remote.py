@@ -24,6 +24,7 @@ from services.cache.client import (
     MatchOp,
     ReleaseOp,
 )
+from services.common import convert as wire
 from services.common.errors import RadixmeshError, Unavailable
 from services.common.interceptor import error_from_rpc_error
 from services.common.sampling import Constraint
@@ -112,7 +113,7 @@ class RemoteExecutor:
     def submit(self, plan: StepPlan) -> None:
         if self._call is None or self._call.done():
             raise Unavailable(f"executor {self.address}: the Step stream is closed")
-        self._outbox.put_nowait(convert.plan_to_proto(plan))
+        self._outbox.put_nowait(wire.plan_to_proto(plan))
 
     async def next_result(self) -> StepResult:
         try:
@@ -121,13 +122,13 @@ class RemoteExecutor:
             raise Unavailable(f"executor {self.address}: {error_from_rpc_error(exc)}") from None
         if msg is grpc.aio.EOF:
             raise Unavailable(f"executor {self.address} ended the Step stream")
-        return convert.result_from_proto(msg)
+        return wire.result_from_proto(msg)
 
     async def prepare_constraint(self, constraint: Constraint) -> float:
         """PrepareConstraint: the executor compiles it into its grammar cache (unary call,
         beside the Step stream). A compile has its own limit on the executor."""
         request = executor_pb2.PrepareConstraintRequest(
-            constraint=convert.constraint_to_proto(constraint)
+            constraint=wire.constraint_to_proto(constraint)
         )
         try:
             reply = await self._stub.PrepareConstraint(request, timeout=self._timeout)

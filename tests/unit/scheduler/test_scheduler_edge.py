@@ -71,7 +71,7 @@ def test_an_update_carries_tokens_logprobs_counts_and_errors():
 
 
 def test_plans_keep_every_field_on_the_wire():
-    from services.executor.convert import plan_from_proto  # the executor's reader of the wire
+    from services.common.convert import plan_from_proto, plan_to_proto  # both ends of the wire
 
     sampling = SamplingParams(max_tokens=3, temperature=0.0, stop_token_ids=(7,))
     plan = StepPlan(
@@ -80,7 +80,7 @@ def test_plans_keep_every_field_on_the_wire():
         [RunningSequence("b", 1, [8, 9])],
         ["c"],
     )
-    assert plan_from_proto(convert.plan_to_proto(plan)) == plan
+    assert plan_from_proto(plan_to_proto(plan)) == plan
 
 
 async def test_metrics_read_the_core_at_scrape_time():
