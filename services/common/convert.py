@@ -17,6 +17,7 @@ raise `InvalidArgument` naming the field, e.g.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from radixmesh.v1 import executor_pb2, inference_pb2
 from services.common.errors import InvalidArgument
@@ -65,7 +66,7 @@ def sampling_from_proto(msg: inference_pb2.SamplingParams, where: str = "") -> S
     present = msg.ListFields()
     if not present:
         return DEFAULT_SAMPLING
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for descriptor, value in present:
         name = descriptor.name
         kwargs[name] = tuple(value) if name in _REPEATED_SAMPLING_FIELDS else value
@@ -110,7 +111,8 @@ def constraint_to_proto(constraint: Constraint) -> inference_pb2.Constraint:
         )
     if kind is ConstraintKind.JSON_OBJECT:
         return inference_pb2.Constraint(json_object=True)
-    return inference_pb2.Constraint(**{kind.value: constraint.value})
+    kwargs: dict[str, Any] = {kind.value: constraint.value}
+    return inference_pb2.Constraint(**kwargs)
 
 
 # -- plans --------------------------------------------------------------------
@@ -167,11 +169,11 @@ def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
             new.sampling.CopyFrom(sampling_to_proto(seq.sampling))
         if seq.constraint is not None:
             new.constraint.CopyFrom(constraint_to_proto(seq.constraint))
-    for seq in plan.running_seqs:
+    for run in plan.running_seqs:
         msg.running_seqs.add(
-            req_id=seq.req_id,
-            appended_page_ids=seq.appended_page_ids,
-            num_scheduled_tokens=seq.num_scheduled_tokens,
+            req_id=run.req_id,
+            appended_page_ids=run.appended_page_ids,
+            num_scheduled_tokens=run.num_scheduled_tokens,
         )
     return msg
 
