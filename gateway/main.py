@@ -114,8 +114,8 @@ def _memory(args: argparse.Namespace, models: ModelRegistry) -> tuple[GatewayMem
         if args.result_cache:
             raise InvalidArgument("--result-cache needs --cache-address")
         return GatewayMemory(), None
-    from services.cache.client import CacheClient
-    from services.cache.store.keys import result_key
+    from services.common.cache_client import CacheClient
+    from services.common.result_key import result_key
 
     client = CacheClient(args.cache_address)
 

@@ -1,4 +1,5 @@
-"""Protobuf <-> cache core objects, at the edge only (the server and the client use it)."""
+"""Cache core objects -> protobuf, at the server's edge (the client's direction,
+protobuf -> objects, lives with the client in `services.common.cache_client`)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,8 @@ def lease_to_pb(lease: Lease) -> pb.AcquireResponse:
     )
 
 
-def lease_from_pb(executor_id: str, response: pb.AcquireResponse) -> Lease:
-    return Lease(
-        lease_id=response.lease_id,
-        executor_id=executor_id,
-        page_ids=list(response.page_ids),
-        num_cached_tokens=response.num_cached_tokens,
-    )
-
-
 def commit_to_pb(result: CommitResult) -> pb.CommitResponse:
     return pb.CommitResponse(num_cached_tokens=result.num_cached_tokens)
-
-
-def commit_from_pb(response: pb.CommitResponse) -> CommitResult:
-    return CommitResult(num_cached_tokens=response.num_cached_tokens)
 
 
 def match_to_pb(matches: dict[str, int]) -> pb.MatchResponse:
@@ -37,15 +25,7 @@ def match_to_pb(matches: dict[str, int]) -> pb.MatchResponse:
     )
 
 
-def match_from_pb(response: pb.MatchResponse) -> dict[str, int]:
-    return {m.executor_id: m.num_cached_tokens for m in response.matches}
-
-
 def stats_to_pb(stats: list[PoolStats]) -> pb.GetStatsResponse:
     return pb.GetStatsResponse(
         pools=[pb.PoolStats(**{f: getattr(s, f) for f in _STATS_FIELDS}) for s in stats]
     )
-
-
-def stats_from_pb(response: pb.GetStatsResponse) -> list[PoolStats]:
-    return [PoolStats(**{f: getattr(p, f) for f in _STATS_FIELDS}) for p in response.pools]

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from radixmesh.v1 import scheduler_pb2_grpc
-from services.cache.client import CacheClient
+from services.common.cache_client import CacheClient
 from services.common.config import ServerConfig, add_server_arguments
 from services.common.errors import InvalidArgument, RadixmeshError
 from services.common.logging import configure_logging, get_logger

@@ -15,7 +15,8 @@ from typing import Any
 import grpc
 
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
-from services.cache.client import (
+from services.common import convert as wire
+from services.common.cache_client import (
     AcquireOp,
     CacheClient,
     CommitOp,
@@ -24,7 +25,6 @@ from services.cache.client import (
     MatchOp,
     ReleaseOp,
 )
-from services.common import convert as wire
 from services.common.errors import RadixmeshError, Unavailable
 from services.common.interceptor import error_from_rpc_error
 from services.common.sampling import Constraint

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cache.client import (
+from services.common.cache_client import (
     AcquireOp,
     CacheClient,
     CommitOp,
@@ -23,7 +23,7 @@ from services.cache.client import (
     MatchOp,
     ReleaseOp,
 )
-from services.cache.core import Lease
+from services.common.cache_types import Lease
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.common.testing import free_port, wait_for_serving
 from tests.fixtures.redis import redis_server  # noqa: F401

@@ -24,7 +24,7 @@ import torch
 import transformers
 
 from radixmesh.engine import Engine, EngineConfig
-from services.cache.client import CacheClient
+from services.common.cache_client import CacheClient
 from services.common.errors import Unavailable
 from services.common.sampling import SamplingParams
 from services.common.testing import free_port, wait_for_serving

@@ -8,6 +8,7 @@ from radixmesh.v1 import cache_pb2 as pb
 from services.cache import convert
 from services.cache.server import CacheServicer
 from services.cache.store import InProcessStore, StoreConfig
+from services.common import cache_client
 
 
 def make_servicer(make_core, clock) -> CacheServicer:
@@ -62,10 +63,12 @@ def test_stats_and_match_convert_both_ways(make_core):
     core.register_pool("exec-1", "m", 8, 2)
     lease = core.acquire("exec-0", [1, 2, 3, 4], 4, "h")
     core.commit(lease.lease_id, [1, 2, 3, 4])
-    assert convert.stats_from_pb(convert.stats_to_pb(core.stats())) == core.stats()
+    assert cache_client.stats_from_pb(convert.stats_to_pb(core.stats())) == core.stats()
     matches = core.match([1, 2, 3, 4])
     assert (
-        convert.match_from_pb(convert.match_to_pb(matches)) == matches == {"exec-0": 4, "exec-1": 0}
+        cache_client.match_from_pb(convert.match_to_pb(matches))
+        == matches
+        == {"exec-0": 4, "exec-1": 0}
     )
     again = core.acquire("exec-0", [1, 2, 3, 4], 6, "h")
-    assert convert.lease_from_pb("exec-0", convert.lease_to_pb(again)) == again
+    assert cache_client.lease_from_pb("exec-0", convert.lease_to_pb(again)) == again

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from services.cache.store import InProcessStore, RedisStore, Store, StoreConfig, result_key
+from services.cache.store import InProcessStore, RedisStore, Store, StoreConfig
 from services.common.errors import InvalidArgument, Unavailable
+from services.common.result_key import result_key
 from services.common.sampling import Constraint, ConstraintKind, SamplingParams
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -161,7 +162,7 @@ def test_result_key_changes_with_every_input():
 
 def test_result_key_is_stable_across_processes():
     code = (
-        "from services.cache.store import result_key;"
+        "from services.common.result_key import result_key;"
         "from services.common.sampling import SamplingParams, Constraint, ConstraintKind;"
         "print(result_key('m', [5, 6], SamplingParams(temperature=0.0, seed=3),"
         " Constraint(ConstraintKind.JSON_OBJECT)))"

@@ -1,4 +1,4 @@
-"""Stable keys for the result cache."""
+"""Stable keys for the result cache (computed by the gateway, stored by the cache service)."""
 
 from __future__ import annotations
 

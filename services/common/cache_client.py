@@ -1,5 +1,8 @@
 """`CacheClient`: the cache service from asyncio code, with the core's verbs and types.
 
+Lives in `services/common/` so the scheduler and the gateway reach the cache through the
+protos and this module only, never through the cache service's code.
+
     async with CacheClient("127.0.0.1:50052") as cache:
         lease = await cache.acquire("exec-0", tokens, len(tokens) + 16, holder="sched-0")
         results = await cache.batch([ExtendOp(lease.lease_id, 1), HeartbeatOp("sched-0")])
@@ -22,10 +25,32 @@ import grpc
 
 from radixmesh.v1 import cache_pb2 as pb
 from radixmesh.v1 import cache_pb2_grpc
-from services.cache import convert
-from services.cache.core import CommitResult, Lease, PoolStats
+from services.common.cache_types import CommitResult, Lease, PoolStats
 from services.common.errors import RadixmeshError, Unavailable
 from services.common.interceptor import error_from_rpc_error, error_from_status
+
+_STATS_FIELDS = tuple(PoolStats.__slots__)  # PoolStats and pb.PoolStats share field names
+
+
+def lease_from_pb(executor_id: str, response: pb.AcquireResponse) -> Lease:
+    return Lease(
+        lease_id=response.lease_id,
+        executor_id=executor_id,
+        page_ids=list(response.page_ids),
+        num_cached_tokens=response.num_cached_tokens,
+    )
+
+
+def commit_from_pb(response: pb.CommitResponse) -> CommitResult:
+    return CommitResult(num_cached_tokens=response.num_cached_tokens)
+
+
+def match_from_pb(response: pb.MatchResponse) -> dict[str, int]:
+    return {m.executor_id: m.num_cached_tokens for m in response.matches}
+
+
+def stats_from_pb(response: pb.GetStatsResponse) -> list[PoolStats]:
+    return [PoolStats(**{f: getattr(p, f) for f in _STATS_FIELDS}) for p in response.pools]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +70,7 @@ class AcquireOp:
         )
 
     def result(self, response: pb.AcquireResponse) -> Lease:
-        return convert.lease_from_pb(self.executor_id, response)
+        return lease_from_pb(self.executor_id, response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +96,7 @@ class CommitOp:
         return pb.CommitRequest(lease_id=self.lease_id, token_ids=self.token_ids)
 
     def result(self, response: pb.CommitResponse) -> CommitResult:
-        return convert.commit_from_pb(response)
+        return commit_from_pb(response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +121,7 @@ class MatchOp:
         return pb.MatchRequest(token_ids=self.token_ids, model=self.model or "")
 
     def result(self, response: pb.MatchResponse) -> dict[str, int]:
-        return convert.match_from_pb(response)
+        return match_from_pb(response)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +220,7 @@ class CacheClient:
         response = await self._call(
             self._stub.GetStats, pb.GetStatsRequest(executor_id=executor_id or "")
         )
-        return convert.stats_from_pb(response)
+        return stats_from_pb(response)
 
     # ---- result cache and sessions ----
 
