@@ -330,8 +330,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="inprocess, services or both (default: both on CPU, inprocess on a GPU)",
     )
+    p.add_argument(
+        "--switch-interval-us",
+        type=float,
+        default=0.0,
+        help="the interpreter's thread switch interval in this process (default: Python's 5000)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    if args.switch_interval_us < 0:
+        p.error("--switch-interval-us must be >= 0")
     if args.workload == "shared-prefix" and not 0 < args.shared_len < args.prompt_len:
         p.error("--shared-len must be in (0, --prompt-len)")
     if args.num_threads < 0:
@@ -343,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging("bench", "warning", json=False)  # stdout is left to the results
     mode = args.mode or default_mode(args.device)
+    if args.switch_interval_us:
+        sys.setswitchinterval(args.switch_interval_us * 1e-6)
     reports = []
     if mode in ("inprocess", "both"):
         reports.append(asyncio.run(bench_inprocess(args)))

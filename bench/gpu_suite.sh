@@ -4,8 +4,9 @@
 #   bash bench/gpu_suite.sh                # every step, in order
 #   bash bench/gpu_suite.sh peer summary   # some steps (results of earlier calls are kept)
 #
-# Steps: setup ceilings kernel_tests_gpu kernels model engine_b1 engine_offline peer
-#        kernel_tests summary
+# Steps: setup ceilings model engine_b1 profile kernels engine_offline peer structured
+#        kernel_tests summary (and, named: kernel_tests_gpu, the GPU-only kernel tests
+#        alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch interval)
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -122,12 +123,34 @@ step_engine_b1() {
         --num-requests 1 --prompt-len 32 --output-len "$out" --json
 }
 
+step_engine_b1_si() {  # the same with a 200 us thread switch interval
+    local out=128
+    [ "$GPU" = 1 ] || out=8
+    run_step engine_b1_si 150 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
+        --num-requests 1 --prompt-len 32 --output-len "$out" --switch-interval-us 200 --json
+}
+
 step_engine_offline() {
     local n=256 p=512 o=128
     [ "$GPU" = 1 ] || { n=8; p=32; o=8; }
     run_step engine_offline 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
         --num-requests "$n" --prompt-len "$p" --output-len "$o" \
         --max-num-seqs 256 --max-num-batched-tokens 8192 --json
+}
+
+step_profile() {
+    local copy sizes=(1 64) args=()
+    copy=$($PY -c "import json; print(json.load(open('$RESULTS/ceilings.json'))['copy_gbps'])" \
+        2>/dev/null) && args=(--copy-gbps "$copy")
+    [ "$GPU" = 1 ] || { sizes=(1 4); args+=(--device cpu --steps 5 --profile-steps 2 --num-pages 256); }
+    run_step profile 150 $PY bench/profile_decode.py --model "$MODEL" --batch-sizes "${sizes[@]}" \
+        "${args[@]}" --json "$RESULTS/profile.json"
+}
+
+step_structured() {
+    local args=(--device "$(engine_device)")
+    [ "$GPU" = 1 ] || args+=(--batch-size 4 --output-len 8 --rounds 1)
+    run_step structured 180 $PY -m bench.structured --mode engine --model "$MODEL" "${args[@]}"
 }
 
 step_peer() {
@@ -140,7 +163,10 @@ step_peer() {
 
 step_kernel_tests() {
     [ "$GPU" = 1 ] || { echo "== kernel_tests: skipped (no CUDA; CI runs them interpreted)"; return 0; }
-    run_step kernel_tests 240 $PY -m pytest -q -p no:cacheprovider --maxfail=5 tests/kernels
+    local workers=()  # compiling and tuning are most of the time: one process per core or so
+    $PY -c "import xdist" 2>/dev/null && workers=(-n 12)
+    run_step kernel_tests 360 $PY -m pytest -q -p no:cacheprovider --maxfail=5 "${workers[@]}" \
+        --durations=25 tests/kernels
 }
 
 step_summary() {
@@ -205,6 +231,11 @@ if b1:
     row("batch-1 TPOT (engine)", tpot, "ms", floor_ms and round(floor_ms, 3),
         floor_ms and round(tpot / floor_ms, 3), 1.15, higher=False,
         note="reference: weight bytes / copy BW")
+if b1_si := engine("engine_b1_si"):
+    tpot = b1_si["tpot_p50_ms"]
+    row("batch-1 TPOT, 200 us GIL switch", tpot, "ms", floor_ms and round(floor_ms, 3),
+        floor_ms and round(tpot / floor_ms, 3), 1.15, higher=False,
+        note="the engine step with sys.setswitchinterval(2e-4)")
 if peer_b1.get("tpot_ms"):
     row("batch-1 TPOT (HF generate)", peer_b1["tpot_ms"], "ms", floor_ms and round(floor_ms, 3),
         floor_ms and round(peer_b1["tpot_ms"] / floor_ms, 3),
@@ -221,6 +252,13 @@ if off:
         row("offline achieved TFLOP/s", round(achieved, 1), "TFLOP/s", mm,
             round(achieved / mm, 3), 0.6,
             note="2 x params x (prompt+output) tokens / s over bf16 matmul")
+for prof in load("profile.json") or []:
+    b, wall, busy = prof["batch"], prof["step_wall_ms_p50"], prof["device_busy_ms_per_step"]
+    row(f"batch-{b} step, core alone", wall, "ms", busy, busy and round(busy / wall, 3),
+        note=f"reference: device busy; {prof['kernels_per_step']:.0f} kernels per step")
+    if prof.get("matmul_share_of_copy_bw"):
+        row(f"batch-{b} matmul weight read", prof["matmul_weight_gbps"], "GB/s", copy,
+            prof["matmul_share_of_copy_bw"], note="of copy BW")
 if hf_tps := peer_batch.get("output_tokens_per_s"):
     row("offline output tok/s (HF)", hf_tps, "tok/s", note="peer generate_batch")
 
@@ -245,8 +283,8 @@ PY
 }
 
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(setup ceilings kernel_tests_gpu kernels model engine_b1
-    engine_offline peer kernel_tests summary)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(setup ceilings model engine_b1 profile kernels engine_offline
+    peer structured kernel_tests summary)
 for step in "${STEPS[@]}"; do
     if ! declare -F "step_$step" >/dev/null; then
         echo "unknown step '$step'"

@@ -113,7 +113,7 @@ def decode_batch1(model: Any, args: argparse.Namespace, device: torch.device) ->
     prompt = random_prompts(1, args.decode_prompt_len, vocab, args.seed)[0]
     input_ids = torch.tensor([prompt], device=device)
     config = GenerationConfig(do_sample=False, max_new_tokens=args.decode_output_len)
-    with torch.inference_mode():
+    with torch.no_grad():
         model.generate(
             input_ids, generation_config=GenerationConfig(do_sample=False, max_new_tokens=8)
         )
@@ -174,7 +174,7 @@ def batch_generate(model: Any, args: argparse.Namespace) -> dict[str, Any]:
         kwargs["continuous_batching_config"] = cb_config
     if "progress_bar" in params:
         kwargs["progress_bar"] = False
-    with torch.inference_mode():
+    with torch.no_grad():  # generate_batch updates its tensors from a thread of its own
         start = time.perf_counter()
         results = model.generate_batch(inputs=prompts, **kwargs)
         seconds = time.perf_counter() - start

@@ -48,6 +48,9 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Its token and sequence limits are lowered to the executors' where those are smaller."""
     cache: CacheConfig = field(default_factory=CacheConfig)
+    overlap_prepare: bool | None = None
+    """Prepare plan N + 1 on a thread of its own while step N executes. None: on CUDA
+    devices only (on CPU the threads would only contend for the interpreter)."""
 
     def __post_init__(self) -> None:
         if not self.executors:
@@ -60,11 +63,16 @@ class EngineConfig:
         *,
         num_executors: int = 1,
         scheduler: SchedulerConfig | None = None,
+        overlap_prepare: bool | None = None,
         **executor_fields: object,
     ) -> EngineConfig:
         """One model folder served by `num_executors` executors built from executor_fields."""
         executor = ExecutorConfig(model_path=model_path, **executor_fields)  # type: ignore[arg-type]
-        return cls(executors=(executor,) * num_executors, scheduler=scheduler or SchedulerConfig())
+        return cls(
+            executors=(executor,) * num_executors,
+            scheduler=scheduler or SchedulerConfig(),
+            overlap_prepare=overlap_prepare,
+        )
 
 
 @dataclass(slots=True)
@@ -169,6 +177,7 @@ class Engine:
                 core,
                 self.grammar,
                 has_grammar=self._matcher_factory is not None,
+                overlap_prepare=self.config.overlap_prepare,
             )
             info = port.info
             self.cache.register_pool(info.executor_id, info.model, info.num_pages, info.page_size)

@@ -2,7 +2,9 @@
 
 The cache core is called inline (its verbs take microseconds). Each executor
 core runs its steps on a worker thread of its own, in submission order, so
-the event loop plans step N+1 while step N computes.
+the event loop plans step N+1 while step N computes. On a CUDA device the
+core's prepare (checks, state, host arrays, upload) runs on a second thread,
+so plan N+1 is prepared while step N executes, as in the executor service.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
+import torch
+
 from services.cache.core import CacheCore
 from services.common.errors import InvalidArgument, Unavailable
 from services.common.sampling import Constraint
@@ -21,7 +25,7 @@ from services.common.step import StepPlan, StepResult
 from services.scheduler.core import ExecutorInfo, LeaseGrant
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import ExecutorCore
+    from services.executor.core.executor import ExecutorCore, PreparedStep
     from services.executor.core.grammar import GrammarService
 
 
@@ -73,6 +77,11 @@ class InProcessExecutor:
     compiled into its cache ahead of scheduling. Without it a constraint is
     accepted as is when the core has a matcher factory of its own (compiled at
     step time), and refused when the core has no grammar backend.
+
+    `overlap_prepare`: prepare plan N + 1 on a thread of its own while step N
+    executes (no further ahead: its prepare waits for step N - 1). None: on a
+    CUDA device only; on CPU the two threads would only contend for the
+    interpreter, so each plan is prepared and executed on the step thread.
     """
 
     def __init__(
@@ -82,6 +91,7 @@ class InProcessExecutor:
         grammar: GrammarService | None = None,
         *,
         has_grammar: bool = False,
+        overlap_prepare: bool | None = None,
     ) -> None:
         """`has_grammar`: the core was given a matcher factory (implied by `grammar`)."""
         self.core = core
@@ -89,6 +99,23 @@ class InProcessExecutor:
         self._has_grammar = has_grammar or grammar is not None
         self._info = executor_info(executor_id, core)
         self._worker = concurrent.futures.ThreadPoolExecutor(1, f"executor-{executor_id}")
+        if overlap_prepare is None:
+            overlap_prepare = core.device.type == "cuda"
+        self._prepare_thread = (
+            concurrent.futures.ThreadPoolExecutor(1, f"executor-{executor_id}-prepare")
+            if overlap_prepare
+            else None
+        )
+        if core.device.type == "cuda" and core.device.index is not None:
+            for thread in (self._worker, self._prepare_thread):
+                if thread is not None:
+                    thread.submit(torch.cuda.set_device, core.device)  # FIFO: before any step
+        self._executes: collections.deque[concurrent.futures.Future[StepResult]] = (
+            collections.deque(maxlen=2)
+        )
+        """The last two plans' executes: plan N + 1's prepare waits for the older one."""
+        self._failed = False
+        """A prepare or execute raised: the core's state is undefined, later plans are refused."""
         self._pending: collections.deque[asyncio.Future[StepResult]] = collections.deque()
         self._closed = False
 
@@ -96,16 +123,56 @@ class InProcessExecutor:
     def info(self) -> ExecutorInfo:
         return self._info
 
+    @property
+    def overlaps_prepare(self) -> bool:
+        return self._prepare_thread is not None
+
     def submit(self, plan: StepPlan) -> None:
         if self._closed:
             raise Unavailable(f"executor {self._info.executor_id} is closed")
-        loop = asyncio.get_running_loop()
-        self._pending.append(loop.run_in_executor(self._worker, self.core.step, plan))
+        if self._prepare_thread is None:
+            future = self._worker.submit(self.core.step, plan)
+        else:
+            executes = self._executes
+            gate = executes[0] if len(executes) == executes.maxlen else None
+            prepared = self._prepare_thread.submit(self._prepare, plan, gate)
+            future = self._worker.submit(self._execute, prepared)
+            executes.append(future)
+        self._pending.append(asyncio.wrap_future(future))
 
     async def next_result(self) -> StepResult:
         if not self._pending:
             raise Unavailable(f"executor {self._info.executor_id}: no step in flight")
         return await self._pending.popleft()
+
+    def _prepare(
+        self, plan: StepPlan, gate: concurrent.futures.Future[StepResult] | None
+    ) -> PreparedStep:
+        """On the prepare thread, once `gate` (step N - 1 for plan N + 1) has executed."""
+        if gate is not None:
+            concurrent.futures.wait([gate])
+        self._check_healthy(plan)
+        try:
+            return self.core.prepare(plan)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _execute(self, prepared: concurrent.futures.Future[PreparedStep]) -> StepResult:
+        """On the step thread; a failed prepare raises here, in plan order."""
+        step = prepared.result()
+        try:
+            return self.core.execute(step)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _check_healthy(self, plan: StepPlan) -> None:
+        if self._failed:
+            raise Unavailable(
+                f"executor {self._info.executor_id}: step {plan.step_id} not run, "
+                "an earlier step failed"
+            )
 
     async def prepare_constraint(self, constraint: Constraint) -> float:
         if self.grammar is None:
@@ -124,4 +191,6 @@ class InProcessExecutor:
         for future in pending:
             with contextlib.suppress(Exception):  # the loop that owned these results is gone
                 await future
+        if self._prepare_thread is not None:
+            self._prepare_thread.shutdown(wait=True)
         self._worker.shutdown(wait=True)

@@ -256,8 +256,9 @@ async def _load(
         raise _StartupError(f"cannot load model {args.model}: {exc}") from exc
     servicer.attach(core, executor_id, grammar)
     info = core.info
+    timings = {f"{phase}_s": round(s, 3) for phase, s in core.startup_seconds.items()}
     log.info("model_loaded", executor_id=executor_id, model=info.name, device=info.device,
-             num_pages=info.num_pages, page_size=info.page_size)  # fmt: skip
+             num_pages=info.num_pages, page_size=info.page_size, **timings)  # fmt: skip
     return core
 
 

@@ -38,7 +38,7 @@ from services.common.step import (
     TokenLogprobs,
 )
 from services.executor.core.config import ExecutorConfig
-from services.executor.core.cuda_graphs import DecodeGraphs
+from services.executor.core.cuda_graphs import DecodeGraphs, warm_prefill
 from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch
 from services.executor.core.grammar_masks import GrammarMasks
 from services.executor.core.kv_pool import KVPool
@@ -117,7 +117,11 @@ class ExecutorCore:
         spec = folder.spec
         dtype = resolve_dtype(config.dtype, spec.torch_dtype, self.device)
         max_model_len = resolve_max_model_len(config, spec)
+        start = time.perf_counter()
         weights = load_weights(folder, dtype, self.device)
+        self.startup_seconds: dict[str, float] = {"load_weights": time.perf_counter() - start}
+        """Startup phases and their wall times: load_weights, then on CUDA warm_prefill
+        (compiles and tunes the prefill kernels) and capture_graphs."""
         self.model = Decoder(spec, weights, get_ops(self.device), max_model_len)
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
         num_pages = size_num_pages(config, spec, dtype, self.device, int(use_graphs))
@@ -125,13 +129,20 @@ class ExecutorCore:
             spec.num_layers, num_pages, config.page_size, spec.num_kv_heads, spec.head_dim,
             dtype, self.device, num_scratch_pages=int(use_graphs),
         )  # fmt: skip
+        if self.device.type == "cuda":
+            start = time.perf_counter()
+            warm_tokens = min(config.max_num_batched_tokens, max_model_len - 1, 4096)
+            warm_prefill(self.model, self.kv_pool, warm_tokens, page_id=0)  # no page is held yet
+            self.startup_seconds["warm_prefill"] = time.perf_counter() - start
         self._graphs: DecodeGraphs | None = None
         if use_graphs:
+            start = time.perf_counter()
             self._graphs = DecodeGraphs(
                 self.model, self.kv_pool, config.max_num_seqs,
                 -(-max_model_len // config.page_size), self.kv_pool.scratch_page_ids[0],
             )  # fmt: skip
             self._graphs.capture()
+            self.startup_seconds["capture_graphs"] = time.perf_counter() - start
         self.sampler = Sampler(spec.vocab_size, self.device)
         self.info = ModelInfo(
             name=config.model_name or folder.path.resolve().name,
@@ -231,8 +242,9 @@ class ExecutorCore:
     def execute(self, prepared: PreparedStep) -> StepResult:
         """Runs a prepared step: forward, grammar masks, sampling, finish detection.
 
-        The grammar bitmask is filled beside the forward: on a worker thread on CPU, on
-        this thread while the device computes with CUDA (see grammar_masks.py).
+        Beside the forward (on a worker thread on CPU, on this thread while the device
+        computes with CUDA; see grammar_masks.py) each constrained sequence's grammar
+        accepts the token it sampled last, then its bitmask row is filled.
         step_seconds in the result is this call's time plus the prepare's. If it
         raises, the state of the step's sequences is undefined: drop them.
         """
@@ -253,16 +265,22 @@ class ExecutorCore:
                 logits = self._graphs.run(batch)
             else:
                 logits = self.model.forward(batch, self.kv_pool)
-            bitmask = (
-                fill.result() if fill is not None else self._masks.fill(prepared.samplers, live)
-            )
+            masks = fill.result() if fill is not None else self._masks.fill(prepared.samplers, live)
+            refused = {id(prepared.samplers[row]) for row in masks.refused}
+            for row in masks.refused:
+                live[row] = False
             sampled = (
-                self._sample(prepared, batch, logits, live, bitmask) if prepared.samplers else {}
+                self._sample(prepared, batch, logits, live, masks.bitmask)
+                if prepared.samplers
+                else {}
             )
             with self._lock:
                 for seq in prepared.seqs:
                     if seq.finished:
                         continue  # ended by an earlier step; the scheduler did not know yet
+                    if id(seq) in refused:
+                        outputs.append(self._refused(seq))
+                        continue
                     sample = sampled.get(id(seq))
                     outputs.append(
                         self._finish_sample(seq, *sample)
@@ -444,14 +462,18 @@ class ExecutorCore:
         logprobs = _logprobs_by_row(seqs, token_ids, result)
         return {id(seq): (token_ids[i], logprobs[i]) for i, seq in enumerate(seqs) if live[i]}
 
+    def _refused(self, seq: SequenceState) -> SequenceOutput:
+        """The grammar refused the token sampled last, which its bitmask allowed: an
+        internal error that ends the sequence."""
+        log.error("grammar_refused_sampled_token", req_id=seq.req_id, token_id=seq.token_ids[-1])
+        self._end(seq)
+        return SequenceOutput(seq.req_id, None, finish_reason="abort")
+
     def _finish_sample(
         self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None
     ) -> SequenceOutput:
-        if seq.matcher is not None and not seq.matcher.accept(token_id):
-            # The bitmask allowed only tokens the grammar accepts: this is an internal error.
-            log.error("grammar_refused_sampled_token", req_id=seq.req_id, token_id=token_id)
-            self._end(seq)
-            return SequenceOutput(seq.req_id, None, finish_reason="abort")
+        if seq.matcher is not None:
+            seq.pending_token = token_id  # accepted beside the sequence's next forward
         seq.token_ids.append(token_id)
         reason, stop_id = check_finish(
             seq, token_id, self.info.eos_token_ids, self.info.max_model_len

@@ -1,5 +1,5 @@
-"""The executor's grammar bitmask per step: fill on the host beside the forward, upload, and
-the rows where the grammar must win over min_tokens.
+"""The executor's grammar bitmask per step: accept the tokens sampled last and fill on the
+host beside the forward, upload, and the rows where the grammar must win over min_tokens.
 
 One host buffer of int32 [max_num_seqs, ceil(vocab_size / 32)] (pinned with CUDA) and
 its device copy are allocated at the first constrained step and reused: a step's upload is
@@ -11,11 +11,20 @@ is queued on the device and the fill runs on the calling thread meanwhile.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
 from kernels.bitmask import unpack_bitmask
-from services.executor.core.sequence import SequenceState
+from services.executor.core.sequence import SequenceState, accept_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class MaskFill:
+    bitmask: torch.Tensor | None
+    """Host rows of the step's samplers; None if no live sequence is constrained."""
+    refused: frozenset[int] = frozenset()
+    """Rows whose grammar refused the token sampled last (their rows allow everything)."""
 
 
 class GrammarMasks:
@@ -37,22 +46,38 @@ class GrammarMasks:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-fill")
         return self._pool.submit(self.fill, seqs, live)
 
-    def fill(self, seqs: list[SequenceState], live: list[bool]) -> torch.Tensor | None:
-        """Host rows for `seqs` (all ones where unconstrained or finished); None if no live
-        sequence is constrained."""
+    def fill(self, seqs: list[SequenceState], live: list[bool]) -> MaskFill:
+        """Each live constrained sequence's grammar accepts its pending token (the batch in
+        one call), then host rows for `seqs` (all ones where unconstrained, finished or
+        refused)."""
         if not any_constrained(seqs, live):
-            return None
+            return MaskFill(None)
+        pending = [
+            i
+            for i, seq in enumerate(seqs)
+            if live[i] and seq.matcher is not None and seq.pending_token is not None
+        ]
+        refused: set[int] = set()
+        if pending:
+            oks = accept_tokens(
+                [seqs[i].matcher for i in pending],  # type: ignore[misc]
+                [seqs[i].pending_token for i in pending],  # type: ignore[misc]
+            )
+            for i, ok in zip(pending, oks, strict=True):
+                seqs[i].pending_token = None
+                if not ok:
+                    refused.add(i)
         if self._host is None:
             words = (self.vocab_size + 31) // 32
             pin = self.device.type == "cuda"
             self._host = torch.empty((self.max_num_seqs, words), dtype=torch.int32, pin_memory=pin)
         bitmask = self._host[: len(seqs)]
         for row, seq in enumerate(seqs):
-            if seq.matcher is not None and live[row]:
+            if seq.matcher is not None and live[row] and row not in refused:
                 seq.matcher.fill_bitmask(bitmask, row)
             else:
                 bitmask[row].fill_(-1)
-        return bitmask
+        return MaskFill(bitmask, frozenset(refused))
 
     def upload(self, bitmask: torch.Tensor) -> torch.Tensor:
         """The filled rows on the executor's device (the host rows themselves on CPU)."""

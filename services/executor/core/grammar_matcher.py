@@ -75,6 +75,33 @@ class ConstraintMatcher:
         self._token_ids.append(token_id)
         return True
 
+    def is_stop_token(self, token_id: int) -> bool:
+        """Accepting token_id ends the grammar (a stop token it allows is accepted only
+        where the output is complete)."""
+        return token_id in self.compiled.stop_token_ids
+
+    @staticmethod
+    def accept_many(matchers: Sequence[ConstraintMatcher], token_ids: Sequence[int]) -> list[bool]:
+        """`accept` for each pair, the grammar library called once for the batch."""
+        if len(matchers) != len(token_ids):
+            raise InvalidArgument(f"{len(matchers)} matchers for {len(token_ids)} tokens")
+        rows = [
+            i
+            for i, (m, t) in enumerate(zip(matchers, token_ids, strict=True))
+            if t not in m.compiled.banned_token_ids
+        ]
+        accepted = [False] * len(matchers)
+        if not rows:
+            return accepted
+        oks = xgr.BatchGrammarMatcher.batch_accept_token(
+            [matchers[i]._matcher for i in rows], [token_ids[i] for i in rows]
+        )
+        for i, ok in zip(rows, oks, strict=True):
+            if ok:
+                matchers[i]._token_ids.append(token_ids[i])
+                accepted[i] = True
+        return accepted
+
     def rollback(self, num_tokens: int) -> None:
         """Forgets the last num_tokens accepted tokens (speculation, jump-forward retokenizing)."""
         if not 0 <= num_tokens <= len(self._token_ids):

@@ -14,12 +14,16 @@ from services.common.sampling import Constraint, SamplingParams
 class TokenMatcher(Protocol):
     """The grammar hook: one per constrained sequence, built by the executor's matcher factory.
 
-    Before sampling, the executor asks for the row of allowed tokens; after
-    sampling, it reports the chosen token. A matcher that has reached the
-    grammar's end finishes the sequence with "stop"; one that refuses the
-    sampled token (which the bitmask should have made impossible) ends it with
-    "abort", without the token. `grammar_matcher.ConstraintMatcher` is the
-    implementation. Its jump-forward (forced continuation) is not used: forced
+    Before sampling, the executor asks for the row of allowed tokens. The
+    sampled token is reported to the matcher at the start of the sequence's
+    next step, beside that step's forward and before its bitmask is filled
+    (`SequenceState.pending_token`), so the grammar's work per token stays off
+    the path between two forwards. A sampled token the bitmask allowed that is
+    one of the grammar's stop tokens ends the grammar (`is_stop_token`): the
+    sequence finishes with "stop" in the step that sampled it. A matcher that
+    refuses a sampled token (which the bitmask should have made impossible)
+    ends the sequence with "abort" in the step that reports it.
+    `grammar_matcher.ConstraintMatcher` is the implementation. Its jump-forward (forced continuation) is not used: forced
     tokens are not the tokenizer's own encoding of the text, so the output
     would differ from plain sampling, and the step contract returns one token
     per sequence and step.
@@ -37,11 +41,26 @@ class TokenMatcher(Protocol):
         """Resets, then accepts token_ids: the state of a resumed sequence."""
         ...
 
+    def is_stop_token(self, token_id: int) -> bool:
+        """Accepting token_id (one the bitmask allowed) ends the grammar."""
+        ...
+
     @property
     def is_terminated(self) -> bool: ...
 
 
 MatcherFactory = Callable[[Constraint], TokenMatcher]
+
+
+def accept_tokens(matchers: Sequence[TokenMatcher], token_ids: Sequence[int]) -> list[bool]:
+    """matchers[i].accept(token_ids[i]) for each i; in one call when every matcher is of
+    one class that has a static `accept_many(matchers, token_ids)` (one trip into the
+    grammar library, and the interpreter lock taken once, for the whole batch)."""
+    kinds = {type(m) for m in matchers}
+    many = getattr(next(iter(kinds)), "accept_many", None) if len(kinds) == 1 else None
+    if many is not None:
+        return many(matchers, token_ids)
+    return [m.accept(t) for m, t in zip(matchers, token_ids, strict=True)]
 
 
 @dataclass(slots=True)
@@ -65,6 +84,9 @@ class SequenceState:
     row: int
     """Row of this sequence in the executor's device buffer of last sampled tokens."""
     matcher: TokenMatcher | None = None
+    pending_token: int | None = None
+    """The token sampled last, not yet accepted by `matcher`: the next step that samples
+    the sequence accepts it before filling its bitmask."""
     has_device_token: bool = False
     """The last known token is sampled here: the device buffer holds it at `row` (or will,
     in stream order, when the prepared step that samples it runs)."""
@@ -96,7 +118,7 @@ def check_finish(
         return "stop", token_id
     if may_stop and not params.ignore_eos and token_id in eos_token_ids:
         return "stop", token_id
-    if seq.matcher is not None and seq.matcher.is_terminated:
+    if seq.matcher is not None and seq.matcher.is_stop_token(token_id):
         return "stop", None
     if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
         return "length", None

@@ -18,13 +18,20 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 @pytest.fixture
 async def make_engine(tiny_llama):
-    """make_engine(scheduler=..., **executor fields) -> a started Engine, stopped after the test."""
+    """make_engine(scheduler=..., overlap_prepare=..., **executor fields) -> a started Engine, stopped after the test."""
     engines: list[Engine] = []
 
-    async def make(scheduler: SchedulerConfig | None = None, **executor_fields) -> Engine:
+    async def make(
+        scheduler: SchedulerConfig | None = None,
+        overlap_prepare: bool | None = None,
+        **executor_fields,
+    ) -> Engine:
         fields = {"device": "cpu", "page_size": 4, "num_pages": 256, "max_num_seqs": 64}
         fields.update(executor_fields)
-        engine = Engine(EngineConfig.for_model(str(tiny_llama), scheduler=scheduler, **fields))
+        config = EngineConfig.for_model(
+            str(tiny_llama), scheduler=scheduler, overlap_prepare=overlap_prepare, **fields
+        )
+        engine = Engine(config)
         await engine.start()
         engines.append(engine)
         return engine

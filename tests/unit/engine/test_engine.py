@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import pytest
 import torch
 from engine_factories import VOCAB
 
-from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from services.common.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+)
 from services.common.sampling import SamplingParams
 from services.scheduler.core import Priority, SchedulerConfig
 
@@ -145,4 +151,74 @@ async def test_a_full_queue_answers_resource_exhausted(make_engine):
         await engine.generate([7, 8], greedy(1))
     running.abort()
     assert len((await queued.collect()).token_ids) == 1
+    await engine.stop()
+
+
+def record_threads(core) -> dict[str, set[str]]:
+    """Wrap the core's prepare and execute to record the threads they run on."""
+    threads: dict[str, set[str]] = {"prepare": set(), "execute": set()}
+    for name in threads:
+        verb = getattr(core, name)
+
+        def recorded(arg, verb=verb, name=name):
+            threads[name].add(threading.current_thread().name)
+            return verb(arg)
+
+        setattr(core, name, recorded)
+    return threads
+
+
+@pytest.mark.parametrize("num_pages", [256, 20])  # 20: requests are preempted and resumed
+async def test_plans_prepared_ahead_on_their_own_thread_give_the_same_tokens(
+    make_engine, num_pages
+):
+    cases = (
+        mixed_prompts(24, seed=3)
+        if num_pages == 256
+        else [([5 + i] * 9 + [40 + i], 24) for i in range(6)]
+    )
+    expected = await alone(make_engine, cases)
+    engine = await make_engine(
+        SchedulerConfig(max_num_batched_tokens=64, page_lookahead=1),
+        overlap_prepare=True,
+        num_pages=num_pages,
+    )
+    threads = record_threads(engine.executors[0])
+    streams = [await engine.generate(p, greedy(n)) for p, n in cases]
+    results = await asyncio.gather(*(s.collect() for s in streams))
+    assert [r.token_ids for r in results] == expected
+    if num_pages == 20:
+        assert engine.scheduler.num_preemptions > 0
+    (prepare_thread,) = threads["prepare"]
+    (execute_thread,) = threads["execute"]
+    assert prepare_thread.endswith("-prepare_0") and prepare_thread != execute_thread
+    await engine.stop()
+
+
+async def test_on_cpu_plans_are_prepared_on_the_step_thread_by_default(make_engine):
+    engine = await make_engine()
+    threads = record_threads(engine.executors[0])
+    assert len((await engine.complete([3, 4, 5], greedy(4))).token_ids) == 4
+    assert threads["prepare"] == threads["execute"]  # core.step on the step thread
+    assert len(threads["execute"]) == 1
+    await engine.stop()
+
+
+async def test_a_failed_prepare_ends_every_request_and_runs_no_later_step(make_engine):
+    engine = await make_engine(overlap_prepare=True)
+    core = engine.executors[0]
+    prepare, calls = core.prepare, []
+
+    def failing(plan):
+        calls.append(plan.step_id)
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return prepare(plan)
+
+    core.prepare = failing
+    streams = [await engine.generate([3 + i] * 5, greedy(50)) for i in range(4)]
+    for stream in streams:
+        with pytest.raises(Unavailable, match="device lost"):
+            await stream.collect()
+    assert len(calls) == 3  # the plan after the failed one never reached the core
     await engine.stop()

@@ -13,6 +13,7 @@ import torch
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import Constraint, ConstraintKind, SamplingParams
 from services.common.step import NewSequence, RunningSequence, StepPlan
+from services.executor.core.cuda_graphs import warm_prefill
 from tests.unit.executor.conftest import (
     TinyModel,
     greedy,
@@ -201,6 +202,9 @@ class OneTokenMatcher:
     def replay(self, token_ids: list[int]) -> None:
         self.accepted = list(token_ids)
 
+    def is_stop_token(self, token_id: int) -> bool:
+        return token_id == self.token_id
+
     @property
     def is_terminated(self) -> bool:
         return bool(self.accepted)
@@ -223,7 +227,7 @@ def test_grammar_hook_masks_sampling_and_ends_the_sequence(llama_model: TinyMode
     by_id = {o.req_id: o for o in out.outputs}
     assert (by_id["g"].token_id, by_id["g"].finish_reason) == (forced, "stop")
     assert by_id["free"].token_id == unconstrained
-    assert matchers[0].accepted == [forced]
+    assert matchers[0].accepted == []  # its one token ended it: nothing reads its state again
 
 
 def test_constraint_without_a_grammar_backend_is_refused(core) -> None:
@@ -282,3 +286,20 @@ def test_info_describes_model_and_pool(llama_model: TinyModel) -> None:
     )  # fmt: skip
     assert (info.vocab_size, info.max_model_len, info.eos_token_ids) == (128, 256, [2])
     assert make_core(llama_model).info.name == llama_model.path.name
+    assert set(core.startup_seconds) == {"load_weights"}  # on CPU nothing compiles at startup
+    assert core.startup_seconds["load_weights"] > 0
+
+
+def test_the_prefill_warm_up_leaves_nothing_a_request_reads(llama_model: TinyModel) -> None:
+    """The warm-up writes keys and values into one page; a request given that page then
+    decodes as it would have without the warm-up (each slot is written before it is read)."""
+    prompt = random_prompt(13, seed=61)
+    expected = hf_greedy(llama_model.hf, prompt, 4)
+    core = make_core(llama_model)
+    before = core.kv_pool.k_caches[0][0].clone()
+    warm_prefill(core.model, core.kv_pool, 37, page_id=0)
+    assert not torch.equal(core.kv_pool.k_caches[0][0], before)  # it did write there
+    assert torch.equal(core.kv_pool.k_caches[0][1], before)  # and nowhere else
+    outputs = [core.step(StepPlan(1, new_seqs=[new_seq("w", prompt, page_ids=[0, 1, 2, 3, 4])]))]
+    outputs += [core.step(StepPlan(i, running_seqs=[decode("w")])) for i in (2, 3, 4)]
+    assert [r.outputs[0].token_id for r in outputs] == expected

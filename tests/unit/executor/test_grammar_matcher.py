@@ -22,6 +22,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.sampling import Constraint, ConstraintKind
 from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.grammar_matcher import ConstraintMatcher, fill_batch_bitmask
+from services.executor.core.sequence import accept_tokens
 
 MAX_TOKENS = 512
 PAD = 45
@@ -379,3 +380,54 @@ def test_each_matcher_counts_as_a_constrained_request(tokenizer):
         assert service.metrics.num_compiles == 1
     finally:
         service.close()
+
+
+def test_accept_many_agrees_with_one_accept_at_a_time(service, tokenizer):
+    """Each step, every matcher is offered a token: mostly one its mask allows, sometimes a
+    random one (often refused) or a banned one; the batched call and the single calls
+    must agree on every answer and leave the same state behind."""
+    regex = service.compile_sync(Constraint(ConstraintKind.REGEX, r"[0-9]{2,6}-[a-z]{3}"))
+    schema = service.compile_sync(
+        _json_constraint({"type": "object", "properties": {"k": {"type": "integer"}}})
+    )
+    compiled = [regex, schema, regex, schema, schema]
+    batched = [service.new_matcher(c) for c in compiled]
+    single = [service.new_matcher(c) for c in compiled]
+    banned = min(tokenizer.all_special_ids)
+    generator = torch.Generator().manual_seed(3)
+    bitmask = service.allocate_bitmask(len(compiled))
+    num_refused = 0
+    for step in range(24):
+        fill_batch_bitmask(single, bitmask)
+        token_ids = []
+        for row in range(len(compiled)):
+            logits = torch.randn(1, service.vocab_size, generator=generator)
+            if (step + row) % 4:  # a token the mask allows
+                apply_bitmask_ref(logits, bitmask[row : row + 1])
+            token_ids.append(banned if (step + row) % 7 == 0 else int(logits.argmax()))
+        expected = [m.accept(t) for m, t in zip(single, token_ids, strict=True)]
+        assert accept_tokens(batched, token_ids) == expected
+        num_refused += expected.count(False)
+        assert [m.token_ids for m in batched] == [m.token_ids for m in single]
+        assert [m.is_terminated for m in batched] == [m.is_terminated for m in single]
+    assert 0 < num_refused < 24 * len(compiled)  # both answers were exercised
+    fill_batch_bitmask(single, bitmask)
+    other = service.allocate_bitmask(len(compiled))
+    fill_batch_bitmask(batched, other)
+    assert torch.equal(bitmask, other)
+    with pytest.raises(InvalidArgument, match="2 matchers for 1 tokens"):
+        ConstraintMatcher.accept_many(batched[:2], [1])
+
+
+def test_accept_tokens_falls_back_to_one_call_per_matcher_for_other_kinds():
+    class Recorder:
+        def __init__(self, allowed: set[int]) -> None:
+            self.allowed, self.seen = allowed, []
+
+        def accept(self, token_id: int) -> bool:
+            self.seen.append(token_id)
+            return token_id in self.allowed
+
+    matchers = [Recorder({1, 2}), Recorder({3})]
+    assert accept_tokens(matchers, [2, 2]) == [True, False]
+    assert [m.seen for m in matchers] == [[2], [2]]

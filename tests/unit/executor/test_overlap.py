@@ -275,27 +275,34 @@ class RefusingMatcher:
     def replay(self, token_ids: list[int]) -> None:
         assert not token_ids
 
+    def is_stop_token(self, token_id: int) -> bool:
+        return False
+
     @property
     def is_terminated(self) -> bool:
         return False
 
 
 def test_a_token_the_grammar_refuses_aborts_only_that_sequence(llama_model: TinyModel) -> None:
+    """The grammar hears of a sampled token at the sequence's next step, beside its forward:
+    the refusal ends the sequence there."""
     matcher = RefusingMatcher()
     core = make_core(llama_model, matcher_factory=lambda constraint: matcher)
     prompt = random_prompt(6, seed=98)
-    expected = hf_greedy(llama_model.hf, prompt, 2)
+    expected = hf_greedy(llama_model.hf, prompt, 3)
     constrained = NewSequence("g", prompt, 6, 0, 6, [0, 1], greedy())
     constrained.constraint = Constraint(ConstraintKind.REGEX, "a+")
     plan = StepPlan(
         1, new_seqs=[constrained, NewSequence("free", prompt, 6, 0, 6, [2, 3], greedy())]
     )
     first = {o.req_id: o for o in core.step(plan).outputs}
-    assert (first["g"].token_id, first["g"].finish_reason) == (None, "abort")
+    assert (first["g"].token_id, first["g"].finish_reason) == (expected[0], None)
+    assert matcher.refused == []
+    running = [RunningSequence("g", 1), RunningSequence("free", 1)]
+    second = {o.req_id: o for o in core.step(StepPlan(2, running_seqs=running)).outputs}
+    assert (second["g"].token_id, second["g"].finish_reason) == (None, "abort")
     assert matcher.refused == [expected[0]]
-    assert (first["free"].token_id, first["free"].finish_reason) == (expected[0], None)
+    assert (second["free"].token_id, second["free"].finish_reason) == (expected[1], None)
     assert not core.has_seq("g") and core.has_seq("free")
-    second = core.step(
-        StepPlan(2, running_seqs=[RunningSequence("g", 1), RunningSequence("free", 1)])
-    )
-    assert [(o.req_id, o.token_id) for o in second.outputs] == [("free", expected[1])]
+    third = core.step(StepPlan(3, running_seqs=running))
+    assert [(o.req_id, o.token_id) for o in third.outputs] == [("free", expected[2])]
