@@ -5,8 +5,9 @@
 #   bash bench/gpu_suite.sh peer summary   # some steps (results of earlier calls are kept)
 #
 # Steps: setup ceilings model engine_b1 profile kernels engine_offline peer structured
-#        kernel_tests summary (and, named: kernel_tests_gpu, the GPU-only kernel tests
-#        alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch interval)
+#        unit_tests_gpu kernel_tests summary (and, named: kernel_tests_gpu, the GPU-only
+#        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
+#        interval)
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -169,6 +170,11 @@ step_kernel_tests() {
         --durations=25 tests/kernels
 }
 
+step_unit_tests_gpu() {  # the executor's own GPU tests: CUDA against CPU and transformers
+    [ "$GPU" = 1 ] || { echo "== unit_tests_gpu: skipped (no CUDA)"; return 0; }
+    run_step unit_tests_gpu 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/unit
+}
+
 step_summary() {
     $PY - "$RESULTS" "$GPU" <<'PY' | tee "$RESULTS/summary.txt"
 import json, sys
@@ -284,7 +290,7 @@ PY
 
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(setup ceilings model engine_b1 profile kernels engine_offline
-    peer structured kernel_tests summary)
+    peer structured unit_tests_gpu kernel_tests summary)
 for step in "${STEPS[@]}"; do
     if ! declare -F "step_$step" >/dev/null; then
         echo "unknown step '$step'"
