@@ -23,7 +23,14 @@ from pathlib import Path
 import radixmesh
 from gateway.envoy import GatewayAddress, render_envoy_config
 from gateway.envoy.process import EnvoyProcess
-from radixmesh.supervisor import ServiceFailed, ServiceSpec, Supervisor, launcher, log_tail
+from radixmesh.supervisor import (
+    RunningService,
+    ServiceFailed,
+    ServiceSpec,
+    Supervisor,
+    launcher,
+    log_tail,
+)
 from services.common.errors import InvalidArgument, RadixmeshError
 from services.common.testing import free_port
 
@@ -293,7 +300,8 @@ class Mesh:
 
     async def wait_exit(self) -> str:
         """Wait until any service exits; returns a message naming it, its code and its log tail."""
-        waits = [asyncio.create_task(self.supervisor.wait_any_exit())]
+        service_exit = asyncio.create_task(self.supervisor.wait_any_exit())
+        waits: list[asyncio.Task[RunningService] | asyncio.Task[int | None]] = [service_exit]
         if self.envoy is not None:
             waits.append(asyncio.create_task(asyncio.to_thread(self.envoy.wait)))
         try:
@@ -302,8 +310,8 @@ class Mesh:
             for task in waits:
                 task.cancel()
         finished = next(iter(done))
-        if finished is waits[0]:
-            service = finished.result()
+        if finished is service_exit:
+            service = service_exit.result()
             return (
                 f"service {service.spec.name!r} exited with code {service.process.returncode}\n"
                 f"{log_tail(service.log_path)}"

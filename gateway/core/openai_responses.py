@@ -283,10 +283,11 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if param is None and status < 500:
         # Cores start messages with the field they blame: "messages[0].role: ...".
         match = _LEADING_FIELD.match(message)
-        param = match[1] if match else None
-        if param in OPENAI_CONSTRAINT_PARAMS:  # named as the client's body spells it
-            param = OPENAI_CONSTRAINT_PARAMS[param]
-            message = f"{param}: {message[match.end() :]}"
+        if match is not None:
+            param = match[1]
+            if param in OPENAI_CONSTRAINT_PARAMS:  # named as the client's body spells it
+                param = OPENAI_CONSTRAINT_PARAMS[param]
+                message = f"{param}: {message[match.end() :]}"
     return status, error_body(message, error_type, param, exc.code.lower())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -243,7 +244,10 @@ class GrpcClient:
         await self._channel.close()
 
 
-APIS = {"openai": OpenAIClient, "grpc": GrpcClient}
+APIS: dict[str, Callable[[str, str, str], Client]] = {
+    "openai": OpenAIClient,
+    "grpc": GrpcClient,
+}
 
 
 def make_client(api: str, target: str, model: str, api_key: str = "") -> Client:

@@ -68,7 +68,7 @@ def latency_block(results: Sequence[RequestResult]) -> dict[str, Any]:
     tpot = [
         (r.e2e_s - r.ttft_s) / (r.completion_tokens - 1)
         for r in ok
-        if r.ttft_s is not None and (r.completion_tokens or 0) > 1
+        if r.ttft_s is not None and r.completion_tokens is not None and r.completion_tokens > 1
     ]
     itl = [b - a for r in ok for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:], strict=False)]
     return {

@@ -123,6 +123,7 @@ async def run_script(
         if not budget.take():
             return
         user = {"role": "user", "content": turn.user}
+        messages: tuple[dict[str, str], ...]
         if script.session_id and index > 0:
             messages = (user,)  # the session store holds the conversation so far
         else:

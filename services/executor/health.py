@@ -134,10 +134,11 @@ def open_nvml_device(
         return None
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             log.info("gpu_health_off", reason="pynvml is not installed (extra: gpu)")
             return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:

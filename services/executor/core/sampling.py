@@ -113,11 +113,12 @@ def filter_logits(
     if top_p is not None:
         kept = candidates.masked_fill(cut, float("-inf"))
         norm = kept.logsumexp(dim=-1)
-        if k < vocab and top_k is None:
-            norm = x.logsumexp(dim=-1)  # top-p over the whole row
-        elif k < vocab:  # the top-k kept are all candidates only where top_k <= k
-            norm = torch.where(top_k <= k, norm, x.logsumexp(dim=-1))
-            inexact |= (top_k > k) & (top_k < vocab) & torch.isfinite(top_p)
+        if k < vocab:
+            if top_k is None:
+                norm = x.logsumexp(dim=-1)  # top-p over the whole row
+            else:  # the top-k kept are all candidates only where top_k <= k
+                norm = torch.where(top_k <= k, norm, x.logsumexp(dim=-1))
+                inexact |= (top_k > k) & (top_k < vocab) & torch.isfinite(top_p)
         probs = (kept - norm[:, None]).exp()
         cut |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]  # the best is always kept
         active |= torch.isfinite(top_p)
@@ -135,9 +136,19 @@ def filter_logits(
         rows = (active & inexact).nonzero().squeeze(1)
         if rows.numel():
             sub = x[rows]
-            pick = [t[rows] if t is not None else None for t in (top_k, top_p, min_p)]
-            filter_logits(sub, *pick, max_candidates=vocab)
+            filter_logits(
+                sub,
+                _take_rows(top_k, rows),
+                _take_rows(top_p, rows),
+                _take_rows(min_p, rows),
+                max_candidates=vocab,
+            )
             x[rows] = sub
+
+
+def _take_rows(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """t[rows] for an optional per-row tensor; None stays None."""
+    return t[rows] if t is not None else None
 
 
 @dataclass(slots=True)
@@ -374,13 +385,17 @@ class Sampler:
         """
         x = logits[:, : self.vocab_size].to(torch.float32, copy=True)
         if inputs.repetition_rows is not None:
+            penalty = inputs.repetition_penalty
+            assert penalty is not None, "set together with repetition_rows"
             index = (inputs.repetition_rows, inputs.repetition_token_ids)
-            values, penalty = x[index], inputs.repetition_penalty
+            values = x[index]
             x[index] = torch.where(values > 0, values / penalty, values * penalty)
         if inputs.penalty_rows is not None:
+            presence, frequency = inputs.presence_penalty, inputs.frequency_penalty
+            assert presence is not None and frequency is not None, "set with penalty_rows"
             index = (inputs.penalty_rows, inputs.penalty_token_ids)
-            x[index] = x[index] - inputs.presence_penalty
-            x.index_put_(index, -inputs.frequency_penalty, accumulate=True)
+            x[index] = x[index] - presence
+            x.index_put_(index, -frequency, accumulate=True)
         if inputs.suppress_rows is not None:
             x[inputs.suppress_rows, inputs.suppress_token_ids] = float("-inf")
         if bitmask is not None:
@@ -401,10 +416,12 @@ class Sampler:
 
     def _draw(self, x: torch.Tensor, inputs: SamplingInputs) -> torch.Tensor:
         """Temperature, filters and the race over the sampled rows' logits x [S, V] (modified)."""
-        x.div_(inputs.temperature[:, None])
+        temperature, keys = inputs.temperature, inputs.keys
+        assert temperature is not None and keys is not None, "set when any row samples"
+        x.div_(temperature[:, None])
         if inputs.top_k is not None or inputs.top_p is not None or inputs.min_p is not None:
             filter_logits(x, inputs.top_k, inputs.top_p, inputs.min_p, self.max_filter_candidates)
-        return self._draw_race(x, inputs.keys)
+        return self._draw_race(x, keys)
 
     def _draw_race(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         try:
