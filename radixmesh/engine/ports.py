@@ -123,10 +123,6 @@ class InProcessExecutor:
     def info(self) -> ExecutorInfo:
         return self._info
 
-    @property
-    def overlaps_prepare(self) -> bool:
-        return self._prepare_thread is not None
-
     def submit(self, plan: StepPlan) -> None:
         if self._closed:
             raise Unavailable(f"executor {self._info.executor_id} is closed")
@@ -151,7 +147,11 @@ class InProcessExecutor:
         """On the prepare thread, once `gate` (step N - 1 for plan N + 1) has executed."""
         if gate is not None:
             concurrent.futures.wait([gate])
-        self._check_healthy(plan)
+        if self._failed:
+            raise Unavailable(
+                f"executor {self._info.executor_id}: step {plan.step_id} not run, "
+                "an earlier step failed"
+            )
         try:
             return self.core.prepare(plan)
         except BaseException:
@@ -166,13 +166,6 @@ class InProcessExecutor:
         except BaseException:
             self._failed = True
             raise
-
-    def _check_healthy(self, plan: StepPlan) -> None:
-        if self._failed:
-            raise Unavailable(
-                f"executor {self._info.executor_id}: step {plan.step_id} not run, "
-                "an earlier step failed"
-            )
 
     async def prepare_constraint(self, constraint: Constraint) -> float:
         if self.grammar is None:
