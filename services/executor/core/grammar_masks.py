@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.bitmask import unpack_bitmask
-from services.executor.core.sequence import SequenceState, accept_tokens
+from services.executor.core.sequence import SequenceState, TokenMatcher, accept_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +52,17 @@ class GrammarMasks:
         refused)."""
         if not any_constrained(seqs, live):
             return MaskFill(None)
-        pending = [
-            i
-            for i, seq in enumerate(seqs)
-            if live[i] and seq.matcher is not None and seq.pending_token is not None
-        ]
-        refused: set[int] = set()
-        if pending:
-            oks = accept_tokens(
-                [seqs[i].matcher for i in pending],  # type: ignore[misc]
-                [seqs[i].pending_token for i in pending],  # type: ignore[misc]
-            )
-            for i, ok in zip(pending, oks, strict=True):
-                seqs[i].pending_token = None
-                if not ok:
-                    refused.add(i)
+        rows: list[int] = []
+        matchers: list[TokenMatcher] = []
+        token_ids: list[int] = []
+        for row, seq in enumerate(seqs):
+            if live[row] and seq.matcher is not None and seq.pending_token is not None:
+                rows.append(row)
+                matchers.append(seq.matcher)
+                token_ids.append(seq.pending_token)
+                seq.pending_token = None
+        oks = accept_tokens(matchers, token_ids) if rows else []
+        refused = {row for row, ok in zip(rows, oks, strict=True) if not ok}
         if self._host is None:
             words = (self.vocab_size + 31) // 32
             pin = self.device.type == "cuda"
