@@ -23,10 +23,10 @@ class TokenMatcher(Protocol):
     sequence finishes with "stop" in the step that sampled it. A matcher that
     refuses a sampled token (which the bitmask should have made impossible)
     ends the sequence with "abort" in the step that reports it.
-    `grammar_matcher.ConstraintMatcher` is the implementation. Its jump-forward (forced continuation) is not used: forced
-    tokens are not the tokenizer's own encoding of the text, so the output
-    would differ from plain sampling, and the step contract returns one token
-    per sequence and step.
+    `grammar_matcher.ConstraintMatcher` is the implementation. Its jump-forward
+    (forced continuation) is not used: forced tokens are not the tokenizer's
+    own encoding of the text, so the output would differ from plain sampling,
+    and the step contract returns one token per sequence and step.
     """
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -55,7 +55,7 @@ MatcherFactory = Callable[[Constraint], TokenMatcher]
 def accept_tokens(matchers: Sequence[TokenMatcher], token_ids: Sequence[int]) -> list[bool]:
     """matchers[i].accept(token_ids[i]) for each i; in one call when every matcher is of
     one class that has a static `accept_many(matchers, token_ids)` (one trip into the
-    grammar library, and the interpreter lock taken once, for the whole batch)."""
+    grammar library for the whole batch)."""
     kinds = {type(m) for m in matchers}
     many = getattr(next(iter(kinds)), "accept_many", None) if len(kinds) == 1 else None
     if many is not None:
