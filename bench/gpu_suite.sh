@@ -117,19 +117,18 @@ step_model() {
 
 engine_device() { if [ "$GPU" = 1 ]; then echo cuda; else echo cpu; fi; }
 
-step_engine_b1() {
-    local out=128
+# batch_1 NAME [ENGINE ARGS...]: one request, 32 prompt tokens, 128 output tokens
+batch_1() {
+    local name=$1 out=128
+    shift
     [ "$GPU" = 1 ] || out=8
-    run_step engine_b1 150 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
-        --num-requests 1 --prompt-len 32 --output-len "$out" --json
+    run_step "$name" 150 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
+        --num-requests 1 --prompt-len 32 --output-len "$out" "$@" --json
 }
 
-step_engine_b1_si() {  # the same with a 200 us thread switch interval
-    local out=128
-    [ "$GPU" = 1 ] || out=8
-    run_step engine_b1_si 150 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
-        --num-requests 1 --prompt-len 32 --output-len "$out" --switch-interval-us 200 --json
-}
+step_engine_b1() { batch_1 engine_b1; }
+
+step_engine_b1_si() { batch_1 engine_b1_si --switch-interval-us 200; }
 
 step_engine_offline() {
     local n=256 p=512 o=128
