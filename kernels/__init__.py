@@ -23,7 +23,11 @@ from kernels.silu_and_mul import silu_and_mul_ref
 
 @dataclass(frozen=True, slots=True)
 class Ops:
-    """One implementation of every op, with the reference signatures."""
+    """One implementation of every op, with the reference signatures.
+
+    Both attention ops take an optional `sliding_window` (keyword, after `scale`):
+    a query at position p then attends only the keys at p - sliding_window < k <= p.
+    """
 
     name: str
     rmsnorm: Callable

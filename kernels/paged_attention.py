@@ -8,7 +8,9 @@ Layout contract:
 - cu_seqlens_q: [num_seqs + 1] int32, the offsets of each sequence's tokens in q;
 - seq_lens: [num_seqs] int32, each sequence's total length after this step
   (cached prefix + new tokens). Query i of sequence b sits at position
-  seq_lens[b] - q_len_b + i and attends to every position up to its own.
+  seq_lens[b] - q_len_b + i and attends to every position up to its own;
+- sliding_window (optional): query position p attends only the keys at
+  p - sliding_window < k <= p, the last sliding_window positions including itself.
 
 num_heads must be a multiple of num_kv_heads (grouped-query attention).
 
@@ -16,8 +18,10 @@ num_heads must be a multiple of num_kv_heads (grouped-query attention).
 (query head, sequence, block of BLOCK_M query tokens), an online softmax in
 fp32 over KV tiles of BLOCK_N positions gathered through the page table. KV
 tiles every query row of the block may see run unmasked; the tiles on the
-causal diagonal run masked. `attend_block` is the inner step, shared with the
-decode kernel.
+causal diagonal run masked. With a sliding window (a compile-time switch, so
+the full-attention kernel is unchanged) the KV loop starts at the first tile
+the block's window reaches, and the tiles at the window's lower edge run
+masked too. `attend_block` is the inner step, shared with the decode kernel.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ def paged_attention_ref(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
+    check_window("paged_attention", sliding_window)
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
@@ -65,6 +71,8 @@ def paged_attention_ref(
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
         k_pos = torch.arange(seq_len, device=q.device)
         mask = k_pos[None, :] > q_pos[:, None]
+        if sliding_window is not None:
+            mask |= k_pos[None, :] <= q_pos[:, None] - sliding_window
         scores.masked_fill_(mask[None], float("-inf"))
         probs = scores.softmax(dim=-1)
         out[q_start:q_end] = torch.einsum("hls,shd->lhd", probs, v).to(q.dtype)
@@ -100,22 +108,28 @@ def attend_block(
     offs_d,
     d_mask,
     qk_scale,
+    window,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
+    SLIDING: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """One online-softmax step over KV positions [start_n, start_n + BLOCK_N).
 
     q is [M, BLOCK_D] with query positions q_pos [M]; k/v_base_ptr point at the
     KV head in the caches. MASKED applies `position < kv_end` and causality
-    (`position <= q_pos`); unmasked tiles must lie wholly inside both. Scores
-    are in the log2 domain (qk_scale includes log2(e)); m_i, l_i are the running
-    max and sum per row, acc the unnormalized output.
+    (`position <= q_pos`), and with SLIDING the window (`position > q_pos -
+    window`, positions below every row's window not even read); unmasked tiles
+    must lie wholly inside all of them. Scores are in the log2 domain (qk_scale
+    includes log2(e)); m_i, l_i are the running max and sum per row, acc the
+    unnormalized output.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if MASKED:
         n_valid = offs_n < kv_end
+        if SLIDING:  # nothing below the lowest window of the block is read
+            n_valid = n_valid & (offs_n > tl.min(q_pos, axis=0) - window)
         page = tl.load(page_row_ptr + offs_n // PAGE_SIZE, mask=n_valid, other=0).to(tl.int64)
     else:
         n_valid = offs_n >= 0
@@ -127,6 +141,8 @@ def attend_block(
     s = mma(q, k_t, tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), IEEE) * qk_scale
     if MASKED:
         visible = n_valid[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if SLIDING:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.math.exp2(s - m_new[:, None])
@@ -152,6 +168,7 @@ def _paged_prefill_kernel(
     cu_seqlens_q_ptr,
     seq_lens_ptr,
     qk_scale,
+    window,
     stride_q_t,
     stride_q_h,
     stride_o_t,
@@ -169,6 +186,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SLIDING: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     # heads vary fastest, then sequences; the last (longest) query blocks run first
@@ -198,21 +216,35 @@ def _paged_prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        # tiles every row of the block sees in full, then the diagonal tiles
+        # [window edge tiles,] tiles every row of the block sees in full, diagonal tiles
         first_pos = prefix + q_block * BLOCK_M
         kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
         full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
-        for start_n in range(0, full_end, BLOCK_N):
+        full_start = 0
+        if SLIDING:
+            # the first row reaches back to first_pos - window + 1; from full_start on,
+            # every position is inside the last row's window (kv_end - 1 - window, ...]
+            edge_start = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+            full_start = tl.minimum(
+                tl.cdiv(tl.maximum(kv_end - window, 0), BLOCK_N) * BLOCK_N, full_end
+            )
+            for start_n in range(edge_start, full_start, BLOCK_N):
+                acc, m_i, l_i = attend_block(
+                    acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
+                    stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+                    qk_scale, window, PAGE_SIZE, BLOCK_N, True, True, IEEE,
+                )  # fmt: skip
+        for start_n in range(full_start, full_end, BLOCK_N):
             acc, m_i, l_i = attend_block(
                 acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
                 stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-                qk_scale, PAGE_SIZE, BLOCK_N, False, IEEE,
+                qk_scale, window, PAGE_SIZE, BLOCK_N, False, False, IEEE,
             )  # fmt: skip
         for start_n in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = attend_block(
                 acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
                 stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-                qk_scale, PAGE_SIZE, BLOCK_N, True, IEEE,
+                qk_scale, window, PAGE_SIZE, BLOCK_N, True, SLIDING, IEEE,
             )  # fmt: skip
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
@@ -239,11 +271,24 @@ def _prefill_configs() -> list:
 
 
 _paged_prefill_tuned = triton.autotune(
-    configs=_prefill_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "IEEE"]
+    configs=_prefill_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "SLIDING", "IEEE"]
 )(_paged_prefill_kernel)
 
 # the interpreter runs one fixed, small configuration (no timing to tune on)
 _INTERPRETER_PREFILL = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+
+def check_window(op: str, sliding_window: int | None) -> None:
+    """A sliding window, when given, covers at least the query's own position."""
+    check(
+        sliding_window is None
+        or (
+            isinstance(sliding_window, int)
+            and not isinstance(sliding_window, bool)
+            and sliding_window >= 1
+        ),
+        f"{op}: sliding_window must be an int >= 1 or None, got {sliding_window!r}",
+    )
 
 
 def check_paged_kv(
@@ -285,6 +330,7 @@ def paged_attention_triton(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
     max_q_len: int | None = None,
 ) -> torch.Tensor:
     """`paged_attention_ref` in one launch for every sequence of the batch.
@@ -293,6 +339,7 @@ def paged_attention_triton(
     omitted it is read from cu_seqlens_q, which synchronizes with the device.
     """
     check_paged_kv("paged_attention", q, k_cache, v_cache, page_table)
+    check_window("paged_attention", sliding_window)
     num_seqs = seq_lens.shape[0]
     check(
         cu_seqlens_q.shape == (num_seqs + 1,) and cu_seqlens_q.dtype == torch.int32,
@@ -312,6 +359,7 @@ def paged_attention_triton(
     args = (
         q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens,
         scale * LOG2E,
+        sliding_window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -322,6 +370,7 @@ def paged_attention_triton(
         "PAGE_SIZE": k_cache.shape[1],
         "HEAD_DIM": head_dim,
         "BLOCK_D": max(triton.next_power_of_2(head_dim), 16),
+        "SLIDING": sliding_window is not None,
         "IEEE": ieee,
     }
 

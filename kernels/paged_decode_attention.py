@@ -11,7 +11,9 @@ into num_splits parts, in two launches:
    KV head) over its part, and writes the partial max, sum and unnormalized
    output of every head;
 2. one program per (sequence, query head) merges the parts.
-A sequence whose seq_len is 0 (a padding row) gets zeros.
+A sequence whose seq_len is 0 (a padding row) gets zeros. With a sliding
+window the splits cover only the window, [max(0, seq_len - window), seq_len),
+all of which the one query sees, so no tile needs a window mask.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ import functools
 import torch
 
 from kernels._triton import check, interpreting, tl, triton
-from kernels.paged_attention import LOG2E, attend_block, check_paged_kv, paged_attention_ref
+from kernels.paged_attention import (
+    LOG2E,
+    attend_block,
+    check_paged_kv,
+    check_window,
+    paged_attention_ref,
+)
 
 
 def paged_decode_attention_ref(
@@ -31,9 +39,13 @@ def paged_decode_attention_ref(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
+    check_window("paged_decode_attention", sliding_window)
     cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale)
+    return paged_attention_ref(
+        q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, sliding_window
+    )
 
 
 @triton.jit
@@ -47,6 +59,7 @@ def _decode_split_kernel(
     part_m_ptr,
     part_l_ptr,
     qk_scale,
+    window,
     stride_q_t,
     stride_q_h,
     stride_k_page,
@@ -62,6 +75,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SLIDING: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -69,9 +83,15 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    # every split covers a whole number of BLOCK_N tiles; trailing splits may be empty
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    # the splits cover [kv_start, seq_len), each a whole number of BLOCK_N tiles;
+    # trailing splits may be empty
+    if SLIDING:
+        kv_start = tl.maximum(seq_len - window, 0)
+        split_len = tl.cdiv(tl.cdiv(seq_len - kv_start, num_splits), BLOCK_N) * BLOCK_N
+        start = kv_start + split * split_len
+    else:
+        split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
 
@@ -96,13 +116,13 @@ def _decode_split_kernel(
         acc, m_i, l_i = attend_block(
             acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, end,
             stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-            qk_scale, PAGE_SIZE, BLOCK_N, False, IEEE,
+            qk_scale, window, PAGE_SIZE, BLOCK_N, False, False, IEEE,
         )  # fmt: skip
     for start_n in range(full_end, end, BLOCK_N):
         acc, m_i, l_i = attend_block(
             acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, end,
             stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-            qk_scale, PAGE_SIZE, BLOCK_N, True, IEEE,
+            qk_scale, window, PAGE_SIZE, BLOCK_N, True, False, IEEE,
         )  # fmt: skip
     # partials are [num_seqs, num_heads, num_splits] (+ [BLOCK_D] for the output)
     part = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
@@ -159,7 +179,7 @@ def _split_configs() -> list:
 
 
 _decode_split_tuned = triton.autotune(
-    configs=_split_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "IEEE"]
+    configs=_split_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "SLIDING", "IEEE"]
 )(_decode_split_kernel)
 
 _MIN_TOKENS_PER_SPLIT = 256
@@ -189,14 +209,17 @@ def paged_decode_attention_triton(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """`paged_decode_attention_ref` as split-KV attention with a merge launch.
 
     num_splits defaults to `default_num_splits` over the page table's capacity
-    (max_pages_per_seq * page_size); no value is read back from the device.
+    (max_pages_per_seq * page_size, at most sliding_window); no value is read
+    back from the device.
     """
     check_paged_kv("paged_decode_attention", q, k_cache, v_cache, page_table)
+    check_window("paged_decode_attention", sliding_window)
     num_seqs, num_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     check(
@@ -211,6 +234,8 @@ def paged_decode_attention_triton(
         return out
     if num_splits is None:
         max_seq_len = page_table.shape[1] * page_size
+        if sliding_window is not None:
+            max_seq_len = min(max_seq_len, sliding_window)
         num_splits = default_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_sms(q.device))
     check(num_splits >= 1, "paged_decode_attention: num_splits must be >= 1")
     group = num_heads // num_kv_heads
@@ -223,6 +248,7 @@ def paged_decode_attention_triton(
     args = (
         q, k_cache, v_cache, page_table, seq_lens, part_out, part_m, part_l,
         scale * LOG2E,
+        sliding_window or 0,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -234,6 +260,7 @@ def paged_decode_attention_triton(
         "BLOCK_H": max(triton.next_power_of_2(group), 16),  # tl.dot needs >= 16 rows
         "HEAD_DIM": head_dim,
         "BLOCK_D": block_d,
+        "SLIDING": sliding_window is not None,
         "IEEE": interpreting() or q.dtype == torch.float32,
     }
     grid = (num_seqs, num_kv_heads, num_splits)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from itertools import product
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"
@@ -79,17 +80,18 @@ def cases(sweep: bool):
     """(name, kernel, pointer types, constexprs, num_warps, num_stages).
 
     Without sweep: bf16, head_dim 80 (padded to 128), each attention kernel's
-    first autotune config. With sweep: bf16 and fp32, head_dim 80 and 128,
-    every config."""
+    first autotune config, without and with a sliding window. With sweep: bf16
+    and fp32, head_dim 80 and 128, every config."""
     for dtype, ieee in (("bf16", False), ("fp32", True))[: 2 if sweep else 1]:
         types = attention_types(dtype)
-        for head_dim in (80, 128)[: 2 if sweep else 1]:
-            consts = dict(PAGE_SIZE=16, HEAD_DIM=head_dim, BLOCK_D=128, IEEE=ieee)
+        for head_dim, sliding in product((80, 128)[: 2 if sweep else 1], (False, True)):
+            consts = dict(PAGE_SIZE=16, HEAD_DIM=head_dim, BLOCK_D=128, SLIDING=sliding, IEEE=ieee)
+            tag = f"{dtype} d{head_dim}{' sliding' if sliding else ''}"
             prefill_cfgs = paged_attention._prefill_configs()
             split_cfgs = paged_decode_attention._split_configs()
             for cfg in prefill_cfgs if sweep else prefill_cfgs[:1]:
                 yield (
-                    f"prefill {dtype} d{head_dim} {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}",
+                    f"prefill {tag} {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}",
                     paged_attention._paged_prefill_kernel,
                     types,
                     consts | cfg.kwargs | {"GROUP": 4},
@@ -98,7 +100,7 @@ def cases(sweep: bool):
                 )
             for cfg in split_cfgs if sweep else split_cfgs[:1]:
                 yield (
-                    f"decode split {dtype} d{head_dim} {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}",
+                    f"decode split {tag} {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}",
                     paged_decode_attention._decode_split_kernel,
                     types,
                     consts | cfg.kwargs | {"GROUP": 8, "BLOCK_H": 16},

@@ -1,9 +1,9 @@
 """The one decoder-only transformer behind every registered architecture.
 
 Llama, Mistral, Qwen2 and Qwen3 differ only in the options of `ModelSpec`
-(q/k/v bias, per-head q/k RMSNorm, head_dim, rotary parameters). Weights are
-plain tensors with q/k/v and gate/up fused at load time; every op comes from
-`kernels.get_ops(device)`, matrix products go to torch.
+(q/k/v bias, per-head q/k RMSNorm, head_dim, rotary parameters, Mistral's
+sliding window). Weights are plain tensors with q/k/v and gate/up fused at load
+time; every op comes from `kernels.get_ops(device)`, matrix products go to torch.
 """
 
 from __future__ import annotations
@@ -158,9 +158,10 @@ class Decoder:
             k = self._head_norm(k, layer.k_norm)
         q, k = ops.rotary(q, k, batch.positions, self.cos_sin_cache)
         ops.kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
+        window = spec.sliding_window
         if batch.is_decode:
             out = ops.paged_decode_attention(
-                q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale
+                q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale, window
             )
         else:
             extra = {name: getattr(batch, name) for name in self._attention_kwargs}
@@ -172,6 +173,7 @@ class Decoder:
                 batch.cu_seqlens_q,
                 batch.seq_lens,
                 self.scale,
+                window,
                 **extra,
             )
         return out.reshape(num_tokens, spec.q_size)

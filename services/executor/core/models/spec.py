@@ -26,9 +26,8 @@ class ArchOptions:
     qk_norm: bool = False
     """RMSNorm over each head of q and k before rotary (Qwen3)."""
     honours_sliding_window: bool = False
-    """Whether `sliding_window` applies to every layer (Mistral). The attention kernels have
-    no window, so the context is capped at the window: up to it, windowed attention and
-    full attention are the same, so outputs stay exact."""
+    """Whether the config's `sliding_window` applies to every layer (Mistral): each query
+    then attends only the last `sliding_window` positions, itself included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +50,8 @@ class ModelSpec:
     qk_norm: bool
     torch_dtype: str | None
     """The config's weight dtype ("bfloat16", ...), if it names one."""
+    sliding_window: int | None = None
+    """Every layer's attention window, when the architecture honours the config's one."""
 
     @property
     def q_size(self) -> int:
@@ -103,9 +104,6 @@ def parse_spec(config: dict[str, Any], architecture: str, options: ArchOptions) 
     attention_bias = bool(config.get("attention_bias", False))
     theta, scaling = read_rope(config)
     max_positions = int(config.get("max_position_embeddings") or 2048)
-    window = config.get("sliding_window")
-    if options.honours_sliding_window and window:
-        max_positions = min(max_positions, int(window))
     return ModelSpec(
         architecture=architecture,
         vocab_size=int(_require(config, "vocab_size")),
@@ -124,4 +122,17 @@ def parse_spec(config: dict[str, Any], architecture: str, options: ArchOptions) 
         o_bias=attention_bias if options.o_bias is None else options.o_bias,
         qk_norm=options.qk_norm,
         torch_dtype=config.get("dtype") or config.get("torch_dtype"),
+        sliding_window=_read_window(config) if options.honours_sliding_window else None,
     )
+
+
+def _read_window(config: dict[str, Any]) -> int | None:
+    """The config's `sliding_window` (None or absent: full attention)."""
+    window = config.get("sliding_window")
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise InvalidArgument(
+            f"config.json: sliding_window must be a positive integer or null, got {window!r}"
+        )
+    return window
