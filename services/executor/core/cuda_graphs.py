@@ -131,11 +131,15 @@ def warm_prefill(model: Decoder, kv_pool: KVPool, num_tokens: int, page_id: int)
     large. Then two small ones, so that every class of page-table width the
     compiler specializes integers on (one, a multiple of 16, any other) is
     compiled. Every key and value goes to `page_id`, which no request may hold
-    yet (this runs before serving).
+    yet (this runs before serving). No position reaches past the model's
+    rotary table (its max_model_len).
     """
     page_size = kv_pool.page_size
-    first = max(1, num_tokens // 2)
-    big = [(first, 0), (max(1, num_tokens - first), 2 * page_size)]
+    max_positions = model.cos_sin_cache.shape[0]
+    num_tokens = max(2, min(num_tokens, max_positions))
+    first = num_tokens // 2
+    second = num_tokens - first
+    big = [(first, 0), (second, min(2 * page_size, max_positions - second))]
     for seqs, min_width in ((big, 16), ([(1, 0)], 1), ([(1, 0)], 3)):
         model.forward(_dummy_prefill(kv_pool, seqs, min_width, page_id), kv_pool)
     device = kv_pool.k_caches[0].device

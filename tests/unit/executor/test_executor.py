@@ -303,3 +303,21 @@ def test_the_prefill_warm_up_leaves_nothing_a_request_reads(llama_model: TinyMod
     outputs = [core.step(StepPlan(1, new_seqs=[new_seq("w", prompt, page_ids=[0, 1, 2, 3, 4])]))]
     outputs += [core.step(StepPlan(i, running_seqs=[decode("w")])) for i in (2, 3, 4)]
     assert [r.outputs[0].token_id for r in outputs] == expected
+
+
+@pytest.mark.parametrize("max_model_len", [2, 5, 40])
+def test_the_prefill_warm_up_stays_within_a_short_context(
+    llama_model: TinyModel, max_model_len: int
+) -> None:
+    """Its positions never pass max_model_len (the rotary table's end), whatever the
+    token count asked for."""
+    core = make_core(llama_model, max_model_len=max_model_len)
+    forward, positions = core.model.forward, []
+
+    def recorded(batch, kv_pool):
+        positions.append(int(batch.positions.max()))
+        return forward(batch, kv_pool)
+
+    core.model.forward = recorded
+    warm_prefill(core.model, core.kv_pool, 4096, page_id=0)
+    assert len(positions) == 3 and max(positions) < max_model_len
