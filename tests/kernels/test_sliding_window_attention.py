@@ -34,6 +34,7 @@ def _batch(pairs, *, group, page_size, dtype, seed, num_kv_heads=2, head_dim=32)
 
 def _slots(batch: PagedBatch, seq: int, positions: torch.Tensor) -> torch.Tensor:
     page_size = batch.k_cache.shape[1]
+    positions = positions.to(batch.page_table.device)
     pages = batch.page_table[seq, positions // page_size].long()
     return pages * page_size + positions % page_size
 
@@ -64,7 +65,7 @@ def _decode(batch: PagedBatch, fn, window: int | None, **kwargs) -> torch.Tensor
 
 def _dense_windowed(batch: PagedBatch, window: int) -> torch.Tensor:
     """Float64 attention of each query row over exactly the keys in its window."""
-    out = torch.zeros(batch.q.shape, dtype=torch.float64)
+    out = torch.zeros(batch.q.shape, dtype=torch.float64, device=batch.q.device)
     num_heads, num_kv_heads = batch.q.shape[1], batch.k_cache.shape[2]
     keys = batch.k_cache.reshape(-1, *batch.k_cache.shape[2:]).double()
     values = batch.v_cache.reshape(-1, *batch.v_cache.shape[2:]).double()
