@@ -21,7 +21,8 @@ tiles every query row of the block may see run unmasked; the tiles on the
 causal diagonal run masked. With a sliding window (a compile-time switch, so
 the full-attention kernel is unchanged) the KV loop starts at the first tile
 the block's window reaches, and the tiles at the window's lower edge run
-masked too. `attend_block` is the inner step, shared with the decode kernel.
+masked too. `attend_block` is the inner step and `attend_range` its loop, both
+shared with the decode kernel.
 """
 
 from __future__ import annotations
@@ -159,6 +160,43 @@ def attend_block(
 
 
 @triton.jit
+def attend_range(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_base_ptr,
+    v_base_ptr,
+    page_row_ptr,
+    lo,
+    hi,
+    kv_end,
+    stride_k_page,
+    stride_k_slot,
+    stride_v_page,
+    stride_v_slot,
+    offs_d,
+    d_mask,
+    qk_scale,
+    window,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    SLIDING: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """`attend_block` over the KV tiles starting at lo, lo + BLOCK_N, ... below hi."""
+    for start_n in range(lo, hi, BLOCK_N):
+        acc, m_i, l_i = attend_block(
+            acc, m_i, l_i, q, q_pos, k_base_ptr, v_base_ptr, page_row_ptr, start_n, kv_end,
+            stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+            qk_scale, window, PAGE_SIZE, BLOCK_N, MASKED, SLIDING, IEEE,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _paged_prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -228,24 +266,21 @@ def _paged_prefill_kernel(
             full_start = tl.minimum(
                 tl.cdiv(tl.maximum(kv_end - window, 0), BLOCK_N) * BLOCK_N, full_end
             )
-            for start_n in range(edge_start, full_start, BLOCK_N):
-                acc, m_i, l_i = attend_block(
-                    acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
-                    stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-                    qk_scale, window, PAGE_SIZE, BLOCK_N, True, True, IEEE,
-                )  # fmt: skip
-        for start_n in range(full_start, full_end, BLOCK_N):
-            acc, m_i, l_i = attend_block(
-                acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
-                stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-                qk_scale, window, PAGE_SIZE, BLOCK_N, False, False, IEEE,
+            acc, m_i, l_i = attend_range(
+                acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, edge_start, full_start,
+                kv_end, stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d,
+                d_mask, qk_scale, window, PAGE_SIZE, BLOCK_N, True, True, IEEE,
             )  # fmt: skip
-        for start_n in range(full_end, kv_end, BLOCK_N):
-            acc, m_i, l_i = attend_block(
-                acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, kv_end,
-                stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-                qk_scale, window, PAGE_SIZE, BLOCK_N, True, SLIDING, IEEE,
-            )  # fmt: skip
+        acc, m_i, l_i = attend_range(
+            acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, full_start, full_end, kv_end,
+            stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+            qk_scale, window, PAGE_SIZE, BLOCK_N, False, False, IEEE,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_range(
+            acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, full_end, kv_end, kv_end,
+            stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+            qk_scale, window, PAGE_SIZE, BLOCK_N, True, SLIDING, IEEE,
+        )  # fmt: skip
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
             out_ptr + q_rows[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],

@@ -25,7 +25,7 @@ import torch
 from kernels._triton import check, interpreting, tl, triton
 from kernels.paged_attention import (
     LOG2E,
-    attend_block,
+    attend_range,
     check_paged_kv,
     check_window,
     paged_attention_ref,
@@ -112,18 +112,16 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for start_n in range(start, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_block(
-            acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, end,
-            stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-            qk_scale, window, PAGE_SIZE, BLOCK_N, False, False, IEEE,
-        )  # fmt: skip
-    for start_n in range(full_end, end, BLOCK_N):
-        acc, m_i, l_i = attend_block(
-            acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start_n, end,
-            stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-            qk_scale, window, PAGE_SIZE, BLOCK_N, True, False, IEEE,
-        )  # fmt: skip
+    acc, m_i, l_i = attend_range(
+        acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start, full_end, end,
+        stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+        qk_scale, window, PAGE_SIZE, BLOCK_N, False, False, IEEE,
+    )  # fmt: skip
+    acc, m_i, l_i = attend_range(
+        acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, full_end, end, end,
+        stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
+        qk_scale, window, PAGE_SIZE, BLOCK_N, True, False, IEEE,
+    )  # fmt: skip
     # partials are [num_seqs, num_heads, num_splits] (+ [BLOCK_D] for the output)
     part = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
     tl.store(part_m_ptr + part, m_i, mask=h_valid)

@@ -112,13 +112,18 @@ def hf_logits(hf: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([token_ids])).logits[0].float()
 
 
-def hf_greedy(hf: torch.nn.Module, token_ids: list[int], max_new_tokens: int) -> list[int]:
+def hf_greedy(
+    hf: torch.nn.Module, token_ids: list[int], max_new_tokens: int, *, ignore_eos: bool = False
+) -> list[int]:
+    """transformers' greedy continuation; with ignore_eos exactly max_new_tokens tokens."""
+    until_eos = {"eos_token_id": None, "min_new_tokens": max_new_tokens} if ignore_eos else {}
     with torch.no_grad():
         out = hf.generate(
             torch.tensor([token_ids]),
             attention_mask=torch.ones(1, len(token_ids), dtype=torch.long),
             max_new_tokens=max_new_tokens,
             do_sample=False,
+            **until_eos,
         )
     return out[0, len(token_ids) :].tolist()
 

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from radixmesh.engine_lite import generate
-from tests.unit.executor.conftest import TinyModel, greedy, hf_greedy, make_core, random_prompt
+from tests.unit.executor.conftest import (
+    TinyModel,
+    greedy,
+    hf_greedy,
+    make_core,
+    random_prompt,
+    save_tiny_model,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,3 +46,19 @@ def test_graph_padding_writes_only_the_scratch_page(llama_model: TinyModel) -> N
     for layer, k in enumerate(core.kv_pool.k_caches):
         assert torch.equal(k[pages_used : core.info.num_pages], before[layer][pages_used:])
     assert [len(o.token_ids) for o in outputs] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_sliding_window_past_the_window_on_cuda_matches_transformers(
+    tmp_path_factory: pytest.TempPathFactory, cuda_graphs: bool
+) -> None:
+    """Mistral with a window of 8: prompts longer and shorter than it, decodes far past it
+    (the windowed prefill and decode kernels, in and out of graphs)."""
+    model = save_tiny_model(
+        tmp_path_factory.mktemp("mistral-w8"), "mistral-untied", sliding_window=8
+    )
+    core = make_core(model, device="cuda", dtype="float32", cuda_graphs=cuda_graphs, max_num_seqs=8)
+    prompts = [random_prompt(13, seed=6), random_prompt(3, seed=7), random_prompt(40, seed=8)]
+    outputs = generate(core, prompts, greedy(24, ignore_eos=True))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.token_ids == hf_greedy(model.hf, prompt, 24, ignore_eos=True)

@@ -21,6 +21,7 @@ from tests.unit.executor.conftest import (
     TinyModel,
     build_hf_model,
     greedy,
+    hf_greedy,
     hf_logits,
     make_core,
     random_prompt,
@@ -94,16 +95,7 @@ def test_greedy_past_the_window_matches_transformers_generate(
     prompts = [random_prompt(13, seed=6), random_prompt(3, seed=7)]
     outputs = generate(core, prompts, greedy(24, ignore_eos=True))
     for prompt, output in zip(prompts, outputs, strict=True):
-        with torch.no_grad():
-            ids = windowed_mistral.hf.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=24,
-                min_new_tokens=24,
-                do_sample=False,
-                eos_token_id=None,
-            )
-        assert output.token_ids == ids[0, len(prompt) :].tolist()
+        assert output.token_ids == hf_greedy(windowed_mistral.hf, prompt, 24, ignore_eos=True)
         assert len(output.token_ids) == 24
 
 
