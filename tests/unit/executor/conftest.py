@@ -84,6 +84,17 @@ def tiny_model(
     return save_tiny_model(tmp_path_factory.mktemp(request.param), request.param)
 
 
+MISTRAL_WINDOW = 8
+
+
+@pytest.fixture(scope="session")
+def windowed_mistral(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    """A Mistral whose sliding window (MISTRAL_WINDOW) is shorter than the test prompts."""
+    return save_tiny_model(
+        tmp_path_factory.mktemp("mistral-w8"), "mistral-untied", sliding_window=MISTRAL_WINDOW
+    )
+
+
 @pytest.fixture(scope="session")
 def llama_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama3-untied")

@@ -12,7 +12,6 @@ from tests.unit.executor.conftest import (
     hf_greedy,
     make_core,
     random_prompt,
-    save_tiny_model,
 )
 
 pytestmark = [
@@ -50,13 +49,11 @@ def test_graph_padding_writes_only_the_scratch_page(llama_model: TinyModel) -> N
 
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_sliding_window_past_the_window_on_cuda_matches_transformers(
-    tmp_path_factory: pytest.TempPathFactory, cuda_graphs: bool
+    windowed_mistral: TinyModel, cuda_graphs: bool
 ) -> None:
-    """Mistral with a window of 8: prompts longer and shorter than it, decodes far past it
-    (the windowed prefill and decode kernels, in and out of graphs)."""
-    model = save_tiny_model(
-        tmp_path_factory.mktemp("mistral-w8"), "mistral-untied", sliding_window=8
-    )
+    """Prompts longer and shorter than the window, decodes far past it (the windowed
+    prefill and decode kernels, in and out of graphs)."""
+    model = windowed_mistral
     core = make_core(model, device="cuda", dtype="float32", cuda_graphs=cuda_graphs, max_num_seqs=8)
     prompts = [random_prompt(13, seed=6), random_prompt(3, seed=7), random_prompt(40, seed=8)]
     outputs = generate(core, prompts, greedy(24, ignore_eos=True))

@@ -18,6 +18,7 @@ from services.executor.core.models import ARCHITECTURES, parse_spec
 from services.executor.core.models.decoder import Decoder
 from tests.unit.executor.conftest import (
     COMMON,
+    MISTRAL_WINDOW,
     TinyModel,
     build_hf_model,
     greedy,
@@ -28,14 +29,7 @@ from tests.unit.executor.conftest import (
     save_tiny_model,
 )
 
-WINDOW = 8
-
-
-@pytest.fixture(scope="module")
-def windowed_mistral(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    return save_tiny_model(
-        tmp_path_factory.mktemp("mistral-w8"), "mistral-untied", sliding_window=WINDOW
-    )
+WINDOW = MISTRAL_WINDOW
 
 
 def _forward_all_rows(core, model: Decoder, entries: list[BatchEntry]) -> torch.Tensor:
