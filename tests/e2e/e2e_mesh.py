@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from radixmesh.commands.serve import READY_LINE
+from radixmesh.v1 import inference_pb2 as pb
 from services.common.testing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,3 +100,25 @@ def stop_serve(serve: Serve) -> None:
 
 AUTH = (("authorization", f"Bearer {API_KEY}"),)
 """gRPC metadata of the main key."""
+
+
+@dataclass
+class Generated:
+    """One Generate stream read to its end: the chunks joined, and the closing Complete."""
+
+    text: str
+    token_ids: list[int]
+    complete: pb.Complete
+
+
+async def generate(stub, request: pb.GenerateRequest) -> Generated:
+    """Reads a Generate stream with the main key; a stream without a Complete fails the test."""
+    text, token_ids, complete = "", [], None
+    async for response in stub.Generate(request, metadata=AUTH):
+        if response.HasField("chunk"):
+            text += response.chunk.text
+            token_ids += response.chunk.token_ids
+        else:
+            complete = response.complete
+    assert complete is not None, "the stream ended without a Complete"
+    return Generated(text, token_ids, complete)

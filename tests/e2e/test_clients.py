@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc_tools
 import openai
 import pytest
-from e2e_mesh import API_KEY, AUTH, REPO
+from e2e_mesh import API_KEY, REPO, generate
 
 from radixmesh.v1 import inference_pb2 as pb
 
@@ -40,14 +40,8 @@ async def _grpc_text(stub, **fields) -> tuple[str, pb.Complete]:
     request = pb.GenerateRequest(
         sampling=pb.SamplingParams(max_tokens=MAX_TOKENS, temperature=0), **fields
     )
-    text, complete = "", None
-    async for response in stub.Generate(request, metadata=AUTH):
-        if response.HasField("chunk"):
-            text += response.chunk.text
-        else:
-            complete = response.complete
-    assert complete is not None
-    return text, complete
+    out = await generate(stub, request)
+    return out.text, out.complete
 
 
 def _chat_messages() -> pb.ChatMessages:

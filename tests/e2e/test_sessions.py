@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 import openai
-from e2e_mesh import API_KEY, AUTH
+from e2e_mesh import API_KEY, AUTH, generate
 
 from radixmesh.v1 import inference_pb2 as pb
 
@@ -14,16 +14,8 @@ GREEDY = pb.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
 
 async def _generate(stub, **fields) -> tuple[list[int], pb.Complete]:
-    token_ids, complete = [], None
-    async for response in stub.Generate(
-        pb.GenerateRequest(sampling=GREEDY, **fields), metadata=AUTH
-    ):
-        if response.HasField("chunk"):
-            token_ids += response.chunk.token_ids
-        else:
-            complete = response.complete
-    assert complete is not None
-    return token_ids, complete
+    out = await generate(stub, pb.GenerateRequest(sampling=GREEDY, **fields))
+    return out.token_ids, out.complete
 
 
 async def _tokens(stub, prompt: str) -> list[int]:

@@ -20,7 +20,7 @@ import jsonschema
 import openai
 import pytest
 import xgrammar as xgr
-from e2e_mesh import API_KEY, AUTH
+from e2e_mesh import API_KEY, generate
 
 from radixmesh.v1 import inference_pb2 as pb
 from services.executor.core.grammar_compile import compiler_reason
@@ -128,14 +128,8 @@ async def _grpc_generate(stub, **fields) -> tuple[str, pb.Complete]:
         sampling=pb.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0),
         **fields,
     )
-    text, complete = "", None
-    async for response in stub.Generate(request, metadata=AUTH):
-        if response.HasField("chunk"):
-            text += response.chunk.text
-        else:
-            complete = response.complete
-    assert complete is not None
-    return text, complete
+    out = await generate(stub, request)
+    return out.text, out.complete
 
 
 # --- outputs ----------------------------------------------------------------------------------

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
-import transformers
 
 from radixmesh.engine import Engine, EngineConfig
 from services.common.cache_client import CacheClient
@@ -30,30 +28,13 @@ from services.common.sampling import SamplingParams
 from services.common.testing import free_port, wait_for_serving
 from services.scheduler.client import SchedulerClient
 from services.scheduler.core import RequestUpdate
+from tests.fixtures.tiny_llama import VOCAB, write_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
-VOCAB = 256
 PAGE_SIZE = 4
 NUM_PAGES = 256
 MAX_NUM_SEQS = 3
 EXECUTORS = ("exec-a", "exec-b")
-
-
-def _write_model(path: Path) -> Path:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
-    return path
 
 
 def _spawn(module: str, *args: str) -> subprocess.Popen:
@@ -72,7 +53,8 @@ class Mesh:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory) -> Iterator[Mesh]:
-    model = _write_model(tmp_path_factory.mktemp("mesh-model"))
+    model = tmp_path_factory.mktemp("mesh-model")
+    write_tiny_llama(model)
     cache, scheduler = free_port(), free_port()
     procs = {"cache": _spawn("services.cache.main", "--port", str(cache))}
     executor_ports = []

@@ -18,7 +18,6 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-import transformers
 
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from radixmesh.v1 import inference_pb2 as ipb
@@ -26,28 +25,10 @@ from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingParams
 from services.common.testing import free_port, wait_for_serving
 from services.scheduler.client import SchedulerClient
+from tests.fixtures.tiny_llama import VOCAB, write_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
-VOCAB = 256
 EXECUTOR_ID = "exec-sched-test"
-
-
-def _write_model(path: Path) -> transformers.PreTrainedModel:
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(path, safe_serialization=True)
-    return model
 
 
 def _greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -68,7 +49,7 @@ def _spawn(module: str, *args: str) -> subprocess.Popen:
 def mesh(tmp_path_factory):
     """(scheduler address, cache address, HF model, scheduler metrics port), processes running."""
     path = tmp_path_factory.mktemp("sched-mesh-model")
-    model = _write_model(path)
+    model = write_tiny_llama(path)
     cache, executor, scheduler, metrics = free_port(), free_port(), free_port(), free_port()
     procs = [_spawn("services.cache.main", "--port", str(cache))]
     procs.append(

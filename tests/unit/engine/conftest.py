@@ -5,15 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_factories import write_tiny_llama
 
 from radixmesh.engine import Engine, EngineConfig
 from services.scheduler.core import SchedulerConfig
+from tests.fixtures.tiny_llama import write_tiny_llama
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    path = tmp_path_factory.mktemp("tiny-llama")
+    write_tiny_llama(path)
+    return path
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import threading
 
 import pytest
 import torch
-from engine_factories import VOCAB
 
 from services.common.errors import (
     DeadlineExceeded,
@@ -18,6 +17,7 @@ from services.common.errors import (
 )
 from services.common.sampling import SamplingParams
 from services.scheduler.core import Priority, SchedulerConfig
+from tests.fixtures.tiny_llama import VOCAB
 
 
 def greedy(max_tokens: int) -> SamplingParams:
