@@ -35,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from radixmesh.engine import Engine, EngineConfig
+from mesh.engine import Engine, EngineConfig
+from radixmesh.sampling import SamplingParams
 from services.common.logging import configure_logging
-from services.common.sampling import SamplingParams
 from services.scheduler.core import RequestUpdate, SchedulerConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +121,7 @@ def pct(values: list[float], q: float) -> float:
 def model_dir(args: argparse.Namespace) -> str:
     if args.model is not None:
         return args.model
-    from radixmesh.tiny_model import ensure_default_model
+    from mesh.tiny_model import ensure_default_model
 
     return str(ensure_default_model())
 
@@ -184,7 +184,7 @@ def free_ports(n: int) -> list[int]:
 
 def service_specs(args: argparse.Namespace, model: str) -> list:
     """ServiceSpecs in start order: cache, one executor, the scheduler (loopback ports)."""
-    from radixmesh.supervisor import ServiceSpec
+    from mesh.supervisor import ServiceSpec
 
     cache, executor, scheduler, metrics = free_ports(4)
     cache_address = f"127.0.0.1:{cache}"
@@ -223,7 +223,7 @@ async def scrape_preemptions(port: int) -> int:
 
 
 async def bench_services(args: argparse.Namespace) -> Report:
-    from radixmesh.supervisor import Supervisor
+    from mesh.supervisor import Supervisor
     from services.scheduler.client import SchedulerClient
 
     model = model_dir(args)

@@ -189,7 +189,7 @@ def llama_config(s: Shape, token_ids: dict[str, int]) -> dict[str, object]:
 
 def copy_tokenizer(dst: Path) -> dict[str, int]:
     """The tiny model's tokenizer files into dst; returns its bos/eos/pad ids."""
-    from radixmesh.tiny_model import write_tiny_model
+    from mesh.tiny_model import write_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="tiny-tokenizer-") as tmp:
         tiny = write_tiny_model(tmp)

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from services.common.sampling import SamplingParams
-from services.common.step import NewSequence, RunningSequence, StepPlan
+from radixmesh.sampling import SamplingParams
+from radixmesh.step import NewSequence, RunningSequence, StepPlan
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 

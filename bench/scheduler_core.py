@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from radixmesh.engine.ports import InProcessCache
+from mesh.engine.ports import InProcessCache
+from radixmesh.sampling import SamplingParams
+from radixmesh.step import SequenceOutput, StepPlan, StepResult
 from services.cache.core import CacheCore
-from services.common.sampling import SamplingParams
-from services.common.step import SequenceOutput, StepPlan, StepResult
 from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore, StepUpdates
 
 

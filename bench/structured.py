@@ -40,9 +40,9 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from radixmesh.tiny_model import corpus_text, ensure_default_model, write_tiny_model
+from mesh.tiny_model import corpus_text, ensure_default_model, write_tiny_model
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from services.common.logging import configure_logging
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
 from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.grammar_matcher import ConstraintMatcher, fill_batch_bitmask
 
@@ -352,7 +352,7 @@ def count_forced(service: GrammarService, constraint: Constraint, outputs: list[
 
 async def bench_engine(args: argparse.Namespace, model: str) -> None:
     import services.executor.core.grammar_masks as masks_module
-    from radixmesh.engine import Engine, EngineConfig
+    from mesh.engine import Engine, EngineConfig
     from services.scheduler.core import SchedulerConfig
 
     service = GrammarService.from_model_dir(model, config=GrammarConfig(compile_timeout_s=120))

@@ -8,11 +8,11 @@ from gateway.core.generate import ChoiceEvent, UpstreamUpdate
 from gateway.core.openai_responses import MIN_LOGPROB, TokenLogprob
 from gateway.core.prepare import PreparedRequest
 from gateway.core.request import ChatMessage, GatewayRequest, GenerateInput, Priority
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.step import TokenLogprobs
 from radixmesh.v1 import inference_pb2, scheduler_pb2
-from services.common.errors import InvalidArgument
 from services.common.interceptor import error_from_status
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
-from services.common.step import TokenLogprobs
 
 # SamplingParams fields whose proto field is `optional` (unset -> the core default).
 _OPTIONAL_SAMPLING = (

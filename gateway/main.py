@@ -26,12 +26,12 @@ from gateway.core.tokenizer import Tokenizer
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
 from gateway.upstream import SchedulerUpstream
+from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
-from services.common.errors import InvalidArgument
+from services.common.health import wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.server import ServiceRuntime, run_service
-from services.common.testing import wait_for_serving
 
 log = get_logger(__name__)
 
@@ -114,8 +114,8 @@ def _memory(args: argparse.Namespace, models: ModelRegistry) -> tuple[GatewayMem
         if args.result_cache:
             raise InvalidArgument("--result-cache needs --cache-address")
         return GatewayMemory(), None
-    from services.common.cache_client import CacheClient
-    from services.common.result_key import result_key
+    from radixmesh.result_key import result_key
+    from services.cache.client import CacheClient
 
     client = CacheClient(args.cache_address)
 

@@ -21,8 +21,8 @@ from gateway.core.memory import GatewayMemory
 from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import prepare_request
 from gateway.core.request import ChatMessage
+from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
-from services.common.errors import InvalidArgument
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):

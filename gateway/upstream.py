@@ -19,8 +19,8 @@ import grpc
 from gateway import convert
 from gateway.core.generate import UpstreamUpdate
 from gateway.core.prepare import PreparedRequest
+from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import InvalidArgument, Unavailable
 from services.common.logging import get_logger
 
 log = get_logger(__name__)

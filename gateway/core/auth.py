@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.core.ratelimit import RateLimiter, check
-from services.common.errors import Unauthenticated
+from radixmesh.errors import Unauthenticated
 
 
 def forwarded_client(forwarded_for: str) -> str:

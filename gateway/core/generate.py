@@ -23,8 +23,8 @@ from gateway.core.openai_responses import Usage
 from gateway.core.output import ChoiceDelta, ChoiceStream
 from gateway.core.prepare import PreparedRequest, split_choices
 from gateway.core.tokenizer import Tokenizer
-from services.common.errors import RadixmeshError
-from services.common.step import TokenLogprobs
+from radixmesh.errors import RadixmeshError
+from radixmesh.step import TokenLogprobs
 
 
 @dataclass(slots=True)

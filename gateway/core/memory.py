@@ -29,7 +29,7 @@ from gateway.core.openai_responses import Usage
 from gateway.core.output import ChoiceDelta
 from gateway.core.prepare import PreparedRequest
 from gateway.core.tokenizer import Tokenizer
-from services.common.errors import FailedPrecondition, InvalidArgument, RadixmeshError
+from radixmesh.errors import FailedPrecondition, InvalidArgument, RadixmeshError
 from services.common.logging import get_logger
 
 log = get_logger(__name__)

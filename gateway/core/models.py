@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.core.tokenizer import Tokenizer
-from services.common.errors import InvalidArgument, NotFound
+from radixmesh.errors import InvalidArgument, NotFound
 from services.common.logging import get_logger
 
 log = get_logger(__name__)

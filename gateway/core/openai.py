@@ -26,8 +26,8 @@ from gateway.core.request import (
     GenerateInput,
     Priority,
 )
-from services.common.errors import InvalidArgument
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default max_tokens for /v1/completions (chat defaults to the context limit)."""

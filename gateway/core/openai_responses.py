@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import RadixmeshError
+from radixmesh.errors import RadixmeshError
 
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 

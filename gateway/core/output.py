@@ -18,8 +18,8 @@ from gateway.core.detokenizer import IncrementalDetokenizer
 from gateway.core.openai_responses import PositionLogprobs, TokenLogprob, Usage
 from gateway.core.stop import StopMatcher
 from gateway.core.tokenizer import Tokenizer
-from services.common.errors import InvalidArgument
-from services.common.step import TokenLogprobs
+from radixmesh.errors import InvalidArgument
+from radixmesh.step import TokenLogprobs
 
 FINISH_REASONS = frozenset({"stop", "length", "abort"})
 

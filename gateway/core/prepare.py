@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from gateway.core.request import GatewayRequest, Priority
 from gateway.core.tokenizer import Tokenizer
-from services.common.errors import InvalidArgument
-from services.common.sampling import Constraint, SamplingParams
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from radixmesh.errors import InvalidArgument, ResourceExhausted, Unavailable
 
 Clock = Callable[[], float]
 

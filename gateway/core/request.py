@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from services.common.sampling import Constraint, SamplingParams
+from radixmesh.sampling import Constraint, SamplingParams
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 

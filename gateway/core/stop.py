@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.request import CHAT_ROLES, ChatMessage
-from services.common.errors import FailedPrecondition, InvalidArgument
+from radixmesh.errors import FailedPrecondition, InvalidArgument
 
 # config.json keys that hold the context length, most specific first.
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")

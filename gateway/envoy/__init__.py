@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jinja2
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/")

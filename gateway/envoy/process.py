@@ -10,7 +10,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from radixmesh.errors import FailedPrecondition, InvalidArgument, Unavailable
 
 # Envoy logs this once its listeners accept connections (clusters and first health checks done).
 READY_LOG_LINE = "starting workers"

@@ -1,5 +1,5 @@
 """Cache core objects -> protobuf, at the server's edge (the client's direction,
-protobuf -> objects, lives with the client in `services.common.cache_client`)."""
+protobuf -> objects, lives with the client in `services.cache.client`)."""
 
 from __future__ import annotations
 

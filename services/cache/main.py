@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.v1 import cache_pb2_grpc
 from services.cache.core import CacheConfig, CacheCore
 from services.cache.server import (
@@ -24,7 +25,6 @@ from services.cache.server import (
 from services.cache.store import StoreConfig, make_store
 from services.cache.store.redis_store import RedisStore
 from services.common.config import ServerConfig, add_server_arguments
-from services.common.errors import InvalidArgument, Unavailable
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service

@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import cache_pb2 as pb
 from radixmesh.v1 import cache_pb2_grpc
 from services.cache import convert
 from services.cache.core import CacheCore
 from services.cache.store import Store
-from services.common.errors import InvalidArgument
 from services.common.interceptor import status_code_of
 from services.common.logging import get_logger
 from services.common.metrics import counter

@@ -1,1 +1,1 @@
-"""The shared service runtime and the plain-data contract types every core uses."""
+"""The shared gRPC runtime: server lifecycle, health, the error interceptor, logs, metrics."""

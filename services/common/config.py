@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import socket
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -103,3 +104,10 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int =
         default=64,
         help="largest gRPC message in MiB (default %(default)s)",
     )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks; another process may take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -71,3 +71,39 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             if self._shutting_down:
                 return
             await changed.wait()
+
+
+_SERVING_STATUS = health_pb2.HealthCheckResponse.SERVING
+
+
+async def wait_for_serving(address: str, service: str = "", timeout: float = 30.0) -> None:
+    """Return once `address` reports `service` SERVING on the health Watch stream.
+
+    The call waits for the server to come up (wait_for_ready), then follows
+    status changes as they are pushed: no polling. Raises TimeoutError naming
+    the last status seen, or ConnectionError if the server ends the stream
+    (it is shutting down) before serving.
+    """
+    last = "no answer"
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        call = stub.Watch(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
+        )
+        try:
+            async for response in call:
+                if response.status == _SERVING_STATUS:
+                    call.cancel()
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TimeoutError(
+                    f"{address} service {service!r} not SERVING after {timeout}s (last: {last})"
+                ) from None
+            raise ConnectionError(
+                f"{address} health watch failed: {exc.code().name} {exc.details()}"
+            ) from exc
+    raise ConnectionError(
+        f"{address} ended the health watch before {service!r} was SERVING ({last})"
+    )

@@ -1,7 +1,7 @@
 """Map core exceptions to gRPC status codes, on every handler shape, in one place.
 
 `ErrorInterceptor` wraps each handler (unary-unary, unary-stream, stream-unary,
-stream-stream). A `services.common.errors` exception becomes its status code
+stream-stream). A `radixmesh.errors` exception becomes its status code
 with the exception's message; a handler's own `context.abort` and cancellation
 pass through unchanged; anything else becomes INTERNAL with a short message and
 is logged with its traceback. It also binds the caller's `x-request-id` metadata
@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from services.common import errors
+from radixmesh import errors
 from services.common.logging import get_logger, set_request_id
 from services.common.metrics import counter, histogram
 

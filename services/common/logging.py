@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 EventDict = MutableMapping[str, Any]
 

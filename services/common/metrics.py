@@ -28,7 +28,7 @@ from prometheus_client import (
     process_collector,
 )
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 PREFIX = "radixmesh"
 

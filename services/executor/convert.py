@@ -1,11 +1,11 @@
-"""Protobuf <-> executor objects: the step contract from `services.common.convert`, plus GetInfo."""
+"""Protobuf <-> executor objects: the step contract from `radixmesh.wire`, plus GetInfo."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from radixmesh.v1 import executor_pb2
-from services.common.convert import (
+from radixmesh.wire import (
     constraint_from_proto,
     constraint_to_proto,
     health_from_proto,

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radixmesh.step import DeviceHealth
 from services.common.logging import get_logger
-from services.common.step import DeviceHealth
 
 log = get_logger(__name__)
 

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from radixmesh.errors import InvalidArgument, RadixmeshError
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
-from services.common.errors import InvalidArgument, RadixmeshError
 from services.common.interceptor import error_from_rpc_error
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY

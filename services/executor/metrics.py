@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from radixmesh.step import StepPlan, StepResult
 from services.common.metrics import counter, gauge, histogram
-from services.common.step import StepPlan, StepResult
 
 ROOM = "executor"
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)

@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import torch
 
+from radixmesh.errors import FailedPrecondition, InvalidArgument, Unavailable
+from radixmesh.step import StepPlan
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
-from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from services.common.logging import get_logger
-from services.common.step import StepPlan
 from services.executor.convert import (
     constraint_from_proto,
     info_to_proto,

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from radixmesh import wire
+from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.step import TokenLogprobs
 from radixmesh.v1 import inference_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.common import convert as wire
-from services.common.errors import InvalidArgument, Unavailable
 from services.common.interceptor import error_from_status
-from services.common.sampling import Constraint, SamplingParams
-from services.common.step import TokenLogprobs
 from services.scheduler.core import Priority, RequestUpdate
 
 _PRIORITY = {

@@ -11,14 +11,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from radixmesh.errors import InvalidArgument, RadixmeshError
+from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.step import TokenLogprobs
 from radixmesh.v1 import executor_pb2, inference_pb2, scheduler_pb2
-from services.common.convert import (
+from radixmesh.wire import (
     constraint_from_proto,
     sampling_from_proto,
 )
-from services.common.errors import InvalidArgument, RadixmeshError
-from services.common.sampling import Constraint, SamplingParams
-from services.common.step import TokenLogprobs
 from services.scheduler.core import ExecutorInfo, Priority, RequestUpdate
 
 _PRIORITY = {

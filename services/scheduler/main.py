@@ -19,14 +19,14 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from radixmesh.errors import InvalidArgument, RadixmeshError
 from radixmesh.v1 import scheduler_pb2_grpc
-from services.common.cache_client import CacheClient
+from services.cache.client import CacheClient
 from services.common.config import ServerConfig, add_server_arguments
-from services.common.errors import InvalidArgument, RadixmeshError
+from services.common.health import wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
-from services.common.testing import wait_for_serving
 from services.scheduler.core import SchedulerConfig, SchedulerCore
 from services.scheduler.metrics import SchedulerMetricsCollector
 from services.scheduler.remote import RemoteCache, RemoteExecutor

@@ -14,9 +14,12 @@ from typing import Any
 
 import grpc
 
+from radixmesh import wire
+from radixmesh.errors import RadixmeshError, Unavailable
+from radixmesh.sampling import Constraint
+from radixmesh.step import StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
-from services.common import convert as wire
-from services.common.cache_client import (
+from services.cache.client import (
     AcquireOp,
     CacheClient,
     CommitOp,
@@ -25,11 +28,8 @@ from services.common.cache_client import (
     MatchOp,
     ReleaseOp,
 )
-from services.common.errors import RadixmeshError, Unavailable
+from services.common.health import wait_for_serving
 from services.common.interceptor import error_from_rpc_error
-from services.common.sampling import Constraint
-from services.common.step import StepPlan, StepResult
-from services.common.testing import wait_for_serving
 from services.scheduler import convert
 from services.scheduler.core import ExecutorInfo, LeaseGrant
 

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import InvalidArgument, RadixmeshError, Unavailable
 from services.common.logging import get_logger
 from services.scheduler import convert
 from services.scheduler.core import Priority, RequestUpdate, SchedulerCore, StepUpdates

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh.commands.serve import READY_LINE
+from mesh.commands.serve import READY_LINE
 from radixmesh.v1 import inference_pb2 as pb
-from services.common.testing import free_port
+from services.common.config import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "sk-e2e"
@@ -62,7 +62,7 @@ def start_serve(tmp: Path, *extra: str, timeout_s: float = START_TIMEOUT_S) -> S
     port = free_port()
     endpoints_path = tmp / "endpoints.json"
     argv = [
-        *(sys.executable, "-m", "radixmesh.cli", "serve", "--port", str(port)),
+        *(sys.executable, "-m", "mesh.cli", "serve", "--port", str(port)),
         *("--device", "cpu", "--num-pages", "256", "--log-dir", str(tmp / "logs")),
         *("--endpoints-json", str(endpoints_path), *extra),
     ]

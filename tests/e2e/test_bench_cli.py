@@ -15,7 +15,7 @@ import pytest
 from e2e_mesh import API_KEY
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.cli import main
+from mesh.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ("--num-requests", "6", "--concurrency", "3", "--request-rate", "3", "--quiet")

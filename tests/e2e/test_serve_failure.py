@@ -10,8 +10,8 @@ import sys
 
 from e2e_mesh import REPO, alive
 
-from radixmesh.tiny_model import ensure_default_model
-from services.common.testing import free_port
+from mesh.tiny_model import ensure_default_model
+from services.common.config import free_port
 
 
 def test_an_executor_that_cannot_load_its_model_stops_the_mesh(tmp_path):
@@ -21,7 +21,7 @@ def test_an_executor_that_cannot_load_its_model_stops_the_mesh(tmp_path):
         shutil.copy(ensure_default_model() / name, model / name)  # no safetensors
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "radixmesh.cli", "serve", "--model", str(model)),
+            *(sys.executable, "-m", "mesh.cli", "serve", "--model", str(model)),
             *("--port", str(free_port()), "--device", "cpu", "--log-dir", str(tmp_path / "logs")),
         ],
         cwd=REPO,

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from services.common.cache_client import (
+from radixmesh.cache_types import Lease
+from radixmesh.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from services.cache.client import (
     AcquireOp,
     CacheClient,
     CommitOp,
@@ -23,9 +25,8 @@ from services.common.cache_client import (
     MatchOp,
     ReleaseOp,
 )
-from services.common.cache_types import Lease
-from services.common.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from services.common.testing import free_port, wait_for_serving
+from services.common.config import free_port
+from services.common.health import wait_for_serving
 from tests.fixtures.redis import redis_server  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -18,10 +18,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import GatewayAddress, RateLimit, render_envoy_config
 from gateway.envoy.process import EnvoyProcess, validate_config
-from gateway.testing import FakeScheduler, make_model_folder
+from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2_grpc
-from services.common.errors import InvalidArgument
-from services.common.testing import free_port, running_runtime, wait_for_serving
+from services.common.config import free_port
+from services.common.health import wait_for_serving
+from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
+from tests.fixtures.runtime import running_runtime
 
 
 class FakeInference(inference_pb2_grpc.InferenceServicer):

@@ -18,10 +18,11 @@ from gateway.envoy import GatewayAddress, render_envoy_config
 from gateway.envoy.process import EnvoyProcess
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
-from gateway.testing import FakeScheduler, make_model_folder
 from gateway.upstream import SchedulerUpstream
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2_grpc
-from services.common.testing import free_port, running_runtime
+from services.common.config import free_port
+from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
+from tests.fixtures.runtime import running_runtime
 
 GATEWAY_LIMIT = "rate limit exceeded for this API key"
 """The gateway's own refusal (Envoy's listener-wide one says something else)."""

@@ -10,16 +10,16 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from radixmesh.tiny_model import write_tiny_model
+from mesh.tiny_model import write_tiny_model
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
 from radixmesh.v1 import inference_pb2 as ipb
-from services.common.errors import InvalidArgument
-from services.common.sampling import Constraint, ConstraintKind
-from services.common.testing import running_runtime
 from services.executor.core.config import ExecutorConfig
 from services.executor.main import load
 from services.executor.server import SERVICE_NAME, ExecutorServicer
 from services.scheduler.remote import RemoteExecutor
+from tests.fixtures.runtime import running_runtime
 
 
 @pytest.fixture(scope="module")

@@ -22,15 +22,16 @@ import grpc
 import pytest
 import torch
 
-from radixmesh.tiny_model import write_tiny_model
+from mesh.tiny_model import write_tiny_model
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2, executor_pb2_grpc
 from radixmesh.v1 import inference_pb2 as ipb
-from services.common.config import ServerConfig
+from services.common.config import ServerConfig, free_port
+from services.common.health import wait_for_serving
 from services.common.server import ServiceRuntime
-from services.common.testing import free_port, running_runtime, wait_for_serving
 from services.executor.core.config import ExecutorConfig
 from services.executor.main import load
 from services.executor.server import SERVICE_NAME, ExecutorServicer
+from tests.fixtures.runtime import running_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE_SIZE = 4

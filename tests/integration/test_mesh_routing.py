@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh.engine import Engine, EngineConfig
-from services.common.cache_client import CacheClient
-from services.common.errors import Unavailable
-from services.common.sampling import SamplingParams
-from services.common.testing import free_port, wait_for_serving
+from mesh.engine import Engine, EngineConfig
+from radixmesh.errors import Unavailable
+from radixmesh.sampling import SamplingParams
+from services.cache.client import CacheClient
+from services.common.config import free_port
+from services.common.health import wait_for_serving
 from services.scheduler.client import SchedulerClient
 from services.scheduler.core import RequestUpdate
 from tests.fixtures.tiny_llama import VOCAB, write_tiny_llama

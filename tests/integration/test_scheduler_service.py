@@ -19,11 +19,12 @@ import grpc
 import pytest
 import torch
 
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import SamplingParams
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from radixmesh.v1 import inference_pb2 as ipb
-from services.common.errors import InvalidArgument
-from services.common.sampling import SamplingParams
-from services.common.testing import free_port, wait_for_serving
+from services.common.config import free_port
+from services.common.health import wait_for_serving
 from services.scheduler.client import SchedulerClient
 from tests.fixtures.tiny_llama import VOCAB, write_tiny_llama
 

@@ -111,7 +111,7 @@ def static_metrics() -> dict[str, tuple[str, tuple[str, ...] | None]]:
 
 
 def _scheduler_core():
-    from radixmesh.engine.ports import InProcessCache
+    from mesh.engine.ports import InProcessCache
     from services.cache.core import CacheCore
     from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore
 
@@ -135,7 +135,7 @@ class _ReportingGpu:
     """A device reader that reports every field (the gauges exist only on such a GPU)."""
 
     def read(self):
-        from services.common.step import DeviceHealth
+        from radixmesh.step import DeviceHealth
 
         return DeviceHealth(0.5, 1 << 30, 1 << 34, 60.0)
 

@@ -10,10 +10,10 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from radixmesh import tiny_model
-from radixmesh.cli import main as cli_main
-from radixmesh.tiny_model import ARCHS, MODEL_SIZES, ensure_default_model, write_tiny_model
-from services.common.errors import InvalidArgument
+from mesh.cli import main as cli_main
+from mesh.tiny_model import ARCHS, MODEL_SIZES, ensure_default_model, write_tiny_model
+from mesh import tiny_model
+from radixmesh.errors import InvalidArgument
 
 FILES = (
     "config.json",

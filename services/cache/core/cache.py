@@ -12,12 +12,12 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 
+from radixmesh.errors import InvalidArgument, NotFound
 from services.cache.core.config import CacheConfig
 from services.cache.core.eviction import EVICTION_POLICIES
 from services.cache.core.pool import LeaseState, Pool
 from services.cache.core.radix import pack_tokens
 from services.cache.core.types import CommitResult, Lease, PoolStats
-from services.common.errors import InvalidArgument, NotFound
 
 Clock = Callable[[], float]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from radixmesh.errors import InvalidArgument
 from services.cache.core.eviction import EVICTION_POLICIES
-from services.common.errors import InvalidArgument
 
 
 @dataclass(frozen=True, slots=True)

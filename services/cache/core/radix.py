@@ -23,8 +23,8 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from radixmesh.errors import InvalidArgument
 from services.cache.core.eviction import EvictionPolicy
-from services.common.errors import InvalidArgument
 
 
 def pack_tokens(tokens: Sequence[int]) -> array:

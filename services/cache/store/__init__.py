@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from radixmesh.result_key import result_key
 from services.cache.store.base import Store, StoreConfig
 from services.cache.store.memory import InProcessStore
 from services.cache.store.redis_store import RedisStore
-from services.common.result_key import result_key
 
 
 def make_store(config: StoreConfig, clock: Callable[[], float] = time.monotonic) -> Store:

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 MAX_KEY_CHARS = 512
 

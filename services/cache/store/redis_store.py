@@ -16,8 +16,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from radixmesh.errors import InvalidArgument, Unavailable
 from services.cache.store.base import Store, StoreConfig
-from services.common.errors import InvalidArgument, Unavailable
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")

@@ -27,16 +27,16 @@ import numpy as np
 import torch
 
 from kernels import get_ops
-from services.common.errors import FailedPrecondition
-from services.common.logging import get_logger
-from services.common.sampling import SamplingParams
-from services.common.step import (
+from radixmesh.errors import FailedPrecondition
+from radixmesh.sampling import SamplingParams
+from radixmesh.step import (
     NewSequence,
     SequenceOutput,
     StepPlan,
     StepResult,
     TokenLogprobs,
 )
+from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import DecodeGraphs, warm_prefill
 from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 import xgrammar as xgr
 
-from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from services.common.sampling import Constraint
+from radixmesh.errors import InvalidArgument, ResourceExhausted, Unavailable
+from radixmesh.sampling import Constraint
 from services.executor.core.grammar_compile import (
     JSON_KINDS,
     banned_token_mask,

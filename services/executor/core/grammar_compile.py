@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 import torch
 import xgrammar as xgr
 
-from services.common.errors import InvalidArgument
-from services.common.sampling import Constraint, ConstraintKind
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind
 
 JSON_KINDS = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT})
 _JSON_OBJECT_SCHEMA = '{"type": "object"}'

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 import xgrammar as xgr
 
-from services.common.errors import FailedPrecondition, InvalidArgument
+from radixmesh.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:
     from services.executor.core.grammar import CompiledConstraint

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from services.common.errors import ResourceExhausted
+from radixmesh.errors import ResourceExhausted
 
 
 def page_bytes(

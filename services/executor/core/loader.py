@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 from services.executor.core.models import ARCHITECTURES, ModelSpec, parse_spec
 from services.executor.core.models.decoder import DecoderWeights, empty_weights, hf_weight_targets
 

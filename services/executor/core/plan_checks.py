@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument, ResourceExhausted
-from services.common.step import NewSequence, StepPlan
+from radixmesh.errors import InvalidArgument, ResourceExhausted
+from radixmesh.step import NewSequence, StepPlan
 from services.executor.core.sequence import SequenceState
 
 

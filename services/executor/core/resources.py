@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.kv_pool import num_pages_for_budget, page_bytes
 from services.executor.core.loader import DTYPES

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from kernels import get_ops
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import SamplingParams
 from services.common.logging import get_logger
-from services.common.sampling import SamplingParams
 
 log = get_logger(__name__)
 

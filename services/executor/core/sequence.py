@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from services.common.sampling import Constraint, SamplingParams
+from radixmesh.sampling import Constraint, SamplingParams
 
 
 class TokenMatcher(Protocol):

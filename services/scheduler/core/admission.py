@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from services.common.errors import InvalidArgument, ResourceExhausted
+from radixmesh.errors import InvalidArgument, ResourceExhausted
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.request import Priority, Request
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 
 @dataclass(frozen=True, slots=True)

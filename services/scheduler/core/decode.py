@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from services.common.errors import ResourceExhausted
-from services.common.step import RunningSequence
+from radixmesh.errors import ResourceExhausted
+from radixmesh.step import RunningSequence
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.preemption import pick_victim, victim_order

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from services.common.step import DeviceHealth
+from radixmesh.step import DeviceHealth
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.ports import ExecutorInfo, ExecutorPort
 from services.scheduler.core.queue import WaitQueue

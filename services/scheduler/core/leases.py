@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import structlog
 
-from services.common.errors import RadixmeshError, ResourceExhausted
+from radixmesh.errors import RadixmeshError, ResourceExhausted
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.ports import CachePort

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.common.sampling import Constraint
-from services.common.step import StepPlan, StepResult
+from radixmesh.sampling import Constraint
+from radixmesh.step import StepPlan, StepResult
 
 
 @dataclass(frozen=True, slots=True)

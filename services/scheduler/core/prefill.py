@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from services.common.errors import ResourceExhausted
-from services.common.step import NewSequence
+from radixmesh.errors import ResourceExhausted
+from radixmesh.step import NewSequence
 from services.scheduler.core.decode import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.leases import Leases

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from services.common.errors import RadixmeshError
-from services.common.sampling import Constraint, SamplingParams
-from services.common.step import TokenLogprobs
+from radixmesh.errors import RadixmeshError
+from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.step import TokenLogprobs
 
 
 class Priority(enum.IntEnum):

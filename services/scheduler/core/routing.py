@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from services.common.step import DeviceHealth
+from radixmesh.step import DeviceHealth
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.request import Request

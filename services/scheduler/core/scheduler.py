@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from services.common.errors import (
+from radixmesh.errors import (
     Aborted,
     DeadlineExceeded,
     InvalidArgument,
@@ -25,8 +25,8 @@ from services.common.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from services.common.sampling import Constraint, SamplingParams
-from services.common.step import StepPlan, StepResult
+from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.step import StepPlan, StepResult
 from services.scheduler.core.admission import check_prompt, make_room_in_queue
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.decode import StepBudget, schedule_running

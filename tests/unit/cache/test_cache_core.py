@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from cache_checks import cached_sequences, check_pool
 
+from radixmesh.errors import InvalidArgument, NotFound, ResourceExhausted
 from services.cache.core import EVICTION_POLICIES, CacheConfig, CacheCore, LRUPolicy
-from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
 
 PS = 4  # page size of the default test pool
 

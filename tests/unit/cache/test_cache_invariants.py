@@ -20,8 +20,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from radixmesh.errors import ResourceExhausted
 from services.cache.core import CacheConfig, CacheCore
-from services.common.errors import ResourceExhausted
 
 PS = 2
 NUM_PAGES = 24

@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 
 from radixmesh.v1 import cache_pb2 as pb
+from services.cache import client as cache_client
 from services.cache import convert
 from services.cache.server import CacheServicer
 from services.cache.store import InProcessStore, StoreConfig
-from services.common import cache_client
 
 
 def make_servicer(make_core, clock) -> CacheServicer:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.result_key import result_key
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from services.cache.store import InProcessStore, RedisStore, Store, StoreConfig
-from services.common.errors import InvalidArgument, Unavailable
-from services.common.result_key import result_key
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TTL = 0.3  # short, so the Redis backend's real TTL passes quickly
@@ -162,8 +162,8 @@ def test_result_key_changes_with_every_input():
 
 def test_result_key_is_stable_across_processes():
     code = (
-        "from services.common.result_key import result_key;"
-        "from services.common.sampling import SamplingParams, Constraint, ConstraintKind;"
+        "from radixmesh.result_key import result_key;"
+        "from radixmesh.sampling import SamplingParams, Constraint, ConstraintKind;"
         "print(result_key('m', [5, 6], SamplingParams(temperature=0.0, seed=3),"
         " Constraint(ConstraintKind.JSON_OBJECT)))"
     )

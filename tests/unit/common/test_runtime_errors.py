@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 
+from radixmesh import errors
 from radixmesh.v1 import cache_pb2, inference_pb2
-from services.common import errors
 from services.common.interceptor import error_from_rpc_error, error_from_status, status_code_of
 
 ERROR_CLASSES = errors.RadixmeshError.__subclasses__()

@@ -10,11 +10,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from runtime_fakes import CACHE, INFERENCE, start_mesh
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import cache_pb2, inference_pb2
-from services.common.config import ServerConfig
-from services.common.errors import InvalidArgument
+from services.common.config import ServerConfig, free_port
+from services.common.health import wait_for_serving
 from services.common.server import ServiceRuntime
-from services.common.testing import free_port, wait_for_serving
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

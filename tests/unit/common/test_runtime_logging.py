@@ -9,8 +9,8 @@ from datetime import datetime
 import grpc
 import pytest
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import cache_pb2
-from services.common.errors import InvalidArgument
 from services.common.logging import (
     bind_request_id,
     configure_logging,

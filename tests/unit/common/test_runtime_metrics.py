@@ -8,9 +8,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from runtime_fakes import start_mesh
 
+from radixmesh.errors import InvalidArgument, NotFound
 from radixmesh.v1 import cache_pb2
 from services.common import metrics
-from services.common.errors import InvalidArgument, NotFound
 
 
 def test_names_get_the_project_and_room_prefix():

@@ -14,7 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
-from services.common.testing import free_port, wait_for_serving
+from services.common.config import free_port
+from services.common.health import wait_for_serving
 
 SCRIPT = Path(__file__).with_name("sigterm_service.py")
 REPO = Path(__file__).resolve().parents[3]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh.engine import Engine, EngineConfig
+from mesh.engine import Engine, EngineConfig
 from services.scheduler.core import SchedulerConfig
 from tests.fixtures.tiny_llama import write_tiny_llama
 

@@ -9,13 +9,13 @@ import threading
 import pytest
 import torch
 
-from services.common.errors import (
+from radixmesh.errors import (
     DeadlineExceeded,
     InvalidArgument,
     ResourceExhausted,
     Unavailable,
 )
-from services.common.sampling import SamplingParams
+from radixmesh.sampling import SamplingParams
 from services.scheduler.core import Priority, SchedulerConfig
 from tests.fixtures.tiny_llama import VOCAB
 

@@ -16,10 +16,10 @@ import threading
 import pytest
 from transformers import AutoTokenizer
 
-from radixmesh.engine import Engine, EngineConfig
-from radixmesh.tiny_model import write_tiny_model
-from services.common.errors import InvalidArgument
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
+from mesh.engine import Engine, EngineConfig
+from mesh.tiny_model import write_tiny_model
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from services.executor.core import grammar as grammar_module
 from services.executor.core.grammar import GrammarConfig, GrammarService
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from services.common.sampling import SamplingParams
+from radixmesh.sampling import SamplingParams
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.sequence import MatcherFactory

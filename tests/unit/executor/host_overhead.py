@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from services.common.step import NewSequence, RunningSequence, StepPlan
+from radixmesh.step import NewSequence, RunningSequence, StepPlan
 from tests.unit.executor.conftest import greedy, make_core, random_prompt, save_tiny_model
 
 NUM_STEPS = 200

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 from services.executor.core.config import ExecutorConfig
 
 

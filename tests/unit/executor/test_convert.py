@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixmesh.v1 import executor_pb2, inference_pb2
-from services.common.errors import InvalidArgument
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
-from services.common.step import (
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.step import (
     NewSequence,
     RunningSequence,
     SequenceOutput,
@@ -19,6 +18,7 @@ from services.common.step import (
     StepResult,
     TokenLogprobs,
 )
+from radixmesh.v1 import executor_pb2, inference_pb2
 from services.executor.convert import (
     constraint_from_proto,
     constraint_to_proto,

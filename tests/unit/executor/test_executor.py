@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.errors import InvalidArgument, ResourceExhausted
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
-from services.common.step import NewSequence, RunningSequence, StepPlan
+from radixmesh.errors import InvalidArgument, ResourceExhausted
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.step import NewSequence, RunningSequence, StepPlan
 from services.executor.core.cuda_graphs import warm_prefill
 from tests.unit.executor.conftest import (
     TinyModel,

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from radixmesh import cli
+from mesh import cli
 from tests.unit.executor.conftest import build_hf_model, hf_greedy
 
 CORPUS = [

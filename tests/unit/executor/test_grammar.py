@@ -9,9 +9,9 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from radixmesh.tiny_model import write_tiny_model
-from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from services.common.sampling import Constraint, ConstraintKind
+from mesh.tiny_model import write_tiny_model
+from radixmesh.errors import InvalidArgument, ResourceExhausted, Unavailable
+from radixmesh.sampling import Constraint, ConstraintKind
 from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.grammar_compile import choices_ebnf, compiler_reason
 

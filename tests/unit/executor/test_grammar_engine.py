@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from radixmesh.tiny_model import write_tiny_model
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
-from services.common.step import NewSequence, RunningSequence, StepPlan
+from mesh.tiny_model import write_tiny_model
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.step import NewSequence, RunningSequence, StepPlan
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.grammar import GrammarConfig, GrammarService

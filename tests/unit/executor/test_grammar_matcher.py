@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from kernels.bitmask import apply_bitmask_ref, unpack_bitmask
-from radixmesh.tiny_model import write_tiny_model
-from services.common.errors import FailedPrecondition, InvalidArgument
-from services.common.sampling import Constraint, ConstraintKind
+from mesh.tiny_model import write_tiny_model
+from radixmesh.errors import FailedPrecondition, InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind
 from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.grammar_matcher import ConstraintMatcher, fill_batch_bitmask
 from services.executor.core.sequence import accept_tokens

@@ -10,9 +10,8 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
+from radixmesh.step import DeviceHealth, StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
-from services.common.step import DeviceHealth, StepPlan, StepResult
-from services.common.testing import running_runtime
 from services.executor.convert import result_from_proto, result_to_proto
 from services.executor.health import (
     GAUGES,
@@ -22,6 +21,7 @@ from services.executor.health import (
     open_nvml_device,
 )
 from services.executor.server import SERVICE_NAME, ExecutorServicer
+from tests.fixtures.runtime import running_runtime
 
 GIB = 1 << 30
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from radixmesh.engine_lite import generate
-from services.common.errors import InvalidArgument
+from mesh.engine_lite import generate
+from radixmesh.errors import InvalidArgument
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.spec import read_rope
 from tests.unit.executor.conftest import (

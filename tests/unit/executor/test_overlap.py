@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from services.common.errors import FailedPrecondition
-from services.common.sampling import Constraint, ConstraintKind, SamplingParams
-from services.common.step import NewSequence, RunningSequence, StepPlan, StepResult
+from radixmesh.errors import FailedPrecondition
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.step import NewSequence, RunningSequence, StepPlan, StepResult
 from services.executor.core.executor import ExecutorCore
 from tests.unit.executor.conftest import TinyModel, greedy, hf_greedy, make_core, random_prompt
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
-from services.common.errors import InvalidArgument
-from services.common.sampling import SamplingParams
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import SamplingParams
 from services.executor.core.sampling import (
     Sampler,
     SamplingInputs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.sampling import SamplingParams
+from radixmesh.sampling import SamplingParams
 from services.executor.core.sampling import Sampler, filter_logits, race
 
 pytestmark = [

@@ -1,13 +1,14 @@
-"""Fixtures for the gateway's unit tests (factories live in gateway.testing)."""
+"""Fixtures for the gateway's unit tests (factories live in tests/fixtures/gateway_fakes.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from gateway.core.tokenizer import Tokenizer
-from gateway.testing import FakeScheduler, make_model_folder
 from radixmesh.v1 import scheduler_pb2_grpc
-from services.common.testing import free_port, running_runtime
+from services.common.config import free_port
+from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
+from tests.fixtures.runtime import running_runtime
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from radixmesh.commands import serve as serve_command
-from radixmesh.mesh import MeshConfig, MeshPorts, plan_stages
-from services.common.errors import InvalidArgument
+from mesh.commands import serve as serve_command
+from mesh.launcher import MeshConfig, MeshPorts, plan_stages
+from radixmesh.errors import InvalidArgument
 from services.executor.core.config import ExecutorConfig
 from services.executor.main import build_parser, executor_config
 

@@ -18,8 +18,9 @@ from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
 from gateway.upstream import SchedulerUpstream
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2
-from services.common.testing import free_port, running_runtime
+from services.common.config import free_port
 from tests.fixtures.redis import redis_server_factory  # noqa: F401
+from tests.fixtures.runtime import running_runtime
 
 ONE_PER_CLIENT = RateLimitConfig(capacity=1, refill_per_s=0.001)
 """One request per bucket for the length of a test."""

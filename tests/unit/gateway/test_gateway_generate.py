@@ -7,7 +7,7 @@ import pytest
 from gateway.core.generate import UpstreamUpdate, collect, generate, total_usage
 from gateway.core.openai import parse_completion_request
 from gateway.core.prepare import prepare_request
-from services.common.errors import ResourceExhausted
+from radixmesh.errors import ResourceExhausted
 
 
 class FakeUpstream:

@@ -13,7 +13,7 @@ from gateway.core.models import ModelRegistry
 from gateway.server import InferenceServicer
 from gateway.upstream import SchedulerUpstream
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
-from services.common.testing import running_runtime
+from tests.fixtures.runtime import running_runtime
 
 REPLY = "the quick brown fox jumps 😀"  # what conftest's FakeScheduler answers
 

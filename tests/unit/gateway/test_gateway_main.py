@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
-from services.common.testing import free_port, wait_for_serving
+from services.common.config import free_port
+from services.common.health import wait_for_serving
 
 
 async def test_gateway_process_serves_and_stops_on_sigterm(fake_scheduler, model_folder):

@@ -8,14 +8,14 @@ from gateway.core.generate import UpstreamUpdate, collect
 from gateway.core.memory import GatewayMemory
 from gateway.core.openai import parse_completion_request
 from gateway.core.prepare import PreparedRequest, prepare_request
+from radixmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from radixmesh.result_key import result_key
 from radixmesh.v1 import cache_pb2_grpc
+from services.cache.client import CacheClient
 from services.cache.core import CacheConfig, CacheCore
 from services.cache.server import SERVICE_NAME, CacheServicer
 from services.cache.store import InProcessStore, StoreConfig
-from services.common.cache_client import CacheClient
-from services.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from services.common.result_key import result_key
-from services.common.testing import running_runtime
+from tests.fixtures.runtime import running_runtime
 
 REPLY = "the quick brown fox"
 

@@ -15,8 +15,8 @@ from gateway.core.openai import (
     parse_json_body,
 )
 from gateway.core.request import ChatMessage, Priority
-from services.common.errors import NotFound, ResourceExhausted, Unavailable
-from services.common.sampling import ConstraintKind
+from radixmesh.errors import NotFound, ResourceExhausted, Unavailable
+from radixmesh.sampling import ConstraintKind
 
 
 def chat(**fields):

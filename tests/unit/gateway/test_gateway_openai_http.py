@@ -14,9 +14,9 @@ from gateway.core.generate import UpstreamUpdate
 from gateway.core.models import ModelRegistry
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig
 from gateway.openai_http import OpenAIHttpServer, start_http_server
-from services.common.errors import ResourceExhausted
-from services.common.step import TokenLogprobs
-from services.common.testing import free_port
+from radixmesh.errors import ResourceExhausted
+from radixmesh.step import TokenLogprobs
+from services.common.config import free_port
 
 REPLY = "hello 😀 world. the end"
 

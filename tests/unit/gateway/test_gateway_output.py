@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.output import ChoiceStream
-from services.common.errors import InvalidArgument
-from services.common.step import TokenLogprobs
+from radixmesh.errors import InvalidArgument
+from radixmesh.step import TokenLogprobs
 
 
 def ids_of(tokenizer, text):

@@ -4,7 +4,7 @@ import pytest
 
 from gateway.core.openai import parse_chat_request, parse_completion_request
 from gateway.core.prepare import prepare_request, split_choices
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 
 def test_chat_request_is_templated_and_max_tokens_resolved(tokenizer):

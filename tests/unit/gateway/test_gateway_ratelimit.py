@@ -12,7 +12,7 @@ from gateway.core.ratelimit import (
     RedisRateLimiter,
     check,
 )
-from services.common.errors import InvalidArgument, ResourceExhausted
+from radixmesh.errors import InvalidArgument, ResourceExhausted
 
 
 class FakeClock:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.stop import StopMatcher
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, str | None]:

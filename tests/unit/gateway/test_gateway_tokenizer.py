@@ -6,7 +6,7 @@ import pytest
 
 from gateway.core.request import ChatMessage
 from gateway.core.tokenizer import Tokenizer, decode_utf8, read_max_model_len
-from services.common.errors import FailedPrecondition, InvalidArgument
+from radixmesh.errors import FailedPrecondition, InvalidArgument
 
 
 def test_context_length_comes_from_config(tokenizer, model_folder):

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from fake_openai import FakeOpenAI
 
-from services.common.testing import free_port
+from services.common.config import free_port
 
 
 async def _start(fake: FakeOpenAI) -> tuple[web.AppRunner, str]:

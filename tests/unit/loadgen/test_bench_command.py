@@ -7,8 +7,8 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.cli import main
-from services.common.testing import free_port
+from mesh.cli import main
+from services.common.config import free_port
 
 
 def bench(tmp_path, url, *extra, name="report"):

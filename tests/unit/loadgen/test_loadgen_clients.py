@@ -9,12 +9,13 @@ from gateway.core.models import ModelRegistry
 from gateway.core.tokenizer import Tokenizer
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
-from gateway.testing import FAKE_REPLY, FakeScheduler, make_model_folder
 from gateway.upstream import SchedulerUpstream
-from radixmesh.loadgen.client import ChatRequest, GrpcClient, OpenAIClient
-from radixmesh.loadgen.workloads import TICKET_SCHEMA
+from mesh.loadgen.client import ChatRequest, GrpcClient, OpenAIClient
+from mesh.loadgen.workloads import TICKET_SCHEMA
 from radixmesh.v1 import inference_pb2_grpc, scheduler_pb2_grpc
-from services.common.testing import free_port, running_runtime
+from services.common.config import free_port
+from tests.fixtures.gateway_fakes import FAKE_REPLY, FakeScheduler, make_model_folder
+from tests.fixtures.runtime import running_runtime
 
 HELLO = ({"role": "user", "content": "the quick brown fox"},)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from radixmesh.loadgen.client import RequestResult
-from radixmesh.loadgen.progress import Progress
+from mesh.loadgen.client import RequestResult
+from mesh.loadgen.progress import Progress
 
 
 def done(ok: bool, tokens: int = 4) -> RequestResult:

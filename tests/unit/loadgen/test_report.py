@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from radixmesh.loadgen.client import RequestResult
-from radixmesh.loadgen.report import build_report, flat_metrics, format_table, percentile, stats
-from radixmesh.loadgen.runner import LoadRun
-from radixmesh.loadgen.scrape import (
+from mesh.loadgen.client import RequestResult
+from mesh.loadgen.report import build_report, flat_metrics, format_table, percentile, stats
+from mesh.loadgen.runner import LoadRun
+from mesh.loadgen.scrape import (
     Endpoint,
     delta,
     histogram_delta,
@@ -19,8 +19,8 @@ from radixmesh.loadgen.scrape import (
     parse_text,
     total,
 )
-from radixmesh.loadgen.slo import parse_slo
-from services.common.errors import InvalidArgument
+from mesh.loadgen.slo import parse_slo
+from radixmesh.errors import InvalidArgument
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100])

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from radixmesh.loadgen.client import ChatRequest, RequestResult
-from radixmesh.loadgen.runner import LoadConfig, poisson_gaps, run_load
-from radixmesh.loadgen.workloads import WorkloadConfig, iter_scripts
-from services.common.errors import InvalidArgument
+from mesh.loadgen.client import ChatRequest, RequestResult
+from mesh.loadgen.runner import LoadConfig, poisson_gaps, run_load
+from mesh.loadgen.workloads import WorkloadConfig, iter_scripts
+from radixmesh.errors import InvalidArgument
 
 
 class RecordingClient:

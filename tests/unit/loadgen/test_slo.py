@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from radixmesh.loadgen.slo import evaluate, parse_slo
-from services.common.errors import InvalidArgument
+from mesh.loadgen.slo import evaluate, parse_slo
+from radixmesh.errors import InvalidArgument
 
 KNOWN = {"ttft_p99", "e2e_p99", "error_rate", "output_tokens_per_s", "kv_cache_hit_rate"}
 

@@ -10,14 +10,14 @@ import jsonschema
 import pytest
 from fake_openai import BAD_TICKET, VALID_TICKET
 
-from radixmesh.loadgen.workloads import (
+from mesh.loadgen.workloads import (
     JSON_INSTRUCTION,
     TICKET_SCHEMA,
     WORKLOADS,
     WorkloadConfig,
     iter_scripts,
 )
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 
 def take(config: WorkloadConfig, n: int):

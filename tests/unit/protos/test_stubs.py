@@ -6,7 +6,7 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-from radixmesh.protogen import DESCRIPTOR_SET, generate, repo_root
+from mesh.protogen import DESCRIPTOR_SET, generate, repo_root
 from radixmesh.v1 import inference_pb2
 
 

@@ -13,11 +13,11 @@ import collections
 import itertools
 from dataclasses import dataclass, field
 
-from radixmesh.engine.ports import InProcessCache
+from mesh.engine.ports import InProcessCache
+from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.step import SequenceOutput, StepPlan, StepResult
 from services.cache.core import CacheCore
-from services.common.errors import InvalidArgument, Unavailable
-from services.common.sampling import Constraint, SamplingParams
-from services.common.step import SequenceOutput, StepPlan, StepResult
 from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore, StepUpdates
 
 VOCAB = 101

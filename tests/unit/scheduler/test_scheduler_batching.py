@@ -9,7 +9,7 @@ import pytest
 from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
-from services.common.sampling import SamplingParams
+from radixmesh.sampling import SamplingParams
 from services.scheduler.core import Priority, SchedulerConfig
 
 

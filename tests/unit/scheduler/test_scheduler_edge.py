@@ -7,11 +7,11 @@ from prometheus_client import CollectorRegistry
 from sched_fakes import greedy as g
 from sched_fakes import make_rig
 
+from radixmesh.errors import DeadlineExceeded, InvalidArgument
+from radixmesh.sampling import ConstraintKind, SamplingParams
+from radixmesh.step import NewSequence, RunningSequence, StepPlan, TokenLogprobs
 from radixmesh.v1 import inference_pb2 as ipb
 from radixmesh.v1 import scheduler_pb2
-from services.common.errors import DeadlineExceeded, InvalidArgument
-from services.common.sampling import ConstraintKind, SamplingParams
-from services.common.step import NewSequence, RunningSequence, StepPlan, TokenLogprobs
 from services.scheduler import convert
 from services.scheduler.core import Priority, RequestUpdate
 from services.scheduler.metrics import SchedulerMetricsCollector
@@ -71,7 +71,7 @@ def test_an_update_carries_tokens_logprobs_counts_and_errors():
 
 
 def test_plans_keep_every_field_on_the_wire():
-    from services.common.convert import plan_from_proto, plan_to_proto  # both ends of the wire
+    from radixmesh.wire import plan_from_proto, plan_to_proto  # both ends of the wire
 
     sampling = SamplingParams(max_tokens=3, temperature=0.0, stop_token_ids=(7,))
     plan = StepPlan(

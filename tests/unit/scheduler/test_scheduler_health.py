@@ -6,11 +6,11 @@ import pytest
 from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import SamplingParams
+from radixmesh.step import DeviceHealth
 from radixmesh.v1 import executor_pb2
-from services.common.convert import result_from_proto
-from services.common.errors import InvalidArgument
-from services.common.sampling import SamplingParams
-from services.common.step import DeviceHealth
+from radixmesh.wire import result_from_proto
 from services.scheduler.core import Request, SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.routing import choose_executor, device_trouble, executors_in_trouble

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from sched_fakes import greedy as g
 from sched_fakes import make_rig
 
-from services.common.sampling import Constraint, ConstraintKind
+from radixmesh.sampling import Constraint, ConstraintKind
 from services.scheduler.core import Priority, SchedulerConfig
 from services.scheduler.core.stats import Histogram
 from services.scheduler.metrics import SchedulerMetricsCollector

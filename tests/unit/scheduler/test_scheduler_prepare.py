@@ -9,8 +9,8 @@ import pytest
 from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
-from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
-from services.common.sampling import Constraint, ConstraintKind
+from radixmesh.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from radixmesh.sampling import Constraint, ConstraintKind
 from services.scheduler.core import RequestStatus, SchedulerConfig
 
 DIGITS = Constraint(ConstraintKind.REGEX, "[0-9]+")

@@ -6,7 +6,7 @@ import pytest
 from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
-from services.common.errors import InvalidArgument, ResourceExhausted
+from radixmesh.errors import InvalidArgument, ResourceExhausted
 from services.scheduler.core import Priority, SchedulerConfig
 
 ONE_AT_A_TIME = dict(max_num_batched_tokens=64, max_num_seqs=1)

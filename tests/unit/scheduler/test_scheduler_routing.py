@@ -6,7 +6,7 @@ import pytest
 from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
-from services.common.errors import Unavailable
+from radixmesh.errors import Unavailable
 from services.scheduler.core import Priority, SchedulerConfig
 from services.scheduler.core.routing import choose_executor
 

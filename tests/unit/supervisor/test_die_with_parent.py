@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from radixmesh.supervisor import launcher
+from mesh.supervisor import launcher
 
 ORPHAN_PARENT = """
 import os, subprocess, sys

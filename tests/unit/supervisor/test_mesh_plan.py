@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.main import build_parser as gateway_parser
-from radixmesh.mesh import MeshConfig, MeshPorts, plan_stages
+from mesh.launcher import MeshConfig, MeshPorts, plan_stages
+from radixmesh.errors import InvalidArgument
 from services.cache.main import parse_args as cache_args
-from services.common.errors import InvalidArgument
 from services.executor.main import build_parser as executor_parser
 from services.scheduler.main import build_parser as scheduler_parser
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh.supervisor import ServiceFailed, ServiceSpec, Supervisor
-from services.common.testing import free_port
+from mesh.supervisor import ServiceFailed, ServiceSpec, Supervisor
+from services.common.config import free_port
 
 CHILD = str(Path(__file__).with_name("supervisor_child.py"))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 

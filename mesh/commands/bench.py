@@ -1,0 +1,277 @@
+"""Load-test a mesh or any OpenAI-compatible server; report latency, throughput and cache use.
+
+    radixmesh bench --target http://127.0.0.1:8080 --workload shared-prefix \\
+        --num-requests 200 --concurrency 16 --mesh-info endpoints.json \\
+        --slo ttft_p99=500ms,error_rate=0.001 --output report.json --plot charts/
+
+Exit codes: 0 when the run finished and every --slo target held, 1 when a
+target was missed, 2 for bad flags, 3 when no request succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from radixmesh.errors import InvalidArgument
+
+
+class TargetError(Exception):
+    """The target did not answer as an OpenAI-compatible server."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mesh.loadgen.workloads import WORKLOADS
+
+    t = parser.add_argument_group("target")
+    t.add_argument("--target", default="http://127.0.0.1:8080", help="server base URL")
+    t.add_argument("--api", choices=("openai", "grpc"), default="openai")
+    t.add_argument("--model", default="", help="model name (default: the server's first)")
+    t.add_argument("--api-key", default="", help="sent as Authorization: Bearer KEY")
+    load = parser.add_argument_group("load shape")
+    load.add_argument("--concurrency", type=int, default=8, help="conversations in flight")
+    load.add_argument(
+        "--request-rate", type=float, default=math.inf, help="Poisson arrivals/s (inf: no wait)"
+    )
+    load.add_argument("--duration", type=float, default=None, help="seconds to send for")
+    load.add_argument("--num-requests", type=int, default=None, help="requests to send (64)")
+    load.add_argument("--warmup", type=int, default=0, help="requests sent first, not counted")
+    load.add_argument("--seed", type=int, default=0)
+    w = parser.add_argument_group("workload")
+    w.add_argument("--workload", choices=sorted(WORKLOADS), default="random")
+    w.add_argument(
+        "--mix", default="70%short,30%long", help="profile weights, e.g. 70%%short,30%%long"
+    )
+    w.add_argument(
+        "--profile", action="append", default=[], help="length profile name=in:out (repeat)"
+    )
+    w.add_argument("--input-len", type=int, default=128, help="random: prompt words")
+    w.add_argument("--output-len", type=int, default=64, help="max_tokens per request")
+    w.add_argument("--range-ratio", type=float, default=1.0, help="random: lengths in [r*len, len]")
+    w.add_argument("--groups", type=int, default=4, help="shared-prefix: system prompts")
+    w.add_argument("--prompts-per-group", type=int, default=8)
+    w.add_argument("--system-prompt-len", type=int, default=256, help="words")
+    w.add_argument("--question-len", type=int, default=32, help="words")
+    w.add_argument("--turns", type=int, default=3, help="multi-turn: turns per conversation")
+    w.add_argument(
+        "--use-sessions", action="store_true", help="multi-turn: send session_id, not history"
+    )
+    w.add_argument("--json-fraction", type=float, default=None, help="JSON-Schema requests")
+    w.add_argument("--json-max-tokens", type=int, default=96)
+    w.add_argument("--batch-fraction", type=float, default=0.0, help='priority "batch" share')
+    w.add_argument("--ignore-eos", action="store_true", help="generate max_tokens (extension)")
+    w.add_argument("--temperature", type=float, default=None)
+    out = parser.add_argument_group("metrics and output")
+    out.add_argument(
+        "--metrics-url", action="append", default=[], help="name=URL of a /metrics (repeat)"
+    )
+    out.add_argument("--mesh-info", default=None, help="endpoints JSON of radixmesh serve")
+    out.add_argument("--sample-interval", type=float, default=0.5, help="gauge sampling, s")
+    out.add_argument("--slo", default=None, help="targets, e.g. ttft_p99=500ms,error_rate=0.01")
+    out.add_argument("--output", default=None, help="write the report as JSON here")
+    out.add_argument("--plot", default=None, help="write PNG charts to this folder")
+    out.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def parse_mix(spec: str) -> tuple[tuple[str, float], ...]:
+    """`70%short,30%long` -> (("short", 0.7), ("long", 0.3)); a bare name weighs 1."""
+    out = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        weight, sep, name = part.partition("%")
+        if not sep:
+            out.append((part, 1.0))
+            continue
+        try:
+            out.append((name.strip(), float(weight) / 100))
+        except ValueError:
+            raise InvalidArgument(f"mix: expected <percent>%<profile>, got {part!r}") from None
+    return tuple(out)
+
+
+def parse_profiles(specs: list[str]) -> tuple[tuple[str, int, int], ...]:
+    """`name=in:out` items over the defaults."""
+    from mesh.loadgen.workloads import DEFAULT_PROFILES
+
+    profiles = dict(DEFAULT_PROFILES)
+    for spec in specs:
+        name, _, lengths = spec.partition("=")
+        num_in, _, num_out = lengths.partition(":")
+        try:
+            profiles[name.strip()] = (int(num_in), int(num_out))
+        except ValueError:
+            raise InvalidArgument(f"profile: expected name=in:out, got {spec!r}") from None
+    return tuple((k, i, o) for k, (i, o) in profiles.items())
+
+
+def build_configs(args: argparse.Namespace):
+    from mesh.loadgen.runner import LoadConfig
+    from mesh.loadgen.workloads import WorkloadConfig
+
+    json_fraction = args.json_fraction
+    if json_fraction is None:
+        json_fraction = 1.0 if args.workload == "json" else 0.0
+    workload = WorkloadConfig(
+        name=args.workload,
+        seed=args.seed,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        range_ratio=args.range_ratio,
+        mix=parse_mix(args.mix),
+        profiles=parse_profiles(args.profile),
+        groups=args.groups,
+        prompts_per_group=args.prompts_per_group,
+        system_prompt_len=args.system_prompt_len,
+        question_len=args.question_len,
+        num_turns=args.turns,
+        use_sessions=args.use_sessions,
+        json_fraction=json_fraction,
+        batch_fraction=args.batch_fraction,
+        json_max_tokens=args.json_max_tokens,
+        session_prefix=f"bench-{int(time.time() * 1000) % 10**9}",
+    )
+    num_requests = args.num_requests
+    if num_requests is None and args.duration is None:
+        num_requests = 64
+    load = LoadConfig(
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        num_requests=num_requests,
+        duration_s=args.duration,
+        warmup=args.warmup,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+        temperature=args.temperature,
+    )
+    return workload, load
+
+
+def _endpoints(args: argparse.Namespace):
+    from mesh.loadgen.scrape import endpoints_from_mesh_info, parse_endpoints
+
+    endpoints = endpoints_from_mesh_info(args.mesh_info) if args.mesh_info else []
+    return endpoints + parse_endpoints(args.metrics_url)
+
+
+async def _resolve_model(args: argparse.Namespace) -> str:
+    """--model, or the first model the OpenAI server lists (gRPC: empty selects the default)."""
+    if args.model or args.api == "grpc":
+        return args.model
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = args.target.rstrip("/") + "/v1/models"
+    try:
+        async with (
+            aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as s,
+            s.get(url) as response,
+        ):
+            response.raise_for_status()
+            return (await response.json())["data"][0]["id"]
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError) as exc:
+        raise TargetError(f"cannot list the models at {url}: {exc!r}") from None
+
+
+async def bench(args: argparse.Namespace, workload, load, endpoints) -> dict[str, Any]:
+    from mesh.loadgen.client import make_client
+    from mesh.loadgen.progress import Progress
+    from mesh.loadgen.report import build_report
+    from mesh.loadgen.runner import run_load
+    from mesh.loadgen.scrape import MetricsScraper
+    from mesh.loadgen.workloads import iter_scripts
+
+    model = await _resolve_model(args)
+    scraper = MetricsScraper(endpoints)
+    progress = Progress(load.num_requests, load.duration_s, enabled=False if args.quiet else None)
+    client = make_client(args.api, args.target, model, args.api_key)
+    samples: list = []
+    marks: dict[str, Any] = {}
+
+    async def measure_start() -> None:
+        marks["before"] = await scraper.snapshot()
+        marks["t0"] = time.perf_counter()
+        progress.start()
+        if endpoints:
+            marks["sampler"] = asyncio.create_task(
+                scraper.sample(args.sample_interval, marks["t0"], samples)
+            )
+
+    try:
+        run = await run_load(iter_scripts(workload), client, load, progress.update, measure_start)
+    finally:
+        sampler = marks.get("sampler")
+        if sampler is not None:
+            sampler.cancel()
+        await client.close()
+    progress.finish()
+    after = await scraper.snapshot()
+    config = {
+        "target": args.target,
+        "api": args.api,
+        "model": model,
+        "workload": _plain(workload),
+        "load": _plain(load),
+        "metrics_endpoints": {e.name: e.url for e in endpoints},
+        "metrics_errors": dict(scraper.errors),
+    }
+    report = build_report(run, marks.get("before", {}), after, samples, config)
+    if args.plot:
+        from mesh.loadgen.plot import write_plots
+
+        report["plots"] = [
+            str(p) for p in write_plots(args.plot, run.results, samples, run.started_s)
+        ]
+    return report
+
+
+def _plain(config) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    out = asdict(config)
+    return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in out.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    from mesh.loadgen.report import flat_metrics, format_table
+    from mesh.loadgen.slo import evaluate, format_results, parse_slo
+
+    try:
+        workload, load = build_configs(args)
+        endpoints = _endpoints(args)
+        known = frozenset(flat_metrics({}))
+        targets = parse_slo(args.slo, known) if args.slo else []
+    except InvalidArgument as exc:
+        print(f"radixmesh bench: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = asyncio.run(bench(args, workload, load, endpoints))
+    except TargetError as exc:
+        print(f"radixmesh bench: {exc}", file=sys.stderr)
+        return 3
+    code = 0
+    if targets:
+        results = evaluate(targets, flat_metrics(report))
+        report["slo"] = [
+            {
+                "metric": r.target.metric,
+                "target": r.target.text,
+                "value": r.value,
+                "passed": r.passed,
+            }
+            for r in results
+        ]
+        code = 0 if all(r.passed for r in results) else 1
+    print(format_table(report))
+    if targets:
+        print(format_results(results))
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    if report["num_ok"] == 0:
+        print("radixmesh bench: no request succeeded", file=sys.stderr)
+        return 3
+    return code

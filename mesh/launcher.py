@@ -1,0 +1,360 @@
+"""The whole mesh on one machine: cache, executors, scheduler, gateway and Envoy as processes.
+
+    mesh = Mesh(MeshConfig(model_dir=path, public_port=8080))
+    await mesh.start()          # in order, each stage SERVING before the next starts
+    print(mesh.endpoints())
+    await mesh.wait_exit()      # returns if a service dies
+    await mesh.stop()           # reverse order: Envoy, gateway, scheduler, executors, cache
+
+Services listen on loopback ports picked free at start; only Envoy's public
+listener binds `public_host`. Logs go to `<log_dir>/<service>.log`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import radixmesh
+from gateway.envoy import GatewayAddress, render_envoy_config
+from gateway.envoy.process import EnvoyProcess
+from mesh.supervisor import (
+    RunningService,
+    ServiceFailed,
+    ServiceSpec,
+    Supervisor,
+    launcher,
+    log_tail,
+)
+from radixmesh.errors import InvalidArgument, RadixmeshError
+from services.common.config import free_port
+
+LOOPBACK = "127.0.0.1"
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True, slots=True)
+class MeshConfig:
+    model_dir: Path
+    """Hugging Face model folder served by every executor and the gateway."""
+    log_dir: Path
+    """Where each service's log, Envoy's config and its access log are written."""
+    public_host: str = "127.0.0.1"
+    """Interface of Envoy's public listener."""
+    public_port: int = 8080
+    """Envoy's public port: HTTP/1.1, HTTP/2 and gRPC."""
+    admin_port: int = 0
+    """Envoy's admin port on loopback; 0 picks a free one."""
+    device: str = "auto"
+    """Executor device: auto (CUDA when present), cpu, cuda or cuda:N. With "cuda" and
+    several executors, executor i runs on cuda:i (one GPU each)."""
+    num_executors: int = 1
+    redis_url: str = ""
+    """Shared result cache, sessions and rate-limit buckets; empty keeps them in-process."""
+    api_keys: tuple[str, ...] = ()
+    """Accepted API keys; empty turns authentication off."""
+    rate_limit_per_s: float = 0.0
+    """Requests per second per API key at the gateway; 0 turns the limit off."""
+    rate_limit_burst: float = 0.0
+    """Bucket size of that limit; 0 means two seconds' worth."""
+    result_cache: bool = False
+    """Serve repeated deterministic requests from the cache service's result cache."""
+    num_pages: int | None = None
+    """KV pages per executor; None lets the executor size its pool."""
+    kv_memory_fraction: float | None = None
+    """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
+    None keeps the executor's default."""
+    start_timeout_s: float = 600.0
+    """Longest wait for one service to report SERVING (an executor loads its model)."""
+    stop_timeout_s: float = 15.0
+    """Grace per service on stop before SIGKILL."""
+
+    def __post_init__(self) -> None:
+        if not (Path(self.model_dir) / "config.json").is_file():
+            raise InvalidArgument(f"model: {self.model_dir} has no config.json")
+        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise InvalidArgument(
+                f"device: must be one of {DEVICES} or cuda:N, got {self.device!r}"
+            )
+        if not 1 <= self.num_executors <= 64:
+            raise InvalidArgument(f"executors: must be in [1, 64], got {self.num_executors}")
+        if not 0 < self.public_port < 65536:
+            raise InvalidArgument(f"port: must be in [1, 65535], got {self.public_port}")
+        if not 0 <= self.admin_port < 65536:
+            raise InvalidArgument(f"admin_port: must be in [0, 65535], got {self.admin_port}")
+        if self.rate_limit_per_s < 0 or self.rate_limit_burst < 0:
+            raise InvalidArgument("rate_limit_per_s and rate_limit_burst: must be >= 0")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise InvalidArgument(f"redis_url: must start with redis://, got {self.redis_url!r}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise InvalidArgument(f"num_pages: must be >= 1, got {self.num_pages}")
+        fraction = self.kv_memory_fraction
+        if fraction is not None and not 0.0 < fraction <= 1.0:
+            raise InvalidArgument(f"kv_memory_fraction: must be in (0, 1], got {fraction}")
+
+
+@dataclass(frozen=True, slots=True)
+class MeshPorts:
+    """Every loopback port of one mesh, picked free when it starts."""
+
+    cache: int
+    cache_metrics: int
+    executors: tuple[tuple[int, int], ...]
+    """(gRPC port, metrics port) per executor."""
+    scheduler: int
+    scheduler_metrics: int
+    gateway: int
+    gateway_http: int
+    gateway_metrics: int
+    admin: int
+
+    @classmethod
+    def pick(cls, num_executors: int, admin_port: int = 0) -> MeshPorts:
+        taken: set[int] = set()
+
+        def port() -> int:
+            while (p := free_port()) in taken:
+                pass
+            taken.add(p)
+            return p
+
+        return cls(
+            cache=port(),
+            cache_metrics=port(),
+            executors=tuple((port(), port()) for _ in range(num_executors)),
+            scheduler=port(),
+            scheduler_metrics=port(),
+            gateway=port(),
+            gateway_http=port(),
+            gateway_metrics=port(),
+            admin=admin_port or port(),
+        )
+
+
+def _python(module: str, *args: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", module, *args)
+
+
+def _address(port: int) -> str:
+    return f"{LOOPBACK}:{port}"
+
+
+def executor_device(device: str, index: int) -> str:
+    """The device of executor `index`: "cuda" spreads executors over GPUs, others are as given."""
+    return f"cuda:{index}" if device == "cuda" else device
+
+
+def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]:
+    """The services in start order: cache; the executors together; scheduler; gateway."""
+    timeout = config.start_timeout_s
+    common = ("--host", LOOPBACK)
+    cache = ServiceSpec(
+        "cache",
+        _python(
+            "services.cache.main",
+            *common,
+            *("--port", str(ports.cache), "--metrics-port", str(ports.cache_metrics)),
+            *(("--redis-url", config.redis_url) if config.redis_url else ()),
+        ),
+        _address(ports.cache),
+        "radixmesh.v1.Cache",
+        ports.cache_metrics,
+        timeout,
+    )
+    executors = []
+    for i, (port, metrics) in enumerate(ports.executors):
+        argv = _python(
+            "services.executor.main",
+            *common,
+            *("--port", str(port), "--metrics-port", str(metrics)),
+            *("--model", str(config.model_dir), "--device", executor_device(config.device, i)),
+            *("--cache-address", _address(ports.cache), "--executor-id", f"exec-{i}"),
+            *(("--num-pages", str(config.num_pages)) if config.num_pages else ()),
+            *_kv_fraction_args(config.kv_memory_fraction),
+        )
+        executors.append(
+            ServiceSpec(
+                f"executor-{i}", argv, _address(port), "radixmesh.v1.Executor", metrics, timeout
+            )
+        )
+    scheduler = ServiceSpec(
+        "scheduler",
+        _python(
+            "services.scheduler.main",
+            *common,
+            *("--port", str(ports.scheduler), "--metrics-port", str(ports.scheduler_metrics)),
+            *("--cache-address", _address(ports.cache)),
+            *[arg for port, _ in ports.executors for arg in ("--executor", _address(port))],
+        ),
+        _address(ports.scheduler),
+        "radixmesh.v1.Scheduler",
+        ports.scheduler_metrics,
+        timeout,
+    )
+    gateway_args = [
+        *common,
+        *("--port", str(ports.gateway), "--http-port", str(ports.gateway_http)),
+        *("--metrics-port", str(ports.gateway_metrics), "--model", str(config.model_dir)),
+        *("--scheduler-address", _address(ports.scheduler)),
+        *("--cache-address", _address(ports.cache)),
+    ]
+    if config.redis_url:
+        gateway_args += ["--redis-url", config.redis_url]
+    for key in config.api_keys:
+        gateway_args += ["--api-key", key]
+    if config.rate_limit_per_s:
+        gateway_args += ["--rate-limit-per-s", str(config.rate_limit_per_s)]
+    if config.rate_limit_burst:
+        gateway_args += ["--rate-limit-burst", str(config.rate_limit_burst)]
+    if config.result_cache:
+        gateway_args.append("--result-cache")
+    gateway = ServiceSpec(
+        "gateway",
+        _python("gateway.main", *gateway_args),
+        _address(ports.gateway),
+        "radixmesh.v1.Inference",
+        ports.gateway_metrics,
+        timeout,
+        extra={"http": _address(ports.gateway_http)},
+    )
+    return [[cache], executors, [scheduler], [gateway]]
+
+
+def _kv_fraction_args(fraction: float | None) -> tuple[str, ...]:
+    return () if fraction is None else ("--kv-memory-fraction", repr(fraction))
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every child: this one, with the project root importable."""
+    root = str(Path(radixmesh.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # OpenMP workers that spin between parallel regions starve the other services (and the
+    # executor's own gRPC loop) on a small CPU machine; sleeping costs a CPU forward little.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+@dataclass(slots=True)
+class Mesh:
+    """One running mesh; see the module docstring."""
+
+    config: MeshConfig
+    ports: MeshPorts | None = None
+    supervisor: Supervisor = field(init=False)
+    envoy: EnvoyProcess | None = None
+
+    on_spawn: Callable[[str, int], None] | None = None
+    """Called with (service name, pid) as each process starts."""
+
+    def __post_init__(self) -> None:
+        report = self.on_spawn
+        self.supervisor = Supervisor(
+            self.config.log_dir,
+            child_env(),
+            stop_timeout_s=self.config.stop_timeout_s,
+            on_spawn=None if report is None else lambda s: report(s.spec.name, s.pid),
+        )
+
+    @property
+    def model_name(self) -> str:
+        return Path(self.config.model_dir).resolve().name
+
+    async def start(self) -> None:
+        """Start every stage, then Envoy. Raises ServiceFailed; the caller calls stop()."""
+        self.ports = self.ports or MeshPorts.pick(self.config.num_executors, self.config.admin_port)
+        for stage in plan_stages(self.config, self.ports):
+            await self.supervisor.start_stage(stage)
+        await self._start_envoy(self.ports)
+
+    async def _start_envoy(self, ports: MeshPorts) -> None:
+        log_dir = Path(self.config.log_dir)
+        config_path = log_dir / "envoy.yaml"
+        config_path.write_text(
+            render_envoy_config(
+                self.config.public_port,
+                ports.admin,
+                [GatewayAddress(LOOPBACK, ports.gateway, ports.gateway_http)],
+                public_address=self.config.public_host,
+            )
+        )
+        self.envoy = EnvoyProcess(
+            config_path,
+            ports.admin,
+            access_log_path=log_dir / "envoy-access.log",
+            process_group=0,
+            command_prefix=launcher(),
+        )
+        try:
+            await asyncio.to_thread(self.envoy.start, min(self.config.start_timeout_s, 60.0))
+        except RadixmeshError as exc:
+            raise ServiceFailed("envoy", str(exc), self.envoy.log_tail[-4000:]) from None
+        if self.on_spawn is not None and self.envoy.pid is not None:
+            self.on_spawn("envoy", self.envoy.pid)
+
+    async def wait_exit(self) -> str:
+        """Wait until any service exits; returns a message naming it, its code and its log tail."""
+        service_exit = asyncio.create_task(self.supervisor.wait_any_exit())
+        waits: list[asyncio.Task[RunningService] | asyncio.Task[int | None]] = [service_exit]
+        if self.envoy is not None:
+            waits.append(asyncio.create_task(asyncio.to_thread(self.envoy.wait)))
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        finished = next(iter(done))
+        if finished is service_exit:
+            service = service_exit.result()
+            return (
+                f"service {service.spec.name!r} exited with code {service.process.returncode}\n"
+                f"{log_tail(service.log_path)}"
+            )
+        assert self.envoy is not None
+        return f"envoy exited with code {finished.result()}\n{self.envoy.log_tail[-4000:]}"
+
+    async def stop(self) -> dict[str, int | None]:
+        """Stop Envoy, then every service in reverse start order. Name -> exit code."""
+        codes: dict[str, int | None] = {}
+        if self.envoy is not None:
+            codes["envoy"] = await asyncio.to_thread(self.envoy.stop, self.config.stop_timeout_s)
+        codes.update(await self.supervisor.stop_all())
+        return codes
+
+    def pids(self) -> dict[str, int]:
+        pids = {s.spec.name: s.pid for s in self.supervisor.services}
+        if self.envoy is not None and self.envoy.pid is not None:
+            pids["envoy"] = self.envoy.pid
+        return pids
+
+    def endpoints(self) -> dict:
+        """Everything a client or an operator needs, as plain data (printed as JSON too)."""
+        assert self.ports is not None
+        public = f"{self.config.public_host}:{self.config.public_port}"
+        return {
+            "model": self.model_name,
+            "public": public,
+            "http": f"http://{public}",
+            "admin": f"http://{LOOPBACK}:{self.ports.admin}",
+            "log_dir": str(self.config.log_dir),
+            "services": [
+                {
+                    "name": s.spec.name,
+                    "address": s.spec.address,
+                    "metrics_port": s.spec.metrics_port,
+                    "pid": s.pid,
+                    **s.spec.extra,
+                }
+                for s in self.supervisor.services
+            ]
+            + [{"name": "envoy", "admin_port": self.ports.admin, "pid": self.pids().get("envoy")}],
+        }
+
+    def endpoints_json(self) -> str:
+        return json.dumps(self.endpoints())

@@ -1,0 +1,248 @@
+"""The bench report: plain JSON-ready data from the results and the metrics deltas, and its table.
+
+duration_s runs from the first measured send to the end of the last measured
+request; throughputs divide by it. Latency statistics are {mean, p50, p90,
+p99} in seconds (percentiles by linear interpolation between order
+statistics). Anything not measured is None (JSON null), never 0: GPU numbers
+on CPU, server TTFT without the scheduler's histogram, JSON numbers without
+JSON requests.
+
+    kv_cache_hit_rate  = increase of radixmesh_cache_prefix_hit_tokens_total
+                         / increase of radixmesh_cache_prefix_query_tokens_total
+    prefix_reuse_rate  = sum of usage cached_tokens / sum of usage prompt_tokens
+                         (what the requests of the run reused, as the server reports)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from mesh.loadgen.client import RequestResult
+from mesh.loadgen.runner import LoadRun
+from mesh.loadgen.scrape import (
+    HistogramDelta,
+    Snapshot,
+    TimePoint,
+    delta,
+    histogram_delta,
+)
+
+SERVER_TTFT = "radixmesh_scheduler_time_to_first_token_seconds"
+BATCH_SEQUENCES = "radixmesh_executor_batch_sequences"
+STEP_SECONDS = "radixmesh_executor_step_seconds"
+HIT_TOKENS = "radixmesh_cache_prefix_hit_tokens_total"
+QUERY_TOKENS = "radixmesh_cache_prefix_query_tokens_total"
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (q in [0, 1]) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def stats(values: Sequence[float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {"mean": math.fsum(values) / len(values) if values else None}
+    for key, q in QUANTILES:
+        out[key] = percentile(values, q)
+    return out
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def latency_block(results: Sequence[RequestResult]) -> dict[str, Any]:
+    """TTFT, end-to-end, time per output token and inter-token latency of successful requests."""
+    ok = [r for r in results if r.ok]
+    tpot = [
+        (r.e2e_s - r.ttft_s) / (r.completion_tokens - 1)
+        for r in ok
+        if r.ttft_s is not None and r.completion_tokens is not None and r.completion_tokens > 1
+    ]
+    itl = [b - a for r in ok for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:], strict=False)]
+    return {
+        "num_requests": len(ok),
+        "ttft_s": stats([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "e2e_s": stats([r.e2e_s for r in ok]),
+        "tpot_s": stats(tpot),
+        "itl_s": stats(itl),
+    }
+
+
+def _histogram_stats(hist: HistogramDelta | None) -> dict[str, float | None] | None:
+    if hist is None or hist.count <= 0:
+        return None
+    return {"mean": hist.mean, **{k: hist.quantile(q) for k, q in QUANTILES}}
+
+
+def _server_side(before: Snapshot, after: Snapshot, samples: Sequence[TimePoint]) -> dict[str, Any]:
+    batch = histogram_delta(before, after, "executor", BATCH_SEQUENCES)
+    running = [p.running for p in samples if p.running is not None]
+    util = [p.gpu_utilization for p in samples if p.gpu_utilization is not None]
+    memory = [p.gpu_memory_bytes for p in samples if p.gpu_memory_bytes is not None]
+    return {
+        "server_ttft_s": _histogram_stats(histogram_delta(before, after, "scheduler", SERVER_TTFT)),
+        "executor_step_s": _histogram_stats(
+            histogram_delta(before, after, "executor", STEP_SECONDS)
+        ),
+        "batch_size": {
+            "running_mean": math.fsum(running) / len(running) if running else None,
+            "running_max": max(running) if running else None,
+            "step_mean": batch.mean if batch is not None else None,
+        },
+        "gpu_utilization": math.fsum(util) / len(util) if util else None,
+        "gpu_memory_bytes_max": max(memory) if memory else None,
+        "kv_cache_hit_rate": _ratio(
+            delta(before, after, "cache", HIT_TOKENS), delta(before, after, "cache", QUERY_TOKENS)
+        ),
+    }
+
+
+def _json_block(results: Sequence[RequestResult]) -> dict[str, Any] | None:
+    sent = [r for r in results if r.is_json]
+    if not sent:
+        return None
+    done = [r for r in sent if r.ok]
+    passed = sum(1 for r in done if r.json_valid)
+    plain = latency_block([r for r in results if not r.is_json])
+    constrained = latency_block(sent)
+    return {
+        "num_requests": len(sent),
+        "schema_pass_rate": passed / len(done) if done else None,
+        "latency": constrained,
+        "tpot_vs_unconstrained": _ratio(constrained["tpot_s"]["mean"], plain["tpot_s"]["mean"]),
+    }
+
+
+def build_report(
+    run: LoadRun,
+    before: Snapshot,
+    after: Snapshot,
+    samples: Sequence[TimePoint] = (),
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    results = run.results
+    ok = [r for r in results if r.ok]
+    errors = Counter(r.status for r in results if not r.ok)
+    prompt = sum(r.prompt_tokens or 0 for r in ok)
+    output = sum(r.completion_tokens or 0 for r in ok)
+    cached = sum(r.cached_tokens or 0 for r in ok)
+    duration = run.duration_s
+    latency = latency_block(results)
+    e2e = latency["e2e_s"]
+    report: dict[str, Any] = {
+        "config": config or {},
+        "duration_s": duration,
+        "num_requests": len(results),
+        "num_ok": len(ok),
+        "num_errors": len(results) - len(ok),
+        "errors_by_status": dict(sorted(errors.items())),
+        "error_rate": (len(results) - len(ok)) / len(results) if results else None,
+        "request_throughput": len(ok) / duration,
+        "input_tokens_per_s": prompt / duration,
+        "output_tokens_per_s": output / duration,
+        "total_input_tokens": prompt,
+        "total_output_tokens": output,
+        "total_cached_tokens": cached,
+        **{k: latency[k] for k in ("ttft_s", "e2e_s", "tpot_s", "itl_s")},
+        "p99_p50_ratio": _ratio(e2e["p99"], e2e["p50"]),
+        **_server_side(before, after, samples),
+        "prefix_reuse_rate": _ratio(cached, prompt),
+        "json": _json_block(results),
+        "by_priority": {
+            p: latency_block([r for r in results if r.priority == p])
+            for p in sorted({r.priority for r in results})
+        },
+    }
+    return report
+
+
+def flat_metrics(report: dict[str, Any]) -> dict[str, float | None]:
+    """The report's numbers under the names --slo uses (ttft_p99, e2e_mean, error_rate, ...)."""
+    flat: dict[str, float | None] = {}
+    for key in ("ttft", "e2e", "tpot", "itl", "server_ttft", "executor_step"):
+        block = report.get(f"{key}_s") or {}
+        for stat in ("mean", "p50", "p90", "p99"):
+            flat[f"{key}_{stat}"] = block.get(stat)
+    for key in (
+        "error_rate",
+        "request_throughput",
+        "input_tokens_per_s",
+        "output_tokens_per_s",
+        "p99_p50_ratio",
+        "kv_cache_hit_rate",
+        "prefix_reuse_rate",
+        "gpu_utilization",
+    ):
+        flat[key] = report.get(key)
+    js = report.get("json") or {}
+    flat["schema_pass_rate"] = js.get("schema_pass_rate")
+    for stat in ("mean", "p50", "p90", "p99"):
+        flat[f"json_e2e_{stat}"] = ((js.get("latency") or {}).get("e2e_s") or {}).get(stat)
+    return flat
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _num(value: float | None, fmt: str = "{:.3f}") -> str:
+    return "null" if value is None else fmt.format(value)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as aligned text for the terminal."""
+    lines = [
+        f"requests      {report['num_ok']} ok / {report['num_requests']} sent in "
+        f"{report['duration_s']:.2f} s   errors {report['num_errors']} "
+        f"{report['errors_by_status'] or ''}".rstrip(),
+        f"throughput    {report['request_throughput']:.2f} req/s   "
+        f"input {report['input_tokens_per_s']:.1f} tok/s   "
+        f"output {report['output_tokens_per_s']:.1f} tok/s",
+        "",
+        f"{'latency (ms)':<22}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    rows = (
+        ("TTFT (client)", "ttft_s"),
+        ("TTFT (server)", "server_ttft_s"),
+        ("end-to-end", "e2e_s"),
+        ("time per output tok", "tpot_s"),
+        ("inter-token", "itl_s"),
+        ("executor step", "executor_step_s"),
+    )
+    for label, key in rows:
+        block = report.get(key) or {}
+        cells = "".join(f"{_ms(block.get(s)):>10}" for s in ("mean", "p50", "p90", "p99"))
+        lines.append(f"{label:<22}{cells}")
+    batch = report["batch_size"]
+    lines += [
+        "",
+        f"p99/p50 e2e   {_num(report['p99_p50_ratio'], '{:.2f}')}",
+        f"KV hit rate   {_num(report['kv_cache_hit_rate'])}   "
+        f"prefix reuse {_num(report['prefix_reuse_rate'])}",
+        f"batch size    running mean {_num(batch['running_mean'], '{:.1f}')}  "
+        f"max {_num(batch['running_max'], '{:.0f}')}  "
+        f"per step {_num(batch['step_mean'], '{:.1f}')}",
+        f"GPU           utilisation {_num(report['gpu_utilization'])}  "
+        f"memory max {_num(report['gpu_memory_bytes_max'], '{:.0f}')} B",
+    ]
+    js = report.get("json")
+    if js:
+        e2e = js["latency"]["e2e_s"]
+        lines.append(
+            f"JSON          {js['num_requests']} requests  schema pass "
+            f"{_num(js['schema_pass_rate'])}  e2e p50 {_ms(e2e['p50'])} ms  "
+            f"p99 {_ms(e2e['p99'])} ms  TPOT vs plain {_num(js['tpot_vs_unconstrained'], '{:.2f}')}"
+        )
+    return "\n".join(lines)

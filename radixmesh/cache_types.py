@@ -1,0 +1,59 @@
+"""Plain results of the cache verbs, shared by the cache core and its clients.
+
+The cache core returns them; `services.cache.client.CacheClient` rebuilds them
+from the wire, so callers see the same types in-process and over gRPC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Lease:
+    """Pages held for one sequence on one pool (result of `acquire`; a snapshot)."""
+
+    lease_id: str
+    executor_id: str
+    page_ids: list[int]
+    """The page table: the locked cached prefix's pages first, then the leased new pages."""
+    num_cached_tokens: int
+    """Length of the locked cached prefix (a multiple of page_size); its KV is in the pages."""
+
+
+@dataclass(slots=True)
+class CommitResult:
+    """What a commit did. Over gRPC only `num_cached_tokens` travels; the page counts
+    are the core's own detail and read 0 in a result from `CacheClient`."""
+
+    num_cached_tokens: int
+    """Tokens of the committed sequence now cached in the tree (its full pages)."""
+    num_new_pages: int = 0
+    """Lease pages that became part of the tree."""
+    num_deduplicated_pages: int = 0
+    """Lease pages freed because another commit had inserted the same tokens meanwhile."""
+    num_freed_pages: int = 0
+    """Lease pages returned to the free list (duplicates, the partial tail, unused pages)."""
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """Page and prefix counters of one pool (read-only snapshot)."""
+
+    executor_id: str
+    model: str
+    num_pages: int
+    page_size: int
+    num_free_pages: int
+    num_leased_pages: int
+    """Pages held by leases and not (yet) in the tree."""
+    num_cached_pages: int
+    """Pages in the tree, locked or not."""
+    num_locked_pages: int
+    """Cached pages locked by at least one lease."""
+    num_leases: int
+    num_prefix_queries: int
+    """Prefix lookups: every `match` on this pool and every `acquire`."""
+    num_prefix_hit_tokens: int
+    num_query_tokens: int
+    num_evicted_pages: int

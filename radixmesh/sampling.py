@@ -1,0 +1,116 @@
+"""Sampling parameters and constraints, as every core sees them.
+
+Validated once, at construction; a bad value raises `InvalidArgument` naming
+the field. Defaults follow OpenAI's and Hugging Face's meanings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from radixmesh.errors import InvalidArgument
+
+MAX_TOP_LOGPROBS = 20
+MAX_N = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int | None = None
+    """Most tokens to generate; None means up to the model's context limit."""
+    min_tokens: int = 0
+    """EOS and stop token ids are suppressed until this many tokens exist."""
+    temperature: float = 1.0
+    """0 is greedy."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 (or 0) is off."""
+    min_p: float = 0.0
+    seed: int | None = None
+    """Seed of the request's own generator; None draws from the executor's."""
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+    """Stop strings; matched by the gateway on text."""
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> InvalidArgument:
+            return InvalidArgument(f"sampling.{name} {why}")
+
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise bad("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad(
+                "min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
+            raise bad("temperature", f"must be in [0, 2], got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise bad("top_k", f"must be -1 (off), 0 (off) or positive, got {self.top_k}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        if self.seed is not None and not (0 <= self.seed < 2**64):
+            raise bad("seed", f"must be in [0, 2**64), got {self.seed}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (-2.0 <= value <= 2.0):
+                raise bad(name, f"must be in [-2, 2], got {value}")
+        if any(not s for s in self.stop):
+            raise bad("stop", "must not contain empty strings")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be non-negative token ids")
+        if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise bad(
+                "top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
+            )
+        if not (1 <= self.n <= MAX_N):
+            raise bad("n", f"must be in [1, {MAX_N}], got {self.n}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def deterministic(self) -> bool:
+        """Same input, same output: greedy, or sampled with a fixed seed."""
+        return self.greedy or self.seed is not None
+
+
+class ConstraintKind(Enum):
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    EBNF = "ebnf"
+    CHOICES = "choices"
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    kind: ConstraintKind
+    value: str = ""
+    """The schema (JSON text), regex or grammar; empty for JSON_OBJECT."""
+    choices: tuple[str, ...] = field(default=())
+    """The allowed strings, for CHOICES."""
+
+    def __post_init__(self) -> None:
+        if self.kind is ConstraintKind.CHOICES:
+            if not self.choices or any(not c for c in self.choices):
+                raise InvalidArgument(
+                    "constraint.choices must be a non-empty list of non-empty strings"
+                )
+        elif self.kind is not ConstraintKind.JSON_OBJECT and not self.value:
+            raise InvalidArgument(f"constraint.{self.kind.value} must not be empty")

@@ -1,0 +1,91 @@
+"""The step contract between the scheduler and an executor, as plain data.
+
+Mirrors `executor.proto`: a plan carries new sequences in full once, running
+sequences as diffs, and the ids to forget. The in-process engine passes these
+objects directly; the services convert them to and from protobuf at the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixmesh.sampling import Constraint, SamplingParams
+
+
+@dataclass(slots=True)
+class NewSequence:
+    req_id: str
+    token_ids: list[int]
+    """Every token known so far: prompt, then earlier outputs on resume."""
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    """Tokens whose KV is already in the pages (the cached prefix)."""
+    num_scheduled_tokens: int
+    """Tokens to run this step, from num_computed_tokens on."""
+    page_ids: list[int]
+    sampling: SamplingParams
+    constraint: Constraint | None = None
+
+
+@dataclass(slots=True)
+class RunningSequence:
+    req_id: str
+    num_scheduled_tokens: int
+    """Next prompt tokens while prefilling, else 1 (decode the last sampled token)."""
+    appended_page_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    step_id: int
+    new_seqs: list[NewSequence] = field(default_factory=list)
+    running_seqs: list[RunningSequence] = field(default_factory=list)
+    finished_req_ids: list[str] = field(default_factory=list)
+    """Sequences to forget before this step runs."""
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
+            s.num_scheduled_tokens for s in self.running_seqs
+        )
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Log probabilities at one generated position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+    """(token_id, logprob), most likely first."""
+
+
+@dataclass(slots=True)
+class SequenceOutput:
+    req_id: str
+    token_id: int | None
+    """None when the step ended inside the known tokens (a non-final prefill chunk)."""
+    logprobs: TokenLogprobs | None = None
+    finish_reason: str | None = None
+    """"stop" or "length" when the executor ended the sequence."""
+    matched_stop_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """What the executor's GPU reports (NVML); a field is None when the device cannot say."""
+
+    utilization_ratio: float | None = None
+    """Fraction of the last sample period the GPU was busy, [0, 1]."""
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+
+
+@dataclass(slots=True)
+class StepResult:
+    step_id: int
+    outputs: list[SequenceOutput] = field(default_factory=list)
+    step_seconds: float = 0.0
+    health: DeviceHealth | None = None
+    """Set by the executor service at most about once a second; None on CPU and in between."""

@@ -1,0 +1,243 @@
+"""Protobuf <-> the step contract's dataclasses (`radixmesh.step`, `.sampling`).
+
+Shared by both ends of the step stream (the scheduler writes plans and reads results, the
+executor the other way round), so the two can never disagree on the wire format.
+
+On the hot path: every plan is converted once on its way in and every result
+once on its way out. So the converters read set fields with `ListFields()`
+(one call, presence included) instead of a `HasField` per field, share one
+default `SamplingParams`, and build result messages in place with `add()`.
+
+Unset optional sampling fields take the dataclass defaults; a set field
+keeps its value, zero included (`temperature: 0` is greedy). Bad values
+raise `InvalidArgument` naming the field, e.g.
+`new_seqs['req-1'].sampling.temperature must be in [0, 2], got 3.0`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.step import (
+    DeviceHealth,
+    NewSequence,
+    RunningSequence,
+    SequenceOutput,
+    StepPlan,
+    StepResult,
+    TokenLogprobs,
+)
+from radixmesh.v1 import executor_pb2, inference_pb2
+
+__all__ = [
+    "constraint_from_proto",
+    "constraint_to_proto",
+    "health_from_proto",
+    "health_to_proto",
+    "plan_from_proto",
+    "plan_to_proto",
+    "result_from_proto",
+    "result_to_proto",
+    "sampling_from_proto",
+    "sampling_to_proto",
+]
+
+DEFAULT_SAMPLING = SamplingParams()
+_REPEATED_SAMPLING_FIELDS = frozenset({"stop", "stop_token_ids"})
+_SAMPLING_DEFAULTS = {f.name: getattr(DEFAULT_SAMPLING, f.name) for f in fields(SamplingParams)}
+_HEALTH_FIELDS = tuple(f.name for f in fields(DeviceHealth))
+
+# oneof field name <-> ConstraintKind (CHOICES and JSON_OBJECT carry no plain string).
+_KIND_BY_FIELD = {
+    "json_schema": ConstraintKind.JSON_SCHEMA,
+    "regex": ConstraintKind.REGEX,
+    "ebnf": ConstraintKind.EBNF,
+}
+
+
+# -- sampling and constraints -------------------------------------------------
+
+
+def sampling_from_proto(msg: inference_pb2.SamplingParams, where: str = "") -> SamplingParams:
+    """The validated dataclass; `where` prefixes error messages ("new_seqs['r1'].")."""
+    present = msg.ListFields()
+    if not present:
+        return DEFAULT_SAMPLING
+    kwargs: dict[str, Any] = {}
+    for descriptor, value in present:
+        name = descriptor.name
+        kwargs[name] = tuple(value) if name in _REPEATED_SAMPLING_FIELDS else value
+    try:
+        return SamplingParams(**kwargs)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where}{exc}") from None
+
+
+def sampling_to_proto(params: SamplingParams) -> inference_pb2.SamplingParams:
+    """Sets only the fields that differ from the defaults (the receiver restores them)."""
+    kwargs = {}
+    for name, default in _SAMPLING_DEFAULTS.items():
+        value = getattr(params, name)
+        if value != default:
+            kwargs[name] = value
+    return inference_pb2.SamplingParams(**kwargs)
+
+
+def constraint_from_proto(msg: inference_pb2.Constraint, where: str = "") -> Constraint | None:
+    """None when no kind is set; a `json_object: false` is refused (it means nothing)."""
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        return None
+    try:
+        if kind == "choices":
+            return Constraint(ConstraintKind.CHOICES, choices=tuple(msg.choices.choices))
+        if kind == "json_object":
+            if not msg.json_object:
+                raise InvalidArgument("constraint.json_object must be true when set")
+            return Constraint(ConstraintKind.JSON_OBJECT)
+        return Constraint(_KIND_BY_FIELD[kind], getattr(msg, kind))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where}{exc}") from None
+
+
+def constraint_to_proto(constraint: Constraint) -> inference_pb2.Constraint:
+    kind = constraint.kind
+    if kind is ConstraintKind.CHOICES:
+        return inference_pb2.Constraint(
+            choices=inference_pb2.Choices(choices=list(constraint.choices))
+        )
+    if kind is ConstraintKind.JSON_OBJECT:
+        return inference_pb2.Constraint(json_object=True)
+    kwargs: dict[str, Any] = {kind.value: constraint.value}
+    return inference_pb2.Constraint(**kwargs)
+
+
+# -- plans --------------------------------------------------------------------
+
+
+def _new_seq_from_proto(msg: executor_pb2.NewSequence) -> NewSequence:
+    req_id = msg.req_id
+    if not req_id:
+        raise InvalidArgument("new_seqs.req_id must not be empty")
+    where = f"new_seqs[{req_id!r}]."
+    constraint = (
+        constraint_from_proto(msg.constraint, where) if msg.HasField("constraint") else None
+    )
+    return NewSequence(
+        req_id=req_id,
+        token_ids=list(msg.token_ids),
+        num_prompt_tokens=msg.num_prompt_tokens,
+        num_computed_tokens=msg.num_computed_tokens,
+        num_scheduled_tokens=msg.num_scheduled_tokens,
+        page_ids=list(msg.page_ids),
+        sampling=sampling_from_proto(msg.sampling, where),
+        constraint=constraint,
+    )
+
+
+def plan_from_proto(msg: executor_pb2.StepPlan) -> StepPlan:
+    """A plan as the core takes it; empty req_ids and bad sampling raise InvalidArgument."""
+    running = [
+        RunningSequence(seq.req_id, seq.num_scheduled_tokens, list(seq.appended_page_ids))
+        for seq in msg.running_seqs
+    ]
+    if not all(seq.req_id for seq in running):
+        raise InvalidArgument("running_seqs.req_id must not be empty")
+    return StepPlan(
+        step_id=msg.step_id,
+        new_seqs=[_new_seq_from_proto(seq) for seq in msg.new_seqs],
+        running_seqs=running,
+        finished_req_ids=list(msg.finished_req_ids),
+    )
+
+
+def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
+    msg = executor_pb2.StepPlan(step_id=plan.step_id, finished_req_ids=plan.finished_req_ids)
+    for seq in plan.new_seqs:
+        new = msg.new_seqs.add(
+            req_id=seq.req_id,
+            token_ids=seq.token_ids,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_computed_tokens=seq.num_computed_tokens,
+            num_scheduled_tokens=seq.num_scheduled_tokens,
+            page_ids=seq.page_ids,
+        )
+        if seq.sampling != DEFAULT_SAMPLING:
+            new.sampling.CopyFrom(sampling_to_proto(seq.sampling))
+        if seq.constraint is not None:
+            new.constraint.CopyFrom(constraint_to_proto(seq.constraint))
+    for run in plan.running_seqs:
+        msg.running_seqs.add(
+            req_id=run.req_id,
+            appended_page_ids=run.appended_page_ids,
+            num_scheduled_tokens=run.num_scheduled_tokens,
+        )
+    return msg
+
+
+# -- results ------------------------------------------------------------------
+
+
+def result_to_proto(result: StepResult) -> executor_pb2.StepResult:
+    msg = executor_pb2.StepResult(step_id=result.step_id, step_seconds=result.step_seconds)
+    add = msg.outputs.add
+    for output in result.outputs:
+        out = add(req_id=output.req_id)
+        if output.token_id is not None:
+            out.token_id = output.token_id
+        if output.finish_reason is not None:
+            out.finish_reason = output.finish_reason
+        if output.matched_stop_token_id is not None:
+            out.matched_stop_token_id = output.matched_stop_token_id
+        logprobs = output.logprobs
+        if logprobs is not None:
+            position = out.logprobs
+            position.sampled.token_id = logprobs.token_id
+            position.sampled.logprob = logprobs.logprob
+            add_top = position.top.add
+            for token_id, logprob in logprobs.top:
+                add_top(token_id=token_id, logprob=logprob)
+    if result.health is not None:
+        health_to_proto(result.health, msg.health)
+    return msg
+
+
+def health_to_proto(health: DeviceHealth, msg: executor_pb2.DeviceHealth) -> None:
+    """Fill `msg` with the fields the device reported (the others stay absent)."""
+    for name in _HEALTH_FIELDS:
+        value = getattr(health, name)
+        if value is not None:
+            setattr(msg, name, value)
+
+
+def health_from_proto(msg: executor_pb2.DeviceHealth) -> DeviceHealth:
+    return DeviceHealth(**{d.name: value for d, value in msg.ListFields()})
+
+
+def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
+    outputs = []
+    for out in msg.outputs:
+        logprobs = None
+        if out.HasField("logprobs"):
+            position = out.logprobs
+            logprobs = TokenLogprobs(
+                position.sampled.token_id,
+                position.sampled.logprob,
+                [(top.token_id, top.logprob) for top in position.top],
+            )
+        outputs.append(
+            SequenceOutput(
+                req_id=out.req_id,
+                token_id=out.token_id if out.HasField("token_id") else None,
+                logprobs=logprobs,
+                finish_reason=out.finish_reason or None,
+                matched_stop_token_id=(
+                    out.matched_stop_token_id if out.HasField("matched_stop_token_id") else None
+                ),
+            )
+        )
+    health = health_from_proto(msg.health) if msg.HasField("health") else None
+    return StepResult(msg.step_id, outputs, msg.step_seconds, health)
