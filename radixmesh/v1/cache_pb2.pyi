@@ -93,12 +93,14 @@ class ExtendResponse(_message.Message):
     def __init__(self, page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("lease_id", "token_ids")
+    __slots__ = ("lease_id", "token_ids", "keep_locked")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LOCKED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, lease_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    keep_locked: bool
+    def __init__(self, lease_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., keep_locked: _Optional[bool] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("num_cached_tokens",)

@@ -50,18 +50,22 @@ class StepPlan(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running_seqs: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
-    __slots__ = ("req_id", "token_id", "logprobs", "finish_reason", "matched_stop_token_id")
+    __slots__ = ("req_id", "token_id", "logprobs", "finish_reason", "matched_stop_token_id", "prompt_logprobs", "prompt_logprobs_position")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_POSITION_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     token_id: int
     logprobs: _inference_pb2.PositionLogprobs
     finish_reason: str
     matched_stop_token_id: int
-    def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_inference_pb2.PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_inference_pb2.PositionLogprobs]
+    prompt_logprobs_position: int
+    def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_inference_pb2.PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., prompt_logprobs_position: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "outputs", "step_seconds", "health")

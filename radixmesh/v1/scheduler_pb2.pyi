@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("req_id", "model", "token_ids", "sampling", "constraint", "priority", "deadline_unix_ms")
+    __slots__ = ("req_id", "model", "token_ids", "sampling", "constraint", "priority", "deadline_unix_ms", "hold_id")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class SubmitRequest(_message.Message):
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_ID_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -23,7 +24,8 @@ class SubmitRequest(_message.Message):
     constraint: _inference_pb2.Constraint
     priority: _inference_pb2.Priority
     deadline_unix_ms: int
-    def __init__(self, req_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ..., priority: _Optional[_Union[_inference_pb2.Priority, str]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    hold_id: str
+    def __init__(self, req_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ..., priority: _Optional[_Union[_inference_pb2.Priority, str]] = ..., deadline_unix_ms: _Optional[int] = ..., hold_id: _Optional[str] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("req_id",)
@@ -31,16 +33,24 @@ class AbortRequest(_message.Message):
     req_id: str
     def __init__(self, req_id: _Optional[str] = ...) -> None: ...
 
+class ReleaseHold(_message.Message):
+    __slots__ = ("hold_id",)
+    HOLD_ID_FIELD_NUMBER: _ClassVar[int]
+    hold_id: str
+    def __init__(self, hold_id: _Optional[str] = ...) -> None: ...
+
 class StreamRequest(_message.Message):
-    __slots__ = ("submit", "abort")
+    __slots__ = ("submit", "abort", "release_hold")
     SUBMIT_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_HOLD_FIELD_NUMBER: _ClassVar[int]
     submit: SubmitRequest
     abort: AbortRequest
-    def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequest, _Mapping]] = ...) -> None: ...
+    release_hold: ReleaseHold
+    def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequest, _Mapping]] = ..., release_hold: _Optional[_Union[ReleaseHold, _Mapping]] = ...) -> None: ...
 
 class TokenUpdate(_message.Message):
-    __slots__ = ("req_id", "token_ids", "logprobs", "finish_reason", "matched_stop_token_id", "num_prompt_tokens", "num_cached_tokens", "error_code", "error_message")
+    __slots__ = ("req_id", "token_ids", "logprobs", "finish_reason", "matched_stop_token_id", "num_prompt_tokens", "num_cached_tokens", "error_code", "error_message", "prompt_logprobs")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +60,7 @@ class TokenUpdate(_message.Message):
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_inference_pb2.PositionLogprobs]
@@ -59,7 +70,8 @@ class TokenUpdate(_message.Message):
     num_cached_tokens: int
     error_code: int
     error_message: str
-    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_inference_pb2.PositionLogprobs]
+    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
     __slots__ = ("step_id", "updates")
