@@ -11,7 +11,7 @@ from sched_fakes import make_rig, reference
 
 from radixmesh.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from radixmesh.sampling import Constraint, ConstraintKind
-from services.scheduler.core import RequestStatus, SchedulerConfig
+from services.scheduler.core import Priority, RequestStatus, SchedulerConfig
 
 DIGITS = Constraint(ConstraintKind.REGEX, "[0-9]+")
 
@@ -79,10 +79,16 @@ async def test_abort_and_deadline_end_a_preparing_request():
     await rig.sink.wait("late", "wake")
     assert rig.sink.finished["cancelled"].finish_reason == "abort"
     assert isinstance(rig.sink.finished["late"].error, DeadlineExceeded)
-    rig.port.prepare_gate.set()
-    await asyncio.sleep(0)
-    assert not sent_as_new(rig, "cancelled") and not sent_as_new(rig, "late")
     assert rig.scheduler.executor_loads()[0].num_preparing == 0
+    rig.port.prepare_gate.set()  # a compile that outlived its request must not queue it
+    num_plans = len(rig.toy.plans)
+    await rig.scheduler.submit("after", [4], g(2))  # full turns of the loop after the gate
+    await rig.sink.wait("after")
+    assert sent_as_new(rig, "after") and len(rig.toy.plans) >= num_plans + 2
+    assert not sent_as_new(rig, "cancelled") and not sent_as_new(rig, "late")
+    assert rig.port.prepared == []  # both compiles were cancelled, not run to their end
+    assert rig.scheduler.executor_loads()[0].num_preparing == 0
+    assert rig.scheduler.num_waiting() == dict.fromkeys(Priority, 0)
     await rig.scheduler.stop()
 
 
