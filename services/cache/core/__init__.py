@@ -7,10 +7,10 @@ lease = core.acquire("exec-0", prompt[:-1], num_tokens=len(prompt) + 64, holder=
 core.commit(lease.lease_id, computed_tokens)
 """
 
+from radixmesh.cache_types import CommitResult, Lease, PoolStats
 from services.cache.core.cache import CacheCore, Clock
 from services.cache.core.config import CacheConfig
 from services.cache.core.eviction import EVICTION_POLICIES, EvictionPolicy, LRUPolicy
-from services.cache.core.types import CommitResult, Lease, PoolStats
 
 __all__ = [
     "EVICTION_POLICIES",

@@ -12,12 +12,12 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 
+from radixmesh.cache_types import CommitResult, Lease, PoolStats
 from radixmesh.errors import InvalidArgument, NotFound
 from services.cache.core.config import CacheConfig
 from services.cache.core.eviction import EVICTION_POLICIES
 from services.cache.core.pool import LeaseState, Pool
 from services.cache.core.radix import pack_tokens
-from services.cache.core.types import CommitResult, Lease, PoolStats
 
 Clock = Callable[[], float]
 
@@ -82,10 +82,6 @@ class CacheCore:
             self._end_lease(state)
         del self._pools[executor_id]
         return num_leases
-
-    def executor_ids(self) -> list[str]:
-        """Read-only: registered pools, in registration order."""
-        return list(self._pools)
 
     # ---- lookups ----
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from radixmesh.cache_types import PoolStats
 from radixmesh.errors import ResourceExhausted
 from services.cache.core.allocator import PageAllocator
 from services.cache.core.eviction import EvictionPolicy
 from services.cache.core.radix import RadixNode, RadixTree, TreeMatch
-from services.cache.core.types import PoolStats
 
 
 @dataclass(slots=True, eq=False)

@@ -250,13 +250,6 @@ class RadixTree:
                 policy.push(parent)  # type: ignore[arg-type]
         return freed
 
-    def clear(self) -> list[int]:
-        """Changes state: empties the tree; returns every cached page id."""
-        pages = [p for node in self.iter_nodes() for p in node.page_ids]
-        self.root.children = {}
-        self.num_cached_pages = self.num_locked_pages = self.num_nodes = 0
-        return pages
-
     def _split(self, child: RadixNode, num_pages: int) -> RadixNode:
         """Changes state: cuts `child` after `num_pages` pages; returns the new upper node.
 

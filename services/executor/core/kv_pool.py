@@ -53,10 +53,6 @@ class KVPool:
         self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @property
-    def num_slots(self) -> int:
-        return self.num_pages * self.page_size
-
-    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
 
