@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -23,8 +24,8 @@ from pathlib import Path
 import radixmesh
 from gateway.envoy import GatewayAddress, render_envoy_config
 from gateway.envoy.process import EnvoyProcess
+from mesh.restarts import RestartPolicy
 from mesh.supervisor import (
-    RunningService,
     ServiceFailed,
     ServiceSpec,
     Supervisor,
@@ -72,7 +73,12 @@ class MeshConfig:
     start_timeout_s: float = 600.0
     """Longest wait for one service to report SERVING (an executor loads its model)."""
     stop_timeout_s: float = 15.0
-    """Grace per service on stop before SIGKILL."""
+    """Grace per inner service (scheduler, executors, cache) on stop before SIGKILL."""
+    grace_s: float = 30.0
+    """Drain: how long in-flight requests may finish after a stop signal (the gateway's
+    --grace-seconds); those still running then end with an UNAVAILABLE error event."""
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    """When a service that died is started again, and when serve gives up."""
 
     def __post_init__(self) -> None:
         if not (Path(self.model_dir) / "config.json").is_file():
@@ -93,6 +99,8 @@ class MeshConfig:
             raise InvalidArgument(f"redis_url: must start with redis://, got {self.redis_url!r}")
         if self.num_pages is not None and self.num_pages < 1:
             raise InvalidArgument(f"num_pages: must be >= 1, got {self.num_pages}")
+        if not (math.isfinite(self.grace_s) and 0 <= self.grace_s <= 3600):
+            raise InvalidArgument(f"grace: must be in [0, 3600] seconds, got {self.grace_s}")
         fraction = self.kv_memory_fraction
         if fraction is not None and not 0.0 < fraction <= 1.0:
             raise InvalidArgument(f"kv_memory_fraction: must be in (0, 1], got {fraction}")
@@ -202,6 +210,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
         *("--metrics-port", str(ports.gateway_metrics), "--model", str(config.model_dir)),
         *("--scheduler-address", _address(ports.scheduler)),
         *("--cache-address", _address(ports.cache)),
+        *("--grace-seconds", repr(float(config.grace_s))),
     ]
     if config.redis_url:
         gateway_args += ["--redis-url", config.redis_url]
@@ -239,6 +248,19 @@ def child_env() -> dict[str, str]:
     # executor's own gRPC loop) on a small CPU machine; sleeping costs a CPU forward little.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
+
+
+DRAIN_MARGIN_S = 5.0
+"""Beyond the grace period, how long the gateway gets to end the last streams and exit."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """A service that exited: its name, exit code and the last lines of its log."""
+
+    name: str
+    code: int | None
+    log_tail: str
 
 
 @dataclass(slots=True)
@@ -290,6 +312,7 @@ class Mesh:
             access_log_path=log_dir / "envoy-access.log",
             process_group=0,
             command_prefix=launcher(),
+            drain_time_s=self.config.grace_s,
         )
         try:
             await asyncio.to_thread(self.envoy.start, min(self.config.start_timeout_s, 60.0))
@@ -300,24 +323,54 @@ class Mesh:
 
     async def wait_exit(self) -> str:
         """Wait until any service exits; returns a message naming it, its code and its log tail."""
+        exited = await self.wait_exit_info()
+        return f"service {exited.name!r} exited with code {exited.code}\n{exited.log_tail}"
+
+    async def wait_exit_info(self) -> ExitInfo:
+        """Wait until any service (Envoy included) exits; which one, its code and log tail."""
         service_exit = asyncio.create_task(self.supervisor.wait_any_exit())
-        waits: list[asyncio.Task[RunningService] | asyncio.Task[int | None]] = [service_exit]
-        if self.envoy is not None:
-            waits.append(asyncio.create_task(asyncio.to_thread(self.envoy.wait)))
+        envoy = self.envoy
+        envoy_exit = asyncio.create_task(
+            asyncio.to_thread(envoy.wait) if envoy is not None else asyncio.Event().wait()
+        )
         try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([service_exit, envoy_exit], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in waits:
+            for task in (service_exit, envoy_exit):
                 task.cancel()
-        finished = next(iter(done))
-        if finished is service_exit:
+        if service_exit.done() and not service_exit.cancelled():
             service = service_exit.result()
-            return (
-                f"service {service.spec.name!r} exited with code {service.process.returncode}\n"
-                f"{log_tail(service.log_path)}"
-            )
-        assert self.envoy is not None
-        return f"envoy exited with code {finished.result()}\n{self.envoy.log_tail[-4000:]}"
+            return ExitInfo(service.spec.name, service.process.returncode, log_tail(service.log_path))
+        assert envoy is not None
+        return ExitInfo("envoy", envoy_exit.result(), envoy.log_tail[-4000:])
+
+    async def restart(self, name: str) -> None:
+        """Start the exited service `name` (or "envoy") again on its ports; raises ServiceFailed."""
+        if name != "envoy":
+            await self.supervisor.restart(name)
+            return
+        assert self.ports is not None
+        await self._start_envoy(self.ports)
+
+    async def drain(self, grace_s: float) -> dict[str, int | None]:
+        """Stop from the edge inwards, letting in-flight requests finish. Name -> exit code.
+
+        Envoy drains its listeners (clients are told to close their connections); the
+        gateway turns NOT_SERVING, refuses new requests with UNAVAILABLE and gives those
+        in flight `grace_s` (its --grace-seconds), then ends the rest with an UNAVAILABLE
+        error event and exits; then Envoy stops, then the scheduler, the executors and the
+        cache, last started last.
+        """
+        codes: dict[str, int | None] = {}
+        if self.envoy is not None:
+            await asyncio.to_thread(self.envoy.drain_listeners)
+        edge = [s.spec.name for s in self.supervisor.services if s.spec.name == "gateway"]
+        codes.update(await self.supervisor.stop(edge, timeout_s=grace_s + DRAIN_MARGIN_S))
+        if self.envoy is not None:
+            codes["envoy"] = await asyncio.to_thread(self.envoy.stop, self.config.stop_timeout_s)
+        inner = [s.spec.name for s in reversed(self.supervisor.services) if s.spec.name not in codes]
+        codes.update(await self.supervisor.stop(inner))
+        return codes
 
     async def stop(self) -> dict[str, int | None]:
         """Stop Envoy, then every service in reverse start order. Name -> exit code."""
@@ -325,6 +378,14 @@ class Mesh:
         if self.envoy is not None:
             codes["envoy"] = await asyncio.to_thread(self.envoy.stop, self.config.stop_timeout_s)
         codes.update(await self.supervisor.stop_all())
+        return codes
+
+    async def kill(self) -> dict[str, int | None]:
+        """SIGKILL everything at once (a second stop signal). Name -> exit code."""
+        codes: dict[str, int | None] = {}
+        if self.envoy is not None:
+            codes["envoy"] = await asyncio.to_thread(self.envoy.stop, 0.0)
+        codes.update(await self.supervisor.kill_all())
         return codes
 
     def pids(self) -> dict[str, int]:

@@ -12,7 +12,9 @@ supervisor die without stopping it (Linux parent-death signal). A child's
 stdout and stderr go to `<log_dir>/<name>.log`; when a child exits before it
 is SERVING, or is not SERVING within its timeout, the stage raises
 `ServiceFailed` naming the service, the reason and the tail of its log.
-Stopping is SIGTERM, a wait of `stop_timeout_s`, then SIGKILL.
+Stopping is SIGTERM, a wait of `stop_timeout_s`, then SIGKILL. `restart(name)` starts
+an exited child again from its spec, on the same ports, appending to its log; when to
+restart is the caller's choice (see `mesh.restarts`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,8 +128,14 @@ class Supervisor:
         """Start one child (not waiting for its health)."""
         if any(s.spec.name == spec.name for s in self.services):
             raise InvalidArgument(f"name: service {spec.name!r} is already running")
-        log_path = self.log_dir / f"{spec.name}.log"
-        with open(log_path, "wb") as log_file:
+        running = await self._exec(spec, self.log_dir / f"{spec.name}.log", "wb")
+        self.services.append(running)
+        if self._on_spawn is not None:
+            self._on_spawn(running)
+        return running
+
+    async def _exec(self, spec: ServiceSpec, log_path: Path, mode: str) -> RunningService:
+        with open(log_path, mode) as log_file:
             process = await asyncio.create_subprocess_exec(
                 *launcher(),
                 *spec.argv,
@@ -137,10 +145,29 @@ class Supervisor:
                 env=self._env,
                 process_group=0,
             )
-        running = RunningService(spec, process, log_path)
-        self.services.append(running)
+        return RunningService(spec, process, log_path)
+
+    async def restart(self, name: str) -> RunningService:
+        """Start the exited child `name` again from its spec (same ports, log appended to)
+        and wait until it is SERVING. Raises ServiceFailed; it keeps its place in start order."""
+        index = next((i for i, s in enumerate(self.services) if s.spec.name == name), None)
+        if index is None:
+            raise InvalidArgument(f"name: no service {name!r}")
+        old = self.services[index]
+        if old.process.returncode is None:
+            raise InvalidArgument(f"name: service {name!r} is still running")
+        with open(old.log_path, "ab") as log_file:
+            log_file.write(f"--- restarted by the supervisor (pid {old.pid} exited with "
+                           f"code {old.process.returncode}) ---\n".encode())  # fmt: skip
+        running = await self._exec(old.spec, old.log_path, "ab")
+        self.services[index] = running
         if self._on_spawn is not None:
             self._on_spawn(running)
+        try:
+            await self._wait_ready(running)
+        except ServiceFailed:
+            await stop_process(running.process, self.stop_timeout_s)  # not SERVING: not kept
+            raise
         return running
 
     async def start_stage(self, specs: Sequence[ServiceSpec]) -> list[RunningService]:
@@ -205,10 +232,27 @@ class Supervisor:
 
     async def stop_all(self) -> dict[str, int | None]:
         """Stop every child, last started first: SIGTERM, wait, SIGKILL. Name -> exit code."""
+        return await self.stop(reversed([s.spec.name for s in self.services]))
+
+    async def stop(
+        self, names: Iterable[str], timeout_s: float | None = None
+    ) -> dict[str, int | None]:
+        """Stop the named children one after the other (SIGTERM, up to timeout_s, default
+        `stop_timeout_s`, then SIGKILL). Name -> exit code."""
+        by_name = {s.spec.name: s for s in self.services}
+        timeout = self.stop_timeout_s if timeout_s is None else timeout_s
         codes: dict[str, int | None] = {}
-        for service in reversed(self.services):
-            codes[service.spec.name] = await stop_process(service.process, self.stop_timeout_s)
+        for name in names:
+            codes[name] = await stop_process(by_name[name].process, timeout)
         return codes
+
+    async def kill_all(self) -> dict[str, int | None]:
+        """SIGKILL every child at once (a second Ctrl-C). Name -> exit code."""
+        for service in self.services:
+            if service.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    service.process.kill()
+        return {s.spec.name: await s.process.wait() for s in reversed(self.services)}
 
 
 async def stop_process(process: asyncio.subprocess.Process, timeout_s: float) -> int | None:

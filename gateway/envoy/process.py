@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -53,10 +54,12 @@ class EnvoyProcess:
         log_level: str = "info",
         process_group: int | None = None,
         command_prefix: Sequence[str] = (),
+        drain_time_s: float = 30.0,
     ) -> None:
         """process_group goes to subprocess.Popen and command_prefix runs before the envoy
         binary (a supervisor isolates its children from the terminal's Ctrl-C and ties them
-        to its own life with a launcher)."""
+        to its own life with a launcher). drain_time_s: how long a drain (`drain_listeners`)
+        keeps the listeners open while connections are told to close."""
         self.config_path = Path(config_path)
         self.admin_port = admin_port
         self._access_log_path = access_log_path
@@ -64,6 +67,7 @@ class EnvoyProcess:
         self._log_level = log_level
         self._process_group = process_group
         self._command_prefix = tuple(command_prefix)
+        self._drain_time_s = max(1, math.ceil(drain_time_s))
         self._proc: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
         self._log_tail: list[str] = []
@@ -80,6 +84,10 @@ class EnvoyProcess:
                 "--concurrency",
                 str(self._concurrency),
                 "--disable-hot-restart",  # several Envoys may run on one host
+                "--drain-time-s",
+                str(self._drain_time_s),
+                "--drain-strategy",
+                "immediate",
                 "--log-level",
                 self._log_level,
             ],
@@ -111,6 +119,17 @@ class EnvoyProcess:
         url = f"http://127.0.0.1:{self.admin_port}{path}"
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.read().decode()
+
+    def drain_listeners(self) -> bool:
+        """Start a graceful drain: every connection is asked to close (HTTP/2 GOAWAY,
+        `Connection: close`) once its requests finish; requests in flight go on. Best
+        effort: False when the admin port did not answer."""
+        url = f"http://127.0.0.1:{self.admin_port}/drain_listeners?graceful&skip_exit"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5):
+                return True
+        except OSError:
+            return False
 
     def wait(self, timeout_s: float | None = None) -> int | None:
         """Block until Envoy exits (or timeout_s passes); its exit code, None if running."""

@@ -1,9 +1,13 @@
 """Start the whole mesh on this machine (cache, executors, scheduler, gateway, Envoy) until Ctrl-C.
 
 Services start in order on free loopback ports, each SERVING before the next;
-the endpoints are printed once all are up. Ctrl-C or SIGTERM stops them in
-reverse order (SIGTERM, a grace period, then SIGKILL). A service that fails
-to start stops the rest, and the message names it with the tail of its log.
+the endpoints are printed once all are up. A service that dies later is started
+again on its ports with backoff while the others keep serving; one that dies
+more than --max-restarts times within --restart-window-s stops the mesh, and
+the message names it with the tail of its log. Ctrl-C or SIGTERM drains: the
+edge stops taking requests, those in flight get --grace seconds, then the
+services stop from the edge inwards; a second signal stops everything at once.
+A service that fails to start stops the rest.
 Exit codes: 0 after a clean stop, 1 when a service failed, 2 for bad flags.
 """
 
@@ -60,10 +64,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoints-json", default=None, help="also write the endpoints as JSON to this file"
     )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests may finish after Ctrl-C/SIGTERM (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restarts of one service within --restart-window-s before serve stops; "
+        "0: never restart (default %(default)s)",
+    )
+    parser.add_argument(
+        "--restart-window-s", type=float, default=60.0, help="(default %(default)s)"
+    )
 
 
 def _config(args: argparse.Namespace):
     from mesh.launcher import MeshConfig
+    from mesh.restarts import RestartPolicy
 
     if args.model:
         model_dir = Path(args.model)
@@ -88,6 +109,10 @@ def _config(args: argparse.Namespace):
         num_pages=args.num_pages,
         kv_memory_fraction=args.kv_memory_fraction,
         start_timeout_s=args.start_timeout_s,
+        grace_s=args.grace,
+        restart_policy=RestartPolicy(
+            max_restarts=args.max_restarts, window_s=args.restart_window_s
+        ),
     )
 
 
@@ -109,35 +134,68 @@ def format_endpoints(endpoints: dict) -> str:
     return "\n".join(lines)
 
 
+def _say(message: str) -> None:
+    print(f"radixmesh: {message}", flush=True)
+
+
 async def serve(args: argparse.Namespace) -> int:
     from mesh.launcher import Mesh
 
-    def report(name: str, pid: int) -> None:
-        print(f"radixmesh: started {name} (pid {pid})", flush=True)
-
     try:
-        mesh = Mesh(_config(args), on_spawn=report)
+        mesh = Mesh(_config(args), on_spawn=lambda name, pid: _say(f"started {name} (pid {pid})"))
     except InvalidArgument as exc:
         print(f"radixmesh serve: {exc}", file=sys.stderr)
         return 2
-    stop = asyncio.Event()
+    signals = _Signals()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    print(
-        f"radixmesh: starting model {mesh.model_name!r}, logs in {mesh.config.log_dir}", flush=True
-    )
+        loop.add_signal_handler(signum, signals.received)
+    _say(f"starting model {mesh.model_name!r}, logs in {mesh.config.log_dir}")
     code = 0
+    drain = False
     try:
-        code = await _run(mesh, stop, args.endpoints_json)
+        code, drain = await _run(mesh, signals.first, args.endpoints_json)
     finally:
-        print("radixmesh: stopping", flush=True)
-        codes = await mesh.stop()
-        print("radixmesh: stopped " + ", ".join(f"{k}={v}" for k, v in codes.items()), flush=True)
+        codes = await _stop(mesh, signals, drain)
+        _say("stopped " + ", ".join(f"{k}={v}" for k, v in codes.items()))
     return code
 
 
-async def _run(mesh, stop: asyncio.Event, endpoints_json: str | None) -> int:
+class _Signals:
+    """The first stop signal drains, the second stops at once."""
+
+    def __init__(self) -> None:
+        self.first = asyncio.Event()
+        self.second = asyncio.Event()
+
+    def received(self) -> None:
+        if self.first.is_set():
+            self.second.set()
+        self.first.set()
+
+
+async def _stop(mesh, signals: _Signals, drain: bool) -> dict[str, int | None]:
+    grace = mesh.config.grace_s
+    if drain:
+        _say(f"draining: in-flight requests get {grace:g}s (a second Ctrl-C stops at once)")
+        stopping = asyncio.create_task(mesh.drain(grace))
+    else:
+        _say("stopping")
+        stopping = asyncio.create_task(mesh.stop())
+    hurry = asyncio.create_task(signals.second.wait())
+    await asyncio.wait([stopping, hurry], return_when=asyncio.FIRST_COMPLETED)
+    hurry.cancel()
+    if stopping.done():
+        return stopping.result()
+    _say("second signal: stopping at once")
+    stopping.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stopping
+    return await mesh.kill()
+
+
+async def _run(mesh, stop: asyncio.Event, endpoints_json: str | None) -> tuple[int, bool]:
+    """(exit code, whether to drain): runs until a stop signal or until serve gives up."""
     from mesh.supervisor import ServiceFailed
 
     starting = asyncio.create_task(mesh.start())
@@ -148,28 +206,36 @@ async def _run(mesh, stop: asyncio.Event, endpoints_json: str | None) -> int:
         with contextlib.suppress(asyncio.CancelledError, ServiceFailed):
             await starting
         print("radixmesh: interrupted while starting", file=sys.stderr, flush=True)
-        return 0
+        return 0, False
     try:
         starting.result()
     except ServiceFailed as exc:
         stopped.cancel()
         print(f"radixmesh: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return 1, False
     if endpoints_json:
         tmp = f"{endpoints_json}.tmp"
         Path(tmp).write_text(mesh.endpoints_json())
         os.replace(tmp, endpoints_json)
+    return await _serve_ready(mesh, stopped)
+
+
+async def _serve_ready(mesh, stopped: asyncio.Task) -> tuple[int, bool]:
+    from mesh.watch import keep_serving
+
     print(format_endpoints(mesh.endpoints()), flush=True)
     print(f"{READY_LINE}: serving {mesh.model_name!r} at {mesh.endpoints()['http']}"
           " (Ctrl-C stops)", flush=True)  # fmt: skip
-    exited = asyncio.create_task(mesh.wait_exit())
-    await asyncio.wait([exited, stopped], return_when=asyncio.FIRST_COMPLETED)
-    if exited.done():
+    gave_up = asyncio.create_task(keep_serving(mesh, _say))
+    await asyncio.wait([gave_up, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if gave_up.done():
         stopped.cancel()
-        print(f"radixmesh: {exited.result()}", file=sys.stderr, flush=True)
-        return 1
-    exited.cancel()
-    return 0
+        print(f"radixmesh: {gave_up.result()}", file=sys.stderr, flush=True)
+        return 1, False
+    gave_up.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gave_up
+    return 0, True
 
 
 def run(args: argparse.Namespace) -> int:
