@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 
 import pytest
+import xgrammar as xgr
 from transformers import AutoTokenizer
 
 from mesh.tiny_model import write_tiny_model
@@ -16,14 +17,11 @@ from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.grammar_compile import choices_ebnf, compiler_reason
 
 QUICK = Constraint(ConstraintKind.REGEX, r"[0-9]{3}")
+WAIT_S = 30.0
+"""Longest a test waits for a worker thread; only reached when something is broken."""
 
 
-SLOWER = 1000
-"""Properties of a schema compiling for about a second (over 5x the limits tests set)."""
-
-
-def slow_schema(num_props: int = 300, tag: str = "key") -> Constraint:
-    """A schema whose compile takes a good fraction of a second on the tiny vocabulary."""
+def object_schema(num_props: int, tag: str) -> Constraint:
     names = [f"{tag}_{i}" for i in range(num_props)]
     schema = {
         "type": "object",
@@ -31,6 +29,45 @@ def slow_schema(num_props: int = 300, tag: str = "key") -> Constraint:
         "required": names,
     }
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema))
+
+
+HELD = object_schema(3, "held")
+"""The slow grammar of these tests: its compile waits in its worker thread for `held.release()`."""
+
+
+class HeldCompile:
+    """Holds every compile of HELD inside xgrammar's compile call until released, so "still
+    compiling" is a fact the test controls rather than a guess about the machine's speed."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def wait_started(self) -> None:
+        assert self.started.wait(WAIT_S), "the held compile never started"
+
+    async def started_in_worker(self) -> None:
+        assert await asyncio.to_thread(self.started.wait, WAIT_S), "the held compile never started"
+
+
+@pytest.fixture
+def held(make_service, monkeypatch):
+    """Set up after make_service, so it releases the compile before the services close."""
+    hold = HeldCompile()
+    compile_json_schema = xgr.GrammarCompiler.compile_json_schema
+
+    def holding(compiler, schema, *args, **kwargs):
+        if schema == HELD.value:
+            hold.started.set()
+            assert hold.released.wait(WAIT_S), "the held compile was never released"
+        return compile_json_schema(compiler, schema, *args, **kwargs)
+
+    monkeypatch.setattr(xgr.GrammarCompiler, "compile_json_schema", holding)
+    yield hold
+    hold.release()
 
 
 @pytest.fixture(scope="module")
@@ -119,74 +156,82 @@ def test_cache_returns_the_same_compile_and_evicts_least_recently_used(make_serv
     assert service.metrics.num_cache_hits == 2
 
 
-async def test_concurrent_requests_for_one_grammar_share_one_compile(make_service):
+async def test_concurrent_requests_for_one_grammar_share_one_compile(make_service, held):
     service = make_service(compile_timeout_s=60)
-    constraint = slow_schema()
-    results = await asyncio.gather(*(service.compile(constraint) for _ in range(5)))
+    # the five lookups run (in creation order) before the wait on the worker thread returns
+    tasks = [asyncio.create_task(service.compile(HELD)) for _ in range(5)]
+    await held.started_in_worker()
+    assert (service.metrics.num_cache_misses, service.metrics.num_shared_compiles) == (1, 4)
+    held.release()
+    results = await asyncio.gather(*tasks)
     assert all(r is results[0] for r in results)
     assert service.metrics.num_compiles == 1
     assert service.metrics.num_shared_compiles == 4
-    assert service.compile_sync(constraint) is results[0]
+    assert service.compile_sync(HELD) is results[0]
 
 
-async def test_slow_compile_does_not_delay_a_concurrent_quick_compile(make_service):
+async def test_slow_compile_does_not_delay_a_concurrent_quick_compile(make_service, held):
     service = make_service(compile_timeout_s=60, max_workers=2)
-    start = time.monotonic()
-    done_at: dict[str, float] = {}
-
-    async def timed(name: str, constraint: Constraint):
-        await service.compile(constraint)
-        done_at[name] = time.monotonic() - start
-
-    slow = asyncio.create_task(timed("slow", slow_schema(SLOWER)))
-    await asyncio.sleep(0)  # let the slow compile take its worker first
-    await timed("quick", QUICK)
-    assert "slow" not in done_at, "the quick compile waited for the slow one"
-    await slow
-    slow_seconds = service.compile_sync(slow_schema(SLOWER)).compile_seconds
-    assert done_at["quick"] < 0.25 * slow_seconds < done_at["slow"]
+    slow = asyncio.create_task(service.compile(HELD))
+    await held.started_in_worker()  # the slow compile has its worker
+    quick = await service.compile(QUICK)
+    assert not slow.done(), "the slow compile ended before it was released"
+    assert quick.constraint == QUICK and service.metrics.num_compiles == 1
+    held.release()
+    assert (await slow).constraint == HELD
+    assert service.metrics.num_compiles == 2
 
 
-def test_compile_over_the_time_limit_is_invalid_argument_and_cached(make_service):
+def test_compile_over_the_time_limit_is_invalid_argument_and_cached(make_service, held):
     service = make_service(compile_timeout_s=0.2)
-    constraint = slow_schema(SLOWER)
+    assert service.poll(HELD) is None
+    held.wait_started()  # so the wait below is all compile time
     with pytest.raises(InvalidArgument, match=r"^constraint\.json_schema: grammar too complex"):
-        service.compile_sync(constraint)
+        service.compile_sync(HELD)
     assert service.metrics.num_timeouts == 1
+    held.release()
     service.close(wait=True)  # the compile runs to its end in its thread
     with pytest.raises(InvalidArgument, match=r"compile took \d+\.\d+ s, limit 0\.2 s"):
-        service.compile_sync(constraint)
+        service.compile_sync(HELD)
     assert service.metrics.num_compile_errors == 1
     assert service.metrics.num_compiles == 1
 
 
-async def test_async_compile_over_the_time_limit(make_service):
+async def test_async_compile_over_the_time_limit(make_service, held):
     service = make_service(compile_timeout_s=0.2)
+    assert service.poll(HELD) is None
+    await held.started_in_worker()
     with pytest.raises(InvalidArgument, match="grammar too complex"):
-        await service.compile(slow_schema(SLOWER))
+        await service.compile(HELD)
     assert service.metrics.num_timeouts == 1
 
 
-def test_waiting_for_a_busy_pool_past_the_limit_is_resource_exhausted(make_service):
+def test_waiting_for_a_busy_pool_past_the_limit_is_resource_exhausted(make_service, held):
     service = make_service(compile_timeout_s=0.1, max_workers=1)
-    assert service.poll(slow_schema(SLOWER)) is None  # occupies the only worker
+    assert service.poll(HELD) is None  # occupies the only worker
+    held.wait_started()
     with pytest.raises(ResourceExhausted, match=r"waited 0\.1 s for a worker"):
         service.compile_sync(QUICK)
+    assert service.metrics.num_timeouts == 1
 
 
-def test_too_many_compiles_in_flight_is_resource_exhausted(make_service):
+def test_too_many_compiles_in_flight_is_resource_exhausted(make_service, held):
     service = make_service(compile_timeout_s=60, max_workers=1, max_pending=1)
-    assert service.poll(slow_schema()) is None
+    assert service.poll(HELD) is None
     with pytest.raises(ResourceExhausted, match="compiles in flight"):
         service.poll(QUICK)
+    held.release()
+    assert service.compile_sync(HELD).constraint == HELD
+    assert service.poll(QUICK) is None  # room again once the first compile ended
 
 
-def test_poll_starts_a_compile_without_blocking_then_returns_it(make_service):
+def test_poll_starts_a_compile_without_blocking_then_returns_it(make_service, held):
     service = make_service(compile_timeout_s=60)
-    constraint = slow_schema()
-    assert service.poll(constraint) is None
-    compiled = service.compile_sync(constraint)
-    assert service.poll(constraint) is compiled
+    assert service.poll(HELD) is None
+    assert service.poll(HELD) is None  # still compiling: poll does not wait for it
+    held.release()
+    compiled = service.compile_sync(HELD)
+    assert service.poll(HELD) is compiled
     assert service.metrics.num_compiles == 1
 
 
@@ -237,10 +282,11 @@ def test_from_model_dir_takes_the_models_vocab_size(tiny_model_dir):
         service.close()
 
 
-def test_closed_service_keeps_its_cache_and_refuses_new_compiles(make_service):
+def test_closed_service_keeps_its_cache_and_refuses_new_compiles(make_service, held):
     service = make_service(compile_timeout_s=60, max_workers=1)
     cached = service.compile_sync(Constraint(ConstraintKind.REGEX, "a+"))
-    assert service.poll(slow_schema()) is None  # running: finishes in its thread
+    assert service.poll(HELD) is None  # running: finishes in its thread
+    held.wait_started()
     assert service.poll(QUICK) is None  # queued: dropped by close
     service.close()
     assert service.compile_sync(Constraint(ConstraintKind.REGEX, "a+")) is cached
@@ -248,3 +294,7 @@ def test_closed_service_keeps_its_cache_and_refuses_new_compiles(make_service):
         service.compile_sync(QUICK)
     with pytest.raises(Unavailable, match="closed"):
         service.poll(Constraint(ConstraintKind.REGEX, "b+"))
+    held.release()
+    service.close(wait=True)
+    assert service.compile_sync(HELD).constraint == HELD  # the running compile was kept
+    assert service.metrics.num_compiles == 2  # a+ and HELD; QUICK never ran
