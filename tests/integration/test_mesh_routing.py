@@ -4,6 +4,10 @@ Concurrent greedy requests get the tokens each gets alone in the in-process
 engine; a request sharing a long prefix goes to the executor that cached it;
 an executor killed mid-stream hands its unstarted requests to the other one,
 ends its streaming ones with UNAVAILABLE and leaves no lease behind.
+
+The tests that leave the mesh whole share one mesh per module and each starts by
+checking that it is whole and idle; the test that kills an executor gets a mesh of
+its own, so the tests pass in any order.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,9 +58,16 @@ class Mesh:
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory) -> Iterator[Mesh]:
-    model = tmp_path_factory.mktemp("mesh-model")
-    write_tiny_llama(model)
+def model(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("mesh-model")
+    write_tiny_llama(folder)
+    return folder
+
+
+@contextmanager
+def running_mesh(model: Path) -> Iterator[Mesh]:
+    """Cache, two executors and a scheduler as processes; at the end each exits 0, or
+    -SIGKILL if the test killed it."""
     cache, scheduler = free_port(), free_port()
     procs = {"cache": _spawn("services.cache.main", "--port", str(cache))}
     executor_ports = []
@@ -94,6 +106,37 @@ def mesh(tmp_path_factory) -> Iterator[Mesh]:
                 proc.kill()
     expected = {name: -signal.SIGKILL if name in state.killed else 0 for name in procs}
     assert {name: p.returncode for name, p in procs.items()} == expected
+
+
+@pytest.fixture(scope="module")
+def shared_mesh(model) -> Iterator[Mesh]:
+    with running_mesh(model) as state:
+        yield state
+
+
+async def check_whole_and_idle(state: Mesh) -> None:
+    """Both executors healthy, nothing running or waiting, no lease held."""
+    async with SchedulerClient(state.scheduler) as client, CacheClient(state.cache) as cache:
+        load = await client.get_load()
+        pools = await cache.stats()
+    assert [(e.executor_id, e.healthy, e.num_running, e.num_waiting) for e in load.executors] == [
+        (executor_id, True, 0, 0) for executor_id in EXECUTORS
+    ]
+    assert {p.executor_id: p.num_leases for p in pools} == dict.fromkeys(EXECUTORS, 0)
+
+
+@pytest.fixture
+async def mesh(shared_mesh) -> Mesh:
+    """The module's mesh, checked whole and idle before the test."""
+    await check_whole_and_idle(shared_mesh)
+    return shared_mesh
+
+
+@pytest.fixture
+def mesh_to_break(model) -> Iterator[Mesh]:
+    """A mesh of the test's own, for a test that kills part of it."""
+    with running_mesh(model) as state:
+        yield state
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -215,8 +258,9 @@ async def test_a_shared_long_prefix_goes_to_the_executor_that_cached_it(mesh):
                 assert await owner(cache, prompt + run.token_ids[:-1]) == owners[i]
 
 
-async def test_killing_an_executor_mid_stream(mesh):
-    """Runs last: it leaves the mesh with one executor."""
+async def test_killing_an_executor_mid_stream(mesh_to_break):
+    mesh = mesh_to_break
+    await check_whole_and_idle(mesh)
     victim, survivor = EXECUTORS[1], EXECUTORS[0]
     rng = random.Random(3)
     # one prompt length, so routing by load splits them evenly: each executor gets a queue
