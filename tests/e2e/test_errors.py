@@ -29,6 +29,14 @@ def _post(serve, path: str, body: bytes, key: str | None = API_KEY) -> tuple[int
         return exc.code, json.loads(exc.read())
 
 
+OPENAI_ERROR = {
+    400: ("invalid_request_error", "invalid_argument"),
+    401: ("authentication_error", "unauthenticated"),
+    404: ("invalid_request_error", "not_found"),
+}
+"""HTTP status -> the OpenAI error body's (type, code)."""
+
+
 def _chat(**fields) -> bytes:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
     return json.dumps(body).encode()
@@ -54,13 +62,15 @@ def test_bad_http_input_gets_its_status_and_names_the_field(serve, path, body, s
     assert code == status, reply
     error = reply["error"]
     assert field in f"{error['message']} {error.get('param')}"
-    assert error["type"] == ("invalid_request_error" if status == 400 else error["type"])
+    # OpenAI's own types: an unknown model is an invalid request too (404, code not_found)
+    assert (error["type"], error["code"]) == OPENAI_ERROR[status]
 
 
 def test_missing_api_key_is_401(serve):
     code, reply = _post(serve, "/v1/chat/completions", _chat(), key=None)
     assert code == 401
     assert "API key" in reply["error"]["message"]
+    assert (reply["error"]["type"], reply["error"]["code"]) == OPENAI_ERROR[401]
 
 
 @pytest.mark.parametrize(
