@@ -13,6 +13,7 @@ COMMANDS: dict[str, str] = {
     "make-tiny-model": "make_tiny_model",
     "bench": "bench",
     "gen-protos": "gen_protos",
+    "profile": "profile",
 }
 
 

@@ -3,9 +3,19 @@
     radixmesh bench --target http://127.0.0.1:8080 --workload shared-prefix \\
         --num-requests 200 --concurrency 16 --mesh-info endpoints.json \\
         --slo ttft_p99=500ms,error_rate=0.001 --output report.json --plot charts/
+    radixmesh bench --concurrency 1000 --duration 3600 --mix 70%short,30%long \
+        --metrics ttft,rps,gpu_util
+    radixmesh bench --repeat 3 --output new.json --baseline previous.json
+
+--metrics selects what the terminal shows, live and at the end (the JSON
+report always holds everything; mesh/loadgen/twelve.py names the metrics).
+--repeat N runs the same load N times; the report keeps each run's twelve
+metrics, and --baseline judges them against a saved report's repeats
+(mesh/loadgen/baseline.py: a Welch t-test over the run-to-run noise).
 
 Exit codes: 0 when the run finished and every --slo target held, 1 when a
-target was missed, 2 for bad flags, 3 when no request succeeded.
+target was missed, 2 for bad flags, 3 when no request succeeded, 4 when a
+metric regressed against --baseline.
 """
 
 from __future__ import annotations
@@ -44,9 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--warmup", type=int, default=0, help="requests sent first, not counted")
     load.add_argument("--seed", type=int, default=0)
     w = parser.add_argument_group("workload")
-    w.add_argument("--workload", choices=sorted(WORKLOADS), default="random")
     w.add_argument(
-        "--mix", default="70%short,30%long", help="profile weights, e.g. 70%%short,30%%long"
+        "--workload", choices=sorted(WORKLOADS), default=None, help="random (mix with --mix)"
+    )
+    w.add_argument(
+        "--mix", default=None, help="profile weights (default 70%%short,30%%long); implies mix"
     )
     w.add_argument(
         "--profile", action="append", default=[], help="length profile name=in:out (repeat)"
@@ -77,6 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--output", default=None, help="write the report as JSON here")
     out.add_argument("--plot", default=None, help="write PNG charts to this folder")
     out.add_argument("--quiet", action="store_true", help="no progress line")
+    out.add_argument(
+        "--metrics", default=None, help="metrics to show, e.g. ttft,rps,gpu_util (default: all)"
+    )
+    out.add_argument("--repeat", type=int, default=1, help="runs of the same load (noise)")
+    out.add_argument("--baseline", default=None, help="saved report to compare against")
+    out.add_argument(
+        "--baseline-alpha", type=float, default=0.01, help="false-alarm rate of the comparison"
+    )
 
 
 def parse_mix(spec: str) -> tuple[tuple[str, float], ...]:
@@ -113,16 +133,17 @@ def build_configs(args: argparse.Namespace):
     from mesh.loadgen.runner import LoadConfig
     from mesh.loadgen.workloads import WorkloadConfig
 
+    name = args.workload or ("mix" if args.mix else "random")
     json_fraction = args.json_fraction
     if json_fraction is None:
-        json_fraction = 1.0 if args.workload == "json" else 0.0
+        json_fraction = 1.0 if name == "json" else 0.0
     workload = WorkloadConfig(
-        name=args.workload,
+        name=name,
         seed=args.seed,
         input_len=args.input_len,
         output_len=args.output_len,
         range_ratio=args.range_ratio,
-        mix=parse_mix(args.mix),
+        mix=parse_mix(args.mix or "70%short,30%long"),
         profiles=parse_profiles(args.profile),
         groups=args.groups,
         prompts_per_group=args.prompts_per_group,
@@ -177,7 +198,9 @@ async def _resolve_model(args: argparse.Namespace) -> str:
         raise TargetError(f"cannot list the models at {url}: {exc!r}") from None
 
 
-async def bench(args: argparse.Namespace, workload, load, endpoints) -> dict[str, Any]:
+async def bench(
+    args: argparse.Namespace, workload, load, endpoints, selection=()
+) -> dict[str, Any]:
     from mesh.loadgen.client import make_client
     from mesh.loadgen.progress import Progress
     from mesh.loadgen.report import build_report
@@ -187,9 +210,15 @@ async def bench(args: argparse.Namespace, workload, load, endpoints) -> dict[str
 
     model = await _resolve_model(args)
     scraper = MetricsScraper(endpoints)
-    progress = Progress(load.num_requests, load.duration_s, enabled=False if args.quiet else None)
-    client = make_client(args.api, args.target, model, args.api_key)
     samples: list = []
+    progress = Progress(
+        load.num_requests,
+        load.duration_s,
+        enabled=False if args.quiet else None,
+        selection=selection,
+        samples=samples,
+    )
+    client = make_client(args.api, args.target, model, args.api_key)
     marks: dict[str, Any] = {}
 
     async def measure_start() -> None:
@@ -236,20 +265,61 @@ def _plain(config) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in out.items()}
 
 
+async def bench_repeated(args: argparse.Namespace, workload, load, endpoints, selection):
+    """`--repeat` runs of the load; the last run's report, with every run's metrics."""
+    from mesh.loadgen.baseline import summarize
+    from mesh.loadgen.twelve import values
+
+    reports = []
+    for i in range(args.repeat):
+        if args.repeat > 1 and not args.quiet:
+            print(f"radixmesh bench: run {i + 1} of {args.repeat}", file=sys.stderr, flush=True)
+        reports.append(await bench(args, workload, load, endpoints, selection))
+    report = reports[-1]
+    if args.repeat > 1:
+        report["repeats"] = [values(r) for r in reports]
+        report["repeats_summary"] = summarize(report["repeats"])
+    return report
+
+
+def _load_baseline(path: str | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"baseline: cannot read {path}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    from mesh.loadgen.baseline import compare, format_comparison, repeat_values
     from mesh.loadgen.report import flat_metrics, format_table
     from mesh.loadgen.slo import evaluate, format_results, parse_slo
+    from mesh.loadgen.twelve import format_selection, parse_selection
 
     try:
         workload, load = build_configs(args)
         endpoints = _endpoints(args)
         known = frozenset(flat_metrics({}))
         targets = parse_slo(args.slo, known) if args.slo else []
+        selection = parse_selection(args.metrics)
+        if args.repeat < 1:
+            raise InvalidArgument(f"repeat: must be >= 1, got {args.repeat}")
+        baseline = _load_baseline(args.baseline)
+        if baseline is not None and (args.repeat < 2 or len(repeat_values(baseline)) < 2):
+            raise InvalidArgument(
+                "baseline: needs --repeat >= 2 here and a baseline saved with --repeat >= 2 "
+                "(one run cannot measure its own noise)"
+            )
+        if not 0 < args.baseline_alpha < 1:
+            raise InvalidArgument(f"baseline_alpha: must be in (0, 1), got {args.baseline_alpha}")
     except InvalidArgument as exc:
         print(f"radixmesh bench: {exc}", file=sys.stderr)
         return 2
     try:
-        report = asyncio.run(bench(args, workload, load, endpoints))
+        report = asyncio.run(
+            bench_repeated(args, workload, load, endpoints, selection if args.metrics else ())
+        )
     except TargetError as exc:
         print(f"radixmesh bench: {exc}", file=sys.stderr)
         return 3
@@ -266,9 +336,27 @@ def run(args: argparse.Namespace) -> int:
             for r in results
         ]
         code = 0 if all(r.passed for r in results) else 1
-    print(format_table(report))
+    print(format_selection(report, selection) if args.metrics else format_table(report))
     if targets:
         print(format_results(results))
+    if baseline is not None:
+        rows = compare(baseline, report, args.baseline_alpha)
+        report["baseline"] = {
+            "path": args.baseline,
+            "alpha": args.baseline_alpha,
+            "metrics": {
+                r.metric.name: {
+                    "baseline_mean": r.baseline_mean,
+                    "current_mean": r.current_mean,
+                    "p_value": r.p_value,
+                    "verdict": r.verdict,
+                }
+                for r in rows
+            },
+        }
+        print(format_comparison(rows, args.baseline_alpha))
+        if any(r.verdict == "regression" for r in rows) and code == 0:
+            code = 4
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     if report["num_ok"] == 0:

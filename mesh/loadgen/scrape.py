@@ -29,6 +29,8 @@ RUNNING = "radixmesh_scheduler_running_requests"
 WAITING = "radixmesh_scheduler_waiting_requests"
 GPU_UTILIZATION = "radixmesh_executor_gpu_utilization_ratio"
 GPU_MEMORY = "radixmesh_executor_gpu_memory_used_bytes"
+HIT_TOKENS = "radixmesh_cache_prefix_hit_tokens_total"
+QUERY_TOKENS = "radixmesh_cache_prefix_query_tokens_total"
 _ROLE = re.compile(r"-\d+$")
 
 
@@ -155,6 +157,9 @@ class TimePoint:
     waiting: float | None
     gpu_utilization: float | None
     gpu_memory_bytes: float | None
+    hit_tokens: float | None = None
+    """Cache prefix hit tokens so far (a counter: hit rate from two samples)."""
+    query_tokens: float | None = None
 
 
 @dataclass
@@ -200,6 +205,8 @@ class MetricsScraper:
                     waiting=total(snap, "scheduler", WAITING),
                     gpu_utilization=total(snap, "executor", GPU_UTILIZATION),
                     gpu_memory_bytes=total(snap, "executor", GPU_MEMORY),
+                    hit_tokens=total(snap, "cache", HIT_TOKENS),
+                    query_tokens=total(snap, "cache", QUERY_TOKENS),
                 )
             )
             await asyncio.sleep(interval_s)

@@ -124,6 +124,10 @@ class MetricsServer:
 
         app = web.Application()
         app.router.add_get("/metrics", self._handle)
+        from services.common.profiling import add_profile_routes, routes_enabled
+
+        if routes_enabled(self._host):
+            add_profile_routes(app)
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:

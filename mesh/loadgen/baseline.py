@@ -1,0 +1,156 @@
+"""Is this run worse than a saved one? Each judged metric against the baseline's run-to-run noise.
+
+Both reports carry one value per repeat of the load (`radixmesh bench --repeat
+N`, the `repeats` list). For each of the twelve metrics that has a better
+direction, Welch's two-sample t-test asks whether the current runs' mean
+differs from the baseline runs' mean more than their spread explains; the
+significance level is split over the metrics tested (Bonferroni), so a run
+with twelve unchanged metrics is flagged by chance with probability at most
+`alpha`. A difference that is significant and in the worse direction is a
+regression. Both sides need at least two repeats: one run cannot measure its
+own noise. A metric without variance on either side (error rate 0 in every
+run) changes only when its value does.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from mesh.loadgen.twelve import TWELVE, Metric, format_value, values
+from radixmesh.errors import InvalidArgument
+
+
+def repeat_values(report: dict[str, Any]) -> list[dict[str, float | None]]:
+    """The per-repeat metric values of a report (a report without repeats is one run)."""
+    repeats = report.get("repeats")
+    return list(repeats) if repeats else [values(report)]
+
+
+def summarize(repeats: list[dict[str, float | None]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name in repeats[0] if repeats else ():
+        vals = [r[name] for r in repeats if r.get(name) is not None]
+        out[name] = {
+            "values": vals,
+            "mean": statistics.fmean(vals) if vals else None,
+            "stdev": statistics.stdev(vals) if len(vals) > 1 else None,
+        }
+    return out
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, eps = 1e-300, 1e-14
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def welch_p_value(x: list[float], y: list[float]) -> float:
+    """Two-sided p-value of Welch's t-test for equal means (each sample of size >= 2)."""
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    vx, vy = statistics.variance(x) / len(x), statistics.variance(y) / len(y)
+    if vx + vy == 0.0:
+        return 1.0 if math.isclose(mx, my, rel_tol=1e-12, abs_tol=1e-15) else 0.0
+    t = (mx - my) / math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / (
+        (vx**2 / (len(x) - 1) if vx else 0.0) + (vy**2 / (len(y) - 1) if vy else 0.0)
+    )
+    return betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    metric: Metric
+    baseline_mean: float | None
+    current_mean: float | None
+    p_value: float | None
+    """None when the metric was not measured on one side."""
+    verdict: str
+    """`regression`, `improvement`, `unchanged`, `not measured` or `not judged`."""
+
+    @property
+    def change(self) -> float | None:
+        if self.baseline_mean in (None, 0.0) or self.current_mean is None:
+            return None
+        return self.current_mean / self.baseline_mean - 1.0
+
+
+def compare(
+    baseline: dict[str, Any], current: dict[str, Any], alpha: float = 0.01
+) -> list[Comparison]:
+    """Each of the twelve metrics of `current` against `baseline` (see the module docstring)."""
+    if not 0.0 < alpha < 1.0:
+        raise InvalidArgument(f"baseline_alpha: must be in (0, 1), got {alpha}")
+    base_runs, cur_runs = repeat_values(baseline), repeat_values(current)
+    if len(base_runs) < 2 or len(cur_runs) < 2:
+        raise InvalidArgument(
+            f"baseline: both runs need --repeat >= 2 to measure their noise "
+            f"(baseline has {len(base_runs)}, this run {len(cur_runs)})"
+        )
+    judged = [m for m in TWELVE if m.better != "none"]
+    level = alpha / len(judged)
+    out = []
+    for metric in TWELVE:
+        b = [r[metric.name] for r in base_runs if r.get(metric.name) is not None]
+        c = [r[metric.name] for r in cur_runs if r.get(metric.name) is not None]
+        b_mean = statistics.fmean(b) if b else None
+        c_mean = statistics.fmean(c) if c else None
+        if metric.better == "none":
+            out.append(Comparison(metric, b_mean, c_mean, None, "not judged"))
+            continue
+        if len(b) < 2 or len(c) < 2:
+            out.append(Comparison(metric, b_mean, c_mean, None, "not measured"))
+            continue
+        p = welch_p_value(b, c)
+        verdict = "unchanged"
+        if p < level:
+            worse = (c_mean > b_mean) == (metric.better == "lower")  # type: ignore[operator]
+            verdict = "regression" if worse else "improvement"
+        out.append(Comparison(metric, b_mean, c_mean, p, verdict))
+    return out
+
+
+def format_comparison(rows: list[Comparison], alpha: float) -> str:
+    lines = [
+        f"baseline comparison (Welch t-test, alpha {alpha:g} over the judged metrics)",
+        f"{'metric':<16}{'baseline':>14}{'this run':>14}{'change':>10}{'p':>10}  verdict",
+    ]
+    for r in rows:
+        change = "-" if r.change is None else f"{100 * r.change:+.1f}%"
+        p = "-" if r.p_value is None else f"{r.p_value:.2g}"
+        lines.append(
+            f"{r.metric.label:<16}{format_value(r.metric, r.baseline_mean):>14}"
+            f"{format_value(r.metric, r.current_mean):>14}{change:>10}{p:>10}  {r.verdict}"
+        )
+    return "\n".join(lines)

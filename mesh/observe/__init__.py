@@ -1,0 +1,1 @@
+"""Seeing inside a running mesh: profiles, flame graphs, baselines and the status page."""
