@@ -70,6 +70,8 @@ class MeshConfig:
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""
+    quantization: str = "auto"
+    """Executors' projection weights: auto (the checkpoint's format), fp8 or none."""
     start_timeout_s: float = 600.0
     """Longest wait for one service to report SERVING (an executor loads its model)."""
     stop_timeout_s: float = 15.0
@@ -184,6 +186,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *("--cache-address", _address(ports.cache), "--executor-id", f"exec-{i}"),
             *(("--num-pages", str(config.num_pages)) if config.num_pages else ()),
             *_kv_fraction_args(config.kv_memory_fraction),
+            *("--quantization", config.quantization),
         )
         executors.append(
             ServiceSpec(

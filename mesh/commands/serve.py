@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="on CUDA without --num-pages: share of free GPU memory for each executor's KV pool",
     )
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "none", "fp8"),
+        help="projection weights: auto (the checkpoint's format: FP8 checkpoints stay FP8), "
+        "fp8 (quantize at load), none",
+    )
     parser.add_argument("--log-dir", default=None, help="service logs (default: a temp folder)")
     parser.add_argument(
         "--start-timeout-s", type=float, default=600.0, help="per service start limit"
@@ -108,6 +115,7 @@ def _config(args: argparse.Namespace):
         result_cache=args.result_cache,
         num_pages=args.num_pages,
         kv_memory_fraction=args.kv_memory_fraction,
+        quantization=args.quantization,
         start_timeout_s=args.start_timeout_s,
         grace_s=args.grace,
         restart_policy=RestartPolicy(

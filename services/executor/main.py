@@ -33,7 +33,7 @@ from services.common.interceptor import error_from_rpc_error
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
-from services.executor.core.config import DTYPES, ExecutorConfig
+from services.executor.core.config import DTYPES, QUANTIZATIONS, ExecutorConfig
 from services.executor.health import (
     DeviceHealthCollector,
     HealthSampler,
@@ -76,6 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument(
+        "--quantization",
+        default="auto",
+        choices=QUANTIZATIONS,
+        help="projection weights: auto (the checkpoint's format), fp8 (quantize at load: "
+        "per-row weight scales, per-token activation scales; FP8 tensor cores on CUDA), none",
+    )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages (default: sized)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -113,6 +120,7 @@ def executor_config(args: argparse.Namespace) -> ExecutorConfig:
         model_path=args.model,
         device=args.device,
         dtype=args.dtype,
+        quantization=args.quantization,
         page_size=args.page_size,
         num_pages=args.num_pages,
         kv_memory_fraction=args.kv_memory_fraction,

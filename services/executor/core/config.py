@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from radixmesh.errors import InvalidArgument
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("auto", "none", "fp8")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 MIB = 1 << 20
 
@@ -22,6 +23,10 @@ class ExecutorConfig:
     """"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N"."""
     dtype: str = "auto"
     """"auto": the config's torch_dtype on CUDA, float32 on CPU."""
+    quantization: str = "auto"
+    """Format of the q/k/v, o, gate/up and down projections: "auto" keeps the
+    checkpoint's (FP8 checkpoints stay FP8), "fp8" quantizes a bf16 checkpoint at load
+    (per-row weight scales, per-token activation scales), "none" holds them in `dtype`."""
     page_size: int = 16
     """Tokens per KV page."""
     num_pages: int | None = None
@@ -53,6 +58,11 @@ class ExecutorConfig:
             raise bad("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise bad("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise bad(
+                "quantization",
+                f"must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}",
+            )
         if not 1 <= self.page_size <= 1024:
             raise bad("page_size", f"must be in [1, 1024], got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

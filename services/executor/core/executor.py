@@ -118,7 +118,7 @@ class ExecutorCore:
         dtype = resolve_dtype(config.dtype, spec.torch_dtype, self.device)
         max_model_len = resolve_max_model_len(config, spec)
         start = time.perf_counter()
-        weights = load_weights(folder, dtype, self.device)
+        weights = load_weights(folder, dtype, self.device, config.quantization)
         self.startup_seconds: dict[str, float] = {"load_weights": time.perf_counter() - start}
         """Startup phases and their wall times: load_weights, then on CUDA warm_prefill
         (compiles and tunes the prefill kernels) and capture_graphs."""

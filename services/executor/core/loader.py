@@ -3,6 +3,10 @@
 Weights are copied tensor by tensor into preallocated, fused tensors on the
 target device (q/k/v and gate/up become one matrix each), converting dtype on
 the way, so peak memory is the model plus one checkpoint tensor.
+
+FP8 checkpoints (compressed-tensors, see `models/fp8.py`) are copied as they are,
+scales included; `quantization="fp8"` quantizes a bf16 checkpoint's projections after
+loading, and `"none"` dequantizes an FP8 checkpoint's.
 """
 
 from __future__ import annotations
@@ -18,7 +22,19 @@ from safetensors import safe_open
 
 from radixmesh.errors import InvalidArgument
 from services.executor.core.models import ARCHITECTURES, ModelSpec, parse_spec
-from services.executor.core.models.decoder import DecoderWeights, empty_weights, hf_weight_targets
+from services.executor.core.models.decoder import (
+    DecoderWeights,
+    LayerWeights,
+    empty_weights,
+    hf_weight_targets,
+    quantize_projections,
+)
+from services.executor.core.models.fp8 import (
+    Fp8Weight,
+    dequantize,
+    read_checkpoint_quantization,
+    resolve_quantization,
+)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -111,9 +127,18 @@ def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def load_weights(model: ModelFolder, dtype: torch.dtype, device: torch.device) -> DecoderWeights:
-    """Every weight of the model, on `device` in `dtype`; raises naming any missing tensor."""
-    weights = empty_weights(model.spec, dtype, device)
+def load_weights(
+    model: ModelFolder, dtype: torch.dtype, device: torch.device, quantization: str = "auto"
+) -> DecoderWeights:
+    """Every weight of the model, on `device` in `dtype`; raises naming any missing tensor.
+
+    `quantization`: "auto" keeps the checkpoint's format, "fp8" holds the projections in
+    FP8, "none" in `dtype`.
+    """
+    stored = read_checkpoint_quantization(model.config)
+    wanted = resolve_quantization(quantization, stored)
+    fp8_checkpoint = stored.method == "fp8"
+    weights = empty_weights(model.spec, dtype, device, fp8=fp8_checkpoint)
     targets = hf_weight_targets(model.spec, weights)
     missing = set(targets)
     for name, tensor in iter_checkpoint(weight_files(model.path)):
@@ -123,7 +148,11 @@ def load_weights(model: ModelFolder, dtype: torch.dtype, device: torch.device) -
                 name == "lm_head.weight" and model.spec.tie_word_embeddings
             ):
                 continue
+            if fp8_checkpoint and name.endswith(".input_scale"):
+                continue  # activations are quantized per token at run time
             raise InvalidArgument(f"{model.path}: unexpected tensor {name!r} in the checkpoint")
+        if name.endswith(".weight_scale"):
+            tensor = _row_scales(model.path, name, tensor, target.shape[0])
         if tuple(tensor.shape) != tuple(target.shape):
             raise InvalidArgument(
                 f"{model.path}: tensor {name!r} has shape {tuple(tensor.shape)}, "
@@ -133,4 +162,29 @@ def load_weights(model: ModelFolder, dtype: torch.dtype, device: torch.device) -
         missing.discard(name)
     if missing:
         raise InvalidArgument(f"{model.path}: checkpoint lacks {sorted(missing)[:8]}")
+    if wanted == "fp8" and not fp8_checkpoint:
+        quantize_projections(weights)
+    elif wanted == "none" and fp8_checkpoint:
+        _dequantize_projections(weights, dtype)
     return weights
+
+
+def _row_scales(path: Path, name: str, scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """A checkpoint scale as one float32 value per output row (per-tensor: spread)."""
+    flat = scale.reshape(-1).float()
+    if flat.numel() == 1:
+        return flat.expand(rows)
+    if flat.numel() != rows:
+        raise InvalidArgument(
+            f"{path}: tensor {name!r} has {flat.numel()} scales; a per-tensor scale has 1 "
+            f"and a per-channel one {rows}"
+        )
+    return flat
+
+
+def _dequantize_projections(weights: DecoderWeights, dtype: torch.dtype) -> None:
+    for layer in weights.layers:
+        for field in LayerWeights.PROJECTIONS:
+            weight = getattr(layer, field)
+            if isinstance(weight, Fp8Weight):
+                setattr(layer, field, dequantize(weight, dtype))

@@ -3,7 +3,8 @@
 Llama, Mistral, Qwen2 and Qwen3 differ only in the options of `ModelSpec`
 (q/k/v bias, per-head q/k RMSNorm, head_dim, rotary parameters, Mistral's
 sliding window). Weights are plain tensors with q/k/v and gate/up fused at load
-time; every op comes from `kernels.get_ops(device)`, matrix products go to torch.
+time (the four projections may instead be FP8, see `fp8.py`); every op comes from
+`kernels.get_ops(device)`, matrix products go to torch.
 """
 
 from __future__ import annotations
@@ -13,28 +14,33 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from kernels import Ops
 from kernels.rotary import rope_cos_sin_cache
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
+from services.executor.core.models.fp8 import Fp8Weight, Weight, empty_fp8, linear, quantize_weight
 from services.executor.core.models.spec import ModelSpec
 
 
 @dataclass(slots=True)
 class LayerWeights:
-    input_norm: torch.Tensor
-    qkv: torch.Tensor
+    input_norm: Tensor
+    qkv: Weight
     """[q_size + 2 * kv_size, hidden]: q, then k, then v."""
-    qkv_bias: torch.Tensor | None
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    o_proj: torch.Tensor
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor
+    qkv_bias: Tensor | None
+    q_norm: Tensor | None
+    k_norm: Tensor | None
+    o_proj: Weight
+    o_bias: Tensor | None
+    post_norm: Tensor
+    gate_up: Weight
     """[2 * intermediate, hidden]: gate, then up."""
-    down: torch.Tensor
+    down: Weight
+
+    PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+    """The fields holding matrices that may be FP8."""
 
 
 @dataclass(slots=True)
@@ -46,25 +52,34 @@ class DecoderWeights:
     """The same tensor as `embed` when the model ties them."""
 
 
-def empty_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> DecoderWeights:
-    """Uninitialised weights of the right shapes; the loader fills every one."""
+def empty_weights(
+    spec: ModelSpec, dtype: torch.dtype, device: torch.device, fp8: bool = False
+) -> DecoderWeights:
+    """Uninitialised weights of the right shapes; the loader fills every one.
 
-    def empty(*shape: int) -> torch.Tensor:
+    With `fp8` the four projections are FP8 weights with per-row scales (an FP8
+    checkpoint is copied into them as it is); norms, embeddings and lm_head keep `dtype`.
+    """
+
+    def empty(*shape: int) -> Tensor:
         return torch.empty(shape, dtype=dtype, device=device)
+
+    def matrix(rows: int, cols: int) -> Weight:
+        return empty_fp8(rows, cols, device) if fp8 else empty(rows, cols)
 
     qkv_rows = spec.q_size + 2 * spec.kv_size
     layers = [
         LayerWeights(
             input_norm=empty(spec.hidden_size),
-            qkv=empty(qkv_rows, spec.hidden_size),
+            qkv=matrix(qkv_rows, spec.hidden_size),
             qkv_bias=empty(qkv_rows) if spec.qkv_bias else None,
             q_norm=empty(spec.head_dim) if spec.qk_norm else None,
             k_norm=empty(spec.head_dim) if spec.qk_norm else None,
-            o_proj=empty(spec.hidden_size, spec.q_size),
+            o_proj=matrix(spec.hidden_size, spec.q_size),
             o_bias=empty(spec.hidden_size) if spec.o_bias else None,
             post_norm=empty(spec.hidden_size),
-            gate_up=empty(2 * spec.intermediate_size, spec.hidden_size),
-            down=empty(spec.hidden_size, spec.intermediate_size),
+            gate_up=matrix(2 * spec.intermediate_size, spec.hidden_size),
+            down=matrix(spec.hidden_size, spec.intermediate_size),
         )
         for _ in range(spec.num_layers)
     ]
@@ -73,13 +88,35 @@ def empty_weights(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> 
     return DecoderWeights(embed=embed, layers=layers, norm=empty(spec.hidden_size), lm_head=lm_head)
 
 
-def hf_weight_targets(spec: ModelSpec, weights: DecoderWeights) -> dict[str, torch.Tensor]:
-    """Hugging Face tensor name -> the view of our weights it is copied into."""
+def quantize_projections(weights: DecoderWeights) -> None:
+    """Replaces every layer's projections by FP8 weights with per-row scales, in place."""
+    for layer in weights.layers:
+        for name in LayerWeights.PROJECTIONS:
+            weight = getattr(layer, name)
+            if isinstance(weight, Tensor):
+                setattr(layer, name, quantize_weight(weight))
+
+
+def hf_weight_targets(spec: ModelSpec, weights: DecoderWeights) -> dict[str, Tensor]:
+    """Hugging Face tensor name -> the view of our weights it is copied into.
+
+    An FP8 projection has two targets per checkpoint matrix: `<name>.weight` (float8) and
+    `<name>.weight_scale` (its rows' scales; a per-tensor scale is spread over them).
+    """
     q, kv, inter = spec.q_size, spec.kv_size, spec.intermediate_size
-    targets: dict[str, torch.Tensor] = {
+    targets: dict[str, Tensor] = {
         "model.embed_tokens.weight": weights.embed,
         "model.norm.weight": weights.norm,
     }
+
+    def add_matrix(name: str, weight: Weight, rows: slice = slice(None)) -> None:
+        part = weight[rows]
+        if isinstance(part, Fp8Weight):
+            targets[name + ".weight"] = part.weight
+            targets[name + ".weight_scale"] = part.scale
+        else:
+            targets[name + ".weight"] = part
+
     if not spec.tie_word_embeddings:
         targets["lm_head.weight"] = weights.lm_head
     for i, layer in enumerate(weights.layers):
@@ -87,18 +124,18 @@ def hf_weight_targets(spec: ModelSpec, weights: DecoderWeights) -> dict[str, tor
         targets[p + "input_layernorm.weight"] = layer.input_norm
         targets[p + "post_attention_layernorm.weight"] = layer.post_norm
         for name, rows in (("q", slice(0, q)), ("k", slice(q, q + kv)), ("v", slice(q + kv, None))):
-            targets[f"{p}self_attn.{name}_proj.weight"] = layer.qkv[rows]
+            add_matrix(f"{p}self_attn.{name}_proj", layer.qkv, rows)
             if layer.qkv_bias is not None:
                 targets[f"{p}self_attn.{name}_proj.bias"] = layer.qkv_bias[rows]
-        targets[p + "self_attn.o_proj.weight"] = layer.o_proj
+        add_matrix(p + "self_attn.o_proj", layer.o_proj)
         if layer.o_bias is not None:
             targets[p + "self_attn.o_proj.bias"] = layer.o_bias
         if layer.q_norm is not None and layer.k_norm is not None:
             targets[p + "self_attn.q_norm.weight"] = layer.q_norm
             targets[p + "self_attn.k_norm.weight"] = layer.k_norm
-        targets[p + "mlp.gate_proj.weight"] = layer.gate_up[:inter]
-        targets[p + "mlp.up_proj.weight"] = layer.gate_up[inter:]
-        targets[p + "mlp.down_proj.weight"] = layer.down
+        add_matrix(p + "mlp.gate_proj", layer.gate_up, slice(0, inter))
+        add_matrix(p + "mlp.up_proj", layer.gate_up, slice(inter, None))
+        add_matrix(p + "mlp.down_proj", layer.down)
     return targets
 
 
@@ -125,18 +162,34 @@ class Decoder:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
         """[len(batch.logits_indices), vocab_size] float32 logits."""
+        return self.lm_head(self._hidden(batch, kv_pool)[batch.logits_indices])
+
+    @torch.inference_mode()
+    def forward_scored(
+        self, batch: ForwardBatch, kv_pool: KVPool, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s logits, and the final hidden states at token rows `rows` (for
+        prompt log probabilities: the caller applies `lm_head` to the rows it needs)."""
+        hidden = self._hidden(batch, kv_pool)
+        return self.lm_head(hidden[batch.logits_indices]), hidden[rows]
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-norm hidden rows -> float32 logits."""
+        return F.linear(hidden, self.weights.lm_head).float()
+
+    def _hidden(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
+        """The final-norm hidden state of every token of the batch."""
         spec, ops = self.spec, self.ops
         hidden = F.embedding(batch.input_ids, self.weights.embed)
         residual: torch.Tensor | None = None
         for i, layer in enumerate(self.weights.layers):
             normed, residual = ops.rmsnorm(hidden, layer.input_norm, spec.rms_norm_eps, residual)
             attn = self._attention(layer, normed, batch, kv_pool.k_caches[i], kv_pool.v_caches[i])
-            hidden = F.linear(attn, layer.o_proj, layer.o_bias)
+            hidden = linear(attn, layer.o_proj, layer.o_bias)
             normed, residual = ops.rmsnorm(hidden, layer.post_norm, spec.rms_norm_eps, residual)
-            hidden = F.linear(ops.silu_and_mul(F.linear(normed, layer.gate_up)), layer.down)
+            hidden = linear(ops.silu_and_mul(linear(normed, layer.gate_up)), layer.down)
         hidden, _ = ops.rmsnorm(hidden, self.weights.norm, spec.rms_norm_eps, residual)
-        hidden = hidden[batch.logits_indices]
-        return F.linear(hidden, self.weights.lm_head).float()
+        return hidden
 
     def _attention(
         self,
@@ -148,7 +201,7 @@ class Decoder:
     ) -> torch.Tensor:
         spec, ops = self.spec, self.ops
         num_tokens = x.shape[0]
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        qkv = linear(x, layer.qkv, layer.qkv_bias)
         q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
         q = q.reshape(num_tokens, spec.num_heads, spec.head_dim)
         k = k.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
