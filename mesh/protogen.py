@@ -11,7 +11,13 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-PROTO_FILES = ("inference.proto", "scheduler.proto", "cache.proto", "executor.proto")
+PROTO_FILES = (
+    "inference.proto",
+    "scheduler.proto",
+    "cache.proto",
+    "executor.proto",
+    "program.proto",
+)
 DESCRIPTOR_SET = "radixmesh.binpb"
 
 

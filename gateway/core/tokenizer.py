@@ -72,6 +72,7 @@ class Tokenizer:
         self.name = name
         self.vocab_size = len(hf_tokenizer)
         self.bos_token_id: int | None = getattr(hf_tokenizer, "bos_token_id", None)
+        self.bos_text: str = getattr(hf_tokenizer, "bos_token", None) or ""
         self.eos_token_ids: tuple[int, ...] = tuple(
             i for i in [hf_tokenizer.eos_token_id] if i is not None
         )
@@ -104,6 +105,17 @@ class Tokenizer:
         if not prompt:
             raise InvalidArgument(f"{field}: must not be empty")
         return list(self._hf.encode(prompt, add_special_tokens=True))
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of text inside a context: no special tokens added."""
+        return list(self._hf.encode(text, add_special_tokens=False))
+
+    def render_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+        """The chat template's text of messages, unchecked (raises what the template raises)."""
+        as_dicts = [{"role": m.role, "content": m.content} for m in messages]
+        return self._hf.apply_chat_template(
+            as_dicts, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
 
     def render_chat(self, messages: Sequence[ChatMessage], field: str = "messages") -> str:
         """The prompt text of a conversation: the chat template with the generation prompt."""

@@ -1,0 +1,1 @@
+"""The program runtime's core: no grpc, no generated stubs."""

@@ -1,0 +1,374 @@
+"""The interpreter: runs a validated program's statements as scheduler requests on one context.
+
+    run = ProgramRun(program, inputs, deps, run_id="r1")
+    async for event in run.events():
+        ...
+
+Each Gen/Select continues the context the statements before it built: its prompt is
+the context's tokens, and the request holds them (`hold_id`) when it finishes, so the
+next statement's request finds them cached. Fork branches start from a copy of the
+context (the same held prefix) and run concurrently. Every hold the run made is released
+when it ends, however it ends (a client that goes away cancels the iteration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import time
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.core.models import ModelRegistry
+from gateway.core.output import ChoiceStream
+from gateway.programs.core import events as ev
+from gateway.programs.core.context import Context, role_text
+from gateway.programs.core.model import (
+    Append,
+    Call,
+    Fork,
+    Gen,
+    If,
+    Limits,
+    OnError,
+    Program,
+    Return,
+    Select,
+    Statement,
+)
+from gateway.programs.core.plugins import PluginChain
+from gateway.programs.core.port import ContextRequest, ProgramBackend
+from gateway.programs.core.scoring import score_choices
+from gateway.programs.core.tools import ToolRegistry
+from gateway.programs.core.validate import Checker
+from gateway.programs.core.values import holds, render, resolve
+from radixmesh.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, RadixmeshError
+from radixmesh.sampling import ConstraintKind, Priority
+
+_JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeDeps:
+    backend: ProgramBackend
+    models: ModelRegistry
+    tools: ToolRegistry
+    plugins: PluginChain = field(default_factory=PluginChain)
+    limits: Limits = field(default_factory=Limits)
+    """The server's limits: a program may only lower them."""
+
+    def checker(self, limits: Limits) -> Checker:
+        def check_model(model: str, where: str) -> None:
+            try:
+                self.models.resolve(model)
+            except RadixmeshError:
+                raise InvalidArgument(f"{where}: model {model!r} is not served here") from None
+
+        return Checker(limits, self.tools.names, check_model)
+
+
+@dataclass(slots=True)
+class Scope:
+    """The variables and context one body runs on (a fork branch has its own)."""
+
+    variables: dict[str, Any]
+    context: Context
+    assigned: list[str] = field(default_factory=list)
+
+    def set(self, name: str, value: Any) -> None:
+        self.variables[name] = value
+        if name not in self.assigned:
+            self.assigned.append(name)
+
+
+class _Returned(Exception):
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class ProgramRun:
+    def __init__(
+        self,
+        program: Program,
+        inputs: Mapping[str, str],
+        deps: RuntimeDeps,
+        run_id: str,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> None:
+        deps.checker(program.limits).program(program, inputs.keys())  # before any token
+        self.program = program
+        self.deps = deps
+        self.run_id = run_id
+        self.priority = priority
+        self.deadline = time.time() + program.limits.max_wall_time_s
+        model, tokenizer = deps.models.resolve(program.model)
+        self.scope = Scope(dict(inputs), Context(f"{run_id}/ctx", model, tokenizer))
+        self.usage: list[ev.StatementUsage] = []
+        self._queue: asyncio.Queue[ev.Event | BaseException | None] = asyncio.Queue()
+        self._holds: set[str] = set()
+        self._req_ids = itertools.count()
+        self._num_statements = 0
+        self.returned: tuple[Any] | None = None
+        """Interactive mode: set (to the value) once a Return ran."""
+
+    async def events(self) -> AsyncGenerator[ev.Event, None]:
+        """Run the whole program; the last event is the ProgramResult."""
+        task = asyncio.create_task(self._main(), name=f"program-{self.run_id}")
+        try:
+            while (item := await self._queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            await asyncio.shield(self.release_holds())
+
+    async def _main(self) -> None:
+        try:
+            value = None
+            async with asyncio.timeout(self.program.limits.max_wall_time_s):
+                try:
+                    await self.body(self.program.body, self.scope)
+                except _Returned as returned:
+                    value = returned.value
+            await self.emit(self.result(value))
+            await self._queue.put(None)
+        except TimeoutError:
+            limit = self.program.limits.max_wall_time_s
+            await self._queue.put(DeadlineExceeded(f"program: ran past max_wall_time ({limit:g} s)"))
+        except BaseException as exc:  # handed to the reader, which raises it
+            await self._queue.put(exc)
+
+    async def run_statement(self, statement: Statement) -> AsyncGenerator[ev.Event, None]:
+        """Interactive mode: check and run one more statement on the kept context; the last
+        event is its StatementDone (with returned=True after a Return: the session is over)."""
+        count = self._num_statements + 1
+        if count > self.program.limits.max_statements:
+            raise InvalidArgument(
+                f"{statement.path}: over limits.max_statements ({self.program.limits.max_statements})"
+            )
+        one = dataclasses.replace(self.program, body=(statement,))
+        self.deps.checker(self.program.limits).program(one, self.scope.variables.keys())
+        self._num_statements = count
+        before = len(self.scope.assigned)
+        task = asyncio.create_task(self._one(statement), name=f"program-{self.run_id}")
+        try:
+            while (item := await self._queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        names = self.scope.assigned[before:]
+        yield ev.StatementDone(
+            statement.path, {n: self.scope.variables[n] for n in names}, self.returned is not None
+        )
+
+    async def _one(self, statement: Statement) -> None:
+        try:
+            remaining = self.deadline - time.time()
+            if remaining <= 0:
+                raise DeadlineExceeded("session: ran past max_wall_time")
+            async with asyncio.timeout(remaining):
+                try:
+                    await self.statement(statement, self.scope)
+                except _Returned as returned:
+                    self.returned = (returned.value,)
+                    await self.emit(self.result(returned.value))
+            await self._queue.put(None)
+        except TimeoutError:
+            await self._queue.put(DeadlineExceeded("session: ran past max_wall_time"))
+        except BaseException as exc:
+            await self._queue.put(exc)
+
+    def result(self, value: Any) -> ev.ProgramResult:
+        return ev.ProgramResult("", value, dict(self.scope.variables), tuple(self.usage))
+
+    async def emit(self, event: ev.Event) -> None:
+        await self._queue.put(event)
+
+    async def release_holds(self) -> None:
+        holds_, self._holds = self._holds, set()
+        for hold_id in holds_:
+            with contextlib.suppress(Exception):
+                await self.deps.backend.release_hold(hold_id)
+
+    # --- statements ----------------------------------------------------------------------
+
+    async def body(self, body: tuple[Statement, ...], scope: Scope) -> None:
+        for statement in body:
+            await self.statement(statement, scope)
+
+    async def statement(self, s: Statement, scope: Scope) -> None:
+        if isinstance(s, Append):
+            text = render(s.text, scope.variables, f"{s.path}.template") if s.is_template else s.text
+            text = self.deps.plugins.pre_request(text)
+            scope.context.append_text(role_text(scope.context.tokenizer, s.role, s.part, text))
+        elif isinstance(s, Gen):
+            await self.gen(s, scope)
+        elif isinstance(s, Select):
+            await self.select(s, scope)
+        elif isinstance(s, Call):
+            await self.call(s, scope)
+        elif isinstance(s, If):
+            taken = holds(s.condition, scope.variables, f"{s.path}.condition")
+            await self.emit(ev.BranchTaken(s.path, taken))
+            await self.body(s.then if taken else s.otherwise, scope)
+        elif isinstance(s, Fork):
+            await self.fork(s, scope)
+        else:
+            raise _Returned(self.return_value(s, scope))
+
+    async def set_var(self, scope: Scope, path: str, name: str, value: Any) -> None:
+        scope.set(name, value)
+        await self.emit(ev.VarSet(path, name, value))
+
+    def request(self, scope: Scope, model: str, token_ids: list[int], sampling, constraint=None, hold=True):
+        hold_id = scope.context.hold_id if hold and self.deps.backend.supports_holds else ""
+        if hold_id:
+            self._holds.add(hold_id)
+        return ContextRequest(
+            req_id=f"{self.run_id}/{next(self._req_ids)}",
+            model=model,
+            token_ids=tuple(token_ids),
+            sampling=sampling,
+            constraint=constraint,
+            hold_id=hold_id,
+            priority=self.priority,
+            deadline_unix_ms=int(self.deadline * 1000),
+        )
+
+    async def gen(self, s: Gen, scope: Scope) -> None:
+        model, tokenizer = self.deps.models.resolve(s.model or self.program.model)
+        tokens = scope.context.on_model(model, tokenizer)
+        try:
+            max_tokens = tokenizer.check_length(len(tokens), s.sampling.max_tokens, "context")
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{s.path}: {exc}") from None
+        sampling = dataclasses.replace(s.sampling, max_tokens=max_tokens)
+        stream = ChoiceStream(0, tokenizer, stop=sampling.stop, prompt_token_ids=tokens)
+        request = self.request(scope, model, tokens, sampling, s.constraint)
+        output: list[int] = []
+        text, usage, stop_string = "", ev.Usage(), False
+        updates = self.deps.backend.submit(request)
+        async with contextlib.aclosing(updates):  # type: ignore[type-var]
+            async for update in updates:
+                if update.error is not None:
+                    raise type(update.error)(f"{s.path}: {update.error}")
+                if update.num_prompt_tokens is not None:
+                    usage = ev.Usage(update.num_prompt_tokens, 0, update.num_cached_tokens or 0)
+                delta = stream.on_update(
+                    update.token_ids, (), update.finish_reason or "", update.matched_stop_token_id
+                )
+                output += update.token_ids
+                if delta.text:
+                    text += delta.text
+                    await self.emit(ev.TextDelta(s.path, s.var, delta.text))
+                if stream.finished:
+                    stop_string = delta.abort_upstream or (
+                        delta.matched_stop is not None and update.matched_stop_token_id is None
+                    )
+                    break
+        self.usage.append(ev.StatementUsage(s.path, model, ev.Usage(usage.prompt_tokens, stream.num_tokens, usage.cached_tokens)))
+        if stop_string:
+            scope.context.append_text(text)
+        else:
+            if output and output[-1] in tokenizer.stop_token_ids(sampling.stop_token_ids):
+                output = output[:-1]
+            scope.context.append_tokens(output, text)
+        value: Any = text
+        if s.constraint is not None and s.constraint.kind in _JSON_KINDS:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise FailedPrecondition(
+                    f"{s.path}: the output is not complete JSON (finish_reason"
+                    f" {stream.finish_reason!r}; raise sampling.max_tokens)"
+                ) from None
+        await self.set_var(scope, s.path, s.var, value)
+
+    async def select(self, s: Select, scope: Scope) -> None:
+        model, tokenizer = self.deps.models.resolve(s.model or self.program.model)
+        tokens = scope.context.on_model(model, tokenizer)
+        scored = await score_choices(self, s, scope, model, tokenizer, tokens)
+        best = max(range(len(scored.scores)), key=lambda i: scored.order_key[i])
+        choice = s.choices[best]
+        self.usage.append(ev.StatementUsage(s.path, model, scored.usage))
+        await self.emit(ev.SelectScores(s.path, s.var, scored.scores))
+        scope.context.append_tokens(scored.choice_tokens[best], choice)
+        await self.set_var(scope, s.path, s.var, choice)
+
+    async def call(self, s: Call, scope: Scope) -> None:
+        args: dict[str, Any] = {
+            name: render(template, scope.variables, f"{s.path}.args[{name!r}]")
+            for name, template in s.args
+        }
+        args.update(dict(s.json_args))
+        await self.emit(ev.ToolStarted(s.path, s.tool, args))
+        started = time.monotonic()
+        try:
+            outcome = await self.deps.tools.call(s.tool, args, s.timeout_s)
+        except (FailedPrecondition, DeadlineExceeded) as exc:
+            elapsed = int((time.monotonic() - started) * 1000)
+            await self.emit(ev.ToolFinished(s.path, s.tool, False, str(exc), elapsed))
+            if s.on_error is OnError.FAIL:
+                raise type(exc)(f"{s.path}: {exc}") from None
+            await self.emit(ev.ProgramError(s.path, exc.code, str(exc)))
+            await self.set_var(scope, s.path, s.var, s.fallback)
+            return
+        elapsed = int((time.monotonic() - started) * 1000)
+        await self.emit(ev.ToolFinished(s.path, s.tool, outcome.cached, "", elapsed))
+        await self.set_var(scope, s.path, s.var, outcome.value)
+
+    async def fork(self, s: Fork, scope: Scope) -> None:
+        branches = []
+        for b in range(len(s.branches)):
+            variables = dict(scope.variables)
+            if s.index_var:
+                variables[s.index_var] = str(b)
+            branches.append(Scope(variables, scope.context.fork(f"{self.run_id}/{s.path}/{b}")))
+        tasks = [
+            asyncio.create_task(self.body(body, branch))
+            for branch, body in zip(branches, s.branches, strict=True)
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one branch failed (or the run was cancelled): stop the others
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        names = list(dict.fromkeys(n for b in branches for n in b.assigned))
+        for hold_id in {b.context.hold_id for b in branches} & self._holds:
+            self._holds.discard(hold_id)
+            await self.deps.backend.release_hold(hold_id)
+        for name in names:
+            await self.set_var(scope, s.path, name, [b.variables.get(name, "") if name in b.assigned else "" for b in branches])
+
+    def return_value(self, s: Return, scope: Scope) -> Any:
+        if s.is_template:
+            value: Any = render(s.text, scope.variables, f"{s.path}.template")
+        else:
+            value = resolve(s.text, scope.variables, f"{s.path}.var")
+        if s.output_schema:
+            import jsonschema
+
+            candidate = value
+            if isinstance(value, str):
+                try:
+                    candidate = json.loads(value)
+                except ValueError:
+                    raise FailedPrecondition(f"{s.path}.output_schema: the value is not JSON") from None
+            try:
+                jsonschema.validate(candidate, json.loads(s.output_schema))
+            except jsonschema.ValidationError as exc:
+                raise FailedPrecondition(f"{s.path}.output_schema: {exc.message}") from None
+            value = candidate
+        return self.deps.plugins.post_response(value)
