@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mesh.engine import Engine, EngineConfig
 from radixmesh.sampling import SamplingParams
+from radixmesh.updates import RequestUpdate
 from services.common.logging import configure_logging
-from services.scheduler.core import RequestUpdate, SchedulerConfig
+from services.scheduler.core import SchedulerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("inprocess", "services", "both")
@@ -145,7 +146,11 @@ async def timed(
 
 
 async def bench_inprocess(args: argparse.Namespace) -> Report:
-    executor_fields = {"device": args.device, "page_size": args.page_size}
+    executor_fields = {
+        "device": args.device,
+        "page_size": args.page_size,
+        "quantization": args.quantization,
+    }
     if args.num_pages:
         executor_fields["num_pages"] = args.num_pages
     executor_fields["max_num_seqs"] = args.max_num_seqs
@@ -192,7 +197,7 @@ def service_specs(args: argparse.Namespace, model: str) -> list:
     sizes += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     executor_args = ["--model", model, "--executor-id", "executor-0", "--device", args.device]
     executor_args += ["--cache-address", cache_address, "--page-size", str(args.page_size)]
-    executor_args += [*sizes, "--log-level", "warning"]
+    executor_args += [*sizes, "--log-level", "warning", "--quantization", args.quantization]
     if args.num_pages:
         executor_args += ["--num-pages", str(args.num_pages)]
     scheduler_args = ["--cache-address", cache_address, "--executor", f"127.0.0.1:{executor}"]
@@ -313,6 +318,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shared-len", type=int, default=96, help="shared-prefix tokens")
     p.add_argument("--device", default="auto")
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "none", "fp8"),
+        help="projection weights (fp8: quantize at load, FP8 tensor cores on CUDA)",
+    )
     p.add_argument("--num-pages", type=int, default=None, help="default: sized from memory")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)

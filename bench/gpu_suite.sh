@@ -5,7 +5,8 @@
 #   bash bench/gpu_suite.sh peer summary   # some steps (results of earlier calls are kept)
 #
 # Steps: setup ceilings model engine_b1 profile kernels engine_offline peer structured
-#        unit_tests_gpu kernel_tests summary (and, named: kernel_tests_gpu, the GPU-only
+#        unit_tests_gpu kernel_tests summary (and, named: engine_b1_fp8, engine_offline_fp8,
+#        profile_fp8, fp8_quality: the same with FP8 projections; kernel_tests_gpu, the GPU-only
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
 #        interval)
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
@@ -130,12 +131,38 @@ step_engine_b1() { batch_1 engine_b1; }
 
 step_engine_b1_si() { batch_1 engine_b1_si --switch-interval-us 200; }
 
+step_engine_b1_fp8() { batch_1 engine_b1_fp8 --quantization fp8; }
+
 step_engine_offline() {
     local n=256 p=512 o=128
     [ "$GPU" = 1 ] || { n=8; p=32; o=8; }
     run_step engine_offline 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
         --num-requests "$n" --prompt-len "$p" --output-len "$o" \
         --max-num-seqs 256 --max-num-batched-tokens 8192 --json
+}
+
+step_engine_offline_fp8() {
+    local n=256 p=512 o=128
+    [ "$GPU" = 1 ] || { n=8; p=32; o=8; }
+    run_step engine_offline_fp8 180 $PY bench/engine.py --device "$(engine_device)" \
+        --model "$MODEL" --num-requests "$n" --prompt-len "$p" --output-len "$o" \
+        --max-num-seqs 256 --max-num-batched-tokens 8192 --quantization fp8 --json
+}
+
+step_profile_fp8() {
+    local copy sizes=(1 64) args=()
+    copy=$($PY -c "import json; print(json.load(open('$RESULTS/ceilings.json'))['copy_gbps'])" \
+        2>/dev/null) && args=(--copy-gbps "$copy")
+    [ "$GPU" = 1 ] || { sizes=(1 4); args+=(--device cpu --steps 5 --profile-steps 2 --num-pages 256); }
+    run_step profile_fp8 150 $PY bench/profile_decode.py --model "$MODEL" --quantization fp8 \
+        --batch-sizes "${sizes[@]}" "${args[@]}" --json "$RESULTS/profile_fp8.json"
+}
+
+step_fp8_quality() {
+    local args=()
+    [ "$GPU" = 1 ] || args=(--device cpu --num-prompts 2 --prompt-len 32)
+    run_step fp8_quality 150 $PY bench/fp8_quality.py --model "$MODEL" "${args[@]}" \
+        --json "$RESULTS/fp8_quality.json"
 }
 
 step_profile() {
@@ -267,6 +294,28 @@ for prof in load("profile.json") or []:
     if prof.get("matmul_share_of_copy_bw"):
         row(f"batch-{b} matmul weight read", prof["matmul_weight_gbps"], "GB/s", copy,
             prof["matmul_share_of_copy_bw"], note="of copy BW")
+b1_fp8, off_fp8 = engine("engine_b1_fp8"), engine("engine_offline_fp8")
+prof_fp8 = {p["batch"]: p for p in load("profile_fp8.json") or []}
+fp8_bytes = prof_fp8.get(1, {}).get("weight_bytes_per_step")
+fp8_floor_ms = fp8_bytes and copy and fp8_bytes / (copy * 1e6)
+if b1_fp8:
+    tpot = b1_fp8["tpot_p50_ms"]
+    row("batch-1 TPOT, FP8 (engine)", tpot, "ms", fp8_floor_ms and round(fp8_floor_ms, 3),
+        fp8_floor_ms and round(tpot / fp8_floor_ms, 3), 1.2, higher=False,
+        note="reference: FP8 weight bytes / copy BW")
+    if b1:
+        row("batch-1 FP8 speed-up over bf16", round(b1["tpot_p50_ms"] / tpot, 3), "x")
+if off_fp8:
+    row("offline output tok/s, FP8", off_fp8["output_tokens_per_s"], "tok/s",
+        off and off["output_tokens_per_s"],
+        off and round(off_fp8["output_tokens_per_s"] / off["output_tokens_per_s"], 3),
+        note="reference: bf16 offline, same workload")
+for b, prof in sorted(prof_fp8.items()):
+    row(f"batch-{b} step, FP8, core alone", prof["step_wall_ms_p50"], "ms",
+        prof["device_busy_ms_per_step"], note="reference: device busy")
+if q := load("fp8_quality.json"):
+    row("FP8 top-1 agreement with bf16", q["top1_agreement"], "", note=f"KL mean {q['kl_mean']}, "
+        f"p99 {q['kl_p99']} over {q['positions']} positions (random weights)")
 if hf_tps := peer_batch.get("output_tokens_per_s"):
     row("offline output tok/s (HF)", hf_tps, "tok/s", note="peer generate_batch")
 

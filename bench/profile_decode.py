@@ -38,6 +38,7 @@ from radixmesh.sampling import SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
+from services.executor.core.models.fp8 import Fp8Weight
 
 # (group, substrings of the kernel name, lower-cased); the first match wins
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -46,7 +47,9 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rotary", ("rotary", "rope")),
     ("kv store", ("kv_store", "store_kv", "reshape_and_cache")),
     ("silu and mul", ("silu",)),
-    ("matrix products", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "splitk")),
+    ("matrix products", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "splitk",
+                         "scaled_mm", "e4m3")),
+    ("fp8 activation quantization", ("amax", "reduce_kernel", "abs")),
     ("sampling", ("argmax", "softmax", "topk", "sort", "bitmask", "exponential", "sampl")),
     ("embedding", ("embedding", "index_select", "indexselect")),
     ("copies", ("copy", "memcpy", "memset", "fill", "cat")),
@@ -67,8 +70,12 @@ def weight_bytes(core: ExecutorCore) -> int:
     w = core.model.weights
     tensors = [w.norm, w.lm_head]
     for layer in w.layers:
-        fields = (getattr(layer, name) for name in layer.__slots__)
-        tensors += [t for t in fields if isinstance(t, torch.Tensor)]
+        for name in layer.__slots__:
+            field = getattr(layer, name)
+            if isinstance(field, Fp8Weight):
+                tensors += [field.weight, field.scale]
+            elif isinstance(field, torch.Tensor):
+                tensors.append(field)
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -214,6 +221,7 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--copy-gbps", type=float, default=0.0, help="measured copy bandwidth")
     parser.add_argument("--num-pages", type=int, default=8192)
+    parser.add_argument("--quantization", default="auto", choices=("auto", "none", "fp8"))
     parser.add_argument("--json", help="write the reports here")
     args = parser.parse_args()
     if not torch.cuda.is_available() and args.device.startswith("cuda"):
@@ -229,6 +237,7 @@ def main() -> None:
             model_path=args.model,
             device=args.device,
             num_pages=args.num_pages,
+            quantization=args.quantization,
             max_num_seqs=max(args.batch_sizes),
             max_num_batched_tokens=max(8192, max(args.batch_sizes) * args.prompt_len),
         )
@@ -241,6 +250,7 @@ def main() -> None:
     reports = []
     for batch in args.batch_sizes:
         report = profile_batch(core, args, batch, step_bytes)
+        report["weight_bytes_per_step"] = step_bytes
         print_report(report)
         reports.append(report)
     core.shutdown()
