@@ -65,6 +65,11 @@ def endpoints_from_mesh_info(path: str | Path) -> list[Endpoint]:
         info = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise InvalidArgument(f"mesh_info: cannot read {path}: {exc}") from None
+    return endpoints_from_info(info)
+
+
+def endpoints_from_info(info: dict) -> list[Endpoint]:
+    """The services of an endpoints dict (`Mesh.endpoints()`) that have a metrics port."""
     out = []
     for service in info.get("services", ()):
         port = service.get("metrics_port")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import io
 import json
 import shutil
@@ -69,7 +70,7 @@ def test_compose_files_validate():
 
 def test_services_run_their_modules_with_health_checks():
     services = resolved(BASE)["services"]
-    assert set(services) == {*MODULES, "redis", "prometheus"}
+    assert set(services) == {*MODULES, "redis", "prometheus", "grafana"}
     for name, module in MODULES.items():
         command = services[name]["command"]
         assert command[:3] == ["python", "-m", module]
@@ -178,6 +179,39 @@ def test_prometheus_scrapes_every_metrics_port():
     assert targets == expected
     envoy_job = next(job for job in config["scrape_configs"] if job["job_name"] == "envoy")
     assert envoy_job["metrics_path"] == "/stats/prometheus"
+
+
+def test_prometheus_loads_the_alert_rules_it_mounts():
+    prometheus = resolved(BASE)["services"]["prometheus"]
+    config = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
+    mounts = {v["target"]: Path(v["source"]) for v in prometheus["volumes"]}
+    for rule_file in config["rule_files"]:
+        assert mounts[rule_file] == COMPOSE_DIR / "alerts.yml"
+    rules = yaml.safe_load((COMPOSE_DIR / "alerts.yml").read_text())["groups"][0]["rules"]
+    assert {"RadixmeshTTFTDeviates", "RadixmeshExecutorDown"} <= {r["alert"] for r in rules}
+    assert all(r["expr"].strip() and r["labels"]["severity"] for r in rules)
+
+
+def test_grafana_provisions_prometheus_and_the_dashboard():
+    grafana = resolved(BASE)["services"]["grafana"]
+    mounts = {v["target"]: Path(v["source"]) for v in grafana["volumes"]}
+    provisioning = mounts["/etc/grafana/provisioning"]
+    source = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())
+    assert source["datasources"][0]["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((provisioning / "dashboards" / "radixmesh.yml").read_text())
+    folder = provider["providers"][0]["options"]["path"]
+    dashboard = json.loads((mounts[folder] / "radixmesh.json").read_text())
+    uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
+    assert uids == {source["datasources"][0]["uid"]}
+    spec = importlib.util.spec_from_file_location(
+        "build_dashboard", COMPOSE_DIR / "grafana" / "build_dashboard.py"
+    )
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert (mounts[folder] / "radixmesh.json").read_text() == build.render(), (
+        "radixmesh.json is stale: run python compose/grafana/build_dashboard.py"
+    )
 
 
 def test_envoy_service_command_renders_a_valid_config(tmp_path):
