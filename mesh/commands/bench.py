@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--repeat", type=int, default=1, help="runs of the same load (noise)")
     out.add_argument("--baseline", default=None, help="saved report to compare against")
     out.add_argument(
-        "--baseline-alpha", type=float, default=0.01, help="false-alarm rate of the comparison"
+        "--baseline-alpha", type=float, default=0.05, help="false-alarm rate of the comparison"
     )
 
 

@@ -40,3 +40,23 @@ def test_silent_when_the_stream_is_not_a_terminal():
     progress.update(done(True))
     progress.finish()
     assert not progress.enabled and stream.getvalue() == ""
+
+
+def test_selected_metrics_show_live_values_from_results_and_samples():
+    from mesh.loadgen.scrape import TimePoint
+    from mesh.loadgen.twelve import parse_selection
+
+    samples = [
+        TimePoint(0.0, 1, 0, None, None, hit_tokens=0, query_tokens=0),
+        TimePoint(1.0, 4, 0, None, None, hit_tokens=30, query_tokens=40),
+    ]
+    progress = Progress(
+        total=None, duration_s=10.0, stream=io.StringIO(), enabled=True,
+        selection=parse_selection("ttft,rps,gpu_util,kv_hit,batch_size"), samples=samples,
+    )  # fmt: skip
+    for ttft in (0.1, 0.2, 0.3):
+        result = done(True)
+        result.ttft_s, result.e2e_s = ttft, ttft + 0.3
+        progress.update(result)
+    line = progress.line(elapsed_s=2.0)
+    assert "| ttft 200.0 ms  rps 1.50  gpu_util -  kv_hit 0.750  batch_size 4.000" in line
