@@ -117,7 +117,7 @@ def _if(i: program_pb2.If, path: str) -> m.If:
 
 
 def _call(c: program_pb2.Call, path: str) -> m.Call:
-    json_args = json_format.MessageToDict(c.json_args) if c.HasField("json_args") else {}
+    json_args = _integral(json_format.MessageToDict(c.json_args)) if c.HasField("json_args") else {}
     return m.Call(
         path,
         c.tool,
@@ -128,6 +128,17 @@ def _call(c: program_pb2.Call, path: str) -> m.Call:
         on_error=m.OnError(c.on_error),
         fallback=c.fallback,
     )
+
+
+def _integral(value: Any) -> Any:
+    """protobuf's Struct carries every number as a double: 2.0 back to 2."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
 
 def _return(r: program_pb2.Return, path: str) -> m.Return:
