@@ -3,7 +3,9 @@
 Serves the public gRPC API (radixmesh.v1.Inference) on --port and the
 OpenAI-compatible HTTP API on --http-port, both behind Envoy. Health says
 SERVING once the tokenizer is loaded and the scheduler answers its health
-check; SIGTERM drains both servers, then closes the scheduler stream.
+check, and follows it (NOT_SERVING while the scheduler is not). SIGTERM drains:
+no new requests, those in flight get --grace-seconds, the rest end with UNAVAILABLE
+(gateway/drain.py), then the scheduler stream closes.
 Environment: RADIXMESH_API_KEYS (comma-separated) adds to --api-key.
 """
 
@@ -23,13 +25,14 @@ from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import PreparedRequest
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig, RedisRateLimiter
 from gateway.core.tokenizer import Tokenizer
+from gateway.drain import edge_tasks
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
 from gateway.upstream import SchedulerUpstream
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
-from services.common.health import wait_for_serving
+from services.common.health import RECONNECT_OPTIONS, wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.server import ServiceRuntime, run_service
 
@@ -131,7 +134,7 @@ async def serve(args: argparse.Namespace) -> int:
     runtime = ServiceRuntime(ServerConfig.from_args("gateway", args))
     tokenizer = await asyncio.to_thread(Tokenizer.from_folder, args.model, None, args.model_name)
     models = ModelRegistry({tokenizer.name: tokenizer})
-    channel = grpc.aio.insecure_channel(args.scheduler_address)
+    channel = grpc.aio.insecure_channel(args.scheduler_address, options=RECONNECT_OPTIONS)
     upstream = SchedulerUpstream(channel)
     admission, redis_client = _admission(args)
     memory, cache_client = _memory(args, models)
@@ -142,14 +145,17 @@ async def serve(args: argparse.Namespace) -> int:
         ["radixmesh.v1.Inference"],
     )
     serving = False
+    edge: list[asyncio.Task[None]] = []
     http = OpenAIHttpServer(
         models, upstream, admission, ready=lambda: serving and not runtime.stopping, memory=memory
     )
     runner = await start_http_server(http.build_app(), args.host, args.http_port)
 
     async def on_shutdown() -> None:
+        for task in edge:
+            task.cancel()
+        await upstream.close()  # what still runs ends with UNAVAILABLE, then the server stops
         await runner.cleanup()
-        await upstream.close()
         await channel.close()
         if redis_client is not None:
             await redis_client.aclose()
@@ -166,6 +172,14 @@ async def serve(args: argparse.Namespace) -> int:
         return 1
     serving = True
     runtime.set_serving()
+
+    def set_ready(ready: bool) -> None:
+        nonlocal serving
+        serving = ready
+        runtime.set_serving(ready)
+
+    grace = runtime.config.grace_seconds
+    edge = edge_tasks(runtime, http, args.scheduler_address, grace, upstream.close, set_ready)
     log.info("gateway_ready", model=tokenizer.name, http_port=args.http_port, grpc=runtime.address)
     await runtime.serve_until_signal(on_shutdown)
     return 0

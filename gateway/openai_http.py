@@ -11,6 +11,7 @@ event. A client that disconnects aborts its request at the scheduler.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
@@ -28,6 +29,7 @@ from gateway.core.prepare import PreparedRequest, prepare_request
 from gateway.core.request import GatewayRequest
 from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import HTTP_HEALTH_PATH
+from radixmesh.errors import Unavailable
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -52,6 +54,14 @@ class OpenAIHttpServer:
         self._admission = admission
         self._ready = ready
         self._created = resp.now_s()
+        self.num_in_flight = 0
+        """Completion requests being answered now (a drain waits for none)."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no completion request is being answered."""
+        await self._idle.wait()
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -97,6 +107,21 @@ class OpenAIHttpServer:
         )
 
     async def _complete(
+        self, request: web.Request, parse: Callable[[Any], GatewayRequest]
+    ) -> web.StreamResponse:
+        if not self._ready():
+            return _error(Unavailable("the gateway is not serving (stopping, or its scheduler "
+                                      "is unreachable); retry later"))  # fmt: skip
+        self.num_in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._answer(request, parse)
+        finally:
+            self.num_in_flight -= 1
+            if not self.num_in_flight:
+                self._idle.set()
+
+    async def _answer(
         self, request: web.Request, parse: Callable[[Any], GatewayRequest]
     ) -> web.StreamResponse:
         try:

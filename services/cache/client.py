@@ -27,6 +27,7 @@ from radixmesh.cache_types import CommitResult, Lease, PoolStats
 from radixmesh.errors import RadixmeshError, Unavailable
 from radixmesh.v1 import cache_pb2 as pb
 from radixmesh.v1 import cache_pb2_grpc
+from services.common.health import RECONNECT_OPTIONS
 from services.common.interceptor import error_from_rpc_error, error_from_status
 
 _STATS_FIELDS = tuple(PoolStats.__slots__)  # PoolStats and pb.PoolStats share field names
@@ -154,7 +155,8 @@ class CacheClient:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self.address = address
         self._timeout = timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        # a restarted cache service is reached again within a second
+        self._channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         self._stub = cache_pb2_grpc.CacheStub(self._channel)
         self._op_ids = itertools.count(1)
         self._stream: Any = None  # the open Batch call

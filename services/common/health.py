@@ -10,6 +10,7 @@ Call every method from the event loop's thread.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -74,6 +75,14 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
 
 _SERVING_STATUS = health_pb2.HealthCheckResponse.SERVING
+_RETRY_WATCH_S = 0.2
+"""Pause before watching again a server that ended the watch before serving."""
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+"""A server that comes (back) up is seen within about a second, not grpc's default 120 s."""
 
 
 async def wait_for_serving(address: str, service: str = "", timeout: float = 30.0) -> None:
@@ -85,7 +94,7 @@ async def wait_for_serving(address: str, service: str = "", timeout: float = 30.
     (it is shutting down) before serving.
     """
     last = "no answer"
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         call = stub.Watch(
             health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True
@@ -107,3 +116,46 @@ async def wait_for_serving(address: str, service: str = "", timeout: float = 30.
     raise ConnectionError(
         f"{address} ended the health watch before {service!r} was SERVING ({last})"
     )
+
+
+async def serving_lost(address: str, service: str = "") -> str:
+    """Follow `address`'s health Watch stream and return, with the reason, once it reports
+    anything but SERVING or the stream breaks (the server stopped or died). Call it after
+    `wait_for_serving`; a server that is not up at all returns at once."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=service)
+        )
+        try:
+            async for response in call:
+                if response.status != _SERVING_STATUS:
+                    call.cancel()
+                    name = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+                    return f"{address} reports {service or 'the server'} {name}"
+        except grpc.aio.AioRpcError as exc:
+            return f"{address} health watch failed: {exc.code().name}"
+    return f"{address} ended the health watch"
+
+
+async def follow_serving(
+    address: str,
+    service: str,
+    on_change: Callable[[bool, str], Awaitable[None] | None],
+    timeout_per_wait_s: float = 3600.0,
+) -> None:
+    """Forever (cancel to stop): wait until `address` serves `service`, call
+    `on_change(True, "")`, wait until it no longer does, call `on_change(False, reason)`.
+    No polling: both waits follow the health Watch stream."""
+    while True:
+        try:
+            await wait_for_serving(address, service, timeout_per_wait_s)
+        except (TimeoutError, ConnectionError):
+            await asyncio.sleep(_RETRY_WATCH_S)  # it ended the watch while stopping: retry
+            continue
+        result = on_change(True, "")
+        if result is not None:
+            await result
+        reason = await serving_lost(address, service)
+        result = on_change(False, reason)
+        if result is not None:
+            await result

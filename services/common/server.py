@@ -152,6 +152,15 @@ class ServiceRuntime:
         """Return once shutdown was requested; servicers use it to wind down streams."""
         await self._stop_requested.wait()
 
+    @property
+    def num_active_calls(self) -> int:
+        """RPC handlers running now (health checks included)."""
+        return self._errors.num_active
+
+    async def wait_calls_done(self) -> None:
+        """Return once no RPC handler is running (a drain waits for this)."""
+        await self._errors.wait_idle()
+
     async def serve_until_signal(
         self, on_shutdown: Callable[[], Awaitable[None]] | None = None
     ) -> None:

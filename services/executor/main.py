@@ -2,7 +2,9 @@
 
 Lifecycle: start the server (health NOT_SERVING), load the model on the step
 thread (the loop keeps answering health checks), register the KV pool with
-the cache service, then SERVING. On SIGTERM/SIGINT: health NOT_SERVING, open
+the cache service (dropping one a previous process of this executor left), then
+SERVING; whenever the cache service comes back after going away (a restart), the
+pool is registered again. On SIGTERM/SIGINT: health NOT_SERVING, open
 Step streams finish their queued plans and end, the pool is unregistered
 (best effort), the core shuts down. A model that fails to load, or a cache
 service that cannot be reached, ends the process with exit code 1 and a
@@ -16,19 +18,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import os
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from radixmesh.errors import InvalidArgument, RadixmeshError
+from radixmesh.errors import InvalidArgument, NotFound, RadixmeshError
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
+from services.common.health import follow_serving
 from services.common.interceptor import error_from_rpc_error
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
@@ -162,13 +166,55 @@ def load(config: ExecutorConfig, with_grammar: bool):
         raise
 
 
-async def register_pool(address: str, request: cache_pb2.RegisterPoolRequest, timeout: float):
+async def register_pool(
+    address: str, request: cache_pb2.RegisterPoolRequest, timeout: float, fresh: bool = False
+):
+    """RegisterPool; with `fresh`, first drop a pool of the same executor_id that a previous
+    process of this executor left (its pages name KV tensors that died with it)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = cache_pb2_grpc.CacheStub(channel)
         try:
+            if fresh:
+                with contextlib.suppress(NotFound):
+                    await _unregister(stub, request.executor_id, timeout)
             await stub.RegisterPool(request, timeout=timeout, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc_error(exc) from None
+
+
+async def _unregister(stub: cache_pb2_grpc.CacheStub, executor_id: str, timeout: float) -> None:
+    try:
+        reply = await stub.UnregisterPool(
+            cache_pb2.UnregisterPoolRequest(executor_id=executor_id),
+            timeout=timeout,
+            wait_for_ready=True,
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            raise NotFound(exc.details() or "") from None
+        raise
+    log.warning("stale_pool_dropped", num_leases_dropped=reply.num_leases_dropped)
+
+
+async def keep_registered(args: argparse.Namespace, executor_id: str, info: Any) -> None:
+    """Forever (cancel to stop): each time the cache service serves again after it went
+    away (a restart: a new pool epoch, an empty tree), register the pool again."""
+    first = True
+
+    async def changed(serving: bool, reason: str) -> None:
+        nonlocal first
+        if not serving:
+            log.error("cache_lost", cache_address=args.cache_address, reason=reason)
+            return
+        if first:
+            first = False
+            return
+        try:
+            await _register(args, executor_id, info, fresh=False)
+        except _StartupError as exc:
+            log.error("pool_reregister_failed", reason=str(exc))
+
+    await follow_serving(args.cache_address, "", changed)
 
 
 async def unregister_pool(address: str, executor_id: str) -> None:
@@ -209,6 +255,7 @@ async def serve(args: argparse.Namespace) -> int:
     )
     executor_id = args.executor_id or f"{socket.gethostname()}:{runtime.port}"
     loaded = False
+    watch: list[asyncio.Task[None]] = []
 
     async def start_up() -> int:
         nonlocal loaded
@@ -221,11 +268,14 @@ async def serve(args: argparse.Namespace) -> int:
             print(f"executor: {exc}", file=sys.stderr)
             runtime.request_shutdown()
             return 1
+        watch.append(asyncio.create_task(keep_registered(args, executor_id, core.info)))
         runtime.set_serving()
         return 0
 
     async def on_shutdown() -> None:
         startup.cancel()  # a signal during loading: stop waiting for it
+        for task in watch:
+            task.cancel()
         try:
             if loaded:
                 await unregister_pool(args.cache_address, executor_id)
@@ -270,12 +320,14 @@ async def _load(
     return core
 
 
-async def _register(args: argparse.Namespace, executor_id: str, info: ModelInfo) -> None:
+async def _register(
+    args: argparse.Namespace, executor_id: str, info: ModelInfo, fresh: bool = True
+) -> None:
     request = cache_pb2.RegisterPoolRequest(
         executor_id=executor_id, model=info.name, num_pages=info.num_pages, page_size=info.page_size
     )
     try:
-        await register_pool(args.cache_address, request, args.cache_timeout_seconds)
+        await register_pool(args.cache_address, request, args.cache_timeout_seconds, fresh)
     except RadixmeshError as exc:
         log.error("pool_register_failed", cache_address=args.cache_address, reason=str(exc))
         raise _StartupError(

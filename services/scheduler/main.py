@@ -4,7 +4,10 @@
         --executor 127.0.0.1:50053 [--executor 127.0.0.1:50054] [--metrics-port 9101]
 
 It waits for the cache and every executor (health and GetInfo), opens one
-Step stream per executor, then reports SERVING. On SIGTERM: NOT_SERVING, the
+Step stream per executor, then reports SERVING. An executor that fails is
+unregistered from the cache and readmitted once it serves again on its
+address; a cache that goes away ends the requests holding leases (rejoin.py).
+On SIGTERM: NOT_SERVING, the
 gateway streams get the grace period, then every request still queued or
 running is aborted and its leases released.
 """
@@ -29,6 +32,7 @@ from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
 from services.scheduler.core import SchedulerConfig, SchedulerCore
 from services.scheduler.metrics import SchedulerMetricsCollector
+from services.scheduler.rejoin import Rejoin
 from services.scheduler.remote import RemoteCache, RemoteExecutor
 from services.scheduler.server import SERVICE_NAME, SchedulerServicer
 
@@ -126,6 +130,13 @@ async def connect(
     return core, cache
 
 
+def rejoin_for(core: SchedulerCore, cache: CacheClient, args: argparse.Namespace) -> Rejoin:
+    """Failed executors and a restarted cache come back into `core` (see rejoin.py)."""
+    addresses = {load.executor_id: address for load, address in zip(
+        core.executor_loads(), executor_addresses(args), strict=True)}  # fmt: skip
+    return Rejoin(core, cache, addresses, args.cache_address, args.connect_timeout_seconds)
+
+
 async def serve(args: argparse.Namespace) -> int:
     try:
         configure_logging("scheduler", args.log_level)
@@ -144,6 +155,7 @@ async def serve(args: argparse.Namespace) -> int:
         [SERVICE_NAME],
     )
     parts: list = []
+    rejoin: list[Rejoin] = []
     collector = SchedulerMetricsCollector(lambda: parts[0] if parts else None)
     REGISTRY.register(collector)
 
@@ -155,6 +167,8 @@ async def serve(args: argparse.Namespace) -> int:
             runtime.request_shutdown()
             return 1
         parts.extend((core, cache))
+        rejoin.append(rejoin_for(core, cache, args))
+        rejoin[0].start()
         servicer.attach(core)
         runtime.set_serving()
         log.info("scheduler_ready", address=runtime.address, models=core.models)
@@ -162,6 +176,8 @@ async def serve(args: argparse.Namespace) -> int:
 
     async def on_shutdown() -> None:
         startup.cancel()
+        for part in rejoin:
+            await part.close()
         if parts:
             core, cache = parts
             await core.stop()

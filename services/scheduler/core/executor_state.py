@@ -46,6 +46,8 @@ class ExecutorState:
     abort_req_ids: set[str] = field(default_factory=set)
     """Aborts asked for, applied by the executor's loop at its next turn."""
     alive: bool = True
+    reset_reason: str | None = None
+    """Set by `SchedulerCore.cache_lost`: the loop drops every leased request at its next turn."""
     health: DeviceHealth | None = None
     """The device health of the newest step result that carried one (see `note_health`)."""
     health_time: float = 0.0

@@ -75,6 +75,9 @@ class SchedulerCore:
         self._prepare_tasks: dict[str, asyncio.Task[None]] = {}
         """Constraint preparations in flight, by req_id."""
         self._stopping = False
+        self.on_executor_lost: Callable[[str], None] | None = None
+        """Called with an executor's id when its step stream fails (the service brings it
+        back with `readmit`)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -115,6 +118,28 @@ class SchedulerCore:
         self._deliver(updates)
         for ex in self._executors.values():
             await ex.port.close()
+
+    def readmit(self, port: ExecutorPort) -> None:
+        """An executor that failed serves again (`port` is connected, its health checked):
+        it starts over with an empty queue and batch, and routing uses it at once."""
+        executor_id = port.info.executor_id
+        old = self._executors.get(executor_id)
+        if old is not None and old.alive:
+            raise InvalidArgument(f"executor_id: {executor_id!r} is still running")
+        ex = ExecutorState.create(port, self.config)
+        self._executors[executor_id] = ex
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(self._loop(ex), name=f"step-{executor_id}"))
+        log.info("executor readmitted", executor_id=executor_id)
+
+    def cache_lost(self, reason: str) -> None:
+        """The cache service went away: its leases, and the pages they named, are gone
+        (a restarted cache hands those pages out again). Every request holding a lease
+        leaves its executor and ends UNAVAILABLE; queued ones stay. Each step loop
+        applies it at its next turn."""
+        for ex in self._executors.values():
+            ex.reset_reason = reason
+            ex.wake.set()
 
     # -- intake ----------------------------------------------------------------------------
 
@@ -268,6 +293,8 @@ class SchedulerCore:
         while ex.alive and not self._stopping:
             ex.wake.clear()
             try:
+                if ex.reset_reason is not None:
+                    await self._drop_leased(ex)
                 await self._apply_aborts_and_deadlines(ex)
                 wants_plan = ex.num_in_flight < max_in_flight and ex.has_work
                 plan = await self._plan(ex) if wants_plan else None
@@ -436,6 +463,18 @@ class SchedulerCore:
         self._deliver(updates)
         with contextlib.suppress(Exception):
             await ex.port.close()
+        if self.on_executor_lost is not None:
+            self.on_executor_lost(ex.executor_id)
+
+    async def _drop_leased(self, ex: ExecutorState) -> None:
+        """After `cache_lost`: requests with a lease end (see there)."""
+        reason, ex.reset_reason = ex.reset_reason, None
+        leased = [r for r in (*ex.running.values(), *ex.queue) if r.lease_id is not None]
+        updates = []
+        for req in leased:
+            await self._forget(ex, req)
+            updates.append(self._end(req, error=Unavailable(f"cache service lost: {reason}")))
+        self._deliver(updates)
 
     async def _fail_requests(self, ex: ExecutorState, err: RadixmeshError) -> None:
         updates = []

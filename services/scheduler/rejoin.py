@@ -1,0 +1,107 @@
+"""Bring failed parts back into a running scheduler: executors that restart, a cache that restarts.
+
+    rejoin = Rejoin(core, cache_client, {"exec-0": "127.0.0.1:50054"}, cache_address)
+    rejoin.start()      # core.on_executor_lost is wired; the cache is watched
+    ...
+    await rejoin.close()
+
+An executor whose Step stream fails is taken out by the core (requests that
+streamed nothing move to another executor, the rest end UNAVAILABLE). Here,
+its pool is unregistered from the cache (its KV tensors died with it, so no
+prefix of the old pool may be matched again), then the executor's address is
+health-checked until a process serves there again (the supervisor restarts
+it on the same address, or an operator does); it is connected (GetInfo and a
+new Step stream) and readmitted. Meanwhile the cache service is watched:
+when it goes away every request holding a lease ends (`core.cache_lost`);
+the executors register their pools again when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from radixmesh.errors import RadixmeshError
+from services.cache.client import CacheClient
+from services.common.health import follow_serving
+from services.common.logging import get_logger
+from services.scheduler.core import SchedulerCore
+from services.scheduler.remote import RemoteExecutor
+
+log = get_logger(__name__)
+
+RETRY_S = 0.5
+"""Pause between connection attempts to an executor that is not back yet."""
+
+
+class Rejoin:
+    def __init__(
+        self,
+        core: SchedulerCore,
+        cache: CacheClient,
+        addresses: dict[str, str],
+        cache_address: str,
+        connect_timeout_s: float = 60.0,
+    ) -> None:
+        self._core = core
+        self._cache = cache
+        self._addresses = dict(addresses)
+        """Executor id -> its address."""
+        self._cache_address = cache_address
+        self._timeout = connect_timeout_s
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self) -> None:
+        self._core.on_executor_lost = self.executor_lost
+        self._tasks["cache"] = asyncio.create_task(
+            follow_serving(self._cache_address, "", self._cache_changed), name="watch-cache"
+        )
+
+    def executor_lost(self, executor_id: str) -> None:
+        """Start bringing `executor_id` back (once; a second call while it is underway is
+        a no-op)."""
+        task = self._tasks.get(executor_id)
+        if executor_id not in self._addresses or (task is not None and not task.done()):
+            return
+        self._tasks[executor_id] = asyncio.create_task(
+            self._rejoin(executor_id), name=f"rejoin-{executor_id}"
+        )
+
+    async def _rejoin(self, executor_id: str) -> None:
+        address = self._addresses[executor_id]
+        try:
+            num_leases = await self._cache.unregister_pool(executor_id)
+            log.info("dead_pool_unregistered", executor_id=executor_id, num_leases=num_leases)
+        except RadixmeshError as exc:  # gone already, or the cache is down too
+            log.warning("dead_pool_unregister_failed", executor_id=executor_id, error=str(exc))
+        while True:
+            port = RemoteExecutor(address, self._timeout)
+            try:
+                await port.connect()  # health-checked: SERVING, GetInfo, a new Step stream
+            except RadixmeshError as exc:
+                log.info("executor_not_back", executor_id=executor_id, error=str(exc))
+                await port.close()
+                await asyncio.sleep(RETRY_S)
+                continue
+            if port.info.executor_id != executor_id:
+                log.error("executor_changed_id", address=address, executor_id=port.info.executor_id)
+                await port.close()
+                await asyncio.sleep(RETRY_S)
+                continue
+            self._core.readmit(port)
+            return
+
+    def _cache_changed(self, serving: bool, reason: str) -> None:
+        if serving:
+            log.info("cache_serving", address=self._cache_address)
+        else:
+            log.error("cache_lost", address=self._cache_address, reason=reason)
+            self._core.cache_lost(reason)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
