@@ -43,8 +43,13 @@ import xgrammar as xgr
 from mesh.tiny_model import corpus_text, ensure_default_model, write_tiny_model
 from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from services.common.logging import configure_logging
-from services.executor.core.grammar import GrammarConfig, GrammarService
-from services.executor.core.grammar_matcher import ConstraintMatcher, fill_batch_bitmask
+from services.executor.core.grammar import (
+    ConstraintMatcher,
+    GrammarConfig,
+    GrammarService,
+    PendingMasks,
+    fill_batch_bitmask,
+)
 
 PERSON = {
     "type": "object",
@@ -351,7 +356,6 @@ def count_forced(service: GrammarService, constraint: Constraint, outputs: list[
 
 
 async def bench_engine(args: argparse.Namespace, model: str) -> None:
-    import services.executor.core.grammar_masks as masks_module
     from mesh.engine import Engine, EngineConfig
     from services.scheduler.core import SchedulerConfig
 
@@ -371,7 +375,7 @@ async def bench_engine(args: argparse.Namespace, model: str) -> None:
     constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(PEOPLE))
     rng = random.Random(0)
     rounds: list[dict] = []
-    async with Engine(config, matcher_factory=service.matcher_for, grammar=service) as engine:
+    async with Engine(config, grammar=service) as engine:
         core = engine.executors[0]
         vocab = core.info.vocab_size
         prompts = [
@@ -381,13 +385,12 @@ async def bench_engine(args: argparse.Namespace, model: str) -> None:
         timers.wrap(core, "execute", STEP_LABEL)
         timers.wrap(core.model, "forward", "forward")
         if args.fill == "serial":  # profiling: the fill after the forward, on the step's thread
-            core._masks.start_fill = lambda seqs, live: None
-        timers.wrap(core._masks, "fill", FILL_LABEL)
-        timers.wrap(core._masks, "upload", "bitmask upload")
+            step = core._grammar
+            step.start = lambda rows, output_lens: PendingMasks(step, rows, output_lens, None)
+        timers.wrap(core._grammar, "_fill", FILL_LABEL)
+        timers.wrap(core._grammar, "_upload", "bitmask upload")
         timers.wrap(core.sampler, "sample", "sample (incl. bitmask apply)")
-        timers.wrap(
-            masks_module, "accept_tokens", ACCEPT_LABEL
-        )  # inside the fill, beside the forward
+        timers.wrap(service, "accept_batch", ACCEPT_LABEL)  # inside the fill, beside the forward
         warm = SamplingParams(max_tokens=8, temperature=0.0)
         await _run_round(engine, prompts[:8], warm, constraint)
         await _run_round(engine, prompts[:8], warm, None)

@@ -26,7 +26,6 @@ from mesh.engine.ports import InProcessCache, InProcessExecutor
 if TYPE_CHECKING:  # the executor core imports torch; loading waits for start()
     from services.executor.core.executor import ExecutorCore
     from services.executor.core.grammar import GrammarService
-    from services.executor.core.sequence import MatcherFactory
 from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
 from radixmesh.sampling import Constraint, SamplingParams
 from radixmesh.step import TokenLogprobs
@@ -130,22 +129,13 @@ class RequestStream:
 
 
 class Engine:
-    def __init__(
-        self,
-        config: EngineConfig,
-        matcher_factory: MatcherFactory | None = None,
-        grammar: GrammarService | None = None,
-    ) -> None:
-        """`grammar`: the constraint compiler of every executor (they share a tokenizer);
-        a constrained request is compiled there before it is queued, and the executors'
-        matcher factory defaults to `grammar.matcher_for`, which then finds it cached.
-        `matcher_factory` alone: constraints compile inside the step. Neither: a
-        constrained request ends with InvalidArgument. The engine does not close `grammar`.
+    def __init__(self, config: EngineConfig, grammar: GrammarService | None = None) -> None:
+        """`grammar`: the constraint compiler and grammar backend of every executor (they
+        share a tokenizer); a constrained request is compiled there before it is queued,
+        and its executor then finds it cached. Without it a constrained request ends with
+        InvalidArgument. The engine does not close `grammar`.
         """
         self.config = config
-        if matcher_factory is None and grammar is not None:
-            matcher_factory = grammar.matcher_for
-        self._matcher_factory = matcher_factory
         self.grammar = grammar
         self.cache = CacheCore(config.cache)
         self.executors: list[ExecutorCore] = []
@@ -166,7 +156,7 @@ class Engine:
 
         cores = await asyncio.gather(
             *(
-                asyncio.to_thread(ExecutorCore, cfg, self._matcher_factory)
+                asyncio.to_thread(ExecutorCore, cfg, self.grammar)
                 for cfg in self.config.executors
             )
         )
@@ -176,7 +166,6 @@ class Engine:
                 f"executor-{i}",
                 core,
                 self.grammar,
-                has_grammar=self._matcher_factory is not None,
                 overlap_prepare=self.config.overlap_prepare,
             )
             info = port.info

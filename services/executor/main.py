@@ -152,14 +152,8 @@ def load(config: ExecutorConfig, with_grammar: bool):
         grammar = GrammarService.from_model_dir(folder)
     elif with_grammar:
         log.warning("grammar_off", reason=f"no tokenizer in {folder}; constraints are refused")
-    factory = None
-    if grammar is not None:
-
-        def factory(constraint):
-            return grammar.new_matcher(grammar.compile_sync(constraint))
-
     try:
-        return ExecutorCore(config, factory), grammar
+        return ExecutorCore(config, grammar), grammar
     except BaseException:
         if grammar is not None:
             grammar.close()

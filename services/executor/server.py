@@ -4,20 +4,12 @@
 Two tasks share it:
 
 - the reader receives plans, checks they are numbered 1, 2, 3... without gaps,
-  converts each (and compiles its grammars) and queues its prepare and its
-  execute at once; it reads at most `max_inflight_plans` plans ahead of the
+  converts each (and compiles its grammars) and queues it on the core's step
+  pipeline (`core/pipeline.py`: plan N + 1 prepared while step N executes, in
+  plan order); it reads at most `max_inflight_plans` plans ahead of the
   results sent;
 - the writer (the handler itself) awaits each step's result in order and
   sends it.
-
-Two worker threads run the core, each strictly in plan order: the prepare
-thread runs `ExecutorCore.prepare` (checks, state, host arrays, upload), the
-execute thread `ExecutorCore.execute` (forward, sampling, finish detection).
-Plan N + 1 is prepared while step N executes (on CUDA, while execute waits for
-the sampled tokens), and no further ahead: its prepare starts once step N - 1
-has executed. On CPU, by default, prepares run on the execute thread between
-steps (see `overlap_prepare`). On a device "cuda:N" both threads make it their current device
-(`bind_device`, from `attach` at the latest) before any job queued after.
 
 A failed prepare or execute, a plan out of order or a bad plan ends the stream
 with its status after the results of the plans before it; later plans do not
@@ -32,18 +24,16 @@ UNAVAILABLE.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import torch
 
 from radixmesh.errors import FailedPrecondition, InvalidArgument, Unavailable
-from radixmesh.step import StepPlan
+from radixmesh.step import StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
 from services.common.logging import get_logger
 from services.executor.convert import (
@@ -52,11 +42,12 @@ from services.executor.convert import (
     plan_from_proto,
     result_to_proto,
 )
+from services.executor.core.pipeline import PlanRun, StepPipeline, prepare_constraint
 from services.executor.health import HealthSampler
 from services.executor.metrics import StepMetrics
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import ExecutorCore, PreparedStep
+    from services.executor.core.executor import ExecutorCore
     from services.executor.core.grammar import GrammarService
 
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
@@ -67,23 +58,26 @@ log = get_logger(__name__)
 _END = object()  # the scheduler closed its side of the stream
 
 
-@dataclass(slots=True)
 class _Stream:
-    """One Step stream's state; each field says which thread writes it."""
+    """One Step stream: its run of plans and the sequences it created; each field says
+    which thread writes it."""
 
-    req_ids: set[str] = field(default_factory=set)
-    """Prepare thread: sequences this stream created that the core may still hold."""
-    ended: deque[str] = field(default_factory=deque)
-    """Execute thread appends the sequences the core ended; the prepare thread forgets them."""
-    prepare_failed: bool = False
-    """Prepare thread: a prepare raised; the plans after it are skipped."""
-    execute_failed: bool = False
-    """Execute thread: a step raised; the plans after it are skipped."""
-    closed: bool = False
-    """Loop thread: the stream is ending; queued plans are skipped."""
-    last_prepare: Future | None = None
-    """Loop thread: the last prepare queued; the drop waits for it."""
-    num_steps: int = 0
+    __slots__ = ("ended", "num_steps", "req_ids", "run")
+
+    def __init__(self) -> None:
+        self.req_ids: set[str] = set()
+        """Prepare thread: sequences this stream created that the core may still hold."""
+        self.ended: deque[str] = deque()
+        """Execute thread appends the sequences the core ended; the prepare thread forgets them."""
+        self.num_steps = 0
+        """Execute thread: steps answered."""
+        self.run: PlanRun[executor_pb2.StepResult]
+        """The stream's plans on the pipeline (set by the servicer as the stream opens)."""
+
+    @property
+    def closed(self) -> bool:
+        """The stream is ending: queued plans are skipped."""
+        return self.run.closed
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
@@ -111,11 +105,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._shutdown_requested = shutdown_requested
         self._metrics = metrics or StepMetrics.create()
         self._health = health or HealthSampler()
-        self._prepare_thread = ThreadPoolExecutor(1, thread_name_prefix="executor-prepare")
-        self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="executor-step")
-        self._overlap_prepare = overlap_prepare
-        self._prepare_on = self._prepare_thread
-        """Where prepares run: the prepare thread, or the execute thread (set by `attach`)."""
+        self._pipeline = StepPipeline("executor", overlap_prepare=overlap_prepare)
         self._core: ExecutorCore | None = None
         self._grammar: GrammarService | None = None
         self._executor_id = ""
@@ -128,38 +118,24 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     ) -> None:
         """Start serving `core`; `grammar` compiles constraints ahead of the step threads."""
         self._core, self._executor_id, self._grammar = core, executor_id, grammar
-        self.bind_device(core.device)
-        overlap = self._overlap_prepare
-        if overlap is None:
-            overlap = core.device.type == "cuda"
-        self._prepare_on = self._prepare_thread if overlap else self._execute_thread
+        self._pipeline.attach(core)
 
     def bind_device(self, device: torch.device | str) -> None:
         """Make `device` the current CUDA device of both worker threads, before any job
         queued after this call (a load on `step_thread` too); anything but "cuda:N" is a no-op."""
-        try:
-            device = torch.device(device)
-        except RuntimeError:  # "auto"
-            return
-        if device.type == "cuda" and device.index is not None:
-            for thread in (self._prepare_thread, self._execute_thread):
-                thread.submit(torch.cuda.set_device, device)  # FIFO: before later jobs
+        self._pipeline.bind_device(device)
 
     @property
     def step_thread(self) -> ThreadPoolExecutor:
         """The thread that executes steps (loading may use it too)."""
-        return self._execute_thread
+        return self._pipeline.step_thread
 
     async def close(self) -> None:
         """Shut the core down after every queued prepare and step, then stop the threads."""
         core, self._core = self._core, None
         try:
-            if core is not None:
-                await asyncio.wrap_future(self._prepare_on.submit(lambda: None))
-                await asyncio.wrap_future(self._execute_thread.submit(core.shutdown))
+            await self._pipeline.close(core.shutdown if core is not None else None)
         finally:
-            self._prepare_thread.shutdown(wait=False)
-            self._execute_thread.shutdown(wait=False)
             if self._grammar is not None:
                 self._grammar.close()
 
@@ -190,13 +166,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         constraint = constraint_from_proto(request.constraint)
         if constraint is None:
             raise InvalidArgument("constraint: must be set")
-        if self._grammar is None:
-            raise InvalidArgument(
-                f"constraint: executor {self._executor_id} has no grammar backend"
-            )
-        start = time.monotonic()
-        compiled = await self._grammar.compile(constraint)
-        waited = min(time.monotonic() - start, compiled.compile_seconds)
+        waited = await prepare_constraint(self._grammar, constraint, self._executor_id)
         return executor_pb2.PrepareConstraintResponse(compile_seconds=waited)
 
     async def Step(
@@ -205,7 +175,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[executor_pb2.StepResult]:
         core = self._require_core()
-        stream = await self._claim_stream()
+        stream = await self._claim_stream(core)
         log.info("step_stream_opened")
         queue: asyncio.Queue[Any] = asyncio.Queue()
         slots = asyncio.Semaphore(self._max_inflight)
@@ -226,7 +196,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 yield response
                 slots.release()
         finally:
-            stream.closed = True
+            stream.run.closed = True
             reader.cancel()
             if watcher is not None:
                 watcher.cancel()
@@ -235,7 +205,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
     # -- the stream's parts --------------------------------------------------
 
-    async def _claim_stream(self) -> _Stream:
+    async def _claim_stream(self, core: ExecutorCore) -> _Stream:
         while self._stream is not None:
             if not self._stream.closed:
                 raise FailedPrecondition(
@@ -243,6 +213,12 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 )
             await self._stream_released.wait()  # the old stream is dropping its sequences
         stream = self._stream = _Stream()
+        stream.run = self._pipeline.open(
+            core,
+            after_execute=lambda plan, result: self._answer(core, stream, plan, result),
+            before_prepare=lambda plan: self._track(core, stream, plan),
+            on_error=self._metrics.record_error,
+        )
         self._stream_released.clear()
         return stream
 
@@ -256,7 +232,6 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     ) -> None:
         """Receive, check, convert and queue plans; end the queue with _END or the error."""
         plans = aiter(requests)
-        executes: deque[Future] = deque(maxlen=2)  # the last two plans' executes
         expected = 1
         try:
             while True:
@@ -274,24 +249,13 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 plan = plan_from_proto(msg)
                 if self._grammar is not None:
                     await self._compile_constraints(plan)
-                queue.put_nowait(asyncio.wrap_future(self._submit(core, stream, plan, executes)))
+                queue.put_nowait(asyncio.wrap_future(stream.run.submit(plan)))
         except asyncio.CancelledError:
             # Shutdown (or the writer ending): plans already queued still answer first.
             queue.put_nowait(Unavailable("executor: shutting down, no further plans are taken"))
             raise
         except Exception as exc:
             queue.put_nowait(exc)
-
-    def _submit(
-        self, core: ExecutorCore, stream: _Stream, plan: StepPlan, executes: deque[Future]
-    ) -> Future:
-        """Queue the plan's prepare and execute; the prepare waits for the execute two plans back."""
-        gate = executes[0] if len(executes) == executes.maxlen else None
-        prepare = self._prepare_on.submit(self._prepare, core, stream, plan, gate)
-        stream.last_prepare = prepare
-        execute = self._execute_thread.submit(self._execute, core, stream, plan, prepare)
-        executes.append(execute)
-        return execute
 
     async def _compile_constraints(self, plan: StepPlan) -> None:
         """Compile new grammars here, while earlier steps run; the core then hits the cache."""
@@ -305,14 +269,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         await self._shutdown_requested()
         reader.cancel()
 
-    def _prepare(
-        self, core: ExecutorCore, stream: _Stream, plan: StepPlan, gate: Future | None
-    ) -> PreparedStep | None:
-        """On the prepare thread, once `gate` (step N - 1 for plan N + 1) has executed."""
-        if gate is not None:
-            wait([gate])
-        if stream.closed or stream.prepare_failed or stream.execute_failed:
-            return None
+    def _track(self, core: ExecutorCore, stream: _Stream, plan: StepPlan) -> None:
+        """On the prepare thread, before the core prepares `plan`: the sequences it holds."""
         req_ids = stream.req_ids
         while stream.ended:  # ended by the core, unless this thread admitted the id again
             req_id = stream.ended.popleft()
@@ -320,27 +278,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 req_ids.discard(req_id)
         req_ids.difference_update(plan.finished_req_ids)
         req_ids.update(new.req_id for new in plan.new_seqs)
-        try:
-            return core.prepare(plan)
-        except BaseException:
-            stream.prepare_failed = True
-            raise
 
-    def _execute(
-        self, core: ExecutorCore, stream: _Stream, plan: StepPlan, prepare: Future
-    ) -> executor_pb2.StepResult | None:
-        """One step, on the execute thread; None when the stream ended or failed before it."""
-        if stream.closed or stream.execute_failed:
-            return None
-        try:
-            prepared = prepare.result()  # a failed prepare raises here, after the steps before
-            if prepared is None:
-                return None
-            result = core.execute(prepared)
-        except BaseException:
-            stream.execute_failed = True
-            self._metrics.record_error()
-            raise
+    def _answer(
+        self, core: ExecutorCore, stream: _Stream, plan: StepPlan, result: StepResult
+    ) -> executor_pb2.StepResult:
+        """On the execute thread, after a step: its answer, metrics and health."""
         for output in result.outputs:
             if output.finish_reason is not None:
                 stream.ended.append(output.req_id)
@@ -352,8 +294,6 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     def _drop(self, core: ExecutorCore, stream: _Stream) -> int:
         """On the execute thread, after every prepare and step of the stream: forget its
         sequences (the prepare thread is idle: nothing is queued there until the release)."""
-        if stream.last_prepare is not None:
-            wait([stream.last_prepare])
         req_ids = sorted(r for r in stream.req_ids if core.has_seq(r))
         stream.req_ids.clear()
         if req_ids:
@@ -363,7 +303,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     async def _end_stream(self, core: ExecutorCore, stream: _Stream) -> None:
         """Drop the stream's sequences, then release it (a task: the handler may be cancelled)."""
         try:
-            drop = self._execute_thread.submit(self._drop, core, stream)
+            drop = self._pipeline.run_after(stream.run, lambda: self._drop(core, stream))
             num_dropped = await asyncio.wrap_future(drop)
             log.info("step_stream_closed", num_steps=stream.num_steps, num_dropped=num_dropped)
         except Exception as exc:  # the core is shutting down: nothing left to drop into

@@ -23,7 +23,7 @@ import xgrammar as xgr
 from e2e_mesh import API_KEY, generate
 
 from radixmesh.v1 import inference_pb2 as pb
-from services.executor.core.grammar_compile import compiler_reason
+from services.executor.core.grammar.compiler import compiler_reason
 
 MAX_TOKENS = 512
 """More tokens than any output the bounded constraints below allow: each must finish "stop"."""

@@ -38,9 +38,9 @@ from radixmesh.step import (
 )
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
-from services.executor.core.cuda_graphs import DecodeGraphs, warm_prefill
+from services.executor.core.cuda_graphs import DecodeGraphs
 from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch
-from services.executor.core.grammar_masks import GrammarMasks
+from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar, StepMasks
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.decoder import Decoder
@@ -52,12 +52,8 @@ from services.executor.core.resources import (
     size_num_pages,
 )
 from services.executor.core.sampling import Sampler, SampleResult, SamplingInputs
-from services.executor.core.sequence import (
-    MatcherFactory,
-    SequenceState,
-    TokenMatcher,
-    check_finish,
-)
+from services.executor.core.sequence import SequenceState, check_finish
+from services.executor.core.warmup import warm_prefill
 
 log = get_logger(__name__)
 _NONE: frozenset[int] = frozenset()
@@ -93,6 +89,8 @@ class PreparedStep:
     """None when nothing is scheduled."""
     samplers: list[SequenceState] = field(default_factory=list)
     """The sequences that sample, in batch (and logits row) order."""
+    sampler_rows: list[int] = field(default_factory=list)
+    """Each of `seqs`' row among the samplers, or -1 if it does not sample."""
     output_lens: list[int] = field(default_factory=list)
     """Each sampler's number of output tokens before this step's sample."""
     sampling_inputs: SamplingInputs | None = None
@@ -106,11 +104,11 @@ class ExecutorCore:
     One thread may call `prepare` while another calls `execute` (see `prepare`);
     other calls are not thread-safe.
 
-    `matcher_factory` turns a request's Constraint into its grammar matcher
-    (see `sequence.TokenMatcher`); without one, constrained requests are refused.
+    `grammar` gives each constrained request its matcher (see `grammar.Grammar`);
+    without one, constrained requests are refused.
     """
 
-    def __init__(self, config: ExecutorConfig, matcher_factory: MatcherFactory | None = None):
+    def __init__(self, config: ExecutorConfig, grammar: Grammar | None = None):
         self.config = config
         self.device = resolve_device(config.device)
         folder = read_model_folder(config.model_path)
@@ -157,7 +155,6 @@ class ExecutorCore:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
-        self._matcher_factory = matcher_factory
         self._limits = PlanLimits(
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
@@ -165,7 +162,7 @@ class ExecutorCore:
             vocab_size=spec.vocab_size,
             page_size=config.page_size,
             num_pages=num_pages,
-            has_grammar=matcher_factory is not None,
+            has_grammar=grammar is not None,
         )
         self._lock = threading.Lock()
         """Guards held sequences, free rows and the step counters between prepare and execute."""
@@ -176,7 +173,9 @@ class ExecutorCore:
         self._free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self._last_tokens = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self._seed_rng = random.Random(config.seed)
-        self._masks = GrammarMasks(config.max_num_seqs, spec.vocab_size, self.device)
+        self._grammar = StepGrammar(
+            grammar, config.max_num_seqs, spec.vocab_size, self.device, folder.eos_token_ids
+        )
 
     @property
     def num_seqs(self) -> int:
@@ -215,11 +214,11 @@ class ExecutorCore:
             for req_id in plan.finished_req_ids:
                 self._drop(req_id)
             validate_plan(plan, self._seqs, self._limits)
-            matchers = self._build_matchers(plan.new_seqs)  # may refuse: before changes
+            grammars = self._admit_grammars(plan.new_seqs)  # may refuse: before changes
             seqs: list[SequenceState] = []
             num_tokens: list[int] = []
             for new in plan.new_seqs:
-                seqs.append(self._admit(new, matchers.get(new.req_id)))
+                seqs.append(self._admit(new, grammars.get(new.req_id)))
                 num_tokens.append(new.num_scheduled_tokens)
             for running in plan.running_seqs:
                 seq = self._seqs.get(running.req_id)
@@ -243,7 +242,7 @@ class ExecutorCore:
         """Runs a prepared step: forward, grammar masks, sampling, finish detection.
 
         Beside the forward (on a worker thread on CPU, on this thread while the device
-        computes with CUDA; see grammar_masks.py) each constrained sequence's grammar
+        computes with CUDA; see grammar/step.py) each constrained sequence's grammar
         accepts the token it sampled last, then its bitmask row is filled.
         step_seconds in the result is this call's time plus the prepare's. If it
         raises, the state of the step's sequences is undefined: drop them.
@@ -259,29 +258,25 @@ class ExecutorCore:
         outputs: list[SequenceOutput] = []
         if batch is not None:
             batch.load_device_tokens(self._last_tokens)
-            live = [not s.finished for s in prepared.samplers]
-            fill = self._masks.start_fill(prepared.samplers, live)
+            samplers = prepared.samplers
+            pending = self._grammar.start(
+                [None if s.finished else s.grammar for s in samplers], prepared.output_lens
+            )
             if self._graphs is not None and self._graphs.can_run(batch):
                 logits = self._graphs.run(batch)
             else:
                 logits = self.model.forward(batch, self.kv_pool)
-            masks = fill.result() if fill is not None else self._masks.fill(prepared.samplers, live)
-            refused = {id(prepared.samplers[row]) for row in masks.refused}
-            for row in masks.refused:
-                live[row] = False
-            sampled = (
-                self._sample(prepared, batch, logits, live, masks.bitmask)
-                if prepared.samplers
-                else {}
-            )
+            masks = pending.result()
+            live = [not s.finished and i not in masks.refused for i, s in enumerate(samplers)]
+            sampled = self._sample(prepared, batch, logits, live, masks) if samplers else []
             with self._lock:
-                for seq in prepared.seqs:
+                for seq, row in zip(prepared.seqs, prepared.sampler_rows, strict=True):
                     if seq.finished:
                         continue  # ended by an earlier step; the scheduler did not know yet
-                    if id(seq) in refused:
+                    if row in masks.refused:
                         outputs.append(self._refused(seq))
                         continue
-                    sample = sampled.get(id(seq))
+                    sample = sampled[row] if row >= 0 else None
                     outputs.append(
                         self._finish_sample(seq, *sample)
                         if sample is not None
@@ -295,20 +290,23 @@ class ExecutorCore:
             self._seqs.clear()
             self._graphs = None
             self.kv_pool.release()
-        self._masks.shutdown()
+        self._grammar.shutdown()
 
     # -- state ---------------------------------------------------------------
 
-    def _build_matchers(self, new_seqs: list[NewSequence]) -> dict[str, TokenMatcher]:
-        matchers: dict[str, TokenMatcher] = {}
+    def _admit_grammars(self, new_seqs: list[NewSequence]) -> dict[str, SequenceGrammar]:
+        grammars: dict[str, SequenceGrammar] = {}
         for new in new_seqs:
-            if new.constraint is not None and self._matcher_factory is not None:
-                matcher = self._matcher_factory(new.constraint)
-                matcher.replay(new.token_ids[new.num_prompt_tokens :])  # earlier outputs on resume
-                matchers[new.req_id] = matcher
-        return matchers
+            if new.constraint is not None:
+                grammars[new.req_id] = self._grammar.admit(
+                    new.constraint,
+                    new.token_ids[new.num_prompt_tokens :],  # earlier outputs on resume
+                    new.sampling.min_tokens,
+                    new.sampling.stop_token_ids,
+                )
+        return grammars
 
-    def _admit(self, new: NewSequence, matcher: TokenMatcher | None) -> SequenceState:
+    def _admit(self, new: NewSequence, grammar: SequenceGrammar | None) -> SequenceState:
         seed = (
             new.sampling.seed if new.sampling.seed is not None else self._seed_rng.getrandbits(63)
         )
@@ -322,7 +320,7 @@ class ExecutorCore:
             sampling=new.sampling,
             seed=seed,
             row=self._free_rows.pop(),
-            matcher=matcher,
+            grammar=grammar,
         )
         self._page_tables.write(seq.row, 0, new.page_ids)
         self._seqs[new.req_id] = seq
@@ -380,6 +378,9 @@ class ExecutorCore:
         prepared.seqs = seqs
         sample_idx = np.flatnonzero(samples).tolist()
         prepared.samplers = [seqs[i] for i in sample_idx]
+        sampler_rows = np.full(n, -1, dtype=np.int64)
+        sampler_rows[samples] = np.arange(len(sample_idx))
+        prepared.sampler_rows = sampler_rows.tolist()
         prepared.output_lens = [
             seqs[i].num_known_tokens - seqs[i].num_prompt_tokens for i in sample_idx
         ]
@@ -433,24 +434,14 @@ class ExecutorCore:
         batch: ForwardBatch,
         logits: torch.Tensor,
         live: list[bool],
-        bitmask: torch.Tensor | None,
-    ) -> dict[int, tuple[int, TokenLogprobs | None]]:
-        """id(seq) -> (token_id, logprobs) for the live sequences that sample.
-
-        `bitmask`: the host grammar rows of the samplers (None: no live constrained one).
-        """
+        masks: StepMasks,
+    ) -> list[tuple[int, TokenLogprobs | None] | None]:
+        """(token_id, logprobs) per sampler row; None where the row is not live."""
         seqs = prepared.samplers
         inputs = prepared.sampling_inputs
-        ends = _NONE
-        if bitmask is not None:
-            ends = self._masks.grammar_ends(
-                seqs, live, prepared.output_lens, bitmask, self.info.eos_token_ids
-            )
-        if inputs is None or ends:
-            inputs = self._sampling_inputs(seqs, prepared.output_lens, ends)
-        if bitmask is not None:
-            bitmask = self._masks.upload(bitmask)
-        result = self.sampler.sample(logits, inputs, bitmask)
+        if inputs is None or masks.lifted:
+            inputs = self._sampling_inputs(seqs, prepared.output_lens, masks.lifted)
+        result = self.sampler.sample(logits, inputs, masks.bitmask)
         assert batch.sample_rows is not None
         if all(live):
             self._last_tokens[batch.sample_rows] = result.token_ids
@@ -460,7 +451,7 @@ class ExecutorCore:
             self._last_tokens[batch.sample_rows[keep]] = result.token_ids[keep]
         token_ids = result.token_ids.tolist()
         logprobs = _logprobs_by_row(seqs, token_ids, result)
-        return {id(seq): (token_ids[i], logprobs[i]) for i, seq in enumerate(seqs) if live[i]}
+        return [(token_ids[i], logprobs[i]) if live[i] else None for i in range(len(seqs))]
 
     def _refused(self, seq: SequenceState) -> SequenceOutput:
         """The grammar refused the token sampled last, which its bitmask allowed: an
@@ -472,8 +463,8 @@ class ExecutorCore:
     def _finish_sample(
         self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None
     ) -> SequenceOutput:
-        if seq.matcher is not None:
-            seq.pending_token = token_id  # accepted beside the sequence's next forward
+        if seq.grammar is not None:
+            seq.grammar.pending_token = token_id  # accepted beside the sequence's next forward
         seq.token_ids.append(token_id)
         reason, stop_id = check_finish(
             seq, token_id, self.info.eos_token_ids, self.info.max_model_len

@@ -20,8 +20,8 @@ from mesh.engine import Engine, EngineConfig
 from mesh.tiny_model import write_tiny_model
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
-from services.executor.core import grammar as grammar_module
 from services.executor.core.grammar import GrammarConfig, GrammarService
+from services.executor.core.grammar import service as grammar_service
 
 COLORS = ("red", "green", "blue")
 COLOR_SCHEMA = Constraint(
@@ -98,14 +98,14 @@ async def test_a_slow_compile_does_not_delay_unconstrained_requests(
     engine_with_grammar, monkeypatch
 ):
     release = threading.Event()
-    real_compile = grammar_module.compile_constraint
+    real_compile = grammar_service.compile_constraint
 
     def slow_compile(compiler, constraint, **kwargs):
         if constraint == COLOR_SCHEMA:
             assert release.wait(timeout=30), "the test never released the compile"
         return real_compile(compiler, constraint, **kwargs)
 
-    monkeypatch.setattr(grammar_module, "compile_constraint", slow_compile)
+    monkeypatch.setattr(grammar_service, "compile_constraint", slow_compile)
     engine = engine_with_grammar
     constrained = await engine.generate(prompt(6), greedy(40), constraint=COLOR_SCHEMA)
     others = [await engine.generate(prompt(5 + i, i), greedy(4)) for i in range(3)]

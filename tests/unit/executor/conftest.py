@@ -6,6 +6,7 @@ mapping of any tensor shows up in the logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,10 @@ import pytest
 import torch
 import transformers
 
-from radixmesh.sampling import SamplingParams
+from radixmesh.sampling import Constraint, SamplingParams
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
-from services.executor.core.sequence import MatcherFactory
+from services.executor.core.grammar import Grammar, TokenMatcher
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -100,9 +101,21 @@ def llama_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama3-untied")
 
 
-def make_core(
-    model: TinyModel, matcher_factory: MatcherFactory | None = None, **overrides: Any
-) -> ExecutorCore:
+class FactoryGrammar:
+    """A grammar backend over a factory of test matchers: a step's tokens are accepted one
+    matcher at a time."""
+
+    def __init__(self, factory: Callable[[Constraint], TokenMatcher]) -> None:
+        self._factory = factory
+
+    def matcher_for(self, constraint: Constraint) -> TokenMatcher:
+        return self._factory(constraint)
+
+    def accept_batch(self, matchers: Sequence[TokenMatcher], token_ids: Sequence[int]) -> list[bool]:
+        return [m.accept(t) for m, t in zip(matchers, token_ids, strict=True)]
+
+
+def make_core(model: TinyModel, grammar: Grammar | None = None, **overrides: Any) -> ExecutorCore:
     fields: dict[str, Any] = {
         "model_path": str(model.path),
         "device": "cpu",
@@ -110,7 +123,7 @@ def make_core(
         "num_pages": 64,
     }
     fields.update(overrides)
-    return ExecutorCore(ExecutorConfig(**fields), matcher_factory)
+    return ExecutorCore(ExecutorConfig(**fields), grammar)
 
 
 def greedy(max_tokens: int | None = 32, **overrides: Any) -> SamplingParams:

@@ -13,8 +13,9 @@ import torch
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan
-from services.executor.core.cuda_graphs import warm_prefill
+from services.executor.core.warmup import warm_prefill
 from tests.unit.executor.conftest import (
+    FactoryGrammar,
     TinyModel,
     greedy,
     hf_greedy,
@@ -217,7 +218,7 @@ def test_grammar_hook_masks_sampling_and_ends_the_sequence(llama_model: TinyMode
         matchers.append(OneTokenMatcher(int(constraint.value)))
         return matchers[-1]
 
-    core = make_core(llama_model, matcher_factory=factory)
+    core = make_core(llama_model, FactoryGrammar(factory))
     prompt = random_prompt(5, seed=48)
     unconstrained = hf_greedy(llama_model.hf, prompt, 1)[0]
     forced = (unconstrained + 1) % 128

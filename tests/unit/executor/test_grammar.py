@@ -14,7 +14,7 @@ from mesh.tiny_model import write_tiny_model
 from radixmesh.errors import InvalidArgument, ResourceExhausted, Unavailable
 from radixmesh.sampling import Constraint, ConstraintKind
 from services.executor.core.grammar import GrammarConfig, GrammarService
-from services.executor.core.grammar_compile import choices_ebnf, compiler_reason
+from services.executor.core.grammar.compiler import choices_ebnf, compiler_reason
 
 QUICK = Constraint(ConstraintKind.REGEX, r"[0-9]{3}")
 WAIT_S = 30.0

@@ -7,7 +7,6 @@ steps) and that a finished grammar ends the sequence even while min_tokens holds
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,13 @@ from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
-from services.executor.core.grammar import GrammarConfig, GrammarService
-from services.executor.core.grammar_matcher import ConstraintMatcher
+from services.executor.core.grammar import (
+    ConstraintMatcher,
+    Grammar,
+    GrammarConfig,
+    GrammarService,
+    accept_batch,
+)
 
 PAGES_PER_SEQ = 16  # page_size 4: 64 tokens per sequence
 YES = Constraint(ConstraintKind.CHOICES, choices=("yes",))
@@ -43,11 +47,11 @@ def tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def make_core(model_dir: Path, factory: Callable | None) -> ExecutorCore:
+def make_core(model_dir: Path, grammar: Grammar | None) -> ExecutorCore:
     config = ExecutorConfig(
         model_path=str(model_dir), device="cpu", page_size=4, num_pages=128, max_num_seqs=8
     )
-    return ExecutorCore(config, factory)
+    return ExecutorCore(config, grammar)
 
 
 def new_seq(
@@ -99,7 +103,7 @@ def prompt(n: int, offset: int) -> list[int]:
 def test_a_finished_grammar_ends_the_sequence_despite_min_tokens(
     model_dir, grammar, tokenizer, sampling
 ):
-    core = make_core(model_dir, grammar.matcher_for)
+    core = make_core(model_dir, grammar)
     try:
         result = run(core, {1: [new_seq("yes", 0, prompt(6, 0), sampling, YES)]})
     finally:
@@ -115,7 +119,7 @@ def test_min_tokens_still_holds_eos_back_where_the_grammar_allows_more(model_dir
     """A grammar that may end or go on: min_tokens keeps it going, as without a grammar."""
     more = Constraint(ConstraintKind.REGEX, "[0-9]{1,40}")
     sampling = SamplingParams(max_tokens=40, min_tokens=12, temperature=0.0)
-    core = make_core(model_dir, grammar.matcher_for)
+    core = make_core(model_dir, grammar)
     try:
         token_ids, reason = run(core, {1: [new_seq("n", 0, prompt(5, 3), sampling, more)]})["n"]
     finally:
@@ -130,7 +134,7 @@ def test_unconstrained_rows_stay_unmasked_when_a_constrained_rows_buffer_is_reus
     """'yes' ends after a few steps; 'free' arrives later and samples in the row 'yes' filled,
     beside 'digits', still constrained. Its output is the one it has alone, ungrammared."""
     greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    core = make_core(model_dir, grammar.matcher_for)
+    core = make_core(model_dir, grammar)
     try:
         result = run(
             core,
@@ -168,7 +172,14 @@ def test_on_cpu_the_bitmask_is_filled_while_the_forward_runs(model_dir, grammar)
             fill_started.set()
             super().fill_bitmask(bitmask, row)
 
-    core = make_core(model_dir, lambda c: Recording(grammar.compile_sync(c)))
+    class RecordingGrammar:
+        def matcher_for(self, constraint: Constraint) -> Recording:
+            return Recording(grammar.compile_sync(constraint))
+
+        def accept_batch(self, matchers, token_ids):
+            return accept_batch(matchers, token_ids)
+
+    core = make_core(model_dir, RecordingGrammar())
     forward = core.model.forward
 
     def forward_beside_the_fill(*args, **kwargs):

@@ -7,7 +7,6 @@ import ast
 import json
 import os
 import re
-from itertools import takewhile
 
 import jsonschema
 import pytest
@@ -20,9 +19,13 @@ from kernels.bitmask import apply_bitmask_ref, unpack_bitmask
 from mesh.tiny_model import write_tiny_model
 from radixmesh.errors import FailedPrecondition, InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind
-from services.executor.core.grammar import GrammarConfig, GrammarService
-from services.executor.core.grammar_matcher import ConstraintMatcher, fill_batch_bitmask
-from services.executor.core.sequence import accept_tokens
+from services.executor.core.grammar import (
+    ConstraintMatcher,
+    GrammarConfig,
+    GrammarService,
+    accept_batch,
+    fill_batch_bitmask,
+)
 
 MAX_TOKENS = 512
 PAD = 45
@@ -210,28 +213,6 @@ def _json_constraint(schema: dict) -> Constraint:
     return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema))
 
 
-def test_jump_forward_gives_the_forced_text(service, tokenizer):
-    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
-    matcher = service.new_matcher(service.compile_sync(_json_constraint(schema)))
-    forced = json.dumps({"name": ""})[:-2]  # the object up to the value's opening quote
-    assert matcher.jump_forward_string() == forced
-    tokens = matcher.jump_forward_tokens()
-    spelled = tokenizer.decode(tokens)
-    assert spelled and forced.startswith(spelled)  # a last token that could grow is left out
-    assert all(matcher.accept(t) for t in tokens)
-    assert matcher.jump_forward_string() == forced[len(spelled) :]
-
-
-def test_jump_forward_of_choices_is_their_common_prefix(service):
-    choices = ("apple pie", "apple tart", "apple crumble")
-    matcher = service.new_matcher(
-        service.compile_sync(Constraint(ConstraintKind.CHOICES, choices=choices))
-    )
-    assert matcher.jump_forward_string() == "".join(
-        c[0] for c in takewhile(lambda c: len(set(c)) == 1, zip(*choices, strict=False))
-    )
-
-
 def _masks_along(service, matcher, token_ids) -> list[torch.Tensor]:
     """The mask before each token, accepting the tokens one by one."""
     bitmask = service.allocate_bitmask(1)
@@ -249,7 +230,7 @@ def _mask(service, matcher) -> torch.Tensor:
     return bitmask[0].clone()
 
 
-def test_rollback_and_replay_restore_the_state_the_tokens_gave(service):
+def test_replay_restores_the_state_the_tokens_gave(service):
     schema = {
         "type": "object",
         "properties": {
@@ -262,13 +243,6 @@ def test_rollback_and_replay_restore_the_state_the_tokens_gave(service):
     token_ids = sample(service, service.new_matcher(compiled), seed=7)
     masks = _masks_along(service, service.new_matcher(compiled), token_ids[:-1])
     k = len(token_ids) // 2
-
-    rolled = service.new_matcher(compiled)
-    assert all(rolled.accept(t) for t in token_ids)
-    assert rolled.is_terminated
-    rolled.rollback(len(token_ids) - k)
-    assert rolled.token_ids == tuple(token_ids[:k]) and not rolled.is_terminated
-    assert torch.equal(_mask(service, rolled), masks[k])
 
     resumed = service.new_matcher(compiled)
     resumed.replay(token_ids[:k])
@@ -291,15 +265,6 @@ def test_replay_of_tokens_off_the_grammar_fails_and_resets(service, tokenizer):
     assert torch.equal(_mask(service, matcher), _mask(service, service.new_matcher(compiled)))
 
 
-def test_rollback_past_the_accepted_tokens_is_refused(service, tokenizer):
-    matcher = service.new_matcher(
-        service.compile_sync(Constraint(ConstraintKind.REGEX, r"[0-9]{4}"))
-    )
-    assert matcher.accept(tokenizer.encode("1", add_special_tokens=False)[0])
-    with pytest.raises(InvalidArgument, match=r"num_tokens: must be in \[0, 1\]"):
-        matcher.rollback(2)
-
-
 def test_refused_token_leaves_the_state_unchanged(service, tokenizer):
     matcher = service.new_matcher(
         service.compile_sync(Constraint(ConstraintKind.REGEX, r"[0-9]{4}"))
@@ -320,7 +285,6 @@ def test_terminated_matcher_allows_only_stop_tokens(service, tokenizer):
     assert matcher.accept(tokenizer.eos_token_id) and matcher.is_terminated
     allowed = unpack_bitmask(_mask(service, matcher)[None], service.vocab_size)[0]
     assert allowed.nonzero().flatten().tolist() == list(compiled.stop_token_ids)
-    assert matcher.jump_forward_string() == "" and matcher.jump_forward_tokens() == []
 
 
 def test_padding_and_special_tokens_are_never_allowed(service, tokenizer):
@@ -382,7 +346,7 @@ def test_each_matcher_counts_as_a_constrained_request(tokenizer):
         service.close()
 
 
-def test_accept_many_agrees_with_one_accept_at_a_time(service, tokenizer):
+def test_accept_batch_agrees_with_one_accept_at_a_time(service, tokenizer):
     """Each step, every matcher is offered a token: mostly one its mask allows, sometimes a
     random one (often refused) or a banned one; the batched call and the single calls
     must agree on every answer and leave the same state behind."""
@@ -406,7 +370,7 @@ def test_accept_many_agrees_with_one_accept_at_a_time(service, tokenizer):
                 apply_bitmask_ref(logits, bitmask[row : row + 1])
             token_ids.append(banned if (step + row) % 7 == 0 else int(logits.argmax()))
         expected = [m.accept(t) for m, t in zip(single, token_ids, strict=True)]
-        assert accept_tokens(batched, token_ids) == expected
+        assert service.accept_batch(batched, token_ids) == expected
         num_refused += expected.count(False)
         assert [m.token_ids for m in batched] == [m.token_ids for m in single]
         assert [m.is_terminated for m in batched] == [m.is_terminated for m in single]
@@ -416,18 +380,4 @@ def test_accept_many_agrees_with_one_accept_at_a_time(service, tokenizer):
     fill_batch_bitmask(batched, other)
     assert torch.equal(bitmask, other)
     with pytest.raises(InvalidArgument, match="2 matchers for 1 tokens"):
-        ConstraintMatcher.accept_many(batched[:2], [1])
-
-
-def test_accept_tokens_falls_back_to_one_call_per_matcher_for_other_kinds():
-    class Recorder:
-        def __init__(self, allowed: set[int]) -> None:
-            self.allowed, self.seen = allowed, []
-
-        def accept(self, token_id: int) -> bool:
-            self.seen.append(token_id)
-            return token_id in self.allowed
-
-    matchers = [Recorder({1, 2}), Recorder({3})]
-    assert accept_tokens(matchers, [2, 2]) == [True, False]
-    assert [m.seen for m in matchers] == [[2], [2]]
+        accept_batch(batched[:2], [1])

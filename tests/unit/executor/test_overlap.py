@@ -14,7 +14,14 @@ from radixmesh.errors import FailedPrecondition
 from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan, StepResult
 from services.executor.core.executor import ExecutorCore
-from tests.unit.executor.conftest import TinyModel, greedy, hf_greedy, make_core, random_prompt
+from tests.unit.executor.conftest import (
+    FactoryGrammar,
+    TinyModel,
+    greedy,
+    hf_greedy,
+    make_core,
+    random_prompt,
+)
 
 PAGE_SIZE = 4
 MAX_MODEL_LEN = 40
@@ -287,7 +294,7 @@ def test_a_token_the_grammar_refuses_aborts_only_that_sequence(llama_model: Tiny
     """The grammar hears of a sampled token at the sequence's next step, beside its forward:
     the refusal ends the sequence there."""
     matcher = RefusingMatcher()
-    core = make_core(llama_model, matcher_factory=lambda constraint: matcher)
+    core = make_core(llama_model, FactoryGrammar(lambda constraint: matcher))
     prompt = random_prompt(6, seed=98)
     expected = hf_greedy(llama_model.hf, prompt, 3)
     constrained = NewSequence("g", prompt, 6, 0, 6, [0, 1], greedy())

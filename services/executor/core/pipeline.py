@@ -1,0 +1,211 @@
+"""The executor's step pipeline: plans prepared ahead of the step that executes.
+
+Two worker threads run an `ExecutorCore`, each strictly in plan order: the
+prepare thread runs `ExecutorCore.prepare` (checks, state, host arrays,
+upload), the execute thread `ExecutorCore.execute` (forward, sampling, finish
+detection). Plan N + 1 is prepared while step N executes (on CUDA, while
+execute waits for the sampled tokens), and no further ahead: its prepare
+starts once step N - 1 has executed. With `overlap_prepare` off (by default
+on CPU, where there is no device time to hide and two threads only contend
+for the interpreter) prepares run on the execute thread, between steps. On a
+device "cuda:N" both threads make it their current device (`bind_device`,
+from `attach` at the latest) before any job queued after.
+
+A `PlanRun` is one numbered series of plans (a scheduler's Step stream, or an
+in-process port's life). Once a prepare or execute of a run raises, the
+failure surfaces in plan order (after the results of the plans before it) and
+the run's later plans are skipped: their futures answer None. Both the
+executor service's servicer and the in-process engine's port run their steps
+here; `prepare_constraint` is their `PrepareConstraint`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import torch
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint
+from radixmesh.step import StepPlan, StepResult
+
+if TYPE_CHECKING:
+    from services.executor.core.executor import ExecutorCore, PreparedStep
+    from services.executor.core.grammar import GrammarService
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class PlanRun(Generic[R]):
+    """One series of plans through a pipeline; each plan's future answers `after_execute`'s
+    value, or None when the plan was skipped (the run closed or an earlier plan failed).
+
+    Hooks: `before_prepare(plan)` on the prepare thread just before the core prepares a
+    plan it will run; `after_execute(plan, result)` on the execute thread after the step;
+    `on_error()` on the execute thread when a prepare or execute surfaces as failed.
+    """
+
+    def __init__(
+        self,
+        pipeline: StepPipeline,
+        core: ExecutorCore,
+        after_execute: Callable[[StepPlan, StepResult], R],
+        before_prepare: Callable[[StepPlan], None] | None = None,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
+        self._pipeline = pipeline
+        self._core = core
+        self._after_execute = after_execute
+        self._before_prepare = before_prepare
+        self._on_error = on_error
+        self._executes: deque[Future[R | None]] = deque(maxlen=2)
+        """Loop thread: the last two plans' executes; plan N + 1's prepare waits for the older."""
+        self.last_prepare: Future[PreparedStep | None] | None = None
+        """Loop thread: the last prepare queued (`StepPipeline.run_after` waits for it)."""
+        self.closed = False
+        """Set by the owner: the run is ending; plans not yet prepared or executed are skipped."""
+        self.prepare_failed = False
+        """Prepare thread: a prepare raised; the plans after it are skipped."""
+        self.execute_failed = False
+        """Execute thread: a step raised (or a failed prepare surfaced); later ones are skipped."""
+
+    def submit(self, plan: StepPlan) -> Future[R | None]:
+        """Queue the plan's prepare and execute; the prepare waits for the execute two plans back."""
+        executes = self._executes
+        gate = executes[0] if len(executes) == executes.maxlen else None
+        prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, gate)
+        self.last_prepare = prepare
+        execute = self._pipeline.step_thread.submit(self._execute, plan, prepare)
+        executes.append(execute)
+        return execute
+
+    def _prepare(self, plan: StepPlan, gate: Future[R | None] | None) -> PreparedStep | None:
+        """On the prepare thread, once `gate` (step N - 1 for plan N + 1) has executed."""
+        if gate is not None:
+            wait([gate])
+        if self.closed or self.prepare_failed or self.execute_failed:
+            return None
+        if self._before_prepare is not None:
+            self._before_prepare(plan)
+        try:
+            return self._core.prepare(plan)
+        except BaseException:
+            self.prepare_failed = True
+            raise
+
+    def _execute(self, plan: StepPlan, prepare: Future[PreparedStep | None]) -> R | None:
+        """One step, on the execute thread; None when the run closed or failed before it."""
+        if self.closed or self.execute_failed:
+            return None
+        try:
+            prepared = prepare.result()  # a failed prepare raises here, after the steps before
+            if prepared is None:
+                return None
+            result = self._core.execute(prepared)
+        except BaseException:
+            self.execute_failed = True
+            if self._on_error is not None:
+                self._on_error()
+            raise
+        return self._after_execute(plan, result)
+
+
+class StepPipeline:
+    """The two worker threads of one executor core; see the module docstring.
+
+    Threads are named "<name>-prepare" and "<name>-step". `overlap_prepare`: prepare
+    on the prepare thread while a step executes; None: on a CUDA core only.
+    """
+
+    def __init__(self, name: str = "executor", *, overlap_prepare: bool | None = None) -> None:
+        self._prepare_thread = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-prepare")
+        self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-step")
+        self._overlap_prepare = overlap_prepare
+        self._prepare_on = self._prepare_thread
+        """Where prepares run: the prepare thread, or the execute thread (set by `attach`)."""
+        self._closed = False
+
+    def attach(self, core: ExecutorCore) -> None:
+        """Bind the core's device and decide where prepares run; before any `open`."""
+        self.bind_device(core.device)
+        overlap = self._overlap_prepare
+        if overlap is None:
+            overlap = core.device.type == "cuda"
+        self._prepare_on = self._prepare_thread if overlap else self._execute_thread
+
+    def bind_device(self, device: torch.device | str) -> None:
+        """Make `device` the current CUDA device of both worker threads, before any job
+        queued after this call (a load on `step_thread` too); anything but "cuda:N" is a no-op."""
+        try:
+            device = torch.device(device)
+        except RuntimeError:  # "auto"
+            return
+        if device.type == "cuda" and device.index is not None:
+            for thread in (self._prepare_thread, self._execute_thread):
+                thread.submit(torch.cuda.set_device, device)  # FIFO: before later jobs
+
+    @property
+    def step_thread(self) -> ThreadPoolExecutor:
+        """The thread that executes steps (loading may use it too)."""
+        return self._execute_thread
+
+    @property
+    def prepare_thread(self) -> ThreadPoolExecutor:
+        """Where prepares run: the prepare thread, or the step thread without overlap."""
+        return self._prepare_on
+
+    def open(
+        self,
+        core: ExecutorCore,
+        after_execute: Callable[[StepPlan, StepResult], R],
+        before_prepare: Callable[[StepPlan], None] | None = None,
+        on_error: Callable[[], None] | None = None,
+    ) -> PlanRun[R]:
+        """A new series of plans on `core` (see `PlanRun` for the hooks)."""
+        return PlanRun(self, core, after_execute, before_prepare, on_error)
+
+    def run_after(self, run: PlanRun, job: Callable[[], T]) -> Future[T]:
+        """`job` on the step thread, once every plan of `run` is prepared and executed."""
+
+        def after() -> T:
+            if run.last_prepare is not None:
+                wait([run.last_prepare])
+            return job()
+
+        return self._execute_thread.submit(after)
+
+    async def close(self, last: Callable[[], None] | None = None) -> None:
+        """After every queued prepare and step, run `last` on the step thread (the core's
+        shutdown), then stop both threads. Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.wrap_future(self._prepare_on.submit(_nothing))
+            await asyncio.wrap_future(self._execute_thread.submit(last or _nothing))
+        finally:
+            self._prepare_thread.shutdown(wait=False)
+            self._execute_thread.shutdown(wait=False)
+
+
+def _nothing() -> None:
+    return None
+
+
+async def prepare_constraint(
+    grammar: GrammarService | None, constraint: Constraint, executor_id: str
+) -> float:
+    """`PrepareConstraint`: compile into the grammar cache on its compile threads (never a
+    step thread). Returns how long this call waited for the compile, at most the compile's
+    own time (about 0 when it was cached)."""
+    if grammar is None:
+        raise InvalidArgument(f"constraint: executor {executor_id} has no grammar backend")
+    start = time.monotonic()
+    compiled = await grammar.compile(constraint)
+    return min(time.monotonic() - start, compiled.compile_seconds)
