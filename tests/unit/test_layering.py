@@ -1,6 +1,7 @@
 """The house's import rule, read from the code itself (docs/architecture.md, "Layering").
 
-Ground floor: `radixmesh` (the contract: stubs and plain shared types). Above it the
+Ground floor: `radixmesh` (the contract: stubs and plain shared types; its client SDK
+`radixmesh.lang` alone may import grpc, and only the stubs of the project). Above it the
 shared gRPC runtime `services.common`, then the rooms (cache, scheduler, executor,
 gateway), each of which may import the contract, the runtime, `kernels` (the executor
 only) and another room's `client.py`, nothing else of another room. `kernels` imports
@@ -111,7 +112,8 @@ def test_the_contract_imports_nothing_above_it():
             if first_party(imp.module) and not within(imp.module, "radixmesh"):
                 bad.append(f"{imp.path}:{imp.line} imports {imp.module}")
             generated = path.parent.name == "v1"
-            if not generated and within(imp.module, "grpc"):
+            client_sdk = within(module_name(path), "radixmesh.lang")
+            if not (generated or client_sdk) and within(imp.module, "grpc"):
                 bad.append(f"{imp.path}:{imp.line} imports grpc (the contract is plain data)")
     assert bad == []
 
@@ -137,9 +139,21 @@ def test_kernels_import_nothing_of_the_project():
     assert bad == []
 
 
+def test_the_client_sdk_imports_only_grpc_protobuf_and_the_stubs():
+    bad = [
+        f"{imp.path}:{imp.line} imports {imp.module}"
+        for path in files_under("radixmesh/lang")
+        for imp in imports_of(path)
+        if first_party(imp.module)
+        and not (within(imp.module, "radixmesh.lang") or within(imp.module, "radixmesh.v1"))
+    ]
+    assert bad == []
+
+
 def test_cores_import_no_grpc_and_no_stubs():
     bad = []
-    for core in sorted(ROOT.glob("services/*/core")) + sorted(ROOT.glob("gateway/core")):
+    cores = sorted(ROOT.glob("services/*/core")) + sorted(ROOT.glob("gateway/core"))
+    for core in cores + sorted(ROOT.glob("gateway/*/core")):
         for path in files_under(str(core.relative_to(ROOT))):
             for imp in imports_of(path):
                 if within(imp.module, "grpc") or "_pb2" in imp.module:
