@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ class ServerConfig:
     grace_seconds: float = 5.0
     # Largest gRPC message accepted or sent, in MiB.
     max_message_mb: int = 64
+    # OTLP/gRPC collector for this service's trace spans; empty turns tracing off.
+    otlp_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -71,11 +74,12 @@ class ServerConfig:
             metrics_port=args.metrics_port,
             grace_seconds=args.grace_seconds,
             max_message_mb=args.max_message_mb,
+            otlp_endpoint=getattr(args, "otlp_endpoint", "") or "",
         )
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int = 0) -> None:
-    """--host, --port, --metrics-port, --grace-seconds, --max-message-mb."""
+    """--host, --port, --metrics-port, --grace-seconds, --max-message-mb, --otlp-endpoint."""
     group = parser.add_argument_group("server")
     group.add_argument(
         "--host", default="127.0.0.1", help="interface to bind (default %(default)s)"
@@ -103,6 +107,11 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int =
         type=int,
         default=64,
         help="largest gRPC message in MiB (default %(default)s)",
+    )
+    group.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("RADIXMESH_OTLP_ENDPOINT", ""),
+        help="OTLP/gRPC collector for trace spans (default $RADIXMESH_OTLP_ENDPOINT, else off)",
     )
 
 

@@ -31,6 +31,7 @@ from services.common.health import HEALTH_SERVICE_NAME, NOT_SERVING, SERVING, He
 from services.common.interceptor import ErrorInterceptor
 from services.common.logging import get_logger
 from services.common.metrics import MetricsServer
+from services.common.tracing import configure_tracing, shutdown_tracing
 
 __all__ = ["ServerConfig", "ServiceRuntime", "add_server_arguments", "run_service"]
 
@@ -122,6 +123,7 @@ class ServiceRuntime:
             raise OSError(f"port: {cfg.name} cannot bind {target}")
         await server.start()
         self._server, self._port = server, port
+        configure_tracing(cfg.name, cfg.otlp_endpoint)
         if cfg.metrics_port is not None:
             metrics = MetricsServer(cfg.host, cfg.metrics_port)
             try:
@@ -199,6 +201,7 @@ class ServiceRuntime:
         finally:
             if self._metrics is not None:
                 await self._metrics.stop()
+            await asyncio.to_thread(shutdown_tracing)
             log.info("shutdown_finished")
 
     async def _wait_handlers_unwound(self) -> None:
