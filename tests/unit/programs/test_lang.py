@@ -1,0 +1,151 @@
+"""The Python frontend against a real Programs servicer (in-process gRPC over the engine):
+compiled and interactive modes give the same results; sync, streaming and batch forms."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from gateway.programs.server import ProgramsServicer
+from radixmesh.lang import (
+    Client,
+    ProgramFailed,
+    assistant,
+    gen,
+    program,
+    select,
+    system,
+    text,
+    tool,
+    user,
+)
+from radixmesh.v1 import program_pb2 as pb
+from radixmesh.v1 import program_pb2_grpc
+from services.common.interceptor import ErrorInterceptor
+
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 12}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+@program
+def triage(s, query):
+    s += system("You route support requests.")
+    s += user(query)
+    s += assistant(select("route", ["retrieve", "chat"]))
+    if s["route"] == "retrieve":
+        s += tool("retrieve", query=query, k=2, out="docs")
+        s += user("Answer from: {docs.0.text}")
+    s += assistant(gen("answer", max_tokens=24, json_schema=ANSWER))
+    return s["answer"]
+
+
+@program
+def seed(s, query):
+    s += system("You help customers.")
+    if "检索" in query:
+        s += tool("retrieve", query=query, k=1, out="docs")
+        s += user(f"Documents: {s['docs']}\nQuestion: {query}")
+        s += assistant(gen("answer", max_tokens=24, json_schema=ANSWER))
+        return s["answer"]
+    s += user(query)
+    s += assistant(gen("reply", max_tokens=6))
+    forks = s.fork(2, index_var="i")
+    for f in forks:
+        f += text("Option {i}")
+        f += gen("option", max_tokens=3)
+    forks.join()
+    return s["option"]
+
+
+@pytest.fixture
+async def client(deps):
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()])
+    program_pb2_grpc.add_ProgramsServicer_to_server(ProgramsServicer(deps), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield Client(f"127.0.0.1:{port}")
+    await server.stop(None)
+
+
+def test_compiled_mode_turns_python_ifs_into_if_statements():
+    compiled = seed.compile()
+    kinds = [s.WhichOneof("kind") for s in compiled.body]
+    assert kinds == ["append", "branch"]
+    branch = compiled.body[1].branch
+    assert branch.condition.contains.var == "query" and branch.condition.contains.value == "检索"
+    assert branch.then[0].call.args["query"] == "{query}"
+    assert branch.then[1].append.template == "Documents: {docs}\nQuestion: {query}"
+    assert [s.WhichOneof("kind") for s in branch.otherwise][-2:] == ["fork", "result"]
+
+
+@pytest.mark.parametrize("query", ["请检索退款政策 refund", "hello, where is my parcel"])
+@pytest.mark.parametrize("fn", [seed, triage], ids=["seed", "triage"])
+async def test_interactive_and_compiled_modes_give_the_same_results(client, fn, query):
+    compiled = await fn.arun(client=client, query=query)
+    interactive = await fn.arun(client=client, mode="interactive", query=query)
+    assert interactive.value == compiled.value
+    assert interactive.variables == compiled.variables
+    assert [u["completion_tokens"] for u in interactive.usage] == [
+        u["completion_tokens"] for u in compiled.usage
+    ]
+
+
+async def test_the_seed_branches_on_its_query(client):
+    retrieval = await seed.arun(client=client, query="检索 refund")
+    assert set(retrieval.value) == {"answer"} and retrieval["docs"][0]["id"] == "refunds"
+    chat = await seed.arun(client=client, query="hello")
+    assert "docs" not in chat.variables and len(chat.value) == 2
+
+
+async def test_streaming_yields_text_deltas_then_the_result(client):
+    events = [e async for e in seed.astream(client=client, query="hello")]
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[-1] == "result" and "text" in kinds and "branch" in kinds
+    reply = "".join(e.text.text for e in events if e.WhichOneof("event") == "text" and e.text.var == "reply")
+    result = await seed.arun(client=client, query="hello")
+    assert reply == result["reply"]
+
+
+async def test_the_sync_forms_and_run_batch(client):
+    queries = [{"query": q} for q in ("检索 refund", "hello", "检索 shipping", "bye")]
+    batch = await asyncio.to_thread(seed.run_batch, queries, concurrency=2, client=client)
+    one_by_one = [await seed.arun(client=client, **q) for q in queries]
+    assert [r.value for r in batch] == [r.value for r in one_by_one]
+    single = await asyncio.to_thread(lambda: seed.run(client=client, query="hello"))
+    assert single.value == one_by_one[1].value
+    streamed = await asyncio.to_thread(lambda: list(seed.run(client=client, stream=True, query="bye")))
+    assert streamed[-1].result.value_json
+
+
+async def test_a_bad_program_fails_with_the_statement_named(client):
+    @program
+    def bad(s):
+        s += user("{nowhere}")
+
+    with pytest.raises(ProgramFailed, match=r"INVALID_ARGUMENT: body\[0\]\.append\.template"):
+        await bad.arun(client=client)
+    with pytest.raises(ProgramFailed, match=r"INVALID_ARGUMENT: statement\[0\]\.append\.template"):
+        await bad.arun(client=client, mode="interactive")
+
+
+async def test_a_session_that_closes_releases_its_holds(client, deps, engine):
+    released = asyncio.Event()
+    release = deps.backend.release_hold
+
+    async def release_and_signal(hold_id: str) -> None:
+        await release(hold_id)
+        released.set()
+
+    deps.backend.release_hold = release_and_signal
+    async with client.session(pb.SessionStart()) as session:
+        for statement in (text("Hello.") + gen("a", max_tokens=3)).statements:
+            await session.run(statement)
+        assert sum(s.num_locked_pages for s in engine.cache_stats()) > 0  # the context is held
+    await asyncio.wait_for(released.wait(), 30)
+    assert sum(s.num_locked_pages for s in engine.cache_stats()) == 0
