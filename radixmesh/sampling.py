@@ -40,13 +40,26 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     n: int = 1
+    prompt_logprobs_start: int | None = None
+    """Score the prompt: the log probability of every prompt token at positions >= this
+    (>= 1), each given the tokens before it. Positions from here minus one are never served
+    from the prefix cache. With it, max_tokens may be 0 (score only, nothing sampled)."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgument:
             return InvalidArgument(f"sampling.{name} {why}")
 
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise bad("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 1:
+            raise bad(
+                "prompt_logprobs_start", f"must be >= 1, got {self.prompt_logprobs_start}"
+            )
+        if self.max_tokens is not None and self.max_tokens < self.min_max_tokens:
+            raise bad(
+                "max_tokens",
+                f"must be >= 1 (0 only with prompt_logprobs_start), got {self.max_tokens}"
+                if self.prompt_logprobs_start is None
+                else f"must be >= 0, got {self.max_tokens}",
+            )
         if self.min_tokens < 0:
             raise bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -79,6 +92,16 @@ class SamplingParams:
             )
         if not (1 <= self.n <= MAX_N):
             raise bad("n", f"must be in [1, {MAX_N}], got {self.n}")
+
+    @property
+    def min_max_tokens(self) -> int:
+        """0 when scoring the prompt (max_tokens 0 samples nothing), else 1."""
+        return 0 if self.prompt_logprobs_start is not None else 1
+
+    @property
+    def score_only(self) -> bool:
+        """max_tokens 0: the prompt is prefilled and scored, no token is sampled."""
+        return self.max_tokens == 0
 
     @property
     def greedy(self) -> bool:

@@ -69,6 +69,10 @@ class SequenceOutput:
     finish_reason: str | None = None
     """"stop" or "length" when the executor ended the sequence."""
     matched_stop_token_id: int | None = None
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """With sampling.prompt_logprobs_start: the prompt tokens' log probabilities this step
+    computed, for positions prompt_logprobs_position, +1, ... (token_id is the prompt token)."""
+    prompt_logprobs_position: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,8 @@ __all__ = [
     "constraint_to_proto",
     "health_from_proto",
     "health_to_proto",
+    "logprobs_from_proto",
+    "logprobs_to_proto",
     "plan_from_proto",
     "plan_to_proto",
     "result_from_proto",
@@ -194,15 +196,32 @@ def result_to_proto(result: StepResult) -> executor_pb2.StepResult:
             out.matched_stop_token_id = output.matched_stop_token_id
         logprobs = output.logprobs
         if logprobs is not None:
-            position = out.logprobs
-            position.sampled.token_id = logprobs.token_id
-            position.sampled.logprob = logprobs.logprob
-            add_top = position.top.add
-            for token_id, logprob in logprobs.top:
-                add_top(token_id=token_id, logprob=logprob)
+            logprobs_to_proto(logprobs, out.logprobs)
+        if output.prompt_logprobs:
+            out.prompt_logprobs_position = output.prompt_logprobs_position
+            add_prompt = out.prompt_logprobs.add
+            for entry in output.prompt_logprobs:
+                logprobs_to_proto(entry, add_prompt())
     if result.health is not None:
         health_to_proto(result.health, msg.health)
     return msg
+
+
+def logprobs_to_proto(logprobs: TokenLogprobs, position: inference_pb2.PositionLogprobs) -> None:
+    """Fill `position` (e.g. from `repeated.add()`) with one position's log probabilities."""
+    position.sampled.token_id = logprobs.token_id
+    position.sampled.logprob = logprobs.logprob
+    add_top = position.top.add
+    for token_id, logprob in logprobs.top:
+        add_top(token_id=token_id, logprob=logprob)
+
+
+def logprobs_from_proto(position: inference_pb2.PositionLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(
+        position.sampled.token_id,
+        position.sampled.logprob,
+        [(top.token_id, top.logprob) for top in position.top],
+    )
 
 
 def health_to_proto(health: DeviceHealth, msg: executor_pb2.DeviceHealth) -> None:
@@ -220,14 +239,7 @@ def health_from_proto(msg: executor_pb2.DeviceHealth) -> DeviceHealth:
 def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
     outputs = []
     for out in msg.outputs:
-        logprobs = None
-        if out.HasField("logprobs"):
-            position = out.logprobs
-            logprobs = TokenLogprobs(
-                position.sampled.token_id,
-                position.sampled.logprob,
-                [(top.token_id, top.logprob) for top in position.top],
-            )
+        logprobs = logprobs_from_proto(out.logprobs) if out.HasField("logprobs") else None
         outputs.append(
             SequenceOutput(
                 req_id=out.req_id,
@@ -237,6 +249,8 @@ def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
                 matched_stop_token_id=(
                     out.matched_stop_token_id if out.HasField("matched_stop_token_id") else None
                 ),
+                prompt_logprobs=[logprobs_from_proto(p) for p in out.prompt_logprobs],
+                prompt_logprobs_position=out.prompt_logprobs_position,
             )
         )
     health = health_from_proto(msg.health) if msg.HasField("health") else None

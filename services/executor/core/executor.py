@@ -45,6 +45,7 @@ from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.decoder import Decoder
 from services.executor.core.plan_checks import PlanLimits, validate_plan
+from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
     resolve_device,
     resolve_dtype,
@@ -95,6 +96,10 @@ class PreparedStep:
     """Each sampler's number of output tokens before this step's sample."""
     sampling_inputs: SamplingInputs | None = None
     """None: built at execute time (a penalised history was not complete)."""
+    scoring: PromptScoring | None = None
+    """Rows whose logits score prompt tokens (sampling.prompt_logprobs_start); None: none."""
+    scored_to_end: list[SequenceState] = field(default_factory=list)
+    """Score-only sequences (max_tokens 0) whose prompt this step finishes: they end here."""
     prepare_seconds: float = 0.0
 
 
@@ -262,10 +267,16 @@ class ExecutorCore:
             pending = self._grammar.start(
                 [None if s.finished else s.grammar for s in samplers], prepared.output_lens
             )
-            if self._graphs is not None and self._graphs.can_run(batch):
+            scoring, scored = prepared.scoring, {}
+            if scoring is not None:  # an extend that scores prompt tokens: never a graph
+                logits, hidden = self.model.forward_scored(batch, self.kv_pool, scoring.rows)
+                entries = score(hidden, self.model.lm_head, scoring)
+                scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries)}
+            elif self._graphs is not None and self._graphs.can_run(batch):
                 logits = self._graphs.run(batch)
             else:
                 logits = self.model.forward(batch, self.kv_pool)
+            scored_to_end = {id(seq) for seq in prepared.scored_to_end}
             masks = pending.result()
             live = [not s.finished and i not in masks.refused for i, s in enumerate(samplers)]
             sampled = self._sample(prepared, batch, logits, live, masks) if samplers else []
@@ -282,6 +293,12 @@ class ExecutorCore:
                         if sample is not None
                         else SequenceOutput(seq.req_id, None)
                     )
+                    if scored and (entry := scored.get(id(seq))) is not None:
+                        outputs[-1].prompt_logprobs = entry[1]
+                        outputs[-1].prompt_logprobs_position = entry[0].first_position
+                    if id(seq) in scored_to_end:  # score only: prompt done, nothing sampled
+                        self._end(seq)
+                        outputs[-1].finish_reason = "length"
         seconds = prepared.prepare_seconds + time.perf_counter() - start
         return StepResult(prepared.step_id, outputs, seconds)
 
@@ -357,6 +374,12 @@ class ExecutorCore:
         on_device = np.fromiter((s.has_device_token for s in seqs), dtype=bool, count=n)
         q_lens = np.array(num_tokens, dtype=np.int64)
         samples = starts + q_lens == known
+        if any(s.sampling.prompt_logprobs_start is not None for s in seqs):
+            score_only = np.fromiter((s.sampling.score_only for s in seqs), dtype=bool, count=n)
+            ends = samples & score_only  # max_tokens 0: the prompt's end samples nothing
+            prepared.scored_to_end = [seqs[i] for i in np.flatnonzero(ends).tolist()]
+            samples &= ~ends
+            prepared.scoring = plan_scoring(seqs, starts.tolist(), num_tokens, self.device)
         from_device = samples & on_device  # then q_len is 1: the decode of the last sample
         if from_device.all():
             token_ids = np.zeros(n, dtype=np.int64)
