@@ -23,6 +23,34 @@ HTTP_HEALTH_PATH = "/health"
 """The path the gateway's HTTP server answers 200 on while it serves."""
 
 
+@dataclass(frozen=True, slots=True)
+class LocalReply:
+    """A reply Envoy makes itself, rewritten to the gateway's JSON error body (HTTP only;
+    gRPC clients get the status in the trailers)."""
+
+    status: int
+    cause: str
+    message: str
+    error_type: str
+    code: str
+
+
+LOCAL_REPLIES = (
+    LocalReply(503, "no healthy gateway, or it refused the connection",
+               "no gateway is serving right now; retry later", "server_error", "unavailable"),
+    LocalReply(504, "the gateway did not answer in time",
+               "the gateway did not answer in time; retry later", "timeout_error",
+               "deadline_exceeded"),
+    LocalReply(413, "a body over Envoy's buffer limit",
+               "request body too large", "invalid_request_error", "invalid_argument"),
+    LocalReply(400, "a request Envoy could not parse",
+               "malformed HTTP request", "invalid_request_error", "invalid_argument"),
+    LocalReply(431, "request headers too large",
+               "request headers too large", "invalid_request_error", "invalid_argument"),
+)  # fmt: skip
+"""Every status Envoy answers by itself, besides the rate limit's 429 and the 404 route."""
+
+
 def default_descriptor_path() -> Path:
     """The descriptor set generated beside the stubs (radixmesh/v1/radixmesh.binpb)."""
     import radixmesh
@@ -141,6 +169,7 @@ def render_envoy_config(
         access_log=access_log,
         openai_paths=OPENAI_PATHS,
         http_health_path=HTTP_HEALTH_PATH,
+        local_replies=LOCAL_REPLIES,
         stream_idle_timeout_s=int(stream_idle_timeout_s),
         health_check_interval=duration(health_check_interval_s),
         num_retries=num_retries,

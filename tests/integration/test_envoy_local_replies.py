@@ -1,0 +1,86 @@
+"""Envoy's own replies (no gateway up, a drain) in the gateway's JSON error shape."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+
+from gateway.envoy import GatewayAddress, render_envoy_config
+from gateway.envoy.process import EnvoyProcess
+from radixmesh.v1 import inference_pb2, inference_pb2_grpc
+from services.common.config import free_port
+
+
+@pytest.fixture(scope="module")
+def envoy_alone(tmp_path_factory):
+    """Envoy in front of a gateway address where nothing listens."""
+    tmp = tmp_path_factory.mktemp("envoy-alone")
+    public_port, admin_port = free_port(), free_port()
+    config = render_envoy_config(
+        public_port,
+        admin_port,
+        [GatewayAddress("127.0.0.1", free_port(), free_port())],
+        health_check_interval_s=0.5,
+    )
+    path = tmp / "envoy.yaml"
+    path.write_text(config)
+    envoy = EnvoyProcess(path, admin_port, drain_time_s=1)
+    envoy.public_port = public_port
+    envoy.start()
+    yield envoy
+    envoy.stop()
+
+
+def post(url: str, body: dict) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), method="POST", headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers.get("content-type", ""), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("content-type", ""), exc.read()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_no_gateway_is_a_json_503_on_the_openai_routes(envoy_alone, path):
+    status, content_type, body = post(
+        f"http://127.0.0.1:{envoy_alone.public_port}{path}", {"prompt": "x"}
+    )
+    assert (status, content_type) == (503, "application/json")
+    assert json.loads(body) == {
+        "error": {
+            "message": "no gateway is serving right now; retry later",
+            "type": "server_error",
+            "param": None,
+            "code": "unavailable",
+        }
+    }
+
+
+def test_no_gateway_is_a_503_on_the_transcoded_routes(envoy_alone):
+    # a transcoded call is gRPC inside Envoy: its local reply is the gRPC status, which
+    # the transcoder turns into HTTP 503 with the status message as plain text
+    status, _, body = post(f"http://127.0.0.1:{envoy_alone.public_port}/v1/generate", {})
+    assert status == 503 and body.startswith((b"no healthy upstream", b"upstream connect error"))
+
+
+def test_no_gateway_is_unavailable_on_grpc(envoy_alone):
+    with grpc.insecure_channel(f"127.0.0.1:{envoy_alone.public_port}") as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Tokenize(inference_pb2.TokenizeRequest(prompt="x"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_404_route_keeps_its_own_body(envoy_alone):
+    status, _, body = post(f"http://127.0.0.1:{envoy_alone.public_port}/nowhere", {})
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+
+
+def test_a_drain_is_accepted_by_the_admin_port(envoy_alone):
+    assert envoy_alone.drain_listeners()
