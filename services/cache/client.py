@@ -91,10 +91,14 @@ class ExtendOp:
 class CommitOp:
     lease_id: str
     token_ids: Sequence[int]
+    keep_locked: bool = False
+    """Keep the lease as a lock on the committed path (a context hold)."""
     field: ClassVar[str] = "commit"
 
     def request(self) -> pb.CommitRequest:
-        return pb.CommitRequest(lease_id=self.lease_id, token_ids=self.token_ids)
+        return pb.CommitRequest(
+            lease_id=self.lease_id, token_ids=self.token_ids, keep_locked=self.keep_locked
+        )
 
     def result(self, response: pb.CommitResponse) -> CommitResult:
         return commit_from_pb(response)
@@ -209,8 +213,10 @@ class CacheClient:
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         return await self._run(self._stub.Extend, ExtendOp(lease_id, num_pages))
 
-    async def commit(self, lease_id: str, token_ids: Sequence[int]) -> CommitResult:
-        return await self._run(self._stub.Commit, CommitOp(lease_id, token_ids))
+    async def commit(
+        self, lease_id: str, token_ids: Sequence[int], keep_locked: bool = False
+    ) -> CommitResult:
+        return await self._run(self._stub.Commit, CommitOp(lease_id, token_ids, keep_locked))
 
     async def release(self, lease_id: str) -> None:
         await self._run(self._stub.Release, ReleaseOp(lease_id))

@@ -58,7 +58,9 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         return pb.ExtendResponse(page_ids=self._core.extend(request.lease_id, request.num_pages))
 
     def _commit(self, request: pb.CommitRequest) -> pb.CommitResponse:
-        return convert.commit_to_pb(self._core.commit(request.lease_id, list(request.token_ids)))
+        return convert.commit_to_pb(
+            self._core.commit(request.lease_id, list(request.token_ids), request.keep_locked)
+        )
 
     def _release(self, request: pb.ReleaseRequest) -> pb.ReleaseResponse:
         self._core.release(request.lease_id)

@@ -156,10 +156,16 @@ class CacheCore:
         self._renew(state.holder)
         return pages
 
-    def commit(self, lease_id: str, tokens: Sequence[int]) -> CommitResult:
+    def commit(
+        self, lease_id: str, tokens: Sequence[int], keep_locked: bool = False
+    ) -> CommitResult:
         """Changes state: inserts the full pages of `tokens` (whose KV the lease's pages
         hold, in order) into the tree, frees the lease's copies of pages another commit
         inserted meanwhile, its partial tail page and unused pages, unlocks, ends the lease.
+
+        With `keep_locked` the lease lives on as a lock on the committed path (taken
+        before the old lock is dropped): its page table is the committed full pages, it
+        holds no pages of its own, and `release` (or its holder's expiry) ends it.
 
         `tokens` must start with the lease's cached prefix; only its last page is compared
         again (its pages are the tree's own), and only the tokens after it are inserted."""
@@ -190,7 +196,10 @@ class CacheCore:
         to_free = inserted.duplicate_page_ids + own_pages[num_full_pages - first :]
         pool.allocator.free(to_free)
         pool.num_leased_pages -= len(own_pages)
-        self._end_lease(state)
+        if keep_locked:
+            self._relock(state, tokens[: num_full_pages * ps])
+        else:
+            self._end_lease(state)
         return CommitResult(
             num_cached_tokens=num_full_pages * ps,
             num_new_pages=inserted.num_new_pages,
@@ -244,6 +253,22 @@ class CacheCore:
 
     def _renew(self, holder: str) -> None:
         self._holder_deadline[holder] = self._clock() + self.config.lease_ttl_s
+
+    def _relock(self, state: LeaseState, tokens: Sequence[int]) -> None:
+        """Changes state: the lease now locks exactly the cached path of `tokens` (just
+        committed, full pages) and holds no pages of its own."""
+        tree = state.pool.tree
+        match = tree.walk(tokens)
+        if match.num_tokens != len(tokens):
+            raise AssertionError("a committed path is not in the tree")
+        node = tree.split_match(match)
+        tree.lock(node, self._clock())
+        tree.unlock(state.node)
+        state.node = node
+        state.num_cached_tokens = len(tokens)
+        state.num_prefix_pages = len(tokens) // state.pool.page_size
+        state.page_ids = tree.path_page_ids(node)
+        self._renew(state.holder)
 
     def _end_lease(self, state: LeaseState) -> None:
         """Changes state: drops the lease's locks and its records (its pages are handled)."""
