@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.bitmask import apply_bitmask_ref
+from kernels.fp8_linear import fp8_linear_ref
 from kernels.kv_store import kv_store_ref
 from kernels.paged_attention import paged_attention_ref
 from kernels.paged_decode_attention import paged_decode_attention_ref
@@ -37,6 +38,7 @@ class Ops:
     paged_attention: Callable
     paged_decode_attention: Callable
     apply_bitmask: Callable
+    fp8_linear: Callable
 
 
 REFERENCE_OPS = Ops(
@@ -48,6 +50,7 @@ REFERENCE_OPS = Ops(
     paged_attention=paged_attention_ref,
     paged_decode_attention=paged_decode_attention_ref,
     apply_bitmask=apply_bitmask_ref,
+    fp8_linear=fp8_linear_ref,
 )
 
 _BACKENDS: dict[str, Callable[[], Ops]] = {"cpu": lambda: REFERENCE_OPS}

@@ -185,9 +185,10 @@ class Decoder:
         for i, layer in enumerate(self.weights.layers):
             normed, residual = ops.rmsnorm(hidden, layer.input_norm, spec.rms_norm_eps, residual)
             attn = self._attention(layer, normed, batch, kv_pool.k_caches[i], kv_pool.v_caches[i])
-            hidden = linear(attn, layer.o_proj, layer.o_bias)
+            hidden = linear(attn, layer.o_proj, layer.o_bias, ops)
             normed, residual = ops.rmsnorm(hidden, layer.post_norm, spec.rms_norm_eps, residual)
-            hidden = linear(ops.silu_and_mul(linear(normed, layer.gate_up)), layer.down)
+            gate_up = linear(normed, layer.gate_up, None, ops)
+            hidden = linear(ops.silu_and_mul(gate_up), layer.down, None, ops)
         hidden, _ = ops.rmsnorm(hidden, self.weights.norm, spec.rms_norm_eps, residual)
         return hidden
 
@@ -201,7 +202,7 @@ class Decoder:
     ) -> torch.Tensor:
         spec, ops = self.spec, self.ops
         num_tokens = x.shape[0]
-        qkv = linear(x, layer.qkv, layer.qkv_bias)
+        qkv = linear(x, layer.qkv, layer.qkv_bias, ops)
         q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
         q = q.reshape(num_tokens, spec.num_heads, spec.head_dim)
         k = k.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)

@@ -5,13 +5,12 @@ scale per output row. A checkpoint's per-tensor scale is spread over that tensor
 so the fused q/k/v and gate/up matrices keep each part's own scale and every product is
 one matrix call.
 
-On CUDA the product runs on the FP8 tensor cores (`torch._scaled_mm`, row-wise scales:
-a dynamic scale per token for the activations, the weight's per-row scale); elsewhere
-the reference path dequantizes the weight and calls `F.linear`, which is what the CPU
-tests compare against.
+The product is the `fp8_linear` op of `kernels` (`kernels/fp8_linear.py`): on CUDA a
+weight-only GEMV for decode-sized batches and the FP8 tensor cores (per-token activation
+scales) above that; the torch reference dequantizes the weight and calls `F.linear`.
 
     weight = quantize_weight(bf16_weight)          # per output row
-    y = linear(x, weight, bias)                    # Fp8Weight or a plain tensor
+    y = linear(x, weight, bias, ops)               # Fp8Weight or a plain tensor
 """
 
 from __future__ import annotations
@@ -22,13 +21,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels import Ops
 from radixmesh.errors import InvalidArgument
 from services.executor.core.config import QUANTIZATIONS
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
-# torch._scaled_mm wants both dimensions of the activation matrix divisible by 16.
-_ROW_MULTIPLE = 16
 _MIN_SCALE = 1e-12
 
 
@@ -69,34 +67,13 @@ def dequantize(weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
     return (weight.weight.float() * weight.scale[:, None]).to(dtype)
 
 
-def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias), for a plain weight or an FP8 one."""
+def linear(
+    x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, ops: Ops
+) -> torch.Tensor:
+    """x @ weight.T (+ bias), for a plain weight or an FP8 one (through `ops.fp8_linear`)."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
-    if x.is_cuda:
-        return _scaled_mm_linear(x, weight, bias)
-    return F.linear(x, dequantize(weight, x.dtype), bias)
-
-
-def _scaled_mm_linear(
-    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None
-) -> torch.Tensor:
-    num_rows = x.shape[0]
-    pad = -num_rows % _ROW_MULTIPLE
-    if pad:
-        x = F.pad(x, (0, 0, 0, pad))
-    x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=_MIN_SCALE) / FP8_MAX
-    x_fp8 = (x.float() / x_scale).to(FP8)  # |x / scale| <= 448 by construction
-    out = torch._scaled_mm(
-        x_fp8,
-        weight.weight.t(),  # [in, out], column-major: what the FP8 GEMM wants
-        scale_a=x_scale,
-        scale_b=weight.scale.view(1, -1),
-        out_dtype=x.dtype,
-    )
-    if pad:
-        out = out[:num_rows]
-    return out if bias is None else out + bias
+    return ops.fp8_linear(x, weight.weight, weight.scale, bias)
 
 
 @dataclass(frozen=True, slots=True)

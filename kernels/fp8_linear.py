@@ -1,0 +1,163 @@
+"""FP8 linear layer: y = x @ (weight * scale[:, None]).T + bias, weight in float8_e4m3fn.
+
+Layout contract: x is [num_tokens, in] (rows contiguous), weight [out, in] float8_e4m3fn
+row-major, scale [out] float32 (one per output row), bias [out] or None; y is
+[num_tokens, out] in x's dtype.
+
+`fp8_linear_triton` picks the kernel by the number of rows:
+- up to GEMV_MAX_ROWS (decode at small batch): `_fp8_gemv_kernel` reads each FP8 weight
+  once, widens it in registers and accumulates in fp32 with the activations as they are
+  (weight-only quantization: no activation rounding), one program per BLOCK_N output
+  rows, so the step is bound by reading half the bytes of a bf16 weight;
+- above it: the activations are quantized per token by `_quantize_rows_kernel` (one
+  program per row: the row's largest magnitude maps to 448) and the product runs on the
+  FP8 tensor cores through `torch._scaled_mm` with row-wise scales.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels._triton import check, tl, triton
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+GEMV_MAX_ROWS = 8
+_MIN_SCALE = 1e-12
+# torch._scaled_mm wants both dimensions of the activation matrix divisible by 16.
+_ROW_MULTIPLE = 16
+
+
+def fp8_linear_ref(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The dequantized product: what every kernel here is compared against."""
+    dequantized = (weight.float() * scale.float()[:, None]).to(x.dtype)
+    return F.linear(x, dequantized, bias)
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    num_rows,
+    out_features,
+    in_features,
+    stride_x,
+    stride_w,
+    stride_out,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < out_features
+    mask_m = offs_m < num_rows
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
+    x_rows = x_ptr + offs_m[:, None] * stride_x
+    for k0 in range(0, in_features, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < in_features
+        w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    out = acc * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
+    tl.store(out_ptrs, out, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,
+    out_ptr,
+    scale_ptr,
+    num_rows,
+    in_features,
+    stride_x,
+    stride_out,
+    MIN_SCALE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One row per program: scale = max|x| / 448, out = x / scale in FP8 (rows past
+    num_rows, the padding, become zeros with a scale of MIN_SCALE)."""
+    row = tl.program_id(0)
+    live = row < num_rows
+    x_row = x_ptr + row.to(tl.int64) * stride_x
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, in_features, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_row + offs, mask=(offs < in_features) & live, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    scale = tl.maximum(tl.max(amax, axis=0) / 448.0, MIN_SCALE)
+    out_row = out_ptr + row.to(tl.int64) * stride_out
+    for k0 in range(0, in_features, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_row + offs, mask=(offs < in_features) & live, other=0.0)
+        q = tl.clamp(x.to(tl.float32) / scale, -448.0, 448.0)
+        tl.store(out_row + offs, q.to(out_ptr.dtype.element_ty), mask=offs < in_features)
+    tl.store(scale_ptr + row, scale)
+
+
+def quantize_rows_triton(x: torch.Tensor, num_padded_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x in FP8 [num_padded_rows, in], per-row float32 scales [num_padded_rows, 1])."""
+    num_rows, in_features = x.shape
+    out = torch.empty((num_padded_rows, in_features), dtype=FP8, device=x.device)
+    scale = torch.empty((num_padded_rows, 1), dtype=torch.float32, device=x.device)
+    block_k = min(triton.next_power_of_2(in_features), 4096)
+    _quantize_rows_kernel[(num_padded_rows,)](
+        x, out, scale, num_rows, in_features, x.stride(0), out.stride(0),
+        MIN_SCALE=_MIN_SCALE, BLOCK_K=block_k, num_warps=8,
+    )  # fmt: skip
+    return out, scale
+
+
+def _gemv_blocks(num_rows: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): about 8K products per program and loop step."""
+    block_m = triton.next_power_of_2(max(num_rows, 1))
+    return block_m, 16, max(64, 512 // block_m)
+
+
+def fp8_linear_triton(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    check(x.dim() == 2 and x.stride(-1) == 1, "fp8_linear: x must be [num_tokens, in] contiguous")
+    check(weight.dtype == FP8 and weight.dim() == 2, "fp8_linear: weight must be [out, in] e4m3")
+    check(weight.stride(-1) == 1, "fp8_linear: weight rows must be contiguous")
+    out_features, in_features = weight.shape
+    check(x.shape[1] == in_features, f"fp8_linear: x has {x.shape[1]} columns, weight {in_features}")
+    check(scale.shape == (out_features,) and scale.dtype == torch.float32,
+          "fp8_linear: scale must be [out] float32")  # fmt: skip
+    num_rows = x.shape[0]
+    if num_rows <= GEMV_MAX_ROWS:
+        out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
+        if num_rows == 0:
+            return out
+        block_m, block_n, block_k = _gemv_blocks(num_rows)
+        _fp8_gemv_kernel[(triton.cdiv(out_features, block_n),)](
+            x, weight, scale, bias if bias is not None else scale, out,
+            num_rows, out_features, in_features, x.stride(0), weight.stride(0), out.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=4,
+        )  # fmt: skip
+        return out
+    padded = num_rows + (-num_rows % _ROW_MULTIPLE)
+    x_fp8, x_scale = quantize_rows_triton(x, padded)
+    out = torch._scaled_mm(
+        x_fp8,
+        weight.t(),  # [in, out], column-major, as the FP8 GEMM wants it
+        scale_a=x_scale,
+        scale_b=scale.view(1, -1),
+        out_dtype=x.dtype,
+    )
+    if padded != num_rows:
+        out = out[:num_rows]
+    return out if bias is None else out + bias
