@@ -64,8 +64,11 @@ class DocumentIndex:
 _INDEX = DocumentIndex()
 
 
-def retrieve(query: str, k: int = 3) -> list[dict]:
-    return _INDEX.search(query, k)
+def retrieve(query: str, k: int | str = 3) -> list[dict]:
+    """k may come as text from a template ("2")."""
+    if isinstance(k, str) and k.strip().isdigit():
+        k = int(k)
+    return _INDEX.search(query, k)  # type: ignore[arg-type]
 
 
 _OPERATORS = {
