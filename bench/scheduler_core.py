@@ -22,10 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mesh.engine.ports import InProcessCache
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import SequenceOutput, StepPlan, StepResult
 from services.cache.core import CacheCore
-from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore, StepUpdates
+from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates
 
 
 class NullExecutor:

@@ -1,113 +1,19 @@
-"""Protobuf <-> gateway core objects, at the edge only (inference.proto and scheduler.proto)."""
+"""Protobuf <-> gateway core objects, at the edge only (inference.proto).
+
+Sampling parameters, constraints and priority go through the contract's one
+converter (`radixmesh.wire`), with the same rules as in every other room.
+"""
 
 from __future__ import annotations
 
 import re
 
-from gateway.core.generate import ChoiceEvent, UpstreamUpdate
+from gateway.core.generate import ChoiceEvent
 from gateway.core.openai_responses import MIN_LOGPROB, TokenLogprob
-from gateway.core.prepare import PreparedRequest
-from gateway.core.request import ChatMessage, GatewayRequest, GenerateInput, Priority
+from gateway.core.request import ChatMessage, GatewayRequest, GenerateInput
+from radixmesh import wire
 from radixmesh.errors import InvalidArgument
-from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
-from radixmesh.step import TokenLogprobs
-from radixmesh.v1 import inference_pb2, scheduler_pb2
-from services.common.interceptor import error_from_status
-
-# SamplingParams fields whose proto field is `optional` (unset -> the core default).
-_OPTIONAL_SAMPLING = (
-    "max_tokens",
-    "min_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "ignore_eos",
-    "logprobs",
-    "top_logprobs",
-    "n",
-)
-_FLOAT_SAMPLING = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-)
-_PRIORITY_FROM_PROTO = {
-    inference_pb2.PRIORITY_UNSPECIFIED: Priority.INTERACTIVE,
-    inference_pb2.PRIORITY_INTERACTIVE: Priority.INTERACTIVE,
-    inference_pb2.PRIORITY_BATCH: Priority.BATCH,
-    inference_pb2.PRIORITY_SHEDDABLE: Priority.SHEDDABLE,
-}
-_PRIORITY_TO_PROTO = {
-    Priority.INTERACTIVE: inference_pb2.PRIORITY_INTERACTIVE,
-    Priority.BATCH: inference_pb2.PRIORITY_BATCH,
-    Priority.SHEDDABLE: inference_pb2.PRIORITY_SHEDDABLE,
-}
-_CODE_NAMES = {
-    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
-    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}  # fmt: skip
-
-
-def _float32(value: float) -> float:
-    """Proto floats are float32: 0.9 arrives as 0.8999999762; keep what the client wrote."""
-    return float(f"{value:.7g}")
-
-
-def sampling_from_proto(message: inference_pb2.SamplingParams) -> SamplingParams:
-    fields = {name: getattr(message, name) for name in _OPTIONAL_SAMPLING if message.HasField(name)}
-    for name in _FLOAT_SAMPLING:
-        if name in fields:
-            fields[name] = _float32(fields[name])
-    return SamplingParams(
-        **fields, stop=tuple(message.stop), stop_token_ids=tuple(message.stop_token_ids)
-    )
-
-
-def sampling_to_proto(sampling: SamplingParams) -> inference_pb2.SamplingParams:
-    message = inference_pb2.SamplingParams(
-        stop=sampling.stop, stop_token_ids=sampling.stop_token_ids
-    )
-    for name in _OPTIONAL_SAMPLING:
-        value = getattr(sampling, name)
-        if value is not None:
-            setattr(message, name, value)
-    return message
-
-
-def constraint_from_proto(
-    message: inference_pb2.GenerateRequest | inference_pb2.Constraint, oneof: str
-) -> Constraint | None:
-    """The constraint oneof of a GenerateRequest ("constraint") or a Constraint ("kind")."""
-    which = message.WhichOneof(oneof)
-    if which is None:
-        return None
-    if which == "choices":
-        return Constraint(ConstraintKind.CHOICES, choices=tuple(message.choices.choices))
-    if which == "json_object":
-        return Constraint(ConstraintKind.JSON_OBJECT)
-    return Constraint(ConstraintKind(which), value=getattr(message, which))
-
-
-def constraint_to_proto(constraint: Constraint | None) -> inference_pb2.Constraint | None:
-    if constraint is None:
-        return None
-    if constraint.kind is ConstraintKind.CHOICES:
-        return inference_pb2.Constraint(choices=inference_pb2.Choices(choices=constraint.choices))
-    if constraint.kind is ConstraintKind.JSON_OBJECT:
-        return inference_pb2.Constraint(json_object=True)
-    message = inference_pb2.Constraint()
-    setattr(message, constraint.kind.value, constraint.value)
-    return message
+from radixmesh.v1 import inference_pb2
 
 
 def generate_request_from_proto(request: inference_pb2.GenerateRequest) -> GatewayRequest:
@@ -122,65 +28,15 @@ def generate_request_from_proto(request: inference_pb2.GenerateRequest) -> Gatew
     else:
         messages = tuple(ChatMessage(m.role, m.content) for m in request.messages.messages)
         given = GenerateInput(messages=messages)
-    sampling = sampling_from_proto(request.sampling)
-    priority = _PRIORITY_FROM_PROTO.get(request.priority)
-    if priority is None:
-        raise InvalidArgument(f"priority: unknown value {request.priority}")
     return GatewayRequest(
         model=request.model,
         input=given,
-        sampling=sampling,
-        constraint=constraint_from_proto(request, "constraint"),
-        priority=priority,
+        sampling=wire.sampling_from_proto(request.sampling),
+        constraint=wire.constraint_from_proto(request, oneof="constraint"),
+        priority=wire.priority_from_proto(request.priority),
         stream=True,
         chat=which == "messages",
         session_id=request.session_id,
-    )
-
-
-def submit_to_proto(prepared: PreparedRequest) -> scheduler_pb2.StreamRequest:
-    submit = scheduler_pb2.SubmitRequest(
-        req_id=prepared.req_id,
-        model=prepared.model,
-        token_ids=prepared.prompt_token_ids,
-        sampling=sampling_to_proto(prepared.sampling),
-        constraint=constraint_to_proto(prepared.constraint),
-        priority=_PRIORITY_TO_PROTO[prepared.priority],
-        deadline_unix_ms=prepared.deadline_unix_ms,
-    )
-    return scheduler_pb2.StreamRequest(submit=submit)
-
-
-def abort_to_proto(req_id: str) -> scheduler_pb2.StreamRequest:
-    return scheduler_pb2.StreamRequest(abort=scheduler_pb2.AbortRequest(req_id=req_id))
-
-
-def update_from_proto(update: scheduler_pb2.TokenUpdate) -> UpstreamUpdate:
-    error = None
-    if update.error_code:
-        name = _CODE_NAMES.get(update.error_code, "UNKNOWN")
-        error = error_from_status(name, update.error_message or name)
-    return UpstreamUpdate(
-        token_ids=list(update.token_ids),
-        logprobs=[
-            TokenLogprobs(
-                token_id=p.sampled.token_id,
-                logprob=p.sampled.logprob,
-                top=[(t.token_id, t.logprob) for t in p.top],
-            )
-            for p in update.logprobs
-        ],
-        finish_reason=update.finish_reason,
-        matched_stop_token_id=(
-            update.matched_stop_token_id if update.HasField("matched_stop_token_id") else None
-        ),
-        num_prompt_tokens=update.num_prompt_tokens
-        if update.HasField("num_prompt_tokens")
-        else None,
-        num_cached_tokens=update.num_cached_tokens
-        if update.HasField("num_cached_tokens")
-        else None,
-        error=error,
     )
 
 

@@ -28,7 +28,6 @@ from gateway.core.tokenizer import Tokenizer
 from gateway.drain import edge_tasks
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
-from gateway.upstream import SchedulerUpstream
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
@@ -39,6 +38,7 @@ from services.common.server import ServiceRuntime, run_service
 log = get_logger(__name__)
 
 EXECUTOR_COUNTS_TTL_S = 1.0
+from services.scheduler.client import SchedulerClient
 """ListModels asks the scheduler for its executors at most this often."""
 REDIS_TIMEOUT_S = 1.0
 """Longest wait for one rate-limit call to Redis."""
@@ -135,7 +135,7 @@ async def serve(args: argparse.Namespace) -> int:
     tokenizer = await asyncio.to_thread(Tokenizer.from_folder, args.model, None, args.model_name)
     models = ModelRegistry({tokenizer.name: tokenizer})
     channel = grpc.aio.insecure_channel(args.scheduler_address, options=RECONNECT_OPTIONS)
-    upstream = SchedulerUpstream(channel)
+    upstream = SchedulerClient(channel)
     admission, redis_client = _admission(args)
     memory, cache_client = _memory(args, models)
     counts = ExecutorCounts(upstream.executors_per_model, ttl_s=EXECUTOR_COUNTS_TTL_S)

@@ -4,7 +4,7 @@ A thin shell: parse and validate (`gateway.core.openai`), tokenize
 (`gateway.core.prepare`), run the choices against the scheduler
 (`gateway.core.generate`), and answer with OpenAI's JSON shapes or, when
 `stream` is true, server-sent events ending in `data: [DONE]`. Errors answer
-with OpenAI's error body and the status of `openai_responses.HTTP_STATUS`; an
+with OpenAI's error body and the HTTP status of its code (`radixmesh.status`); an
 error after a stream has started is sent as one last `data: {"error": ...}`
 event. A client that disconnects aborts its request at the scheduler.
 """

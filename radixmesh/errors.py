@@ -60,3 +60,18 @@ class Unauthenticated(RadixmeshError):
     """A missing or unknown API key."""
 
     code = "UNAUTHENTICATED"
+
+
+_ERROR_CLASS_BY_CODE: dict[str, type[RadixmeshError]] = {
+    cls.code: cls for cls in RadixmeshError.__subclasses__()
+}
+
+
+def error_for_code(code: str, message: str) -> RadixmeshError:
+    """The exception for a status code's name (a code with no class keeps its name in `code`)."""
+    cls = _ERROR_CLASS_BY_CODE.get(code)
+    if cls is not None:
+        return cls(message)
+    error = RadixmeshError(message)
+    error.code = code
+    return error

@@ -1,4 +1,4 @@
-"""Sampling parameters and constraints, as every core sees them.
+"""Sampling parameters, constraints and priority classes, as every core sees them.
 
 Validated once, at construction; a bad value raises `InvalidArgument` naming
 the field. Defaults follow OpenAI's and Hugging Face's meanings.
@@ -8,12 +8,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, IntEnum
 
 from radixmesh.errors import InvalidArgument
 
 MAX_TOP_LOGPROBS = 20
 MAX_N = 16
+
+
+class Priority(IntEnum):
+    """Scheduling class; a lower value is served first.
+
+    The values are the numbers of the protobuf enum `radixmesh.v1.Priority`
+    (whose PRIORITY_UNSPECIFIED, 0, reads as INTERACTIVE: `wire.priority_from_proto`).
+    """
+
+    INTERACTIVE = 1
+    """Latency-sensitive traffic; scheduled first."""
+    BATCH = 2
+    """Throughput traffic; runs when interactive work leaves room."""
+    SHEDDABLE = 3
+    """Dropped first (ResourceExhausted) under overload."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
-"""Protobuf <-> the step contract's dataclasses (`radixmesh.step`, `.sampling`).
+"""Protobuf <-> the contract's dataclasses: one converter per concept, for every room.
 
-Shared by both ends of the step stream (the scheduler writes plans and reads results, the
-executor the other way round), so the two can never disagree on the wire format.
+Sampling, constraints and priority (`radixmesh.sampling`), the step plan and
+result (`radixmesh.step`), the scheduler's request updates (`radixmesh.updates`)
+and executor information (`radixmesh.executor_info`). Both ends of each stream
+use the same functions, so they can never disagree on the wire format.
 
 On the hot path: every plan is converted once on its way in and every result
 once on its way out. So the converters read set fields with `ListFields()`
@@ -9,18 +11,27 @@ once on its way out. So the converters read set fields with `ListFields()`
 default `SamplingParams`, and build result messages in place with `add()`.
 
 Unset optional sampling fields take the dataclass defaults; a set field
-keeps its value, zero included (`temperature: 0` is greedy). Bad values
-raise `InvalidArgument` naming the field, e.g.
-`new_seqs['req-1'].sampling.temperature must be in [0, 2], got 3.0`.
+keeps its value, zero included (`temperature: 0` is greedy). Proto floats are
+float32, so a float sampling field is read as the shortest decimal that stands
+for its float32 (`read_float32`: 0.9 arrives as 0.8999999762 and reads 0.9,
+what the client wrote, as protobuf's JSON printer shows it); the device computes
+in float32, where both are the same number. Bad values raise `InvalidArgument` naming the field, e.g.
+`new_seqs['req-1'].sampling.temperature must be in [0, 2], got 3.0`; so does a
+`json_object: false` constraint (it asks for nothing) and an unknown priority.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import fields
 from typing import Any
 
-from radixmesh.errors import InvalidArgument
-from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from google.protobuf.descriptor import FieldDescriptor
+
+from radixmesh.errors import InvalidArgument, error_for_code
+from radixmesh.executor_info import ExecutorInfo
+from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
+from radixmesh.status import status_of, status_of_number
 from radixmesh.step import (
     DeviceHealth,
     NewSequence,
@@ -30,27 +41,44 @@ from radixmesh.step import (
     StepResult,
     TokenLogprobs,
 )
-from radixmesh.v1 import executor_pb2, inference_pb2
+from radixmesh.updates import RequestUpdate
+from radixmesh.v1 import executor_pb2, inference_pb2, scheduler_pb2
 
 __all__ = [
     "constraint_from_proto",
     "constraint_to_proto",
     "health_from_proto",
     "health_to_proto",
+    "info_from_proto",
+    "info_to_proto",
     "logprobs_from_proto",
     "logprobs_to_proto",
     "plan_from_proto",
     "plan_to_proto",
+    "priority_from_proto",
+    "priority_to_proto",
+    "read_float32",
     "result_from_proto",
     "result_to_proto",
     "sampling_from_proto",
     "sampling_to_proto",
+    "update_from_proto",
+    "update_to_proto",
 ]
 
 DEFAULT_SAMPLING = SamplingParams()
 _REPEATED_SAMPLING_FIELDS = frozenset({"stop", "stop_token_ids"})
 _SAMPLING_DEFAULTS = {f.name: getattr(DEFAULT_SAMPLING, f.name) for f in fields(SamplingParams)}
+_FLOAT_SAMPLING_FIELDS = frozenset(
+    f.name
+    for f in inference_pb2.SamplingParams.DESCRIPTOR.fields
+    if f.type == FieldDescriptor.TYPE_FLOAT
+)
+_F32 = struct.Struct("f")
+_DECIMAL_FORMATS = (".6g", ".7g", ".8g")
 _HEALTH_FIELDS = tuple(f.name for f in fields(DeviceHealth))
+_INFO_FIELDS = tuple(f.name for f in fields(ExecutorInfo))
+_OPTIONAL_INFO_FIELDS = ("vocab_size", "max_num_seqs", "max_num_batched_tokens")
 
 # oneof field name <-> ConstraintKind (CHOICES and JSON_OBJECT carry no plain string).
 _KIND_BY_FIELD = {
@@ -71,11 +99,26 @@ def sampling_from_proto(msg: inference_pb2.SamplingParams, where: str = "") -> S
     kwargs: dict[str, Any] = {}
     for descriptor, value in present:
         name = descriptor.name
-        kwargs[name] = tuple(value) if name in _REPEATED_SAMPLING_FIELDS else value
+        if name in _REPEATED_SAMPLING_FIELDS:
+            value = tuple(value)
+        elif name in _FLOAT_SAMPLING_FIELDS:
+            value = read_float32(value)
+        kwargs[name] = value
     try:
         return SamplingParams(**kwargs)
     except InvalidArgument as exc:
         raise InvalidArgument(f"{where}{exc}") from None
+
+
+def read_float32(value: float) -> float:
+    """The shortest decimal whose float32 is `value`'s float32 (0.8999999762 -> 0.9)."""
+    pack, unpack = _F32.pack, _F32.unpack
+    (single,) = unpack(pack(value))
+    for digits in _DECIMAL_FORMATS:
+        shortest = float(format(single, digits))
+        if unpack(pack(shortest))[0] == single:
+            return shortest
+    return float(format(single, ".9g"))  # 9 significant digits always name a float32
 
 
 def sampling_to_proto(params: SamplingParams) -> inference_pb2.SamplingParams:
@@ -88,9 +131,16 @@ def sampling_to_proto(params: SamplingParams) -> inference_pb2.SamplingParams:
     return inference_pb2.SamplingParams(**kwargs)
 
 
-def constraint_from_proto(msg: inference_pb2.Constraint, where: str = "") -> Constraint | None:
-    """None when no kind is set; a `json_object: false` is refused (it means nothing)."""
-    kind = msg.WhichOneof("kind")
+def constraint_from_proto(
+    msg: inference_pb2.Constraint | inference_pb2.GenerateRequest,
+    where: str = "",
+    oneof: str = "kind",
+) -> Constraint | None:
+    """None when no kind is set; a `json_object: false` is refused (it means nothing).
+
+    Reads a Constraint's `kind` oneof, or (oneof="constraint") a GenerateRequest's.
+    """
+    kind = msg.WhichOneof(oneof)  # type: ignore[arg-type]
     if kind is None:
         return None
     try:
@@ -115,6 +165,22 @@ def constraint_to_proto(constraint: Constraint) -> inference_pb2.Constraint:
         return inference_pb2.Constraint(json_object=True)
     kwargs: dict[str, Any] = {kind.value: constraint.value}
     return inference_pb2.Constraint(**kwargs)
+
+
+def priority_from_proto(value: int, where: str = "") -> Priority:
+    """PRIORITY_UNSPECIFIED (0) reads as INTERACTIVE; an unknown number is refused."""
+    if value == inference_pb2.PRIORITY_UNSPECIFIED:
+        return Priority.INTERACTIVE
+    try:
+        return Priority(value)
+    except ValueError:
+        names = ", ".join(f"{p.value} ({p.name})" for p in Priority)
+        raise InvalidArgument(f"{where}priority must be one of {names}, got {value}") from None
+
+
+def priority_to_proto(priority: Priority) -> inference_pb2.Priority:
+    """The `radixmesh.v1.Priority` value (the enum's numbers are the proto's)."""
+    return inference_pb2.Priority.Value(f"PRIORITY_{priority.name}")
 
 
 # -- plans --------------------------------------------------------------------
@@ -255,3 +321,75 @@ def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
         )
     health = health_from_proto(msg.health) if msg.HasField("health") else None
     return StepResult(msg.step_id, outputs, msg.step_seconds, health)
+
+
+# -- request updates (Scheduler.Stream) -----------------------------------------
+
+
+def update_to_proto(
+    update: RequestUpdate, req_id: str | None = None, out: scheduler_pb2.TokenUpdate | None = None
+) -> scheduler_pb2.TokenUpdate:
+    """Fills `out` (e.g. `response.updates.add()`) with update, named req_id (default its own)."""
+    msg = out if out is not None else scheduler_pb2.TokenUpdate()
+    msg.req_id = update.req_id if req_id is None else req_id
+    msg.token_ids.extend(update.token_ids)
+    for logprobs in update.logprobs:
+        logprobs_to_proto(logprobs, msg.logprobs.add())
+    if update.finish_reason is not None:
+        msg.finish_reason = update.finish_reason
+    if update.matched_stop_token_id is not None:
+        msg.matched_stop_token_id = update.matched_stop_token_id
+    if update.num_prompt_tokens is not None:
+        msg.num_prompt_tokens = update.num_prompt_tokens
+        msg.num_cached_tokens = update.num_cached_tokens or 0
+    if update.error is not None:
+        msg.error_code = status_of(update.error.code).number
+        msg.error_message = str(update.error)
+    if update.prompt_logprobs:
+        add_prompt = msg.prompt_logprobs.add
+        for entry in update.prompt_logprobs:
+            logprobs_to_proto(entry, add_prompt())
+    return msg
+
+
+def update_from_proto(msg: scheduler_pb2.TokenUpdate) -> RequestUpdate:
+    update = RequestUpdate(msg.req_id, token_ids=list(msg.token_ids))
+    update.logprobs = [logprobs_from_proto(p) for p in msg.logprobs]
+    update.finish_reason = msg.finish_reason or None
+    if msg.HasField("matched_stop_token_id"):
+        update.matched_stop_token_id = msg.matched_stop_token_id
+    if msg.HasField("num_prompt_tokens"):
+        update.num_prompt_tokens = msg.num_prompt_tokens
+        update.num_cached_tokens = msg.num_cached_tokens
+    if msg.error_code:
+        name = status_of_number(msg.error_code).name
+        update.error = error_for_code(name, msg.error_message or name)
+    if msg.prompt_logprobs:
+        update.prompt_logprobs = [logprobs_from_proto(p) for p in msg.prompt_logprobs]
+    return update
+
+
+# -- executor information (Executor.GetInfo) ------------------------------------
+
+
+def info_to_proto(info: ExecutorInfo) -> executor_pb2.GetInfoResponse:
+    """Every field; an unstated limit (None) travels as 0."""
+    values = {name: getattr(info, name) for name in _INFO_FIELDS}
+    return executor_pb2.GetInfoResponse(**{k: v for k, v in values.items() if v is not None})
+
+
+def info_from_proto(msg: executor_pb2.GetInfoResponse) -> ExecutorInfo:
+    """Every field as the executor reported it (0 for an optional limit reads as None).
+
+    Raises InvalidArgument when the sizes the scheduler plans with are missing.
+    """
+    missing = [n for n in ("page_size", "num_pages", "max_model_len") if not getattr(msg, n)]
+    if missing:
+        raise InvalidArgument(
+            f"executor info of {msg.executor_id!r}: {', '.join(missing)} must be > 0"
+        )
+    values: dict[str, Any] = {name: getattr(msg, name) for name in _INFO_FIELDS}
+    values["eos_token_ids"] = tuple(msg.eos_token_ids)
+    for name in _OPTIONAL_INFO_FIELDS:
+        values[name] = values[name] or None
+    return ExecutorInfo(**values)

@@ -1,8 +1,9 @@
 """Run one request's choices against the scheduler and merge their outputs into one event stream.
 
-The scheduler side is an `Upstream`: `submit(prepared)` yields the request's
-token updates until its finish; `abort(req_id)` stops it. The gRPC client of
-the scheduler's Stream implements it in the gateway server; tests use a fake.
+The scheduler side is an `Upstream`, the shape of `SchedulerClient`
+(`services/scheduler/client.py`, which the gateway server uses; tests use a
+fake): `generate(req_id, token_ids, sampling, ...)` yields the request's
+`RequestUpdate`s until its finish; `abort(req_id)` stops it.
 
 `generate(...)` submits every choice, feeds each choice's updates through its
 `ChoiceStream` (detokenizer, stop strings, logprobs) and yields `ChoiceEvent`s
@@ -16,37 +17,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.core.openai_responses import Usage
 from gateway.core.output import ChoiceDelta, ChoiceStream
 from gateway.core.prepare import PreparedRequest, split_choices
 from gateway.core.tokenizer import Tokenizer
-from radixmesh.errors import RadixmeshError
-from radixmesh.step import TokenLogprobs
-
-
-@dataclass(slots=True)
-class UpstreamUpdate:
-    """One scheduler update of one request (the fields of TokenUpdate)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    finish_reason: str = ""
-    """Set on the last update: "stop", "length" or "abort"."""
-    matched_stop_token_id: int | None = None
-    num_prompt_tokens: int | None = None
-    """Set on the first update, with num_cached_tokens."""
-    num_cached_tokens: int | None = None
-    error: RadixmeshError | None = None
-    """The request failed; it is over."""
+from radixmesh.sampling import Constraint, Priority, SamplingParams
+from radixmesh.updates import RequestUpdate
 
 
 class Upstream(Protocol):
-    def submit(self, request: PreparedRequest) -> AsyncIterator[UpstreamUpdate]: ...
+    def generate(
+        self,
+        req_id: str,
+        token_ids: tuple[int, ...],
+        sampling: SamplingParams | None = None,
+        *,
+        constraint: Constraint | None = None,
+        model: str = "",
+        priority: Priority = Priority.INTERACTIVE,
+        deadline_unix_ms: int = 0,
+    ) -> AsyncIterator[RequestUpdate]:
+        """The request's updates until its finish or error; leaving early aborts it."""
 
-    async def abort(self, req_id: str) -> None: ...
+    async def abort(self, req_id: str) -> None:
+        """Abort a request still running (a finished or unknown one: nothing)."""
 
 
 @dataclass(slots=True)
@@ -100,7 +97,15 @@ async def _run_choice(
     )
     num_prompt_tokens, num_cached_tokens = len(choice.prompt_token_ids), 0
     finished_upstream = False
-    updates = upstream.submit(choice)
+    updates = upstream.generate(
+        choice.req_id,
+        choice.prompt_token_ids,
+        choice.sampling,
+        constraint=choice.constraint,
+        model=choice.model,
+        priority=choice.priority,
+        deadline_unix_ms=choice.deadline_unix_ms,
+    )
     try:
         async for update in updates:
             if update.error is not None:
@@ -114,7 +119,7 @@ async def _run_choice(
             delta = stream.on_update(
                 update.token_ids,
                 update.logprobs,
-                update.finish_reason,
+                update.finish_reason or "",
                 update.matched_stop_token_id,
             )
             if delta.finish_reason is None and not delta.text and not delta.token_ids:

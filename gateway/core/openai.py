@@ -24,10 +24,9 @@ from gateway.core.request import (
     ChatMessage,
     GatewayRequest,
     GenerateInput,
-    Priority,
 )
 from radixmesh.errors import InvalidArgument
-from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default max_tokens for /v1/completions (chat defaults to the context limit)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.errors import RadixmeshError
+from radixmesh.status import status_of
 
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 
@@ -30,23 +31,6 @@ OPENAI_CONSTRAINT_PARAMS = {
 MIN_LOGPROB = -9999.0
 """-inf (a token the sampler could not pick) is reported as this, as OpenAI does; JSON has no inf."""
 
-# gRPC status name -> HTTP status, OpenAI error type.
-HTTP_STATUS: dict[str, tuple[int, str]] = {
-    "INVALID_ARGUMENT": (400, "invalid_request_error"),
-    "FAILED_PRECONDITION": (400, "invalid_request_error"),
-    "OUT_OF_RANGE": (400, "invalid_request_error"),
-    "UNAUTHENTICATED": (401, "authentication_error"),
-    "PERMISSION_DENIED": (403, "permission_error"),
-    "NOT_FOUND": (404, "invalid_request_error"),
-    "ABORTED": (409, "conflict_error"),
-    "ALREADY_EXISTS": (409, "conflict_error"),
-    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
-    "CANCELLED": (499, "cancelled"),
-    "UNIMPLEMENTED": (501, "server_error"),
-    "UNAVAILABLE": (503, "server_error"),
-    "DEADLINE_EXCEEDED": (504, "timeout_error"),
-    "INTERNAL": (500, "server_error"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +262,8 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """
     if not isinstance(exc, RadixmeshError):
         return 500, error_body("internal error", "server_error", code="internal_error")
-    status, error_type = HTTP_STATUS.get(exc.code, (500, "server_error"))
+    row = status_of(exc.code)  # the contract's one table: gRPC code -> HTTP status and type
+    status, error_type = row.http_status, row.error_type
     param, message = getattr(exc, "param", None), str(exc)
     if param is None and status < 500:
         # Cores start messages with the field they blame: "messages[0].role: ...".

@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.core.request import GatewayRequest, Priority
+from gateway.core.request import GatewayRequest
 from gateway.core.tokenizer import Tokenizer
 from radixmesh.errors import InvalidArgument
-from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.sampling import Constraint, Priority, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.sampling import Constraint, Priority, SamplingParams
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
-class Priority(Enum):
-    """Scheduling class; the values are the protobuf enum numbers of `radixmesh.v1.Priority`."""
-
-    INTERACTIVE = 1
-    BATCH = 2
-    SHEDDABLE = 3
 
 
 @dataclass(frozen=True, slots=True)

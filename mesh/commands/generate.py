@@ -1,13 +1,20 @@
-"""Generate a continuation of one prompt in-process (tokenizer, executor core, local pages)."""
+"""Generate a continuation of one prompt in-process: the tokenizer and the in-process engine
+(`mesh.engine`: the scheduler, cache and executor cores without gRPC)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from radixmesh.errors import RadixmeshError
 from radixmesh.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the engine imports torch; loading waits for run()
+    from mesh.engine import Engine
+    from mesh.engine.engine import Completion
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from mesh.engine_lite import generate
+    from mesh.engine import Engine, EngineConfig
     from services.executor.core.config import ExecutorConfig
-    from services.executor.core.executor import ExecutorCore
+    from services.executor.core.loader import read_model_folder
 
     try:
         sampling = SamplingParams(
@@ -38,20 +45,17 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             seed=args.seed,
         )
-        config = ExecutorConfig(
+        executor = ExecutorConfig(
             model_path=args.model,
             device=args.device,
             dtype=args.dtype,
             seed=args.seed or 0,
             max_num_seqs=1,
         )
-        core = ExecutorCore(config)  # checks the folder before the tokenizer reads it
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
-            prompt_ids = list(tokenizer(args.prompt)["input_ids"])
-            (output,) = generate(core, [prompt_ids], sampling)
-        finally:
-            core.shutdown()
+        read_model_folder(args.model)  # checks the folder before the tokenizer reads it
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        prompt_ids = list(tokenizer(args.prompt)["input_ids"])
+        output = asyncio.run(_complete(Engine(EngineConfig((executor,))), prompt_ids, sampling))
     except (RadixmeshError, FileNotFoundError) as exc:
         print(f"radixmesh generate: {exc}", file=sys.stderr)
         return 2
@@ -67,3 +71,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(text)
     return 0
+
+
+async def _complete(engine: Engine, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+    async with engine:
+        return await engine.complete(prompt_ids, sampling)

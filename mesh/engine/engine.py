@@ -14,7 +14,6 @@ streams.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -27,17 +26,12 @@ if TYPE_CHECKING:  # the executor core imports torch; loading waits for start()
     from services.executor.core.executor import ExecutorCore
     from services.executor.core.grammar import GrammarService
 from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
-from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.sampling import Constraint, Priority, SamplingParams
 from radixmesh.step import TokenLogprobs
+from radixmesh.updates import RequestUpdate
 from services.cache.core import CacheConfig, CacheCore, PoolStats
 from services.executor.core.config import ExecutorConfig
-from services.scheduler.core import (
-    Priority,
-    RequestUpdate,
-    SchedulerConfig,
-    SchedulerCore,
-    StepUpdates,
-)
+from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates, fit_to_executors
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +166,7 @@ class Engine:
             self.cache.register_pool(info.executor_id, info.model, info.num_pages, info.page_size)
             ports.append(port)
         self.executors = list(cores)
-        config = _fit_scheduler(self.config.scheduler, cores)
+        config = fit_to_executors(self.config.scheduler, (port.info for port in ports))
         self._scheduler = SchedulerCore(config, InProcessCache(self.cache), ports, self._fan_out)
         await self._scheduler.start()
 
@@ -255,14 +249,3 @@ class Engine:
             if update.finished:
                 del self._streams[update.req_id]
             stream._put(update)
-
-
-def _fit_scheduler(config: SchedulerConfig, cores: list[ExecutorCore]) -> SchedulerConfig:
-    """Lower the scheduler's step limits to what every executor was sized for."""
-    max_tokens = min(c.info.max_num_batched_tokens for c in cores)
-    max_seqs = min(c.info.max_num_seqs for c in cores)
-    return dataclasses.replace(
-        config,
-        max_num_batched_tokens=min(config.max_num_batched_tokens, max_tokens),
-        max_num_seqs=min(config.max_num_seqs, max_seqs),
-    )

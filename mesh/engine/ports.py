@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 from typing import TYPE_CHECKING
 
+from radixmesh.cache_types import Lease
 from radixmesh.errors import Unavailable
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
 from radixmesh.step import StepPlan, StepResult
 from services.cache.core import CacheCore
 from services.executor.core.pipeline import StepPipeline, prepare_constraint
-from services.scheduler.core import ExecutorInfo, LeaseGrant
 
 if TYPE_CHECKING:
     from services.executor.core.executor import ExecutorCore
@@ -37,9 +39,8 @@ class InProcessCache:
 
     async def acquire(
         self, executor_id: str, token_ids: list[int], num_tokens: int, holder: str
-    ) -> LeaseGrant:
-        lease = self.core.acquire(executor_id, token_ids, num_tokens, holder)
-        return LeaseGrant(lease.lease_id, lease.page_ids, lease.num_cached_tokens)
+    ) -> Lease:
+        return self.core.acquire(executor_id, token_ids, num_tokens, holder)
 
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         return self.core.extend(lease_id, num_pages)
@@ -52,19 +53,6 @@ class InProcessCache:
 
     async def heartbeat(self, holder: str) -> int:
         return self.core.heartbeat(holder)
-
-
-def executor_info(executor_id: str, core: ExecutorCore) -> ExecutorInfo:
-    info = core.info
-    return ExecutorInfo(
-        executor_id=executor_id,
-        model=info.name,
-        page_size=info.page_size,
-        num_pages=info.num_pages,
-        max_model_len=info.max_model_len,
-        vocab_size=info.vocab_size,
-        eos_token_ids=tuple(info.eos_token_ids),
-    )
 
 
 class InProcessExecutor:
@@ -89,7 +77,7 @@ class InProcessExecutor:
     ) -> None:
         self.core = core
         self.grammar = grammar
-        self._info = executor_info(executor_id, core)
+        self._info = dataclasses.replace(core.info, executor_id=executor_id)
         self._pipeline = StepPipeline(executor_id, overlap_prepare=overlap_prepare)
         self._pipeline.attach(core)
         self._run = self._pipeline.open(core, after_execute=_result)

@@ -108,7 +108,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("executor_id", "model", "max_model_len", "vocab_size", "num_pages", "page_size", "eos_token_ids", "device", "max_num_seqs", "max_num_batched_tokens")
+    __slots__ = ("executor_id", "model", "max_model_len", "vocab_size", "num_pages", "page_size", "eos_token_ids", "device", "max_num_seqs", "max_num_batched_tokens", "architecture", "dtype")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,8 @@ class GetInfoResponse(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     model: str
     max_model_len: int
@@ -129,4 +131,6 @@ class GetInfoResponse(_message.Message):
     device: str
     max_num_seqs: int
     max_num_batched_tokens: int
-    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
+    architecture: str
+    dtype: str
+    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...

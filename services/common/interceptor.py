@@ -31,11 +31,6 @@ REQUEST_ID_METADATA = "x-request-id"
 
 log = get_logger(__name__)
 
-_ERROR_CLASS_BY_CODE: dict[str, type[errors.RadixmeshError]] = {
-    cls.code: cls for cls in errors.RadixmeshError.__subclasses__()
-}
-
-
 def status_code_of(exc: BaseException) -> grpc.StatusCode:
     """The status code an exception stands for (INTERNAL for an unexpected one)."""
     if isinstance(exc, errors.RadixmeshError):
@@ -53,13 +48,7 @@ def status_code_of(exc: BaseException) -> grpc.StatusCode:
 
 def error_from_status(code: grpc.StatusCode | str, message: str) -> errors.RadixmeshError:
     """The core exception for a remote status (a code with no class keeps its name in `code`)."""
-    name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-    cls = _ERROR_CLASS_BY_CODE.get(name)
-    if cls is not None:
-        return cls(message)
-    error = errors.RadixmeshError(message)
-    error.code = name
-    return error
+    return errors.error_for_code(code.name if isinstance(code, grpc.StatusCode) else code, message)
 
 
 def error_from_rpc_error(exc: grpc.RpcError) -> errors.RadixmeshError:

@@ -48,7 +48,8 @@ from services.executor.health import (
 from services.executor.server import DEFAULT_MAX_INFLIGHT_PLANS, SERVICE_NAME, ExecutorServicer
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import ExecutorCore, ModelInfo
+    from radixmesh.executor_info import ExecutorInfo
+    from services.executor.core.executor import ExecutorCore
 
 log = get_logger(__name__)
 
@@ -309,16 +310,16 @@ async def _load(
     servicer.attach(core, executor_id, grammar)
     info = core.info
     timings = {f"{phase}_s": round(s, 3) for phase, s in core.startup_seconds.items()}
-    log.info("model_loaded", executor_id=executor_id, model=info.name, device=info.device,
+    log.info("model_loaded", executor_id=executor_id, model=info.model, device=info.device,
              num_pages=info.num_pages, page_size=info.page_size, **timings)  # fmt: skip
     return core
 
 
 async def _register(
-    args: argparse.Namespace, executor_id: str, info: ModelInfo, fresh: bool = True
+    args: argparse.Namespace, executor_id: str, info: ExecutorInfo, fresh: bool = True
 ) -> None:
     request = cache_pb2.RegisterPoolRequest(
-        executor_id=executor_id, model=info.name, num_pages=info.num_pages, page_size=info.page_size
+        executor_id=executor_id, model=info.model, num_pages=info.num_pages, page_size=info.page_size
     )
     try:
         await register_pool(args.cache_address, request, args.cache_timeout_seconds, fresh)

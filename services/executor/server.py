@@ -24,6 +24,7 @@ UNAVAILABLE.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -152,7 +153,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     async def GetInfo(
         self, request: executor_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
     ) -> executor_pb2.GetInfoResponse:
-        return info_to_proto(self._executor_id, self._require_core().info)
+        info = dataclasses.replace(self._require_core().info, executor_id=self._executor_id)
+        return info_to_proto(info)
 
     async def PrepareConstraint(
         self, request: executor_pb2.PrepareConstraintRequest, context: grpc.aio.ServicerContext

@@ -4,63 +4,81 @@
         async for update in scheduler.generate("r1", prompt_ids, SamplingParams(max_tokens=16)):
             print(update.token_ids)
 
-Updates arrive as the core's `RequestUpdate` (an error as the core's
-exception type). A broken stream ends every open request with Unavailable;
-the next `generate` opens a new stream.
+The one client of `Scheduler.Stream`: the gateway, the load generator, the
+benchmarks and the tests all use it. Submits and aborts are written to one
+long-lived stream in order; each StreamResponse (one per scheduler step, with
+every request's new tokens) is split by req_id onto per-request queues, as
+`radixmesh.updates.RequestUpdate`s (an error as the core's exception type).
+When the stream breaks, every request on it ends with Unavailable (the
+scheduler aborts them too, since the stream closed) and the next `generate`
+opens a new stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from radixmesh import wire
 from radixmesh.errors import InvalidArgument, Unavailable
-from radixmesh.sampling import Constraint, SamplingParams
-from radixmesh.step import TokenLogprobs
-from radixmesh.v1 import inference_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.common.interceptor import error_from_status
-from services.scheduler.core import Priority, RequestUpdate
-
-_PRIORITY = {
-    Priority.INTERACTIVE: inference_pb2.PRIORITY_INTERACTIVE,
-    Priority.BATCH: inference_pb2.PRIORITY_BATCH,
-    Priority.SHEDDABLE: inference_pb2.PRIORITY_SHEDDABLE,
-}
-_STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
+from radixmesh.sampling import Constraint, Priority, SamplingParams
+from radixmesh.updates import RequestUpdate
+from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
-def update_from_proto(msg: scheduler_pb2.TokenUpdate) -> RequestUpdate:
-    update = RequestUpdate(msg.req_id, token_ids=list(msg.token_ids))
-    update.logprobs = [
-        TokenLogprobs(
-            p.sampled.token_id, p.sampled.logprob, [(t.token_id, t.logprob) for t in p.top]
-        )
-        for p in msg.logprobs
-    ]
-    update.finish_reason = msg.finish_reason or None
-    if msg.HasField("matched_stop_token_id"):
-        update.matched_stop_token_id = msg.matched_stop_token_id
-    if msg.HasField("num_prompt_tokens"):
-        update.num_prompt_tokens = msg.num_prompt_tokens
-        update.num_cached_tokens = msg.num_cached_tokens
-    if msg.error_code:
-        code = _STATUS_BY_VALUE.get(msg.error_code, grpc.StatusCode.UNKNOWN)
-        update.error = error_from_status(code, msg.error_message)
-    return update
+class _Stream:
+    """One open Stream call: an outbox feeding the request iterator, a reader task."""
+
+    def __init__(
+        self, stub: scheduler_pb2_grpc.SchedulerStub, on_lost: Callable[[_Stream], None]
+    ) -> None:
+        self.outbox: asyncio.Queue[scheduler_pb2.StreamRequest | None] = asyncio.Queue()
+        self.queues: dict[str, asyncio.Queue[RequestUpdate]] = {}
+        self.call = stub.Stream(self._requests())
+        self.reader = asyncio.create_task(self._read(on_lost), name="scheduler-stream-reader")
+
+    async def _requests(self) -> AsyncIterator[scheduler_pb2.StreamRequest]:
+        while (message := await self.outbox.get()) is not None:
+            yield message
+
+    async def _read(self, on_lost: Callable[[_Stream], None]) -> None:
+        reason = "the scheduler closed the stream"
+        try:
+            async for response in self.call:
+                for msg in response.updates:
+                    queue = self.queues.get(msg.req_id)
+                    if queue is not None:
+                        queue.put_nowait(wire.update_from_proto(msg))
+        except grpc.aio.AioRpcError as exc:
+            reason = f"scheduler stream failed: {exc.code().name} {exc.details()}"
+        except asyncio.CancelledError:
+            reason = "the client is closing"
+        finally:
+            on_lost(self)
+            for req_id, queue in self.queues.items():
+                queue.put_nowait(RequestUpdate(req_id, error=Unavailable(reason)))
+            self.queues.clear()
+
+    def abort(self, req_id: str) -> None:
+        abort = scheduler_pb2.AbortRequest(req_id=req_id)
+        self.outbox.put_nowait(scheduler_pb2.StreamRequest(abort=abort))
 
 
 class SchedulerClient:
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+    """Requests to the scheduler over `Scheduler.Stream` (see the module docstring).
+
+    `target` is an address (the client opens and closes its channel) or an open
+    channel (its owner closes it).
+    """
+
+    def __init__(self, target: str | grpc.aio.Channel) -> None:
+        self._owns_channel = isinstance(target, str)
+        self._channel = grpc.aio.insecure_channel(target) if isinstance(target, str) else target
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
-        self._outbox: asyncio.Queue[scheduler_pb2.StreamRequest | None] | None = None
-        self._queues: dict[str, asyncio.Queue[RequestUpdate]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._stream: _Stream | None = None
 
     async def __aenter__(self) -> SchedulerClient:
         return self
@@ -68,42 +86,40 @@ class SchedulerClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:
-        if self._outbox is not None:
-            self._outbox.put_nowait(None)
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        await self._channel.close()
-
     async def generate(
         self,
         req_id: str,
-        token_ids: list[int],
+        token_ids: list[int] | tuple[int, ...],
         sampling: SamplingParams | None = None,
         *,
         constraint: Constraint | None = None,
         model: str = "",
         priority: Priority = Priority.INTERACTIVE,
         deadline_unix_ms: int = 0,
+        hold_id: str = "",
     ) -> AsyncIterator[RequestUpdate]:
-        """The request's updates; leaving the loop early aborts the request."""
-        if req_id in self._queues:
-            raise InvalidArgument(f"req_id {req_id!r} is already running on this client")
+        """The request's updates until its finish or error; leaving early aborts it.
+
+        With `hold_id`, a normal finish keeps the request's context (prompt + output)
+        locked in the prefix cache under that name (replacing a hold of the same name)
+        until `release_hold`, or until this client's stream closes."""
+        stream = self._current()
+        if req_id in stream.queues:
+            raise InvalidArgument(f"req_id: {req_id!r} is already running on this client")
         submit = scheduler_pb2.SubmitRequest(
             req_id=req_id,
             model=model,
             token_ids=token_ids,
             sampling=wire.sampling_to_proto(sampling or SamplingParams()),
-            priority=_PRIORITY[priority],
+            priority=wire.priority_to_proto(priority),
             deadline_unix_ms=deadline_unix_ms,
+            hold_id=hold_id,
         )
         if constraint is not None:
             submit.constraint.CopyFrom(wire.constraint_to_proto(constraint))
         queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
-        self._queues[req_id] = queue
-        self._send(scheduler_pb2.StreamRequest(submit=submit))
+        stream.queues[req_id] = queue
+        stream.outbox.put_nowait(scheduler_pb2.StreamRequest(submit=submit))
         finished = False
         try:
             while not finished:
@@ -111,39 +127,51 @@ class SchedulerClient:
                 finished = update.finished
                 yield update
         finally:
-            self._queues.pop(req_id, None)
-            if not finished and self._outbox is not None:
-                abort = scheduler_pb2.AbortRequest(req_id=req_id)
-                self._outbox.put_nowait(scheduler_pb2.StreamRequest(abort=abort))
+            if stream.queues.pop(req_id, None) is not None and not finished:
+                stream.abort(req_id)
 
-    async def get_load(self) -> scheduler_pb2.GetLoadResponse:
-        return await self._stub.GetLoad(scheduler_pb2.GetLoadRequest())
+    async def abort(self, req_id: str) -> None:
+        """Abort a request still running on this client (a finished or unknown one: nothing)."""
+        stream = self._stream
+        if stream is not None and req_id in stream.queues:
+            stream.abort(req_id)
 
-    def _send(self, message: scheduler_pb2.StreamRequest) -> None:
-        if self._outbox is None:
-            outbox: asyncio.Queue[scheduler_pb2.StreamRequest | None] = asyncio.Queue()
-            self._outbox = outbox
-            call = self._stub.Stream(self._requests(outbox))
-            self._reader = asyncio.create_task(self._read(call, outbox))
-        self._outbox.put_nowait(message)
+    async def release_hold(self, hold_id: str) -> None:
+        """End a context hold made on this client's stream (an unknown name: nothing). When
+        the update that finished a held request has arrived, its hold is in place."""
+        stream = self._stream
+        if stream is not None:
+            release = scheduler_pb2.ReleaseHold(hold_id=hold_id)
+            stream.outbox.put_nowait(scheduler_pb2.StreamRequest(release_hold=release))
 
-    @staticmethod
-    async def _requests(outbox: asyncio.Queue) -> AsyncIterator[scheduler_pb2.StreamRequest]:
-        while (message := await outbox.get()) is not None:
-            yield message
+    async def get_load(self, timeout_s: float | None = None) -> scheduler_pb2.GetLoadResponse:
+        return await self._stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=timeout_s)
 
-    async def _read(self, call, outbox: asyncio.Queue) -> None:
-        reason = "the scheduler ended the stream"
-        try:
-            async for response in call:
-                for msg in response.updates:
-                    queue = self._queues.get(msg.req_id)
-                    if queue is not None:
-                        queue.put_nowait(update_from_proto(msg))
-        except grpc.aio.AioRpcError as exc:
-            reason = f"scheduler stream failed: {exc.code().name} {exc.details()}"
-        finally:
-            if self._outbox is outbox:
-                self._outbox = None
-            for req_id, queue in list(self._queues.items()):
-                queue.put_nowait(RequestUpdate(req_id, error=Unavailable(reason)))
+    async def executors_per_model(self, timeout_s: float = 1.0) -> dict[str, int]:
+        """Healthy executors per model, from the scheduler's GetLoad."""
+        load = await self.get_load(timeout_s)
+        counts: dict[str, int] = {}
+        for executor in load.executors:
+            if executor.healthy:
+                counts[executor.model] = counts.get(executor.model, 0) + 1
+        return counts
+
+    async def close(self) -> None:
+        """End the stream (the scheduler aborts what is still running on it)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.outbox.put_nowait(None)
+            stream.call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stream.reader
+        if self._owns_channel:
+            await self._channel.close()
+
+    def _current(self) -> _Stream:
+        if self._stream is None:
+            self._stream = _Stream(self._stub, self._lost)
+        return self._stream
+
+    def _lost(self, stream: _Stream) -> None:
+        if self._stream is stream:
+            self._stream = None

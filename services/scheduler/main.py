@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import socket
 import sys
@@ -30,7 +29,7 @@ from services.common.health import wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
-from services.scheduler.core import SchedulerConfig, SchedulerCore
+from services.scheduler.core import SchedulerConfig, SchedulerCore, fit_to_executors
 from services.scheduler.metrics import SchedulerMetricsCollector
 from services.scheduler.rejoin import Rejoin
 from services.scheduler.remote import RemoteCache, RemoteExecutor
@@ -118,13 +117,7 @@ async def connect(
     cache = CacheClient(args.cache_address)
     executors = [RemoteExecutor(a, timeout) for a in executor_addresses(args)]
     await asyncio.gather(*(e.connect() for e in executors))
-    config = dataclasses.replace(
-        config,
-        max_num_batched_tokens=min(
-            config.max_num_batched_tokens, *(e.max_num_batched_tokens for e in executors)
-        ),
-        max_num_seqs=min(config.max_num_seqs, *(e.max_num_seqs for e in executors)),
-    )
+    config = fit_to_executors(config, (e.info for e in executors))
     core = SchedulerCore(config, RemoteCache(cache), executors, servicer.deliver)
     await core.start()
     return core, cache

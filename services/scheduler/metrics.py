@@ -13,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from services.scheduler.core import Priority, SchedulerCore
+from radixmesh.sampling import Priority
+from services.scheduler.core import SchedulerCore
 from services.scheduler.core.stats import Histogram
 
 PREFIX = "radixmesh_scheduler_"

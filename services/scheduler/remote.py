@@ -15,7 +15,9 @@ from typing import Any
 import grpc
 
 from radixmesh import wire
+from radixmesh.cache_types import Lease
 from radixmesh.errors import RadixmeshError, Unavailable
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
 from radixmesh.step import StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
@@ -30,8 +32,6 @@ from services.cache.client import (
 )
 from services.common.health import wait_for_serving
 from services.common.interceptor import error_from_rpc_error
-from services.scheduler import convert
-from services.scheduler.core import ExecutorInfo, LeaseGrant
 
 
 class RemoteCache:
@@ -51,9 +51,8 @@ class RemoteCache:
 
     async def acquire(
         self, executor_id: str, token_ids: list[int], num_tokens: int, holder: str
-    ) -> LeaseGrant:
-        lease = await self._one(AcquireOp(executor_id, token_ids, num_tokens, holder))
-        return LeaseGrant(lease.lease_id, list(lease.page_ids), lease.num_cached_tokens)
+    ) -> Lease:
+        return await self._one(AcquireOp(executor_id, token_ids, num_tokens, holder))
 
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         return await self._one(ExtendOp(lease_id, num_pages))
@@ -79,9 +78,6 @@ class RemoteExecutor:
         self._outbox: asyncio.Queue[executor_pb2.StepPlan | None] = asyncio.Queue()
         self._call: Any = None
         self._info: ExecutorInfo | None = None
-        self.max_num_seqs = 0
-        self.max_num_batched_tokens = 0
-        """Limits the executor was sized for (from GetInfo)."""
 
     @property
     def info(self) -> ExecutorInfo:
@@ -101,9 +97,7 @@ class RemoteExecutor:
             )
         except grpc.aio.AioRpcError as exc:
             raise Unavailable(f"executor {self.address}: {error_from_rpc_error(exc)}") from None
-        self._info = convert.info_from_proto(reply)
-        self.max_num_seqs = reply.max_num_seqs
-        self.max_num_batched_tokens = reply.max_num_batched_tokens
+        self._info = wire.info_from_proto(reply)
         self._call = self._stub.Step(self._plans())
 
     async def _plans(self) -> AsyncIterator[executor_pb2.StepPlan]:

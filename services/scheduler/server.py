@@ -18,11 +18,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixmesh import wire
 from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
+from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.logging import get_logger
 from services.scheduler import convert
-from services.scheduler.core import Priority, RequestUpdate, SchedulerCore, StepUpdates
+from services.scheduler.core import SchedulerCore, StepUpdates
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
@@ -73,7 +75,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 response = responses[stream.stream_id] = scheduler_pb2.StreamResponse(
                     step_id=batch.step_id
                 )
-            convert.update_to_proto(update, req_id, response.updates.add())
+            wire.update_to_proto(update, req_id, response.updates.add())
             if update.finished:
                 stream.req_ids.discard(req_id)
         for stream_id, response in responses.items():
@@ -146,7 +148,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     sub.sampling,
                     constraint=sub.constraint,
                     model=sub.model,
-                    priority=Priority(sub.priority),
+                    priority=sub.priority,
                     deadline=sub.deadline,
                 )
             except RadixmeshError:
@@ -154,9 +156,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise
         except RadixmeshError as exc:
             response = scheduler_pb2.StreamResponse()
-            convert.update_to_proto(
-                RequestUpdate(msg.req_id, error=exc), msg.req_id, response.updates.add()
-            )
+            wire.update_to_proto(RequestUpdate(msg.req_id, error=exc), out=response.updates.add())
             stream.outbox.put_nowait(response)
 
     def _require_core(self) -> SchedulerCore:

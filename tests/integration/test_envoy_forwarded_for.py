@@ -18,9 +18,9 @@ from gateway.envoy import GatewayAddress, render_envoy_config
 from gateway.envoy.process import EnvoyProcess
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
-from gateway.upstream import SchedulerUpstream
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2_grpc
 from services.common.config import free_port
+from services.scheduler.client import SchedulerClient
 from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
 from tests.fixtures.runtime import running_runtime
 
@@ -38,7 +38,7 @@ async def edge(tmp_path):
         ["radixmesh.v1.Scheduler"],
     ) as scheduler_runtime:
         channel = grpc.aio.insecure_channel(scheduler_runtime.address)
-        upstream = SchedulerUpstream(channel)
+        upstream = SchedulerClient(channel)
         models = ModelRegistry({"tiny": tokenizer})
         limiter = LocalRateLimiter(RateLimitConfig(capacity=1, refill_per_s=0.001))
         admission = Admission(limiter=limiter)

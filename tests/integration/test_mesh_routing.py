@@ -29,11 +29,11 @@ import pytest
 from mesh.engine import Engine, EngineConfig
 from radixmesh.errors import Unavailable
 from radixmesh.sampling import SamplingParams
+from radixmesh.updates import RequestUpdate
 from services.cache.client import CacheClient
 from services.common.config import free_port
 from services.common.health import wait_for_serving
 from services.scheduler.client import SchedulerClient
-from services.scheduler.core import RequestUpdate
 from tests.fixtures.tiny_llama import VOCAB, write_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]

@@ -112,8 +112,9 @@ def static_metrics() -> dict[str, tuple[str, tuple[str, ...] | None]]:
 
 def _scheduler_core():
     from mesh.engine.ports import InProcessCache
+    from radixmesh.executor_info import ExecutorInfo
     from services.cache.core import CacheCore
-    from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore
+    from services.scheduler.core import SchedulerConfig, SchedulerCore
 
     class IdlePort:
         info = ExecutorInfo("executor-0", "tiny", page_size=4, num_pages=8, max_model_len=64)

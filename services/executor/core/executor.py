@@ -28,6 +28,7 @@ import torch
 
 from kernels import get_ops
 from radixmesh.errors import FailedPrecondition
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import (
     NewSequence,
@@ -58,23 +59,6 @@ from services.executor.core.warmup import warm_prefill
 
 log = get_logger(__name__)
 _NONE: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    name: str
-    architecture: str
-    vocab_size: int
-    max_model_len: int
-    eos_token_ids: list[int]
-    page_size: int
-    num_pages: int
-    device: str
-    """"cpu" or "cuda:N"."""
-    dtype: str
-    """"float32", "float16" or "bfloat16"."""
-    max_num_seqs: int
-    max_num_batched_tokens: int
 
 
 @dataclass(slots=True)
@@ -147,12 +131,13 @@ class ExecutorCore:
             self._graphs.capture()
             self.startup_seconds["capture_graphs"] = time.perf_counter() - start
         self.sampler = Sampler(spec.vocab_size, self.device)
-        self.info = ModelInfo(
-            name=config.model_name or folder.path.resolve().name,
+        self.info = ExecutorInfo(
+            executor_id="",  # named by the process or engine that runs this core
+            model=config.model_name or folder.path.resolve().name,
             architecture=spec.architecture,
             vocab_size=spec.vocab_size,
             max_model_len=max_model_len,
-            eos_token_ids=folder.eos_token_ids,
+            eos_token_ids=tuple(folder.eos_token_ids),
             page_size=config.page_size,
             num_pages=num_pages,
             device=str(self.device),

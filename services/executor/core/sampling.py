@@ -25,6 +25,7 @@ Logprobs are taken from the raw logits, before any processing.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -262,7 +263,7 @@ class Sampler:
         output_lens: list[int],
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
-        eos_token_ids: list[int],
+        eos_token_ids: Sequence[int],
     ) -> SamplingInputs:
         num_rows = len(params)
         for name, values in (
@@ -346,7 +347,7 @@ class Sampler:
         inputs: SamplingInputs,
         params: list[SamplingParams],
         output_lens: list[int],
-        eos_token_ids: list[int],
+        eos_token_ids: Sequence[int],
     ) -> None:
         short = [i for i, p in enumerate(params) if output_lens[i] < p.min_tokens]
         if not short:

@@ -1,45 +1,108 @@
-"""Intake checks: is a request well-formed for the executors that could serve it, and
-is there room in the queue for it (shedding sheddable work for interactive work)."""
+"""Admission: waiting requests become new sequences, in rank order, under the budget.
+
+A request is admitted when its lease is granted: the cache locks its cached
+prefix and leases pages for every known token. Its first chunk runs in the
+same step; the rest follow as running prefill chunks (chunked prefill). When
+the head of the queue does not fit, admission stops there, so a large
+request is not overtaken forever by small ones.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
 
-from radixmesh.errors import InvalidArgument, ResourceExhausted
+from radixmesh.errors import ResourceExhausted
+from radixmesh.step import NewSequence
+from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
-from services.scheduler.core.request import Priority, Request
+from services.scheduler.core.leases import Leases
+from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.stats import SchedulerStats
 
 
-def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> None:
-    """InvalidArgument naming the field when the executors could not take these tokens."""
-    if not tokens:
-        raise InvalidArgument("token_ids must not be empty")
-    if min(tokens) < 0:
-        raise InvalidArgument("token_ids must be non-negative")
-    vocab_size = min(ex.info.vocab_size or 2**31 for ex in candidates)
-    if max(tokens) >= vocab_size:
-        raise InvalidArgument(f"token_ids must be below the vocabulary size {vocab_size}")
-    max_model_len = min(ex.info.max_model_len for ex in candidates)
-    if len(tokens) >= max_model_len:
-        raise InvalidArgument(
-            f"token_ids has {len(tokens)} tokens; the model's limit is {max_model_len - 1}"
-        )
+async def admit_waiting(
+    ex: ExecutorState,
+    leases: Leases,
+    budget: StepBudget,
+    now: float,
+    max_num_seqs: int,
+    stats: SchedulerStats,
+) -> list[NewSequence]:
+    candidates = _candidates(ex, leases, budget, now, max_num_seqs)
+    # every lease of the step is asked for at once: over gRPC they share one round trip
+    granted = await asyncio.gather(
+        *(_true() if r.lease_id is not None else leases.admit(ex, r) for r in candidates)
+    )
+    new_seqs: list[NewSequence] = []
+    alone = not ex.running and not any(granted) and not any(r.lease_id for r in ex.queue)
+    for req, ok in zip(candidates, granted, strict=True):
+        if not ok:
+            leases.inflight.forget(req)
+            if alone:  # no other lease holds pages on this executor: it can never fit
+                budget.failed.append((req, _does_not_fit(ex, req)))
+            continue
+        if budget.num_tokens <= 0 or budget.num_seqs <= 0:
+            continue  # keeps its lease and goes first next step
+        new_seqs.append(_start(ex, budget, req))
+        stats.admitted(req, now)
+    return new_seqs
 
 
-def make_room_in_queue(
-    executors: Iterable[ExecutorState], req: Request, max_queue_len: int
-) -> Request | None:
-    """None when there is room; the sheddable request to drop for an interactive one;
-    else ResourceExhausted. The caller removes and ends the returned request."""
-    executors = list(executors)
-    num_waiting = sum(len(ex.queue) + len(ex.preparing) for ex in executors)
-    if num_waiting < max_queue_len:
-        return None
-    if req.priority is Priority.INTERACTIVE:
-        shed = (ex.queue.newest_unleased(Priority.SHEDDABLE) for ex in executors)
-        victim = max((r for r in shed if r is not None), key=lambda r: r.arrival_time, default=None)
-        if victim is not None:
-            return victim
-    raise ResourceExhausted(
-        f"queue full: {num_waiting} waiting requests (max_queue_len {max_queue_len})"
+def _candidates(
+    ex: ExecutorState, leases: Leases, budget: StepBudget, now: float, max_num_seqs: int
+) -> list[Request]:
+    """Waiting requests to admit this step, in rank order, sized by the cache hint."""
+    num_tokens = budget.num_tokens
+    num_seqs = min(budget.num_seqs, max_num_seqs - len(ex.running))
+    out = []
+    for req in ex.queue.ranked(now):
+        if num_tokens <= 0 or num_seqs <= 0:
+            break
+        if req.req_id in budget.preempted_req_ids or req.hold_until_step > ex.last_result_step:
+            continue
+        if req.lease_id is None and (lead := leases.inflight.leader_for(req, ex.page_size)):
+            if not lead.tentative:  # the leader is checkpointed once its prefill is done
+                lead.leader.followers[req.req_id] = lead.num_shared_tokens
+            continue
+        out.append(req)
+        if req.lease_id is None:
+            leases.inflight.register(
+                req, ex.page_size, req.match_tokens, req.num_tokens, tentative=True
+            )
+        num_tokens -= max(1, req.num_tokens - req.match_tokens)
+        num_seqs -= 1
+    return out
+
+
+def _start(ex: ExecutorState, budget: StepBudget, req: Request) -> NewSequence:
+    """req holds its lease: it joins the batch with its first chunk."""
+    ex.queue.remove(req.req_id)
+    req.status = RequestStatus.RUNNING
+    ex.running[req.req_id] = req
+    num_tokens = min(req.num_admitted_tokens - req.num_computed_tokens, budget.num_tokens)
+    new = NewSequence(
+        req_id=req.req_id,
+        token_ids=req.all_token_ids,
+        num_prompt_tokens=len(req.prompt_token_ids),
+        num_computed_tokens=req.num_computed_tokens,
+        num_scheduled_tokens=num_tokens,
+        page_ids=list(req.page_table),
+        sampling=req.sampling,
+        constraint=req.constraint,
+    )
+    req.num_unsent_pages = 0
+    req.num_computed_tokens += num_tokens
+    req.on_executor = True
+    budget.take(num_tokens)
+    return new
+
+
+async def _true() -> bool:
+    return True
+
+
+def _does_not_fit(ex: ExecutorState, req: Request) -> ResourceExhausted:
+    return ResourceExhausted(
+        f"request {req.req_id} needs KV for {req.num_tokens} tokens; executor "
+        f"{ex.executor_id} has {ex.info.num_pages} pages of {ex.page_size} tokens"
     )

@@ -1,10 +1,14 @@
-"""Scheduler configuration: one frozen dataclass, validated at construction."""
+"""Scheduler configuration: one frozen dataclass, validated at construction, and its fit
+to the executors it drives."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.executor_info import ExecutorInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +87,16 @@ class SchedulerConfig:
             raise InvalidArgument(
                 f"scheduler.heartbeat_interval_s must be > 0, got {self.heartbeat_interval_s}"
             )
+
+
+def fit_to_executors(config: SchedulerConfig, executors: Iterable[ExecutorInfo]) -> SchedulerConfig:
+    """`config` with its step limits lowered to the smallest any executor was sized for
+    (a limit an executor does not state leaves the config's own)."""
+    infos = list(executors)
+    max_tokens = [i.max_num_batched_tokens for i in infos if i.max_num_batched_tokens is not None]
+    max_seqs = [i.max_num_seqs for i in infos if i.max_num_seqs is not None]
+    return dataclasses.replace(
+        config,
+        max_num_batched_tokens=min([config.max_num_batched_tokens, *max_tokens]),
+        max_num_seqs=min([config.max_num_seqs, *max_seqs]),
+    )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.step import DeviceHealth
 from services.scheduler.core.config import SchedulerConfig
-from services.scheduler.core.ports import ExecutorInfo, ExecutorPort
+from services.scheduler.core.ports import ExecutorPort
 from services.scheduler.core.queue import WaitQueue
 from services.scheduler.core.request import Request
 

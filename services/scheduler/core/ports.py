@@ -6,20 +6,12 @@ service implements them over gRPC streams. The scheduler core sees only these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
+from radixmesh.cache_types import Lease
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
 from radixmesh.step import StepPlan, StepResult
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseGrant:
-    """A lease from the cache: the page table and how much of it is a cached prefix."""
-
-    lease_id: str
-    page_ids: list[int]
-    num_cached_tokens: int
 
 
 class CachePort(Protocol):
@@ -28,7 +20,7 @@ class CachePort(Protocol):
 
     async def acquire(
         self, executor_id: str, token_ids: list[int], num_tokens: int, holder: str
-    ) -> LeaseGrant:
+    ) -> Lease:
         """Changes state: lock the cached prefix of token_ids, lease pages up to num_tokens.
 
         Raises ResourceExhausted, changing nothing, when the pool cannot make room.
@@ -45,18 +37,6 @@ class CachePort(Protocol):
 
     async def heartbeat(self, holder: str) -> int:
         """Changes state: renew the holder's leases; returns how many it holds."""
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorInfo:
-    executor_id: str
-    model: str
-    page_size: int
-    num_pages: int
-    max_model_len: int
-    vocab_size: int | None = None
-    """Token ids must be below it; None: not checked by the scheduler."""
-    eos_token_ids: tuple[int, ...] = field(default=())
 
 
 class ExecutorPort(Protocol):

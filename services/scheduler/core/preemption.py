@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from services.scheduler.core.budget import StepBudget
+from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.leases import Leases
 from services.scheduler.core.request import Request
 
 
@@ -25,3 +28,26 @@ def priority_victim(
         return None
     eligible = [r for r in candidates if int(r.priority) - int(waiting.priority) >= gap]
     return pick_victim(eligible)
+
+
+async def preempt_for_priority(
+    ex: ExecutorState,
+    leases: Leases,
+    budget: StepBudget,
+    head: Request,
+    gap: int | None,
+    max_num_seqs: int,
+) -> None:
+    """Let `head` take the pages (or the seat) of running work `gap` classes below it.
+
+    Once it holds a lease and a seat is free, admission takes it first.
+    """
+    while priority_victim(ex.running.values(), head, gap) is not None:
+        if len(ex.running) < max_num_seqs and (
+            head.lease_id is not None or await leases.admit(ex, head)
+        ):
+            return
+        victim = priority_victim(ex.running.values(), head, gap)
+        assert victim is not None
+        await leases.preempt(ex, victim)
+        budget.preempted_req_ids.add(victim.req_id)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from radixmesh.sampling import Priority
 from services.scheduler.core.config import SchedulerConfig
-from services.scheduler.core.request import Priority, Request, RequestStatus
+from services.scheduler.core.request import Request, RequestStatus
 
 
 class WaitQueue:

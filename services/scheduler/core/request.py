@@ -5,17 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from radixmesh.errors import RadixmeshError
-from radixmesh.sampling import Constraint, SamplingParams
-from radixmesh.step import TokenLogprobs
-
-
-class Priority(enum.IntEnum):
-    """Priority classes; a lower value is served first."""
-
-    INTERACTIVE = 0
-    BATCH = 1
-    SHEDDABLE = 2
+from radixmesh.sampling import Constraint, Priority, SamplingParams
+from radixmesh.updates import RequestUpdate
 
 
 class RequestStatus(enum.Enum):
@@ -96,29 +87,6 @@ class Request:
     def num_expected_tokens(self) -> int:
         """Sequence length once every submitted step ran (computed + the unfed sample)."""
         return self.num_computed_tokens + 1
-
-
-@dataclass(slots=True)
-class RequestUpdate:
-    """New tokens of one request from one step; the last one carries finish_reason or error."""
-
-    req_id: str
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    """One entry per token when logprobs were asked for."""
-    finish_reason: str | None = None
-    """"stop", "length" or "abort" on the last update."""
-    matched_stop_token_id: int | None = None
-    num_prompt_tokens: int | None = None
-    """Set on the request's first update."""
-    num_cached_tokens: int | None = None
-    """Set on the request's first update."""
-    error: RadixmeshError | None = None
-    """A failed request (its last update)."""
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
 
 
 @dataclass(slots=True)

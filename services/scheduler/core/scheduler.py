@@ -25,23 +25,20 @@ from radixmesh.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.sampling import Constraint, Priority, SamplingParams
 from radixmesh.step import StepPlan, StepResult
-from services.scheduler.core.admission import check_prompt, make_room_in_queue
+from radixmesh.updates import RequestUpdate
+from services.scheduler.core.admission import admit_waiting
+from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
-from services.scheduler.core.decode import StepBudget, schedule_running
 from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
+from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.ports import CachePort, ExecutorPort
-from services.scheduler.core.prefill import admit_waiting, preempt_for_priority
-from services.scheduler.core.request import (
-    Priority,
-    Request,
-    RequestStatus,
-    RequestUpdate,
-    StepUpdates,
-)
+from services.scheduler.core.preemption import preempt_for_priority
+from services.scheduler.core.request import Request, RequestStatus, StepUpdates
 from services.scheduler.core.routing import choose_executor, executors_in_trouble, load_tokens
+from services.scheduler.core.running import schedule_running
 from services.scheduler.core.stats import SchedulerStats
 
 log = structlog.get_logger(__name__)

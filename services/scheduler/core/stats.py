@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from services.scheduler.core.request import Priority, Request
+from radixmesh.sampling import Priority
+from services.scheduler.core.request import Request
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,

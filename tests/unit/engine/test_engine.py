@@ -15,8 +15,8 @@ from radixmesh.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from radixmesh.sampling import SamplingParams
-from services.scheduler.core import Priority, SchedulerConfig
+from radixmesh.sampling import Priority, SamplingParams
+from services.scheduler.core import SchedulerConfig
 from tests.fixtures.tiny_llama import VOCAB
 
 

@@ -19,6 +19,7 @@ from radixmesh.step import (
     TokenLogprobs,
 )
 from radixmesh.v1 import executor_pb2, inference_pb2
+from radixmesh.wire import read_float32
 from services.executor.convert import (
     constraint_from_proto,
     constraint_to_proto,
@@ -37,18 +38,23 @@ def f32(low: float, high: float, exclude_min: bool = False) -> st.SearchStrategy
     return st.floats(low, high, width=32, exclude_min=exclude_min)
 
 
+def f32_sampling(low: float, high: float, exclude_min: bool = False) -> st.SearchStrategy[float]:
+    """Sampling floats as the wire reads them back: each float32's shortest decimal."""
+    return f32(low, high, exclude_min).map(read_float32)
+
+
 sampling_params = st.builds(
     SamplingParams,
     max_tokens=st.none() | st.integers(1, 4096),
     min_tokens=st.just(0),
-    temperature=f32(0.0, 2.0),
-    top_p=f32(0.0, 1.0, exclude_min=True),
+    temperature=f32_sampling(0.0, 2.0),
+    top_p=f32_sampling(0.0, 1.0, exclude_min=True),
     top_k=st.integers(-1, 100),
-    min_p=f32(0.0, 1.0),
+    min_p=f32_sampling(0.0, 1.0),
     seed=st.none() | st.integers(0, 2**64 - 1),
-    repetition_penalty=f32(0.0, 4.0, exclude_min=True),
-    frequency_penalty=f32(-2.0, 2.0),
-    presence_penalty=f32(-2.0, 2.0),
+    repetition_penalty=f32_sampling(0.0, 4.0, exclude_min=True),
+    frequency_penalty=f32_sampling(-2.0, 2.0),
+    presence_penalty=f32_sampling(-2.0, 2.0),
     stop=st.lists(st.text(min_size=1, max_size=4), max_size=3).map(tuple),
     stop_token_ids=st.lists(st.integers(0, 2**31 - 1), max_size=3).map(tuple),
     ignore_eos=st.booleans(),
@@ -246,14 +252,14 @@ def test_result_logprobs_keep_the_top_order():
 
 
 def test_info_to_proto():
-    from services.executor.core.executor import ModelInfo
+    from radixmesh.executor_info import ExecutorInfo
 
-    info = ModelInfo(
-        name="tiny", architecture="LlamaForCausalLM", vocab_size=128, max_model_len=256,
-        eos_token_ids=[2, 5], page_size=4, num_pages=64, device="cpu", dtype="float32",
-        max_num_seqs=8, max_num_batched_tokens=512,
+    info = ExecutorInfo(
+        executor_id="ex-1", model="tiny", architecture="LlamaForCausalLM", vocab_size=128,
+        max_model_len=256, eos_token_ids=(2, 5), page_size=4, num_pages=64, device="cpu",
+        dtype="float32", max_num_seqs=8, max_num_batched_tokens=512,
     )  # fmt: skip
-    msg = info_to_proto("ex-1", info)
+    msg = info_to_proto(info)
     assert msg.executor_id == "ex-1" and msg.model == "tiny"
     assert (msg.vocab_size, msg.max_model_len, msg.page_size, msg.num_pages) == (128, 256, 4, 64)
     assert list(msg.eos_token_ids) == [2, 5] and msg.device == "cpu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mesh.engine_lite import generate
+from tests.fixtures.executor_driver import generate
 from tests.unit.executor.conftest import (
     TinyModel,
     greedy,

@@ -111,7 +111,7 @@ def test_eos_and_stop_tokens_finish_with_stop_and_drop_state(
     prompt = random_prompt(7, seed=43)
     expected = hf_greedy(llama_model.hf, prompt, 3)
     core = make_core(with_eos(llama_model, tmp_path, [127, expected[1]]))
-    assert core.info.eos_token_ids[:2] == [127, expected[1]]
+    assert core.info.eos_token_ids[:2] == (127, expected[1])
     plan = StepPlan(
         1,
         new_seqs=[
@@ -282,11 +282,11 @@ def test_info_describes_model_and_pool(llama_model: TinyModel) -> None:
     info = core.info
     assert info.num_pages == (1 << 20) // page_bytes
     assert core.kv_pool.nbytes == info.num_pages * page_bytes
-    assert (info.name, info.architecture, info.device, info.dtype) == (
+    assert (info.model, info.architecture, info.device, info.dtype) == (
         "tiny", "LlamaForCausalLM", "cpu", "float32",
     )  # fmt: skip
-    assert (info.vocab_size, info.max_model_len, info.eos_token_ids) == (128, 256, [2])
-    assert make_core(llama_model).info.name == llama_model.path.name
+    assert (info.vocab_size, info.max_model_len, info.eos_token_ids) == (128, 256, (2,))
+    assert make_core(llama_model).info.model == llama_model.path.name
     assert set(core.startup_seconds) == {"load_weights"}  # on CPU nothing compiles at startup
     assert core.startup_seconds["load_weights"] > 0
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mesh.engine_lite import generate
+from tests.fixtures.executor_driver import generate
 from radixmesh.errors import InvalidArgument
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.spec import read_rope

@@ -11,7 +11,7 @@ import torch
 from kernels._triton import interpreting
 from kernels.paged_attention import paged_attention_triton
 from kernels.paged_decode_attention import paged_decode_attention_triton
-from mesh.engine_lite import generate
+from tests.fixtures.executor_driver import generate
 from radixmesh.errors import InvalidArgument
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models import ARCHITECTURES, parse_spec

@@ -16,9 +16,9 @@ from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig
 from gateway.main import _admission, build_parser
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
-from gateway.upstream import SchedulerUpstream
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2
 from services.common.config import free_port
+from services.scheduler.client import SchedulerClient
 from tests.fixtures.redis import redis_server_factory  # noqa: F401
 from tests.fixtures.runtime import running_runtime
 
@@ -38,7 +38,7 @@ class ManualClock:
 async def gateway(tokenizer, scheduler_address, admission, counts_clock=None):
     """(Inference stub, HTTP base URL) of one gateway in this process."""
     channel = grpc.aio.insecure_channel(scheduler_address)
-    upstream = SchedulerUpstream(channel)
+    upstream = SchedulerClient(channel)
     models = ModelRegistry({"tiny": tokenizer})
     counts = ExecutorCounts(upstream.executors_per_model, 1.0, counts_clock or ManualClock())
     servicer = InferenceServicer(models, upstream, admission, executor_counts=counts)

@@ -4,21 +4,23 @@ import asyncio
 
 import pytest
 
-from gateway.core.generate import UpstreamUpdate, collect, generate, total_usage
+from gateway.core.generate import collect, generate, total_usage
 from gateway.core.openai import parse_completion_request
-from gateway.core.prepare import prepare_request
+from gateway.core.prepare import PreparedRequest, prepare_request
 from radixmesh.errors import ResourceExhausted
+from radixmesh.updates import RequestUpdate
 
 
 class FakeUpstream:
     """Plays a scripted list of updates per choice; an asyncio.Event in a script is awaited."""
 
     def __init__(self, scripts):
-        self.scripts = scripts  # choice index -> list of UpstreamUpdate | asyncio.Event
+        self.scripts = scripts  # choice index -> list of RequestUpdate | asyncio.Event
         self.submitted = []
         self.aborted = []
 
-    async def submit(self, request):
+    async def generate(self, req_id, token_ids, sampling, **options):
+        request = PreparedRequest(req_id, prompt_token_ids=tuple(token_ids), sampling=sampling, **options)
         self.submitted.append(request)
         index = int(request.req_id.rsplit("/", 1)[1]) if "/" in request.req_id else 0
         for item in self.scripts[index]:
@@ -34,7 +36,7 @@ class FakeUpstream:
 def updates_for(tokenizer, text, size=2, finish="length", first=None):
     ids = tokenizer._hf.encode(text, add_special_tokens=False)
     chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
-    out = [UpstreamUpdate(token_ids=c) for c in chunks]
+    out = [RequestUpdate("req", token_ids=c) for c in chunks]
     out[-1].finish_reason = finish
     out[0].num_prompt_tokens, out[0].num_cached_tokens = first or (None, None)
     return out
@@ -78,7 +80,7 @@ async def test_upstream_error_is_raised_and_other_choices_aborted(tokenizer):
     never = asyncio.Event()
     running = [*updates_for(tokenizer, "the lazy dog", finish=""), never]
     upstream = FakeUpstream(
-        {0: running, 1: [UpstreamUpdate(error=ResourceExhausted("queue full"))]}
+        {0: running, 1: [RequestUpdate("req/1", error=ResourceExhausted("queue full"))]}
     )
     with pytest.raises(ResourceExhausted, match="queue full"):
         await collect(generate(prepared(tokenizer, n=2), tokenizer, upstream), 2)
@@ -87,7 +89,7 @@ async def test_upstream_error_is_raised_and_other_choices_aborted(tokenizer):
 
 async def test_client_going_away_aborts_running_choices(tokenizer):
     never = asyncio.Event()
-    upstream = FakeUpstream({0: [UpstreamUpdate(token_ids=tokenizer._hf.encode("hi")), never]})
+    upstream = FakeUpstream({0: [RequestUpdate("req", token_ids=tokenizer._hf.encode("hi")), never]})
     events = generate(prepared(tokenizer), tokenizer, upstream)
     first = await anext(events)
     assert first.delta.text == "hi"

@@ -11,8 +11,9 @@ import pytest
 from gateway.core.auth import Admission
 from gateway.core.models import ModelRegistry
 from gateway.server import InferenceServicer
-from gateway.upstream import SchedulerUpstream
+from radixmesh import wire
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
+from services.scheduler.client import SchedulerClient
 from tests.fixtures.runtime import running_runtime
 
 REPLY = "the quick brown fox jumps 😀"  # what conftest's FakeScheduler answers
@@ -24,7 +25,7 @@ async def mesh(request, tokenizer, fake_scheduler):
     scheduler, scheduler_address = fake_scheduler
     admission = getattr(request, "param", Admission())
     channel = grpc.aio.insecure_channel(scheduler_address)
-    upstream = SchedulerUpstream(channel)
+    upstream = SchedulerClient(channel)
     servicer = InferenceServicer(ModelRegistry({"tiny": tokenizer}), upstream, admission)
 
     def register(server):
@@ -80,7 +81,9 @@ async def test_choices_messages_and_deadline(mesh):
         )
     submits = scheduler.submits
     assert [s.sampling.seed for s in submits] == [7, 8]
-    assert all(s.sampling.n == 1 and s.priority == inference_pb2.PRIORITY_BATCH for s in submits)
+    sent = [wire.sampling_from_proto(s.sampling) for s in submits]  # unset fields: defaults
+    assert all(p.n == 1 for p in sent)
+    assert all(s.priority == inference_pb2.PRIORITY_BATCH for s in submits)
     assert all(s.constraint.regex == "[a-z ]+" for s in submits)
     assert submits[0].sampling.temperature == pytest.approx(0.9)
     assert start_ms + 15_000 < submits[0].deadline_unix_ms < start_ms + 21_000

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.generate import UpstreamUpdate, collect
+from gateway.core.generate import collect
 from gateway.core.memory import GatewayMemory
 from gateway.core.openai import parse_completion_request
 from gateway.core.prepare import PreparedRequest, prepare_request
 from radixmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from radixmesh.result_key import result_key
+from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import cache_pb2_grpc
 from services.cache.client import CacheClient
 from services.cache.core import CacheConfig, CacheCore
@@ -29,12 +30,14 @@ class CountingUpstream:
         self.error = error
         self.submitted: list[PreparedRequest] = []
 
-    async def submit(self, request):
+    async def generate(self, req_id, token_ids, sampling, **options):
+        request = PreparedRequest(req_id, prompt_token_ids=tuple(token_ids), sampling=sampling, **options)
         self.submitted.append(request)
         if self.error is not None:
-            yield UpstreamUpdate(error=self.error)
+            yield RequestUpdate(req_id, error=self.error)
             return
-        yield UpstreamUpdate(
+        yield RequestUpdate(
+            req_id,
             token_ids=list(self.reply_ids),
             finish_reason=self.finish,
             num_prompt_tokens=len(request.prompt_token_ids),

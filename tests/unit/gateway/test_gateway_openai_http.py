@@ -10,12 +10,13 @@ import openai
 import pytest
 
 from gateway.core.auth import Admission
-from gateway.core.generate import UpstreamUpdate
 from gateway.core.models import ModelRegistry
+from gateway.core.prepare import PreparedRequest
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from radixmesh.errors import ResourceExhausted
 from radixmesh.step import TokenLogprobs
+from radixmesh.updates import RequestUpdate
 from services.common.config import free_port
 
 REPLY = "hello 😀 world. the end"
@@ -32,10 +33,11 @@ class ScriptedUpstream:
         self.submitted = []
         self.aborted = asyncio.Queue()
 
-    async def submit(self, request):
+    async def generate(self, req_id, token_ids, sampling, **options):
+        request = PreparedRequest(req_id, prompt_token_ids=tuple(token_ids), sampling=sampling, **options)
         self.submitted.append(request)
         if self.error is not None and not self.error_after_first:
-            yield UpstreamUpdate(error=self.error)
+            yield RequestUpdate(req_id, error=self.error)
             return
         ids = self.tokenizer._hf.encode(REPLY, add_special_tokens=False)[
             : request.sampling.max_tokens
@@ -46,15 +48,16 @@ class ScriptedUpstream:
             logprobs = [
                 TokenLogprobs(t, -0.25, [(t, -0.25)] * request.sampling.top_logprobs) for t in chunk
             ]
-            yield UpstreamUpdate(
+            yield RequestUpdate(
+                req_id,
                 token_ids=chunk,
                 logprobs=logprobs if request.sampling.logprobs else [],
-                finish_reason="length" if last else "",
+                finish_reason="length" if last else None,
                 num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else None,
                 num_cached_tokens=3 if i == 0 else None,
             )
             if self.error_after_first:
-                yield UpstreamUpdate(error=self.error)
+                yield RequestUpdate(req_id, error=self.error)
                 return
             if self.hold is not None:
                 await self.hold.wait()

@@ -9,11 +9,11 @@ from gateway.core.models import ModelRegistry
 from gateway.core.tokenizer import Tokenizer
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
-from gateway.upstream import SchedulerUpstream
 from mesh.loadgen.client import ChatRequest, GrpcClient, OpenAIClient
 from mesh.loadgen.workloads import TICKET_SCHEMA
 from radixmesh.v1 import inference_pb2_grpc, scheduler_pb2_grpc
 from services.common.config import free_port
+from services.scheduler.client import SchedulerClient
 from tests.fixtures.gateway_fakes import FAKE_REPLY, FakeScheduler, make_model_folder
 from tests.fixtures.runtime import running_runtime
 
@@ -91,7 +91,7 @@ async def gateway(tokenizer):
         ["radixmesh.v1.Scheduler"],
     ) as scheduler_runtime:
         channel = grpc.aio.insecure_channel(scheduler_runtime.address)
-        upstream = SchedulerUpstream(channel)
+        upstream = SchedulerClient(channel)
         models = ModelRegistry({"tiny": tokenizer})
         servicer = InferenceServicer(models, upstream)
         port = free_port()

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 from mesh.engine.ports import InProcessCache
 from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint, SamplingParams
 from radixmesh.step import SequenceOutput, StepPlan, StepResult
 from services.cache.core import CacheCore
-from services.scheduler.core import ExecutorInfo, SchedulerConfig, SchedulerCore, StepUpdates
+from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates
 
 VOCAB = 101
 EOS = 0

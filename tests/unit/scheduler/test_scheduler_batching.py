@@ -9,8 +9,8 @@ import pytest
 from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
-from radixmesh.sampling import SamplingParams
-from services.scheduler.core import Priority, SchedulerConfig
+from radixmesh.sampling import Priority, SamplingParams
+from services.scheduler.core import SchedulerConfig
 
 
 def _prompts(n: int, seed: int = 0, shared: int = 0) -> list[list[int]]:

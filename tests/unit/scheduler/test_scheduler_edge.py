@@ -7,13 +7,14 @@ from prometheus_client import CollectorRegistry
 from sched_fakes import greedy as g
 from sched_fakes import make_rig
 
+from radixmesh import wire
 from radixmesh.errors import DeadlineExceeded, InvalidArgument
-from radixmesh.sampling import ConstraintKind, SamplingParams
+from radixmesh.sampling import ConstraintKind, Priority, SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan, TokenLogprobs
+from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import inference_pb2 as ipb
 from radixmesh.v1 import scheduler_pb2
 from services.scheduler import convert
-from services.scheduler.core import Priority, RequestUpdate
 from services.scheduler.metrics import SchedulerMetricsCollector
 
 
@@ -61,11 +62,11 @@ def test_an_update_carries_tokens_logprobs_counts_and_errors():
         num_prompt_tokens=10,
         num_cached_tokens=8,
     )
-    msg = convert.update_to_proto(update, "r1")
+    msg = wire.update_to_proto(update, "r1")
     assert (msg.req_id, list(msg.token_ids), msg.finish_reason) == ("r1", [3, 4], "stop")
     assert (msg.num_prompt_tokens, msg.num_cached_tokens, msg.matched_stop_token_id) == (10, 8, 4)
     assert [(t.token_id, t.logprob) for t in msg.logprobs[0].top] == [(3, -0.5), (9, -1.5)]
-    failed = convert.update_to_proto(RequestUpdate("r2", error=DeadlineExceeded("late")), "r2")
+    failed = wire.update_to_proto(RequestUpdate("r2", error=DeadlineExceeded("late")), "r2")
     assert (failed.error_code, failed.error_message) == (4, "late")
     assert not failed.HasField("num_prompt_tokens")
 

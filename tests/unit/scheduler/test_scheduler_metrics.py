@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from sched_fakes import greedy as g
 from sched_fakes import make_rig
 
-from radixmesh.sampling import Constraint, ConstraintKind
-from services.scheduler.core import Priority, SchedulerConfig
+from radixmesh.sampling import Constraint, ConstraintKind, Priority
+from services.scheduler.core import SchedulerConfig
 from services.scheduler.core.stats import Histogram
 from services.scheduler.metrics import SchedulerMetricsCollector
 

@@ -10,8 +10,8 @@ from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
 from radixmesh.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
-from radixmesh.sampling import Constraint, ConstraintKind
-from services.scheduler.core import Priority, RequestStatus, SchedulerConfig
+from radixmesh.sampling import Constraint, ConstraintKind, Priority
+from services.scheduler.core import RequestStatus, SchedulerConfig
 
 DIGITS = Constraint(ConstraintKind.REGEX, "[0-9]+")
 

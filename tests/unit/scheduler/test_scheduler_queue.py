@@ -7,7 +7,8 @@ from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted
-from services.scheduler.core import Priority, SchedulerConfig
+from radixmesh.sampling import Priority
+from services.scheduler.core import SchedulerConfig
 
 ONE_AT_A_TIME = dict(max_num_batched_tokens=64, max_num_seqs=1)
 

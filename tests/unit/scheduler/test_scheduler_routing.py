@@ -7,7 +7,8 @@ from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
 from radixmesh.errors import Unavailable
-from services.scheduler.core import Priority, SchedulerConfig
+from radixmesh.sampling import Priority
+from services.scheduler.core import SchedulerConfig
 from services.scheduler.core.routing import choose_executor
 
 

@@ -9,28 +9,14 @@ pages back (possibly the sequence itself).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 from radixmesh.errors import ResourceExhausted
 from radixmesh.step import RunningSequence
+from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.preemption import pick_victim, victim_order
 from services.scheduler.core.request import Request
-
-
-@dataclass(slots=True)
-class StepBudget:
-    num_tokens: int
-    num_seqs: int
-    preempted_req_ids: set[str] = field(default_factory=set)
-    """Requests preempted while planning this step; they do not resume in it."""
-    failed: list[tuple[Request, ResourceExhausted]] = field(default_factory=list)
-    """Requests that can never fit the pool, to end with an error."""
-
-    def take(self, num_tokens: int) -> None:
-        self.num_tokens -= num_tokens
-        self.num_seqs -= 1
 
 
 def wants_decode(req: Request, max_model_len: int) -> bool:

@@ -1,0 +1,46 @@
+"""Intake checks: is a request well-formed for the executors that could serve it, and
+is there room in the queue for it (shedding sheddable work for interactive work)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from radixmesh.errors import InvalidArgument, ResourceExhausted
+from radixmesh.sampling import Priority
+from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.request import Request
+
+
+def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> None:
+    """InvalidArgument naming the field when the executors could not take these tokens."""
+    if not tokens:
+        raise InvalidArgument("token_ids must not be empty")
+    if min(tokens) < 0:
+        raise InvalidArgument("token_ids must be non-negative")
+    vocab_size = min(ex.info.vocab_size or 2**31 for ex in candidates)
+    if max(tokens) >= vocab_size:
+        raise InvalidArgument(f"token_ids must be below the vocabulary size {vocab_size}")
+    max_model_len = min(ex.info.max_model_len for ex in candidates)
+    if len(tokens) >= max_model_len:
+        raise InvalidArgument(
+            f"token_ids has {len(tokens)} tokens; the model's limit is {max_model_len - 1}"
+        )
+
+
+def make_room_in_queue(
+    executors: Iterable[ExecutorState], req: Request, max_queue_len: int
+) -> Request | None:
+    """None when there is room; the sheddable request to drop for an interactive one;
+    else ResourceExhausted. The caller removes and ends the returned request."""
+    executors = list(executors)
+    num_waiting = sum(len(ex.queue) + len(ex.preparing) for ex in executors)
+    if num_waiting < max_queue_len:
+        return None
+    if req.priority is Priority.INTERACTIVE:
+        shed = (ex.queue.newest_unleased(Priority.SHEDDABLE) for ex in executors)
+        victim = max((r for r in shed if r is not None), key=lambda r: r.arrival_time, default=None)
+        if victim is not None:
+            return victim
+    raise ResourceExhausted(
+        f"queue full: {num_waiting} waiting requests (max_queue_len {max_queue_len})"
+    )
