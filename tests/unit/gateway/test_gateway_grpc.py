@@ -116,6 +116,13 @@ async def test_stop_string_ends_choice_and_aborts_at_the_scheduler(mesh):
             grpc.StatusCode.INVALID_ARGUMENT,
             "max_tokens",
         ),
+        (
+            {"prompt": "x", "sampling": inference_pb2.SamplingParams(temperature=2.1)},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "temperature must be in [0, 2], got 2.1",  # as written, not as a float32
+        ),
+        ({"prompt": "x", "json_object": False}, grpc.StatusCode.INVALID_ARGUMENT, "json_object"),
+        ({"prompt": "x", "priority": 7}, grpc.StatusCode.INVALID_ARGUMENT, "priority"),
     ],
 )
 async def test_errors_map_to_status_codes(mesh, fields, code, message):

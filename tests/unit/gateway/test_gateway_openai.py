@@ -14,9 +14,9 @@ from gateway.core.openai import (
     parse_completion_request,
     parse_json_body,
 )
-from gateway.core.request import ChatMessage, Priority
+from gateway.core.request import ChatMessage
 from radixmesh.errors import NotFound, ResourceExhausted, Unavailable
-from radixmesh.sampling import ConstraintKind
+from radixmesh.sampling import ConstraintKind, Priority
 
 
 def chat(**fields):
