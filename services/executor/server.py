@@ -36,13 +36,13 @@ import torch
 from radixmesh.errors import FailedPrecondition, InvalidArgument, Unavailable
 from radixmesh.step import StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
-from services.common.logging import get_logger
-from services.executor.convert import (
+from radixmesh.wire import (
     constraint_from_proto,
     info_to_proto,
     plan_from_proto,
     result_to_proto,
 )
+from services.common.logging import get_logger
 from services.executor.core.pipeline import PlanRun, StepPipeline, prepare_constraint
 from services.executor.health import HealthSampler
 from services.executor.metrics import StepMetrics

@@ -19,13 +19,13 @@ from radixmesh.step import (
     TokenLogprobs,
 )
 from radixmesh.v1 import executor_pb2, inference_pb2
-from radixmesh.wire import read_float32
-from services.executor.convert import (
+from radixmesh.wire import (
     constraint_from_proto,
     constraint_to_proto,
     info_to_proto,
     plan_from_proto,
     plan_to_proto,
+    read_float32,
     result_from_proto,
     result_to_proto,
     sampling_from_proto,

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from radixmesh.step import DeviceHealth, StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
-from services.executor.convert import result_from_proto, result_to_proto
+from radixmesh.wire import result_from_proto, result_to_proto
 from services.executor.health import (
     GAUGES,
     DeviceHealthCollector,

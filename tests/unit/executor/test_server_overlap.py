@@ -21,7 +21,7 @@ import torch
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import executor_pb2
 from radixmesh.v1 import inference_pb2 as ipb
-from services.executor.convert import plan_from_proto, result_to_proto
+from radixmesh.wire import plan_from_proto, result_to_proto
 from services.executor.core.executor import ExecutorCore, PreparedStep
 from services.executor.server import ExecutorServicer
 from tests.unit.executor.conftest import TinyModel, make_core, random_prompt

@@ -82,7 +82,8 @@ class GrammarConfig:
 
 @dataclass(slots=True)
 class GrammarMetrics:
-    """Plain counters, updated under the service's lock; exported as radixmesh_executor_grammar_*."""
+    """Plain counters, updated under the service's lock (read by tests and benchmarks; not
+    exported as Prometheus metrics)."""
 
     num_compiles: int = 0
     """Compiles run to the end (succeeded or failed)."""
