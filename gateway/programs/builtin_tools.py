@@ -57,7 +57,7 @@ class DocumentIndex:
                 tf = counts[term]
                 score += idf * tf * (self.k1 + 1) / (tf + self.k1 * (1 - self.b + self.b * len(terms) / avg))
             scored.append({"id": doc_id, "title": title, "text": text, "score": round(score, 4)})
-        scored.sort(key=lambda d: -d["score"])
+        scored.sort(key=lambda d: -float(d["score"]))  # type: ignore[arg-type]
         return scored[:k]
 
 
@@ -93,7 +93,9 @@ def calculator(expression: str) -> float | int:
 
 
 def _eval(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        if isinstance(node.value, bool):
+            raise InvalidArgument("calculator: only numbers are allowed")
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _eval(node.operand)

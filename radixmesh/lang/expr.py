@@ -153,7 +153,9 @@ def as_piece(value: Piece | str | Var) -> Piece:
     raise TypeError(f"cannot add {type(value).__name__} to a program")
 
 
-def _append(template: str, role: str = "", part: int = pb.ROLE_PART_WHOLE) -> pb.Statement:
+def _append(
+    template: str, role: str = "", part: pb.RolePart = pb.ROLE_PART_WHOLE
+) -> pb.Statement:
     return pb.Statement(append=pb.Append(template=template, role=role, part=part))
 
 
@@ -162,8 +164,8 @@ def text(value: str) -> Piece:
     return Piece((pb.Statement(append=pb.Append(text=value)),))
 
 
-def _role(role: str, content: Piece | str | Var | Sequence[Piece | str | Var]) -> Piece:
-    parts = list(content) if isinstance(content, list | tuple) else [content]
+def _role(role: str, content: Any) -> Piece:
+    parts: list[Any] = list(content) if isinstance(content, list | tuple) else [content]
     inner: list[pb.Statement] = []
     for part in parts:
         inner += as_piece(part).statements

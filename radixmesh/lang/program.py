@@ -120,7 +120,8 @@ class Program:
 
     def compile(self) -> pb.Program:
         """The whole function as one Program (its parameters are its inputs)."""
-        traces, stack = [], [[]]
+        traces: list[list[Any]] = []
+        stack: list[list[bool]] = [[]]
         while stack:
             prefix = stack.pop()
             items, used = self._trace(prefix)
