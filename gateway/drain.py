@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -54,6 +55,17 @@ def edge_tasks(
         asyncio.create_task(follow, name="follow-scheduler"),
         asyncio.create_task(drain(runtime, http, grace_s, close_upstream), name="drain"),
     ]
+
+
+async def finish(tasks: list[asyncio.Task[None]]) -> None:
+    """At shutdown: stop following the scheduler, wait for the drain to end (it ends the
+    streams still running at the end of the grace)."""
+    for task in tasks:
+        if task.get_name() != "drain":
+            task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def drain(

@@ -25,7 +25,7 @@ from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import PreparedRequest
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig, RedisRateLimiter
 from gateway.core.tokenizer import Tokenizer
-from gateway.drain import edge_tasks
+from gateway.drain import edge_tasks, finish
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
 from radixmesh.errors import InvalidArgument
@@ -152,8 +152,7 @@ async def serve(args: argparse.Namespace) -> int:
     runner = await start_http_server(http.build_app(), args.host, args.http_port)
 
     async def on_shutdown() -> None:
-        for task in edge:
-            task.cancel()
+        await finish(edge)  # in-flight requests end within the grace period
         await upstream.close()  # what still runs ends with UNAVAILABLE, then the server stops
         await runner.cleanup()
         await channel.close()

@@ -1,0 +1,108 @@
+"""Kill each part of a running mesh under load; every stream completes or gets an error event.
+
+Per fault: no stream is cut (a clean end without `[DONE]`) and none hangs; what
+errored carries the documented code; the supervisor restarts the part and the mesh
+serves again within RECOVERY_S; no page lease is left behind. The drain test runs
+last: SIGTERM with streams in flight cuts none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+from mesh.faults import ServeProcess, Tally, stream_load
+from services.cache.client import CacheClient
+
+NUM_STREAMS = 16
+MAX_TOKENS = 64
+DEADLINE_S = 60.0
+RECOVERY_S = 90.0
+"""Longest wait for a killed part to serve again (an executor reloads its model)."""
+
+
+async def leases(mesh: ServeProcess) -> int:
+    async with CacheClient(mesh.address("cache")) as cache:
+        return sum(p.num_leases for p in await cache.stats())
+
+
+async def serves_again(mesh: ServeProcess, name: str, mark: int) -> float:
+    """Seconds until serve says `name` serves again, then one request that must complete."""
+    start = time.monotonic()
+    assert await mesh.wait_output(f"service {name!r} is serving again", RECOVERY_S, mark), (
+        mesh.text[-3000:]
+    )
+    seconds = time.monotonic() - start
+    deadline = time.monotonic() + 30
+    while True:  # the part is up; the parts in front of it see it at their next check
+        [probe] = await stream_load(mesh.http, 1, max_tokens=4, deadline_s=10)
+        if probe.kind == "completed" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    assert probe.kind == "completed", probe
+    return seconds
+
+
+async def kill_under_load(mesh: ServeProcess, name: str) -> tuple[Tally, int]:
+    load = asyncio.create_task(stream_load(mesh.http, NUM_STREAMS, MAX_TOKENS, DEADLINE_S))
+    await asyncio.sleep(0.5)  # the streams are flowing
+    mark = mesh.kill(name)
+    return Tally.of(await load), mark
+
+
+@pytest.fixture(autouse=True)
+async def whole_and_idle(mesh):
+    [probe] = await stream_load(mesh.http, 1, max_tokens=4, deadline_s=30)
+    assert probe.kind == "completed", (probe, mesh.text[-3000:])
+    yield
+
+
+async def test_a_dead_executor_cuts_nothing_and_comes_back(mesh):
+    tally, mark = await kill_under_load(mesh, "executor-0")
+    assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
+    assert tally.counts["completed"] + tally.counts["errored"] == NUM_STREAMS
+    assert tally.counts["completed"] > 0, tally  # the other executor's, and the retried ones
+    assert set(tally.codes) <= {"unavailable"}, tally
+    await serves_again(mesh, "executor-0", mark)
+    assert await leases(mesh) == 0
+
+
+async def test_a_dead_cache_ends_leased_streams_with_an_error_and_comes_back(mesh):
+    tally, mark = await kill_under_load(mesh, "cache")
+    assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
+    assert set(tally.codes) <= {"unavailable"}, tally
+    await serves_again(mesh, "cache", mark)
+    [after] = await stream_load(mesh.http, 1, max_tokens=8)
+    assert after.kind == "completed"  # the executors registered their pools again
+    assert await leases(mesh) == 0
+
+
+async def test_a_dead_scheduler_ends_every_stream_with_an_error_and_comes_back(mesh):
+    tally, mark = await kill_under_load(mesh, "scheduler")
+    assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
+    assert set(tally.codes) <= {"unavailable"}, tally
+    await serves_again(mesh, "scheduler", mark)
+
+
+async def test_a_dead_gateway_resets_its_connections_and_comes_back(mesh):
+    tally, mark = await kill_under_load(mesh, "gateway")
+    # nothing is left to write an error event: its connections break (no clean, silent
+    # end), new requests get Envoy's JSON 503 until it is back
+    assert tally.counts["cut"] == tally.counts["hung"] == 0, tally
+    assert set(tally.codes) <= {"unavailable", "connection_refused"}, tally
+    await serves_again(mesh, "gateway", mark)
+
+
+async def test_sigterm_drains_streams_in_flight(mesh):
+    load = asyncio.create_task(stream_load(mesh.http, NUM_STREAMS, MAX_TOKENS, DEADLINE_S))
+    await asyncio.sleep(0.5)
+    mark = len(mesh.output)
+    code = await asyncio.to_thread(mesh.stop, signal.SIGTERM)
+    tally = Tally.of(await load)
+    assert code == 0, mesh.text[-3000:]
+    assert tally.counts == {**tally.counts, "cut": 0, "reset": 0, "hung": 0}, tally
+    assert tally.counts["completed"] == NUM_STREAMS, tally  # well within the 20 s grace
+    assert any("draining" in line for line in mesh.output[mark:])
