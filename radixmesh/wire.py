@@ -79,6 +79,7 @@ _DECIMAL_FORMATS = (".6g", ".7g", ".8g")
 _HEALTH_FIELDS = tuple(f.name for f in fields(DeviceHealth))
 _INFO_FIELDS = tuple(f.name for f in fields(ExecutorInfo))
 _OPTIONAL_INFO_FIELDS = ("vocab_size", "max_num_seqs", "max_num_batched_tokens")
+_OPTIONAL_UPDATE_FIELDS = ("finish_reason", "matched_stop_token_id")
 
 # oneof field name <-> ConstraintKind (CHOICES and JSON_OBJECT carry no plain string).
 _KIND_BY_FIELD = {
@@ -335,10 +336,10 @@ def update_to_proto(
     msg.token_ids.extend(update.token_ids)
     for logprobs in update.logprobs:
         logprobs_to_proto(logprobs, msg.logprobs.add())
-    if update.finish_reason is not None:
-        msg.finish_reason = update.finish_reason
-    if update.matched_stop_token_id is not None:
-        msg.matched_stop_token_id = update.matched_stop_token_id
+    for name in _OPTIONAL_UPDATE_FIELDS:
+        value = getattr(update, name)
+        if value is not None:
+            setattr(msg, name, value)
     if update.num_prompt_tokens is not None:
         msg.num_prompt_tokens = update.num_prompt_tokens
         msg.num_cached_tokens = update.num_cached_tokens or 0
