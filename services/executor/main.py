@@ -115,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-grammar", action="store_true", help="refuse constraints (no tokenizer needed)"
     )
+    parser.add_argument(
+        "--kernel-backend",
+        action="append",
+        default=[],
+        metavar="OP=MODULE:OBJECT",
+        help="replace one op with a site's implementation (checked against the op's torch "
+        "reference at startup); repeatable",
+    )
+    parser.add_argument(
+        "--no-kernel-entry-points",
+        action="store_true",
+        help="ignore the kernel backends installed under the radixmesh.kernels entry points",
+    )
     parser.add_argument("--log-level", default="info")
     add_server_arguments(parser)
     return parser
@@ -134,6 +147,8 @@ def executor_config(args: argparse.Namespace) -> ExecutorConfig:
         max_model_len=args.max_model_len,
         seed=args.seed,
         cuda_graphs=not args.no_cuda_graphs,
+        kernel_backends=tuple(args.kernel_backend),
+        kernel_entry_points=not args.no_kernel_entry_points,
     )
 
 

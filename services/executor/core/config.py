@@ -45,6 +45,11 @@ class ExecutorConfig:
     """Seed of the executor's generator, which draws seeds for requests that give none."""
     cuda_graphs: bool = True
     """On CUDA: replay decode steps as captured graphs (one per batch-size bucket)."""
+    kernel_backends: tuple[str, ...] = ()
+    """Ops replaced by a site's own implementation, as `op=module:object` or
+    `module:object` (a `kernels.backends.KernelOverride`); see kernels/backends.py."""
+    kernel_entry_points: bool = True
+    """Also load the backends installed under the `radixmesh.kernels` entry-point group."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgument:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kernels import get_ops
 from radixmesh.errors import FailedPrecondition
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import SamplingParams
@@ -51,6 +50,7 @@ from services.executor.core.resources import (
     resolve_device,
     resolve_dtype,
     resolve_max_model_len,
+    resolve_ops,
     size_num_pages,
 )
 from services.executor.core.sampling import Sampler, SampleResult, SamplingInputs
@@ -109,7 +109,7 @@ class ExecutorCore:
         self.startup_seconds: dict[str, float] = {"load_weights": time.perf_counter() - start}
         """Startup phases and their wall times: load_weights, then on CUDA warm_prefill
         (compiles and tunes the prefill kernels) and capture_graphs."""
-        self.model = Decoder(spec, weights, get_ops(self.device), max_model_len)
+        self.model = Decoder(spec, weights, resolve_ops(config, self.device), max_model_len)
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
         num_pages = size_num_pages(config, spec, dtype, self.device, int(use_graphs))
         self.kv_pool = KVPool(
@@ -130,7 +130,9 @@ class ExecutorCore:
             )  # fmt: skip
             self._graphs.capture()
             self.startup_seconds["capture_graphs"] = time.perf_counter() - start
-        self.sampler = Sampler(spec.vocab_size, self.device)
+        self.sampler = Sampler(
+            spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
+        )
         self.info = ExecutorInfo(
             executor_id="",  # named by the process or engine that runs this core
             model=config.model_name or folder.path.resolve().name,
@@ -256,7 +258,7 @@ class ExecutorCore:
             if scoring is not None:  # an extend that scores prompt tokens: never a graph
                 logits, hidden = self.model.forward_scored(batch, self.kv_pool, scoring.rows)
                 entries = score(hidden, self.model.lm_head, scoring)
-                scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries)}
+                scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries, strict=True)}
             elif self._graphs is not None and self._graphs.can_run(batch):
                 logits = self._graphs.run(batch)
             else:

@@ -97,9 +97,9 @@ def score(
         targets = scoring.targets[lo : lo + chunk_rows]
         chosen_parts.append(logprobs.gather(1, targets[:, None]).squeeze(1))
         if max_top:
-            top = logprobs.topk(max_top, dim=-1)
-            top_lp_parts.append(top.values)
-            top_id_parts.append(top.indices)
+            best = logprobs.topk(max_top, dim=-1)
+            top_lp_parts.append(best.values)
+            top_id_parts.append(best.indices)
     chosen = torch.cat(chosen_parts).tolist()
     target_ids = scoring.targets.tolist()
     top_ids = torch.cat(top_id_parts).tolist() if max_top else None

@@ -1,9 +1,11 @@
-"""Where the executor runs: device and dtype choice, context limit, KV pool sizing."""
+"""Where the executor runs: device and dtype choice, its ops, context limit, KV pool sizing."""
 
 from __future__ import annotations
 
 import torch
 
+from kernels import Ops, get_ops
+from kernels.backends import KernelBackendError, discover, load_spec, with_overrides
 from radixmesh.errors import InvalidArgument
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.kv_pool import num_pages_for_budget, page_bytes
@@ -11,6 +13,18 @@ from services.executor.core.loader import DTYPES
 from services.executor.core.models import ModelSpec
 
 ACTIVATION_SLACK_BYTES = 512 << 20
+
+
+def resolve_ops(config: ExecutorConfig, device: torch.device) -> Ops:
+    """The device's op set with the configured kernel backends in place, each checked
+    against its op's torch reference first. InvalidArgument names a refused op."""
+    try:
+        overrides = [load_spec(spec) for spec in config.kernel_backends]
+        if config.kernel_entry_points:
+            overrides += discover()
+        return with_overrides(get_ops(device), overrides, device)
+    except KernelBackendError as exc:
+        raise InvalidArgument(f"executor.kernel_backends: {exc}") from None
 
 
 def resolve_device(name: str) -> torch.device:

@@ -25,7 +25,7 @@ Logprobs are taken from the raw logits, before any processing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -234,7 +234,9 @@ class Sampler:
         device: torch.device,
         *,
         max_filter_candidates: int = MAX_FILTER_CANDIDATES,
+        apply_bitmask: Callable | None = None,
     ):
+        """`apply_bitmask`: the op masking refused tokens (default: the device's)."""
         if vocab_size < 1:
             raise InvalidArgument(f"vocab_size must be >= 1, got {vocab_size}")
         if max_filter_candidates < 1:
@@ -244,7 +246,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.max_filter_candidates = max_filter_candidates
         self.device = torch.device(device)
-        self._apply_bitmask = get_ops(self.device).apply_bitmask
+        self._apply_bitmask = apply_bitmask or get_ops(self.device).apply_bitmask
         self._race = torch.compile(race, dynamic=True) if self.device.type == "cuda" else race
 
     def warmup(self) -> None:
