@@ -65,6 +65,8 @@ class MeshConfig:
     """Bucket size of that limit; 0 means two seconds' worth."""
     result_cache: bool = False
     """Serve repeated deterministic requests from the cache service's result cache."""
+    tools_config: Path | None = None
+    """JSON file of the program tools and plugins the gateway loads (docs/programs.md)."""
     num_pages: int | None = None
     """KV pages per executor; None lets the executor size its pool."""
     kv_memory_fraction: float | None = None
@@ -225,6 +227,8 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
         gateway_args += ["--rate-limit-burst", str(config.rate_limit_burst)]
     if config.result_cache:
         gateway_args.append("--result-cache")
+    if config.tools_config is not None:
+        gateway_args += ["--tools-config", str(config.tools_config)]
     gateway = ServiceSpec(
         "gateway",
         _python("gateway.main", *gateway_args),
