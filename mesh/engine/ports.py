@@ -75,7 +75,6 @@ class InProcessExecutor:
         *,
         overlap_prepare: bool | None = None,
     ) -> None:
-        self.core = core
         self.grammar = grammar
         self._info = dataclasses.replace(core.info, executor_id=executor_id)
         self._pipeline = StepPipeline(executor_id, overlap_prepare=overlap_prepare)

@@ -43,14 +43,6 @@ class SequenceState:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[: self.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
 
 def check_finish(
     seq: SequenceState, token_id: int, eos_token_ids: Sequence[int], max_model_len: int
