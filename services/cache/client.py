@@ -24,11 +24,12 @@ from typing import Any, ClassVar
 import grpc
 
 from radixmesh.cache_types import CommitResult, Lease, PoolStats
-from radixmesh.errors import RadixmeshError, Unavailable
+from radixmesh.errors import RadixmeshError, Unavailable, error_for_code
+from radixmesh.status import status_of_number
 from radixmesh.v1 import cache_pb2 as pb
 from radixmesh.v1 import cache_pb2_grpc
 from services.common.health import RECONNECT_OPTIONS
-from services.common.interceptor import error_from_rpc_error, error_from_status
+from services.common.interceptor import error_from_rpc_error
 
 _STATS_FIELDS = tuple(PoolStats.__slots__)  # PoolStats and pb.PoolStats share field names
 
@@ -145,13 +146,10 @@ CacheOp = AcquireOp | ExtendOp | CommitOp | ReleaseOp | MatchOp | HeartbeatOp
 """One verb for `CacheClient.batch`; `field` names its slot in the CacheOp oneof."""
 BatchResult = Lease | list[int] | CommitResult | None | dict[str, int] | int | RadixmeshError
 
-_STATUS_BY_VALUE = {status.value[0]: status for status in grpc.StatusCode}
-
 
 def _result_from_pb(op: CacheOp, result: pb.CacheOpResult) -> BatchResult:
     if result.error_code:
-        code = _STATUS_BY_VALUE.get(result.error_code, grpc.StatusCode.UNKNOWN)
-        return error_from_status(code, result.error_message)
+        return error_for_code(status_of_number(result.error_code).name, result.error_message)
     return op.result(getattr(result, op.field))
 
 
