@@ -9,9 +9,12 @@ and apply to programs (every appended text, the returned value) and to plain req
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gateway.core.request import ChatMessage, GatewayRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +34,16 @@ class PluginChain:
             if hook is not None:
                 value = hook(value)
         return value
+
+    def apply_to_request(self, request: GatewayRequest) -> GatewayRequest:
+        """A plain request with pre_request applied to its prompt text and every message's
+        content (token ids pass unchanged)."""
+        if not self.plugins:
+            return request
+        given = request.input
+        if given.prompt is not None:
+            given = dataclasses.replace(given, prompt=self.pre_request(given.prompt))
+        elif given.messages is not None:
+            messages = tuple(ChatMessage(m.role, self.pre_request(m.content)) for m in given.messages)
+            given = dataclasses.replace(given, messages=messages)
+        return dataclasses.replace(request, input=given)

@@ -224,3 +224,19 @@ async def test_plugins_rewrite_appended_text_and_the_result(plugin_module, tiny_
 
 
 
+
+
+def test_pre_request_plugins_rewrite_plain_requests(plugin_module):
+    from gateway.core.request import ChatMessage, GatewayRequest, GenerateInput
+    from gateway.programs.core.plugins import PluginChain
+    from radixmesh.sampling import SamplingParams
+
+    chain = PluginChain((importlib.import_module("site_tools").Redact(),))
+    chat = GatewayRequest(
+        "", GenerateInput(messages=(ChatMessage("user", "my secret"),)), SamplingParams()
+    )
+    prompt = GatewayRequest("", GenerateInput(prompt="secret plan"), SamplingParams())
+    ids = GatewayRequest("", GenerateInput(token_ids=(1, 2)), SamplingParams())
+    assert chain.apply_to_request(chat).input.messages == (ChatMessage("user", "my [redacted]"),)
+    assert chain.apply_to_request(prompt).input.prompt == "[redacted] plan"
+    assert chain.apply_to_request(ids) == ids
