@@ -27,18 +27,23 @@ from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig, RedisRateL
 from gateway.core.tokenizer import Tokenizer
 from gateway.drain import edge_tasks, finish
 from gateway.openai_http import OpenAIHttpServer, start_http_server
+from gateway.programs.backend import SchedulerBackend
+from gateway.programs.core.plugins import PluginChain
+from gateway.programs.core.runtime import RuntimeDeps
+from gateway.programs.registry import load_registry
+from gateway.programs.server import ProgramsServicer
 from gateway.server import InferenceServicer
 from radixmesh.errors import InvalidArgument
-from radixmesh.v1 import inference_pb2_grpc
+from radixmesh.v1 import inference_pb2_grpc, program_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
 from services.common.health import RECONNECT_OPTIONS, wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.server import ServiceRuntime, run_service
+from services.scheduler.client import SchedulerClient
 
 log = get_logger(__name__)
 
 EXECUTOR_COUNTS_TTL_S = 1.0
-from services.scheduler.client import SchedulerClient
 """ListModels asks the scheduler for its executors at most this often."""
 REDIS_TIMEOUT_S = 1.0
 """Longest wait for one rate-limit call to Redis."""
@@ -73,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rate-limit-burst", type=float, default=0.0, help="bucket size (default: 2 s of rate)"
+    )
+    parser.add_argument(
+        "--tools-config",
+        default=os.environ.get("RADIXMESH_TOOLS_CONFIG", ""),
+        help="JSON file of program tools and plugins (docs/programs.md); built-ins always load",
     )
     parser.add_argument("--log-level", default="info")
     return parser
@@ -129,6 +139,21 @@ def _memory(args: argparse.Namespace, models: ModelRegistry) -> tuple[GatewayMem
     return GatewayMemory(client, key, cache_results=args.result_cache), client
 
 
+def programs_servicer(
+    args: argparse.Namespace,
+    models: ModelRegistry,
+    upstream: SchedulerClient,
+    admission: Admission,
+    cache_client: Any,
+) -> tuple[ProgramsServicer, PluginChain]:
+    """The program runtime beside Inference (tools' results cached in the cache service's
+    result store when there is one, else in this process), and the plugins, which plain
+    requests get too."""
+    tools, plugins = load_registry(args.tools_config or None, store=cache_client)
+    deps = RuntimeDeps(SchedulerBackend(upstream), models, tools, plugins)
+    return ProgramsServicer(deps, admission), plugins
+
+
 async def serve(args: argparse.Namespace) -> int:
     configure_logging("gateway", args.log_level)
     runtime = ServiceRuntime(ServerConfig.from_args("gateway", args))
@@ -139,15 +164,23 @@ async def serve(args: argparse.Namespace) -> int:
     admission, redis_client = _admission(args)
     memory, cache_client = _memory(args, models)
     counts = ExecutorCounts(upstream.executors_per_model, ttl_s=EXECUTOR_COUNTS_TTL_S)
-    servicer = InferenceServicer(models, upstream, admission, memory, counts)
-    await runtime.start(
-        lambda server: inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server),
-        ["radixmesh.v1.Inference"],
-    )
+    programs, plugins = programs_servicer(args, models, upstream, admission, cache_client)
+    servicer = InferenceServicer(models, upstream, admission, memory, counts, plugins)
+
+    def add_servicers(server: grpc.aio.Server) -> None:
+        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+        program_pb2_grpc.add_ProgramsServicer_to_server(programs, server)
+
+    await runtime.start(add_servicers, ["radixmesh.v1.Inference", "radixmesh.v1.Programs"])
     serving = False
     edge: list[asyncio.Task[None]] = []
     http = OpenAIHttpServer(
-        models, upstream, admission, ready=lambda: serving and not runtime.stopping, memory=memory
+        models,
+        upstream,
+        admission,
+        ready=lambda: serving and not runtime.stopping,
+        memory=memory,
+        plugins=plugins,
     )
     runner = await start_http_server(http.build_app(), args.host, args.http_port)
 

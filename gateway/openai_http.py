@@ -29,6 +29,7 @@ from gateway.core.prepare import PreparedRequest, prepare_request
 from gateway.core.request import GatewayRequest
 from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import HTTP_HEALTH_PATH
+from gateway.programs.core.plugins import PluginChain
 from radixmesh.errors import Unavailable
 from services.common.logging import get_logger
 
@@ -47,8 +48,11 @@ class OpenAIHttpServer:
         admission: Admission = Admission(),
         ready: Callable[[], bool] = lambda: True,
         memory: GatewayMemory | None = None,
+        plugins: PluginChain | None = None,
     ) -> None:
         self._memory = memory or GatewayMemory()
+        self._plugins = plugins or PluginChain()
+        """Their pre_request rewrites prompts and message texts."""
         self._models = models
         self._upstream = upstream
         self._admission = admission
@@ -126,7 +130,9 @@ class OpenAIHttpServer:
     ) -> web.StreamResponse:
         try:
             await self._admit(request)
-            gateway_request = parse(parse_json_body(await request.read()))
+            gateway_request = self._plugins.apply_to_request(
+                parse(parse_json_body(await request.read()))
+            )
             model_id, tokenizer = self._models.resolve(gateway_request.model)
             response_id = resp.new_response_id(gateway_request.chat)
             session_id = gateway_request.session_id

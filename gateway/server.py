@@ -21,6 +21,7 @@ from gateway.core.memory import GatewayMemory
 from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import prepare_request
 from gateway.core.request import ChatMessage
+from gateway.programs.core.plugins import PluginChain
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 
@@ -33,8 +34,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         admission: Admission = Admission(),
         memory: GatewayMemory | None = None,
         executor_counts: ExecutorCounts | None = None,
+        plugins: PluginChain | None = None,
     ) -> None:
-        """executor_counts: fills ListModels' num_executors (None: reported as 0)."""
+        """executor_counts: fills ListModels' num_executors (None: reported as 0).
+        plugins: their pre_request rewrites prompts and message texts."""
+        self._plugins = plugins or PluginChain()
         self._models = models
         self._executor_counts = executor_counts
         self._upstream = upstream
@@ -61,6 +65,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         )
         await self._admit(context)
         gateway_request = convert.generate_request_from_proto(request)
+        gateway_request = self._plugins.apply_to_request(gateway_request)
         _, tokenizer = self._models.resolve(gateway_request.model)
         session_id = gateway_request.session_id
         prepared = prepare_request(
