@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.request import CHAT_ROLES, ChatMessage
+from gateway.tracing import phase
 from radixmesh.errors import FailedPrecondition, InvalidArgument
 
 # config.json keys that hold the context length, most specific first.
@@ -104,7 +105,8 @@ class Tokenizer:
             raise InvalidArgument(f"{field}: must be a string, got {type(prompt).__name__}")
         if not prompt:
             raise InvalidArgument(f"{field}: must not be empty")
-        return list(self._hf.encode(prompt, add_special_tokens=True))
+        with phase("gateway.tokenize"):
+            return list(self._hf.encode(prompt, add_special_tokens=True))
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of text inside a context: no special tokens added."""
@@ -134,8 +136,10 @@ class Tokenizer:
         self, messages: Sequence[ChatMessage], field: str = "messages"
     ) -> list[int]:
         """Token ids of a conversation; the template writes its own special tokens."""
-        text = self.render_chat(messages, field)
-        return list(self._hf.encode(text, add_special_tokens=False))
+        with phase("gateway.template", num_messages=len(messages)):
+            text = self.render_chat(messages, field)
+        with phase("gateway.tokenize"):
+            return list(self._hf.encode(text, add_special_tokens=False))
 
     @staticmethod
     def validate_messages(messages: Sequence[ChatMessage], field: str = "messages") -> None:

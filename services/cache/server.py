@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -19,6 +20,7 @@ from radixmesh.v1 import cache_pb2_grpc
 from services.cache import convert
 from services.cache.core import CacheCore
 from services.cache.store import Store
+from services.common import tracing
 from services.common.interceptor import status_code_of
 from services.common.logging import get_logger
 from services.common.metrics import counter
@@ -47,6 +49,20 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         }
 
     # ---- verbs on the core (each a plain function of one request message) ----
+
+    def _run_verb(self, name: str, request: Any) -> Any:
+        """One verb, under a `cache.<verb>` span while tracing is on."""
+        if not tracing.enabled():
+            return self._ops[name](request)
+        attributes = {"radixmesh.verb": name}
+        for field_name in ("executor_id", "lease_id", "holder"):
+            value = getattr(request, field_name, None)
+            if value:
+                attributes[f"radixmesh.{field_name}"] = value
+        with tracing.tracer("radixmesh.cache").start_as_current_span(
+            f"cache.{name}", attributes=attributes
+        ):
+            return self._ops[name](request)
 
     def _acquire(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
         lease = self._core.acquire(
@@ -143,7 +159,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 raise InvalidArgument(
                     "op must be one of acquire, extend, commit, release, match, heartbeat"
                 )
-            response = self._ops[name](getattr(op, name))
+            response = self._run_verb(name, getattr(op, name))
         except Exception as exc:
             code = status_code_of(exc)
             if code.name == "INTERNAL":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ from radixmesh.wire import (
     plan_from_proto,
     result_to_proto,
 )
+from services.common import tracing
 from services.common.logging import get_logger
 from services.executor.core.pipeline import PlanRun, StepPipeline, prepare_constraint
 from services.executor.health import HealthSampler
@@ -290,8 +292,32 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 stream.ended.append(output.req_id)
         stream.num_steps += 1
         self._metrics.record(plan, result, core.num_seqs)
+        if tracing.enabled():
+            self._trace_step(plan, result)
         result.health = self._health.poll()  # about once a second; None on CPU
         return result_to_proto(result)
+
+    def _trace_step(self, plan: StepPlan, result: StepResult) -> None:
+        """One `executor.step` span (never one per token); the scheduler's request spans
+        name the executor and step ids that join them to it."""
+        num_tokens = sum(n.num_scheduled_tokens for n in plan.new_seqs)
+        num_tokens += sum(r.num_scheduled_tokens for r in plan.running_seqs)
+        if num_tokens == 0:
+            return
+        end = time.monotonic()
+        tracing.record_span(
+            tracing.tracer("radixmesh.executor"),
+            "executor.step",
+            end - result.step_seconds,
+            end,
+            attributes={
+                "radixmesh.executor_id": self._executor_id,
+                "radixmesh.step_id": plan.step_id,
+                "radixmesh.num_new_seqs": len(plan.new_seqs),
+                "radixmesh.num_running_seqs": len(plan.running_seqs),
+                "radixmesh.num_scheduled_tokens": num_tokens,
+            },
+        )
 
     def _drop(self, core: ExecutorCore, stream: _Stream) -> int:
         """On the execute thread, after every prepare and step of the stream: forget its

@@ -27,6 +27,7 @@ from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.sampling import Constraint, Priority, SamplingParams
 from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import tracing
 
 
 class _Stream:
@@ -114,6 +115,7 @@ class SchedulerClient:
             priority=wire.priority_to_proto(priority),
             deadline_unix_ms=deadline_unix_ms,
             hold_id=hold_id,
+            traceparent=tracing.current_traceparent(),
         )
         if constraint is not None:
             submit.constraint.CopyFrom(wire.constraint_to_proto(constraint))

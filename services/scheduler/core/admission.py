@@ -91,6 +91,8 @@ def _start(ex: ExecutorState, budget: StepBudget, req: Request) -> NewSequence:
         constraint=req.constraint,
     )
     req.num_unsent_pages = 0
+    if req.trace is not None:
+        req.trace.on_started(num_tokens, ex.next_step_id)
     req.num_computed_tokens += num_tokens
     req.on_executor = True
     budget.take(num_tokens)

@@ -57,6 +57,8 @@ async def schedule_running(
             continue
         appended = req.page_table[len(req.page_table) - req.num_unsent_pages :]
         req.num_unsent_pages = 0
+        if req.trace is not None:
+            req.trace.on_scheduled(num_tokens, req.prefilling, ex.next_step_id)
         scheduled.append(RunningSequence(req.req_id, num_tokens, appended))
         req.num_computed_tokens += num_tokens
         budget.take(num_tokens)

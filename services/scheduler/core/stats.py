@@ -108,7 +108,11 @@ class SchedulerStats:
             self.inter_token_latency.observe(now - req.last_token_time)
         req.last_token_time = now
         self.num_generation_tokens += 1
+        if req.trace is not None:
+            req.trace.on_token(now)
 
     def finished(self, req: Request, now: float, finish_reason: str | None, code: str) -> None:
         self.e2e_latency[req.priority].observe(now - req.arrival_time)
         self.num_finished[(finish_reason or "error", code)] += 1
+        if req.trace is not None:
+            req.trace.finished(now, req, finish_reason, code)

@@ -1,0 +1,146 @@
+"""One trace per request through the real mesh: spans from Envoy's clients to the executor.
+
+A `radixmesh serve --otlp-endpoint` of its own exports every service's spans
+to an OTLP/gRPC receiver in this test; requests carry a W3C traceparent.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import aiohttp
+import grpc
+import pytest
+from e2e_mesh import start_serve, stop_serve
+
+from radixmesh.v1 import inference_pb2 as pb
+from radixmesh.v1 import inference_pb2_grpc
+from tests.fixtures.otlp import OtlpReceiver
+
+TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    with OtlpReceiver() as receiver:
+        mesh = start_serve(
+            tmp_path_factory.mktemp("traced"), "--otlp-endpoint", receiver.endpoint
+        )
+        try:
+            yield mesh, receiver.collector
+        finally:
+            stop_serve(mesh)
+
+
+def traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+def tree(spans, trace_id: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for s in spans:
+        if s.trace_id == trace_id:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def one(spans: dict[str, list], name: str):
+    assert len(spans.get(name, ())) == 1, f"{name}: {spans.get(name)} in {sorted(spans)}"
+    return spans[name][0]
+
+
+async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor(traced):
+    mesh, collector = traced
+    header, trace_id, client_span = traceparent()
+    request = pb.GenerateRequest(
+        prompt="The mesh traces every room", sampling=pb.SamplingParams(max_tokens=6)
+    )
+    request.sampling.ignore_eos = True
+    async with grpc.aio.insecure_channel(mesh.grpc_target) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        num_tokens = 0
+        async for response in stub.Generate(request, metadata=(("traceparent", header),)):
+            if response.HasField("chunk"):
+                num_tokens += len(response.chunk.token_ids)
+    assert num_tokens == 6
+
+    def complete(spans) -> bool:
+        names = set(tree(spans, trace_id))
+        want = {"gateway.Generate", "scheduler.request", "scheduler.decode", "gateway.stream"}
+        return want <= names and any(s.name == "executor.step" for s in spans)
+
+    spans = collector.wait_for(complete, TIMEOUT_S)
+    t = tree(spans, trace_id)
+    root = one(t, "gateway.Generate")
+    assert root.parent_span_id == client_span and root.service == "radixmesh-gateway"
+    for name in ("gateway.validate", "gateway.prepare", "gateway.stream"):
+        assert one(t, name).parent_span_id == root.span_id
+    assert one(t, "gateway.tokenize").parent_span_id == one(t, "gateway.prepare").span_id
+
+    request_span = one(t, "scheduler.request")
+    assert request_span.service == "radixmesh-scheduler"
+    assert request_span.parent_span_id == one(t, "gateway.stream").span_id
+    assert request_span.attributes["radixmesh.num_output_tokens"] == 6
+    assert request_span.attributes["radixmesh.finish_reason"] == "length"
+    assert "first_token" in [name for name, _ in request_span.events]
+    for name in ("scheduler.queue_wait", "scheduler.prefill_chunk", "scheduler.decode"):
+        for span in t[name]:
+            assert span.parent_span_id == request_span.span_id
+            assert request_span.start_ns <= span.start_ns <= span.end_ns <= request_span.end_ns
+    decode = one(t, "scheduler.decode")
+    assert decode.attributes["radixmesh.num_steps"] == 5
+    chunk = t["scheduler.prefill_chunk"][0]
+    assert chunk.attributes["radixmesh.num_scheduled_tokens"] >= 1
+
+    # the executor's steps join the request by executor and step id, one span per step
+    executor_id = chunk.attributes["radixmesh.executor_id"]
+    steps = {
+        s.attributes["radixmesh.step_id"]: s
+        for s in spans
+        if s.name == "executor.step" and s.attributes["radixmesh.executor_id"] == executor_id
+    }
+    assert chunk.attributes["radixmesh.step_id"] in steps
+    first, last = (decode.attributes[f"radixmesh.{k}_step_id"] for k in ("first", "last"))
+    assert last - first == 4 and {first, last} <= set(steps)
+    assert not any(s.name == "executor.step" and s.trace_id == trace_id for s in spans)
+    assert any(s.service == "radixmesh-cache" and s.name.startswith("cache.") for s in spans)
+
+
+async def test_an_openai_http_request_continues_the_callers_trace_through_envoy(traced):
+    mesh, collector = traced
+    header, trace_id, client_span = traceparent()
+    body = {"model": "tiny-llama", "prompt": "hello", "max_tokens": 3}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{mesh.http}/v1/completions", json=body, headers={"traceparent": header})
+        as response,
+    ):
+        assert response.status == 200, await response.text()
+
+    want = {"scheduler.request", "gateway.POST /v1/completions"}
+    spans = collector.wait_for(lambda s: want <= set(tree(s, trace_id)), TIMEOUT_S)
+    t = tree(spans, trace_id)
+    root = one(t, "gateway.POST /v1/completions")
+    assert root.parent_span_id == client_span
+    assert one(t, "scheduler.request").attributes["radixmesh.num_output_tokens"] == 3
+
+
+async def test_a_request_without_traceparent_starts_its_own_trace(traced):
+    mesh, collector = traced
+    async with grpc.aio.insecure_channel(mesh.grpc_target) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        request = pb.GenerateRequest(prompt="untraced caller", request_id="no-parent-1")
+        request.sampling.max_tokens = 2
+        async for _ in stub.Generate(request):
+            pass
+
+    def rooted(spans) -> bool:
+        roots = [s for s in spans if s.attributes.get("radixmesh.request_id") == "no-parent-1"]
+        return bool(roots) and "scheduler.request" in tree(spans, roots[0].trace_id)
+
+    spans = collector.wait_for(rooted, TIMEOUT_S)
+    root = next(s for s in spans if s.attributes.get("radixmesh.request_id") == "no-parent-1")
+    assert root.name == "gateway.Generate" and root.parent_span_id == ""
+    request_span = one(tree(spans, root.trace_id), "scheduler.request")
+    assert request_span.attributes["radixmesh.num_output_tokens"] >= 1

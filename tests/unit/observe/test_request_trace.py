@@ -1,0 +1,65 @@
+"""The scheduler's spans of one traced request, written from the times the core noted."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from radixmesh.sampling import Priority, SamplingParams
+from services.common import tracing
+from services.scheduler.core.request import Request
+from services.scheduler.tracing import RequestTrace
+
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def exported(monkeypatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setitem(tracing._STATE, "provider", provider)
+    return exporter
+
+
+def test_spans_cover_queue_chunks_preemption_and_decode(exported, monkeypatch):
+    clock = iter([1.0, 1.5, 2.0, 2.5])  # started, chunk scheduled, preempted, restarted
+    monkeypatch.setattr("services.scheduler.tracing.time.monotonic", lambda: next(clock))
+    req = Request("r1", [1, 2, 3, 4], SamplingParams(), arrival_time=0.5, priority=Priority.BATCH)
+    req.executor_id = "exec-0"
+    trace = RequestTrace.start(PARENT, req.arrival_time)
+    assert trace is not None
+    trace.on_started(2, step_id=3)
+    trace.on_scheduled(2, prefilling=True, step_id=4)
+    trace.on_preempted(num_computed=4)
+    trace.on_started(4, step_id=9)
+    for i, at in enumerate((3.0, 3.1, 3.2)):
+        trace.on_token(at)
+        if i:
+            trace.on_scheduled(1, prefilling=False, step_id=10 + i)
+    trace.finished(3.3, req, "length", "OK")
+
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    root = spans["scheduler.request"]
+    assert format(root.parent.span_id, "016x") == "b7ad6b7169203331"
+    assert root.attributes["radixmesh.num_preemptions"] == 1
+    assert [e.name for e in root.events] == ["preempted", "first_token"]
+    waits = [s for s in exported.get_finished_spans() if s.name == "scheduler.queue_wait"]
+    assert [(s.start_time, s.end_time) for s in waits] == [
+        (tracing.epoch_ns(0.5), tracing.epoch_ns(1.0)),
+        (tracing.epoch_ns(2.0), tracing.epoch_ns(2.5)),
+    ]
+    chunks = [s for s in exported.get_finished_spans() if s.name == "scheduler.prefill_chunk"]
+    assert [c.attributes["radixmesh.step_id"] for c in chunks] == [3, 4, 9]
+    assert chunks[-1].end_time == tracing.epoch_ns(3.0)  # the last chunk ends at the first token
+    decode = spans["scheduler.decode"]
+    assert decode.attributes["radixmesh.num_steps"] == 2
+    assert (decode.attributes["radixmesh.first_step_id"], decode.attributes["radixmesh.last_step_id"]) == (11, 12)
+    assert all(s.parent.span_id == root.context.span_id for s in (*waits, *chunks, decode))
+
+
+def test_a_malformed_traceparent_traces_nothing():
+    assert RequestTrace.start("00-not-a-trace", 0.0) is None
+    assert RequestTrace.start("", 0.0) is None
