@@ -1,0 +1,182 @@
+"""The step pipeline on a recording core: the prepare gate, skipped plans after a failure,
+where prepares run, the drop after a run, and closing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind
+from radixmesh.step import StepPlan, StepResult
+from services.executor.core.pipeline import StepPipeline, prepare_constraint
+
+WAIT_S = 10.0
+
+
+class RecordingCore:
+    """Prepares and executes nothing but records (verb, step_id, steps executed, thread)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int, str]] = []
+        self.num_executed = 0
+        self.fail: dict[tuple[str, int], Exception] = {}
+        self.before_execute: dict[int, Callable[[], None]] = {}
+
+    def _record(self, verb: str, step_id: int) -> None:
+        self.calls.append((verb, step_id, self.num_executed, threading.current_thread().name))
+        if (error := self.fail.get((verb, step_id))) is not None:
+            raise error
+
+    def prepare(self, plan: StepPlan) -> int:
+        self._record("prepare", plan.step_id)
+        return plan.step_id
+
+    def execute(self, step_id: int) -> StepResult:
+        if (hook := self.before_execute.get(step_id)) is not None:
+            hook()
+        self._record("execute", step_id)
+        self.num_executed += 1
+        return StepResult(step_id, [], 0.0)
+
+    def ran(self, verb: str) -> list[int]:
+        return [step_id for v, step_id, _, _ in self.calls if v == verb]
+
+
+def make_pipeline(core: RecordingCore, overlap_prepare: bool | None) -> StepPipeline:
+    pipeline = StepPipeline("test", overlap_prepare=overlap_prepare)
+    pipeline.attach(core)  # type: ignore[arg-type]
+    return pipeline
+
+
+def answers(futures) -> list[int | None]:
+    return [None if (r := f.result(timeout=WAIT_S)) is None else r.step_id for f in futures]
+
+
+async def test_plan_n_plus_1_is_prepared_during_step_n_and_no_further_ahead():
+    core = RecordingCore()
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    prepared = {step_id: threading.Event() for step_id in range(1, 7)}
+    overlapped: dict[int, bool] = {}
+    run = pipeline.open(
+        core,  # type: ignore[arg-type]
+        after_execute=lambda plan, result: result,
+        before_prepare=lambda plan: prepared[plan.step_id].set(),
+    )
+    for step_id in range(1, 6):
+        # Step N starts only once plan N + 1 is being prepared: with prepares on the step
+        # thread this would wait in vain.
+        def hold(step_id: int = step_id) -> None:
+            overlapped[step_id] = prepared[step_id + 1].wait(WAIT_S)
+
+        core.before_execute[step_id] = hold
+    futures = [run.submit(StepPlan(step_id)) for step_id in range(1, 7)]
+    assert answers(futures) == [1, 2, 3, 4, 5, 6]
+    await pipeline.close()
+    assert overlapped == dict.fromkeys(range(1, 6), True)
+    assert core.ran("prepare") == core.ran("execute") == [1, 2, 3, 4, 5, 6]
+    for verb, step_id, num_executed, thread in core.calls:
+        if verb == "prepare":  # plan N + 1 waits for step N - 1: one step ahead at most
+            assert num_executed >= step_id - 2, (step_id, num_executed)
+            assert thread.startswith("test-prepare")
+        else:
+            assert thread.startswith("test-step")
+
+
+async def test_after_a_failed_execute_later_plans_answer_none_and_the_error_is_counted():
+    core = RecordingCore()
+    core.fail[("execute", 2)] = RuntimeError("device lost")
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    errors: list[str] = []
+    run = pipeline.open(
+        core,  # type: ignore[arg-type]
+        after_execute=lambda plan, result: result,
+        on_error=lambda: errors.append(threading.current_thread().name),
+    )
+    futures = [run.submit(StepPlan(step_id)) for step_id in range(1, 6)]
+    assert futures[0].result(timeout=WAIT_S).step_id == 1
+    with pytest.raises(RuntimeError, match="device lost"):
+        futures[1].result(timeout=WAIT_S)
+    assert answers(futures[2:]) == [None, None, None]
+    await pipeline.close()
+    assert core.ran("execute") == [1, 2]
+    assert 4 not in core.ran("prepare")  # plan 4 waits for step 2, which failed
+    assert len(errors) == 1 and errors[0].startswith("test-step")
+    assert run.execute_failed and not run.prepare_failed
+
+
+async def test_a_failed_prepare_surfaces_after_the_steps_before_it():
+    core = RecordingCore()
+    core.fail[("prepare", 2)] = InvalidArgument("plan 2 refused")
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    run = pipeline.open(core, after_execute=lambda plan, result: result.step_id)  # type: ignore[arg-type]
+    futures = [run.submit(StepPlan(step_id)) for step_id in range(1, 4)]
+    assert futures[0].result(timeout=WAIT_S) == 1
+    with pytest.raises(InvalidArgument, match="plan 2 refused"):
+        futures[1].result(timeout=WAIT_S)
+    assert futures[2].result(timeout=WAIT_S) is None
+    await pipeline.close()
+    assert core.ran("execute") == [1]
+    assert run.prepare_failed and run.execute_failed
+
+
+@pytest.mark.parametrize("overlap_prepare", [None, False])
+async def test_without_overlap_each_plan_is_prepared_then_executed_on_the_step_thread(
+    overlap_prepare,
+):
+    core = RecordingCore()  # a CPU core: None means no overlap
+    pipeline = make_pipeline(core, overlap_prepare)
+    run = pipeline.open(core, after_execute=lambda plan, result: result)  # type: ignore[arg-type]
+    futures = [run.submit(StepPlan(step_id)) for step_id in range(1, 5)]
+    assert answers(futures) == [1, 2, 3, 4]
+    await pipeline.close()
+    assert [(verb, step_id) for verb, step_id, *_ in core.calls] == [
+        (verb, step_id) for step_id in range(1, 5) for verb in ("prepare", "execute")
+    ]
+    assert {thread.split("_")[0] for *_, thread in core.calls} == {"test-step"}
+
+
+async def test_a_closed_run_skips_its_queued_plans_and_run_after_follows_them():
+    core = RecordingCore()
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    tracked: list[int] = []
+    run = pipeline.open(
+        core,  # type: ignore[arg-type]
+        after_execute=lambda plan, result: result,
+        before_prepare=lambda plan: tracked.append(plan.step_id),
+    )
+    release = threading.Event()
+    core.before_execute[1] = lambda: release.wait(WAIT_S)
+    futures = [run.submit(StepPlan(step_id)) for step_id in range(1, 5)]
+    run.closed = True  # the stream ends while step 1 executes
+    dropped = pipeline.run_after(run, lambda: list(core.ran("prepare")))
+    release.set()
+    assert answers(futures) == [1, None, None, None]
+    prepared_at_drop = await asyncio.wrap_future(dropped)
+    assert prepared_at_drop == core.ran("prepare") == tracked
+    assert core.ran("execute") == [1]
+    await pipeline.close()
+
+
+async def test_close_runs_the_last_job_after_queued_steps_and_closing_again_does_nothing():
+    core = RecordingCore()
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    run = pipeline.open(core, after_execute=lambda plan, result: result)  # type: ignore[arg-type]
+    futures = [run.submit(StepPlan(step_id)) for step_id in range(1, 4)]
+    order: list[str] = []
+    await pipeline.close(lambda: order.append(f"shutdown after {core.num_executed} steps"))
+    assert answers(futures) == [1, 2, 3]
+    assert order == ["shutdown after 3 steps"]
+    await pipeline.close(lambda: order.append("again"))
+    assert order == ["shutdown after 3 steps"]
+
+
+async def test_prepare_constraint_without_a_grammar_backend_names_the_executor():
+    with pytest.raises(InvalidArgument, match="constraint: executor e-1 has no grammar backend"):
+        await prepare_constraint(None, Constraint(ConstraintKind.REGEX, "a+"), "e-1")
