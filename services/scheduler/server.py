@@ -22,9 +22,11 @@ from radixmesh import wire
 from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
 from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import tracing
 from services.common.logging import get_logger
 from services.scheduler import convert
 from services.scheduler.core import SchedulerCore, StepUpdates
+from services.scheduler.tracing import RequestTrace
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
@@ -142,7 +144,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             sub = convert.submission_from_proto(msg)
             stream.req_ids.add(sub.req_id)
             try:
-                await core.submit(
+                req = await core.submit(
                     stream.core_id(sub.req_id),
                     sub.token_ids,
                     sub.sampling,
@@ -151,6 +153,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     priority=sub.priority,
                     deadline=sub.deadline,
                 )
+                if msg.traceparent and tracing.enabled():
+                    req.trace = RequestTrace.start(msg.traceparent, req.arrival_time)
             except RadixmeshError:
                 stream.req_ids.discard(sub.req_id)
                 raise

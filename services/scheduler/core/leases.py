@@ -86,6 +86,8 @@ class Leases:
         ex.queue.push(req)
         req.hold_until_step = ex.next_step_id - 1
         self._stats.num_preemptions += 1
+        if req.trace is not None:
+            req.trace.on_preempted(num_computed)
         log.debug("preempted", req_id=req.req_id, num_computed_tokens=num_computed)
 
     async def finish(self, req: Request) -> None:

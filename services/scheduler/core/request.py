@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixmesh.sampling import Constraint, Priority, SamplingParams
 from radixmesh.updates import RequestUpdate
@@ -70,6 +71,9 @@ class Request:
     """Scheduler clock of its first admission into a batch (for the queue time metric)."""
     last_token_time: float | None = None
     """Scheduler clock of the step result that carried its latest output token."""
+    trace: Any = None
+    """Set by the servicer when the request is traced (services/scheduler/tracing.py's
+    RequestTrace); the core notes its events on it, guarded by `if req.trace`."""
 
     @property
     def all_token_ids(self) -> list[int]:
