@@ -30,6 +30,7 @@ from gateway.core.request import GatewayRequest
 from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import HTTP_HEALTH_PATH
 from gateway.programs.core.plugins import PluginChain
+from gateway.tracing import phase, request_trace
 from radixmesh.errors import Unavailable
 from services.common.logging import get_logger
 
@@ -119,7 +120,9 @@ class OpenAIHttpServer:
         self.num_in_flight += 1
         self._idle.clear()
         try:
-            return await self._answer(request, parse)
+            traceparent = request.headers.get("traceparent")
+            with request_trace(f"gateway.POST {request.path}", traceparent, ""):
+                return await self._answer(request, parse)
         finally:
             self.num_in_flight -= 1
             if not self.num_in_flight:
@@ -137,7 +140,10 @@ class OpenAIHttpServer:
             response_id = resp.new_response_id(gateway_request.chat)
             session_id = gateway_request.session_id
             history = await self._memory.history(session_id)
-            prepared = prepare_request(gateway_request, tokenizer, response_id, history=history)
+            with phase("gateway.prepare"):
+                prepared = prepare_request(
+                    gateway_request, tokenizer, response_id, history=history
+                )
         except Exception as exc:
             return _error(exc)
         events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)

@@ -30,6 +30,7 @@ from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
 from services.scheduler.core import SchedulerConfig, SchedulerCore, fit_to_executors
+from services.scheduler.drift import DriftConfig, DriftWatcher
 from services.scheduler.metrics import SchedulerMetricsCollector
 from services.scheduler.rejoin import Rejoin
 from services.scheduler.remote import RemoteCache, RemoteExecutor
@@ -81,6 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.saturation_queue_len,
         help="waiting requests that make a fully busy GPU saturated (default %(default)s)",
+    )
+    drift = DriftConfig()
+    p.add_argument(
+        "--baseline-window-s",
+        type=float,
+        default=drift.window_s,
+        help="window of the rolling TTFT/TPOT/error-rate baseline (default %(default)s)",
+    )
+    p.add_argument(
+        "--baseline-tolerance",
+        type=float,
+        default=drift.tolerance,
+        help="TTFT/TPOT deviation from the baseline that raises the gauge (default %(default)s)",
     )
     p.add_argument("--log-level", default=os.environ.get("RADIXMESH_LOG_LEVEL", "info"))
     return p
@@ -137,6 +151,7 @@ async def serve(args: argparse.Namespace) -> int:
             raise InvalidArgument("--cache-address (or $RADIXMESH_CACHE_ADDRESS) is required")
         executor_addresses(args)
         config = scheduler_config(args)
+        drift = DriftConfig(window_s=args.baseline_window_s, tolerance=args.baseline_tolerance)
         server_config = ServerConfig.from_args("scheduler", args)
     except InvalidArgument as exc:
         print(f"scheduler: {exc}", file=sys.stderr)
@@ -149,6 +164,7 @@ async def serve(args: argparse.Namespace) -> int:
     )
     parts: list = []
     rejoin: list[Rejoin] = []
+    background: list[asyncio.Task] = []
     collector = SchedulerMetricsCollector(lambda: parts[0] if parts else None)
     REGISTRY.register(collector)
 
@@ -160,6 +176,8 @@ async def serve(args: argparse.Namespace) -> int:
             runtime.request_shutdown()
             return 1
         parts.extend((core, cache))
+        watcher = DriftWatcher(drift, lambda: core.stats, lambda: ",".join(core.models))
+        background.append(asyncio.create_task(watcher.run()))
         rejoin.append(rejoin_for(core, cache, args))
         rejoin[0].start()
         servicer.attach(core)
@@ -169,6 +187,8 @@ async def serve(args: argparse.Namespace) -> int:
 
     async def on_shutdown() -> None:
         startup.cancel()
+        for task in background:
+            task.cancel()
         for part in rejoin:
             await part.close()
         if parts:
