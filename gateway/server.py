@@ -22,8 +22,10 @@ from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import prepare_request
 from gateway.core.request import ChatMessage
 from gateway.programs.core.plugins import PluginChain
+from gateway.tracing import phase, request_trace
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
+from services.common.tracing import traceparent_from_metadata
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -63,23 +65,25 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         request_id = (
             convert.check_request_id(request.request_id) if request.request_id else uuid.uuid4().hex
         )
-        await self._admit(context)
-        gateway_request = convert.generate_request_from_proto(request)
-        gateway_request = self._plugins.apply_to_request(gateway_request)
-        _, tokenizer = self._models.resolve(gateway_request.model)
-        session_id = gateway_request.session_id
-        prepared = prepare_request(
-            gateway_request,
-            tokenizer,
-            request_id,
-            _deadline_unix_ms(context),
-            history=await self._memory.history(session_id),
-        )
-        events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                for response in convert.event_to_responses(request_id, event):
-                    yield response
+        traceparent = traceparent_from_metadata(context.invocation_metadata())
+        with request_trace("gateway.Generate", traceparent, request_id):
+            with phase("gateway.validate"):
+                await self._admit(context)
+                gateway_request = convert.generate_request_from_proto(request)
+                gateway_request = self._plugins.apply_to_request(gateway_request)
+                _, tokenizer = self._models.resolve(gateway_request.model)
+            session_id = gateway_request.session_id
+            history = await self._memory.history(session_id)
+            with phase("gateway.prepare"):
+                prepared = prepare_request(
+                    gateway_request, tokenizer, request_id, _deadline_unix_ms(context), history
+                )
+            events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
+            with phase("gateway.stream"):
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        for response in convert.event_to_responses(request_id, event):
+                            yield response
 
     async def Tokenize(
         self, request: inference_pb2.TokenizeRequest, context
