@@ -72,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--endpoints-json", default=None, help="also write the endpoints as JSON to this file"
     )
     parser.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="OTLP/gRPC collector for every service's trace spans (default off)",
+    )
+    parser.add_argument(
+        "--status-port", type=int, default=0, help="status page port on loopback (0: free, -1: off)"
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=30.0,
@@ -149,6 +157,8 @@ def _say(message: str) -> None:
 async def serve(args: argparse.Namespace) -> int:
     from mesh.launcher import Mesh
 
+    if args.otlp_endpoint:  # every service's --otlp-endpoint defaults to this variable
+        os.environ["RADIXMESH_OTLP_ENDPOINT"] = args.otlp_endpoint
     try:
         mesh = Mesh(_config(args), on_spawn=lambda name, pid: _say(f"started {name} (pid {pid})"))
     except InvalidArgument as exc:
@@ -162,7 +172,7 @@ async def serve(args: argparse.Namespace) -> int:
     code = 0
     drain = False
     try:
-        code, drain = await _run(mesh, signals.first, args.endpoints_json)
+        code, drain = await _run(mesh, signals.first, args.endpoints_json, args.status_port)
     finally:
         codes = await _stop(mesh, signals, drain)
         _say("stopped " + ", ".join(f"{k}={v}" for k, v in codes.items()))
@@ -202,7 +212,9 @@ async def _stop(mesh, signals: _Signals, drain: bool) -> dict[str, int | None]:
     return await mesh.kill()
 
 
-async def _run(mesh, stop: asyncio.Event, endpoints_json: str | None) -> tuple[int, bool]:
+async def _run(
+    mesh, stop: asyncio.Event, endpoints_json: str | None, status_port: int = 0
+) -> tuple[int, bool]:
     """(exit code, whether to drain): runs until a stop signal or until serve gives up."""
     from mesh.supervisor import ServiceFailed
 
@@ -225,7 +237,20 @@ async def _run(mesh, stop: asyncio.Event, endpoints_json: str | None) -> tuple[i
         tmp = f"{endpoints_json}.tmp"
         Path(tmp).write_text(mesh.endpoints_json())
         os.replace(tmp, endpoints_json)
-    return await _serve_ready(mesh, stopped)
+    from mesh.observe.meshinfo import register, unregister
+    from mesh.observe.status import StatusServer
+
+    status = None if status_port < 0 else StatusServer(mesh.endpoints(), "127.0.0.1", status_port)
+    if status is not None:
+        _say(f"status page {await status.start()}")
+    info = {**mesh.endpoints(), "status": status.url if status else None}
+    registered = register(info, mesh.config.public_port)
+    try:
+        return await _serve_ready(mesh, stopped)
+    finally:
+        unregister(registered)
+        if status is not None:
+            await status.stop()
 
 
 async def _serve_ready(mesh, stopped: asyncio.Task) -> tuple[int, bool]:
