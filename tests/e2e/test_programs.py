@@ -163,3 +163,46 @@ async def test_the_node_example_runs_the_seed_in_one_call(serve, client, node_mo
     jsonschema.validate(reply["result"], ANSWER)
     python = await seed.handle_user_query.arun(client=client, query=query, history="")
     assert reply["result"] == python.value
+
+
+async def _locked_pages(serve) -> int:
+    from services.cache.client import CacheClient
+
+    address = next(s["address"] for s in serve.endpoints["services"] if s["name"] == "cache")
+    async with CacheClient(address) as cache:
+        return sum(p.num_locked_pages for p in await cache.stats())
+
+
+async def test_a_program_whose_client_goes_away_gives_its_pages_back(serve):
+    import asyncio
+
+    import grpc
+
+    from radixmesh.v1 import inference_pb2 as ipb
+    from radixmesh.v1 import program_pb2_grpc
+
+    before = await _locked_pages(serve)
+    long = ipb.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+    message = pb.Program(
+        body=[
+            pb.Statement(append=pb.Append(text="Hello there, " * 8)),
+            pb.Statement(gen=pb.Gen(var="a", sampling=ipb.SamplingParams(max_tokens=4))),
+            pb.Statement(gen=pb.Gen(var="b", sampling=long)),
+        ],
+        limits=pb.Limits(max_total_tokens=500),
+    )
+    async with grpc.aio.insecure_channel(serve.grpc_target) as channel:
+        call = program_pb2_grpc.ProgramsStub(channel).Run(
+            pb.RunProgramRequest(program=message), metadata=(("authorization", f"Bearer {API_KEY}"),)
+        )
+        async for event in call:
+            if event.WhichOneof("event") == "text" and event.text.var == "b":
+                break  # b is generating on the held context of a
+        held = await _locked_pages(serve)
+        call.cancel()
+    assert held > before
+    for _ in range(300):  # across processes there is no event to await: read the pool
+        if await _locked_pages(serve) == before:
+            break
+        await asyncio.sleep(0.1)
+    assert await _locked_pages(serve) == before
