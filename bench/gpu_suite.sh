@@ -314,8 +314,11 @@ for b, prof in sorted(prof_fp8.items()):
     row(f"batch-{b} step, FP8, core alone", prof["step_wall_ms_p50"], "ms",
         prof["device_busy_ms_per_step"], note="reference: device busy")
 if q := load("fp8_quality.json"):
-    row("FP8 top-1 agreement with bf16", q["top1_agreement"], "", note=f"KL mean {q['kl_mean']}, "
-        f"p99 {q['kl_p99']} over {q['positions']} positions (random weights)")
+    for kind in ("w8a8", "weight_only"):
+        if r := q.get(kind):
+            row(f"FP8 {kind} top-1 agreement", r["top1_agreement"], "",
+                note=f"KL mean {r['kl_mean']}, p99 {r['kl_p99']} over {r['positions']} "
+                f"positions (random weights, logit std {r['reference_logit_std']})")
 if hf_tps := peer_batch.get("output_tokens_per_s"):
     row("offline output tok/s (HF)", hf_tps, "tok/s", note="peer generate_batch")
 

@@ -5,10 +5,10 @@ row-major, scale [out] float32 (one per output row), bias [out] or None; y is
 [num_tokens, out] in x's dtype.
 
 `fp8_linear_triton` picks the kernel by the number of rows:
-- up to GEMV_MAX_ROWS (decode at small batch): `_fp8_gemv_kernel` reads each FP8 weight
-  once, widens it in registers and accumulates in fp32 with the activations as they are
-  (weight-only quantization: no activation rounding), one program per BLOCK_N output
-  rows, so the step is bound by reading half the bytes of a bf16 weight;
+- up to GEMV_MAX_ROWS (decode at batch 1 or 2): `_fp8_gemv_kernel` reads each FP8
+  weight once, widens it in registers and accumulates in fp32 with the activations as
+  they are (weight-only quantization: no activation rounding), one program per BLOCK_N
+  output rows (on the H200 it still reads well below copy bandwidth: bench/RESULTS.md);
 - above it: the activations are quantized per token by `_quantize_rows_kernel` (one
   program per row: the row's largest magnitude maps to 448) and the product runs on the
   FP8 tensor cores through `torch._scaled_mm` with row-wise scales.
@@ -23,7 +23,7 @@ from kernels._triton import check, tl, triton
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-GEMV_MAX_ROWS = 8
+GEMV_MAX_ROWS = 2
 _MIN_SCALE = 1e-12
 # torch._scaled_mm wants both dimensions of the activation matrix divisible by 16.
 _ROW_MULTIPLE = 16
@@ -59,7 +59,9 @@ def _fp8_gemv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < out_features
     mask_m = offs_m < num_rows
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # products accumulate elementwise over the K loop and are summed once at the end: no
+    # cross-thread reduction inside the loop, which is bound by reading the weight
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     x_rows = x_ptr + offs_m[:, None] * stride_x
     for k0 in range(0, in_features, BLOCK_K):
@@ -67,8 +69,8 @@ def _fp8_gemv_kernel(
         mask_k = offs_k < in_features
         w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    out = acc * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    out = tl.sum(acc, axis=2) * tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
@@ -120,35 +122,45 @@ def quantize_rows_triton(x: torch.Tensor, num_padded_rows: int) -> tuple[torch.T
     return out, scale
 
 
+GEMV_BLOCK_N = 16
+GEMV_BLOCK_PRODUCTS = 4096
+"""BLOCK_M * BLOCK_N * BLOCK_K: the fp32 accumulators a program holds (32 per thread)."""
+GEMV_NUM_WARPS = 4
+GEMV_NUM_STAGES = 4
+
+
 def _gemv_blocks(num_rows: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): about 8K products per program and loop step."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for `num_rows` rows."""
     block_m = triton.next_power_of_2(max(num_rows, 1))
-    return block_m, 16, max(64, 512 // block_m)
+    return block_m, GEMV_BLOCK_N, max(32, GEMV_BLOCK_PRODUCTS // (block_m * GEMV_BLOCK_N))
+
+
+def fp8_gemv_triton(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The weight-only product for a few rows (any count; efficient for one or two)."""
+    _check_layout(x, weight, scale)
+    num_rows, out_features, in_features = x.shape[0], weight.shape[0], weight.shape[1]
+    out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
+    if num_rows == 0:
+        return out
+    block_m, block_n, block_k = _gemv_blocks(num_rows)
+    _fp8_gemv_kernel[(triton.cdiv(out_features, block_n),)](
+        x, weight, scale, bias if bias is not None else scale, out,
+        num_rows, out_features, in_features, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=GEMV_NUM_WARPS, num_stages=GEMV_NUM_STAGES,
+    )  # fmt: skip
+    return out
 
 
 def fp8_linear_triton(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    check(x.dim() == 2 and x.stride(-1) == 1, "fp8_linear: x must be [num_tokens, in] contiguous")
-    check(weight.dtype == FP8 and weight.dim() == 2, "fp8_linear: weight must be [out, in] e4m3")
-    check(weight.stride(-1) == 1, "fp8_linear: weight rows must be contiguous")
-    out_features, in_features = weight.shape
-    check(x.shape[1] == in_features, f"fp8_linear: x has {x.shape[1]} columns, weight {in_features}")
-    check(scale.shape == (out_features,) and scale.dtype == torch.float32,
-          "fp8_linear: scale must be [out] float32")  # fmt: skip
+    _check_layout(x, weight, scale)
     num_rows = x.shape[0]
     if num_rows <= GEMV_MAX_ROWS:
-        out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
-        if num_rows == 0:
-            return out
-        block_m, block_n, block_k = _gemv_blocks(num_rows)
-        _fp8_gemv_kernel[(triton.cdiv(out_features, block_n),)](
-            x, weight, scale, bias if bias is not None else scale, out,
-            num_rows, out_features, in_features, x.stride(0), weight.stride(0), out.stride(0),
-            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=4,
-        )  # fmt: skip
-        return out
+        return fp8_gemv_triton(x, weight, scale, bias)
     padded = num_rows + (-num_rows % _ROW_MULTIPLE)
     x_fp8, x_scale = quantize_rows_triton(x, padded)
     out = torch._scaled_mm(
@@ -161,3 +173,13 @@ def fp8_linear_triton(
     if padded != num_rows:
         out = out[:num_rows]
     return out if bias is None else out + bias
+
+
+def _check_layout(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> None:
+    check(x.dim() == 2 and x.stride(-1) == 1, "fp8_linear: x must be [num_tokens, in] contiguous")
+    check(weight.dtype == FP8 and weight.dim() == 2, "fp8_linear: weight must be [out, in] e4m3")
+    check(weight.stride(-1) == 1, "fp8_linear: weight rows must be contiguous")
+    out_features, in_features = weight.shape
+    check(x.shape[1] == in_features, f"fp8_linear: x has {x.shape[1]} columns, weight {in_features}")
+    check(scale.shape == (out_features,) and scale.dtype == torch.float32,
+          "fp8_linear: scale must be [out] float32")  # fmt: skip
