@@ -16,6 +16,7 @@ from pathlib import Path
 import jinja2
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.status import status_of
 
 TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/")
@@ -26,27 +27,36 @@ HTTP_HEALTH_PATH = "/health"
 @dataclass(frozen=True, slots=True)
 class LocalReply:
     """A reply Envoy makes itself, rewritten to the gateway's JSON error body (HTTP only;
-    gRPC clients get the status in the trailers)."""
+    gRPC clients get the status in the trailers). Its error type and code come from the
+    contract's status table (`radixmesh.status`), as the gateway's own errors do."""
 
     status: int
+    """Envoy's HTTP status (413 and 431 are Envoy's own, not a gRPC code's)."""
     cause: str
     message: str
-    error_type: str
-    code: str
+    grpc_code: str
+    """The gRPC code name the reply stands for, e.g. "UNAVAILABLE"."""
+
+    @property
+    def error_type(self) -> str:
+        return status_of(self.grpc_code).error_type
+
+    @property
+    def code(self) -> str:
+        return self.grpc_code.lower()
 
 
 LOCAL_REPLIES = (
     LocalReply(503, "no healthy gateway, or it refused the connection",
-               "no gateway is serving right now; retry later", "server_error", "unavailable"),
+               "no gateway is serving right now; retry later", "UNAVAILABLE"),
     LocalReply(504, "the gateway did not answer in time",
-               "the gateway did not answer in time; retry later", "timeout_error",
-               "deadline_exceeded"),
+               "the gateway did not answer in time; retry later", "DEADLINE_EXCEEDED"),
     LocalReply(413, "a body over Envoy's buffer limit",
-               "request body too large", "invalid_request_error", "invalid_argument"),
+               "request body too large", "INVALID_ARGUMENT"),
     LocalReply(400, "a request Envoy could not parse",
-               "malformed HTTP request", "invalid_request_error", "invalid_argument"),
+               "malformed HTTP request", "INVALID_ARGUMENT"),
     LocalReply(431, "request headers too large",
-               "request headers too large", "invalid_request_error", "invalid_argument"),
+               "request headers too large", "INVALID_ARGUMENT"),
 )  # fmt: skip
 """Every status Envoy answers by itself, besides the rate limit's 429 and the 404 route."""
 
