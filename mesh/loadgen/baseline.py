@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +31,14 @@ def repeat_values(report: dict[str, Any]) -> list[dict[str, float | None]]:
     return list(repeats) if repeats else [values(report)]
 
 
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
 def summarize(repeats: list[dict[str, float | None]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in repeats[0] if repeats else ():
-        vals = [r[name] for r in repeats if r.get(name) is not None]
+        vals = _present(r.get(name) for r in repeats)
         out[name] = {
             "values": vals,
             "mean": statistics.fmean(vals) if vals else None,
@@ -123,8 +128,8 @@ def compare(
     level = alpha / len(judged)
     out = []
     for metric in TWELVE:
-        b = [r[metric.name] for r in base_runs if r.get(metric.name) is not None]
-        c = [r[metric.name] for r in cur_runs if r.get(metric.name) is not None]
+        b = _present(r.get(metric.name) for r in base_runs)
+        c = _present(r.get(metric.name) for r in cur_runs)
         b_mean = statistics.fmean(b) if b else None
         c_mean = statistics.fmean(c) if c else None
         if metric.better == "none":
