@@ -191,6 +191,8 @@ class GrpcClient:
         self._timeout_s = timeout_s
 
     def message(self, request: ChatRequest) -> Any:
+        from radixmesh import wire
+        from radixmesh.sampling import Priority
         from radixmesh.v1 import inference_pb2 as pb
 
         sampling = pb.SamplingParams(max_tokens=request.max_tokens)
@@ -206,7 +208,7 @@ class GrpcClient:
                 ]
             ),
             sampling=sampling,
-            priority=pb.PRIORITY_BATCH if request.priority == "batch" else pb.PRIORITY_INTERACTIVE,
+            priority=wire.priority_to_proto(Priority[request.priority.upper()]),
             session_id=request.session_id,
         )
         if request.json_schema is not None:
