@@ -149,11 +149,16 @@ async def torch_profile(steps: int, timeout_s: float) -> dict[str, Any]:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if on_cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities, **_all_threads())
+    # starting imports torch's compiler stack the first time (seconds): off the event loop
+    await asyncio.to_thread(prof.start)
     start = _steps_done()
     deadline = time.monotonic() + timeout_s
-    with torch.profiler.profile(activities=activities, **_all_threads()) as prof:
+    try:
         while _steps_done() - start < steps and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+    finally:
+        await asyncio.to_thread(prof.stop)
     done = int(_steps_done() - start)
     if done == 0:
         raise InvalidArgument(f"steps: no executor step ran within {timeout_s} s (idle service?)")
