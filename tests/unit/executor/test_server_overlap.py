@@ -254,17 +254,25 @@ async def test_a_handler_cancelled_during_the_drop_releases_the_stream_after_it(
         await first.wait()
         assert probe.has_seq("b")
         held = threading.Event()
-        servicer.step_thread.submit(held.wait, WAIT_S)  # the drop queues behind this
+        step_thread = servicer.step_thread
+        step_thread.submit(held.wait, WAIT_S)  # the drop queues behind this
+        drop_queued = asyncio.Event()
+        submit = step_thread.submit
+
+        def submit_and_tell(*args, **kwargs):
+            future = submit(*args, **kwargs)
+            drop_queued.set()  # on the loop's thread: the handler's end queued its drop
+            return future
+
+        step_thread.submit = submit_and_tell  # type: ignore[method-assign]
         end.set()  # the request stream ends: the handler returns and starts the drop
-        while not task.done() and not servicer._stream.closed:
-            await asyncio.sleep(0)
-        for _ in range(3):
-            await asyncio.sleep(0)  # the drop is queued
+        await asyncio.wait_for(drop_queued.wait(), WAIT_S)
+        assert not task.done() and servicer._stream.closed  # the handler waits on the drop
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         released = asyncio.create_task(servicer.wait_no_stream())
-        for _ in range(3):
+        for _ in range(3):  # turns in which a release that did not wait would finish
             await asyncio.sleep(0)
         assert not released.done() and probe.has_seq("b")
         held.set()
