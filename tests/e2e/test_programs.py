@@ -206,3 +206,36 @@ async def test_a_program_whose_client_goes_away_gives_its_pages_back(serve):
             break
         await asyncio.sleep(0.1)
     assert await _locked_pages(serve) == before
+
+
+async def test_a_programs_gens_equal_plain_generate_calls_on_the_same_tokens(serve, stub, client):
+    from e2e_mesh import AUTH, generate
+
+    from radixmesh.lang import gen, text
+    from radixmesh.v1 import inference_pb2 as ipb
+
+    first, second = "Hello there, tell me a story.", " And then what happened?"
+
+    @program
+    def two_turns(s):
+        s += text(first)
+        s += gen("a", max_tokens=8)
+        s += text(second)
+        s += gen("b", max_tokens=8)
+
+    result = await two_turns.arun(client=client)
+
+    async def tokens(prompt: str) -> list[int]:
+        reply = await stub.Tokenize(ipb.TokenizeRequest(prompt=prompt), metadata=AUTH)
+        return list(reply.token_ids)
+
+    greedy = ipb.SamplingParams(max_tokens=8, temperature=0)
+    prompt_a = await tokens(first)
+    a = await generate(stub, ipb.GenerateRequest(token_ids=ipb.TokenIds(ids=prompt_a), sampling=greedy))
+    bos, *second_ids = await tokens(second)  # Tokenize puts <|bos|> (0) first
+    assert bos == prompt_a[0] == 0
+    output_a = a.token_ids[:-1] if a.token_ids[-1:] == [1] else a.token_ids  # 1: <|eos|>
+    prompt_b = prompt_a + output_a + second_ids
+    b = await generate(stub, ipb.GenerateRequest(token_ids=ipb.TokenIds(ids=prompt_b), sampling=greedy))
+    assert (result["a"], result["b"]) == (a.text, b.text)
+    assert result.usage[1]["prompt_tokens"] == len(prompt_b)
