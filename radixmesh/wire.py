@@ -22,6 +22,7 @@ in float32, where both are the same number. Bad values raise `InvalidArgument` n
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import fields
 from typing import Any
@@ -111,6 +112,7 @@ def sampling_from_proto(msg: inference_pb2.SamplingParams, where: str = "") -> S
         raise InvalidArgument(f"{where}{exc}") from None
 
 
+@functools.lru_cache(maxsize=4096)  # requests repeat a few values (temperature 0.7, ...)
 def read_float32(value: float) -> float:
     """The shortest decimal whose float32 is `value`'s float32 (0.8999999762 -> 0.9)."""
     pack, unpack = _F32.pack, _F32.unpack
