@@ -47,7 +47,7 @@ from gateway.programs.core.tools import ToolRegistry
 from gateway.programs.core.validate import Checker
 from gateway.programs.core.values import holds, render, resolve
 from radixmesh.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, RadixmeshError
-from radixmesh.sampling import ConstraintKind, Priority
+from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
 
 _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
 
@@ -231,7 +231,17 @@ class ProgramRun:
         scope.set(name, value)
         await self.emit(ev.VarSet(path, name, value))
 
-    def request(self, scope: Scope, model: str, token_ids: list[int], sampling, constraint=None, hold=True):
+    def request(
+        self,
+        scope: Scope,
+        model: str,
+        token_ids: list[int],
+        sampling: SamplingParams,
+        constraint: Constraint | None = None,
+        hold: bool = True,
+    ) -> ContextRequest:
+        """A request continuing scope's context; with hold, it holds the result under the
+        context's hold_id."""
         hold_id = scope.context.hold_id if hold and self.deps.backend.supports_holds else ""
         if hold_id:
             self._holds.add(hold_id)
