@@ -8,7 +8,9 @@ traced run is known to have traced). Each round runs the same load against
 off, then on (the idle mesh costs nothing), so machine-wide drift hits both.
 Every request of the "on" runs is traced (the gateway starts a trace when the
 caller sends no traceparent). Reported: output tokens/s per run, the mean of
-each side, and on/off.
+each side, and on/off; and, less sensitive to other load on a shared machine,
+the CPU time every service process spent per output token (user + system,
+from /proc/<pid>/stat around each run), per service and in total.
 """
 
 from __future__ import annotations
@@ -46,17 +48,30 @@ class Counter(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def start_mesh(tmp: Path, name: str, *extra: str) -> tuple[subprocess.Popen, int]:
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds of each process so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def start_mesh(tmp: Path, name: str, *extra: str) -> tuple[subprocess.Popen, int, dict]:
     port = free_port()
+    info = tmp / f"{name}.json"
     argv = [sys.executable, "-m", "mesh.cli", "serve", "--port", str(port), "--device", "cpu"]
-    argv += ["--num-pages", "2048", "--log-dir", str(tmp / name), "--status-port", "-1", *extra]
+    argv += ["--num-pages", "2048", "--log-dir", str(tmp / name), "--status-port", "-1"]
+    argv += ["--endpoints-json", str(info), *extra]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("radixmesh: ready"):
             threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, port
+            pids = {s["name"]: s["pid"] for s in json.loads(info.read_text())["services"]}
+            return proc, port, pids
     raise SystemExit(f"mesh {name} did not start")
 
 
@@ -85,17 +100,23 @@ def main() -> int:
     receiver_port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     tmp = Path(tempfile.mkdtemp(prefix="tracing-overhead-"))
-    off, off_port = start_mesh(tmp, "off")
-    on, on_port = start_mesh(tmp, "on", "--otlp-endpoint", f"http://127.0.0.1:{receiver_port}")
+    off, off_port, off_pids = start_mesh(tmp, "off")
+    endpoint = f"http://127.0.0.1:{receiver_port}"
+    on, on_port, on_pids = start_mesh(tmp, "on", "--otlp-endpoint", endpoint)
     runs: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     try:
         for i in range(args.rounds):
-            for side, port in (("off", off_port), ("on", on_port)):
-                before = counter.num_spans
+            for side, port, pids in (("off", off_port, off_pids), ("on", on_port, on_pids)):
+                before, cpu_before = counter.num_spans, cpu_seconds(pids)
                 report = bench(port, args, tmp / f"{side}-{i}.json")
-                runs[side].append(report["output_tokens_per_s"])
                 time.sleep(1.0)  # the batch span processor exports every 0.5 s
+                used = cpu_seconds(pids)
+                tokens = report["total_output_tokens"]
+                cpu[side].append({k: (used[k] - cpu_before[k]) / tokens * 1e3 for k in used})
+                runs[side].append(report["output_tokens_per_s"])
                 print(f"round {i} {side:>3}: {report['output_tokens_per_s']:.1f} output tok/s, "
+                      f"{sum(cpu[side][-1].values()):.2f} CPU ms per output token, "
                       f"{counter.num_spans - before} spans received", flush=True)  # fmt: skip
     finally:
         for proc in (off, on):
@@ -108,7 +129,13 @@ def main() -> int:
         "mean_off": statistics.fmean(runs["off"]),
         "mean_on": statistics.fmean(runs["on"]),
         "spans_received": counter.num_spans,
+        "cpu_ms_per_output_token": {
+            side: {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
+            for side, rows in cpu.items()
+        },
     }
+    on_cpu, off_cpu = (sum(result["cpu_ms_per_output_token"][k].values()) for k in ("on", "off"))
+    result["cpu_on_over_off"] = on_cpu / off_cpu
     result["on_over_off"] = result["mean_on"] / result["mean_off"]
     print(json.dumps(result, indent=2))
     if args.json:
