@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--result-cache", action="store_true", help="cache results of deterministic requests"
     )
+    parser.add_argument(
+        "--tools-config", default=None, help="JSON file of program tools and plugins"
+    )
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages per executor")
     parser.add_argument(
         "--kv-memory-fraction",
@@ -121,6 +124,7 @@ def _config(args: argparse.Namespace):
         rate_limit_per_s=args.rate_limit_per_s,
         rate_limit_burst=args.rate_limit_burst,
         result_cache=args.result_cache,
+        tools_config=Path(args.tools_config) if args.tools_config else None,
         num_pages=args.num_pages,
         kv_memory_fraction=args.kv_memory_fraction,
         quantization=args.quantization,
