@@ -1,0 +1,38 @@
+"""The gateway's main builds the Programs servicer from its flags: --tools-config adds
+tools and plugins beside the built-ins, and the plugins reach plain requests too."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.core.models import ModelRegistry
+from gateway.main import build_parser, programs_servicer
+from gateway.programs.backend import SchedulerBackend
+from services.scheduler.client import SchedulerClient
+
+
+def test_tools_config_adds_tools_and_plugins(tmp_path, monkeypatch, tokenizer):
+    (tmp_path / "site_tools_main.py").write_text(
+        "def echo(text):\n    return text\n"
+        "class Upper:\n    def pre_request(self, text):\n        return text.upper()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "tools.json"
+    config.write_text(
+        json.dumps(
+            {
+                "tools": [{"name": "echo", "callable": "site_tools_main:echo", "cache_ttl_s": 9}],
+                "plugins": ["site_tools_main:Upper"],
+            }
+        )
+    )
+    args = build_parser().parse_args(
+        ["--model", "m", "--scheduler-address", "127.0.0.1:1", "--tools-config", str(config)]
+    )
+    models = ModelRegistry({"tiny": tokenizer})
+    servicer, plugins = programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
+    deps = servicer._deps
+    assert {"echo", "retrieve", "calculator"} <= deps.tools.names
+    assert deps.tools.get("echo").cache_ttl_s == 9
+    assert plugins.pre_request("quiet") == "QUIET" and deps.plugins is plugins
+    assert isinstance(deps.backend, SchedulerBackend) and deps.backend.supports_holds
