@@ -149,3 +149,33 @@ async def test_a_session_that_closes_releases_its_holds(client, deps, engine):
         assert sum(s.num_locked_pages for s in engine.cache_stats()) > 0  # the context is held
     await asyncio.wait_for(released.wait(), 30)
     assert sum(s.num_locked_pages for s in engine.cache_stats()) == 0
+
+
+async def test_a_session_must_start_with_a_start_and_then_send_statements(client):
+    async with grpc.aio.insecure_channel(client.target) as channel:
+        stub = program_pb2_grpc.ProgramsStub(channel)
+        call = stub.Session(iter([pb.SessionRequest(statement=text("hi").statements[0])]))
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await call.read()
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "the first request must be a start" in error.value.details()
+        twice = [pb.SessionRequest(start=pb.SessionStart()), pb.SessionRequest(start=pb.SessionStart())]
+        call = stub.Session(iter(twice))
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await call.read()
+        assert "statement[0]: expected a statement, got a start" in error.value.details()
+
+
+async def test_run_refuses_an_unknown_priority_and_an_over_limit_request(client):
+    async with grpc.aio.insecure_channel(client.target) as channel:
+        stub = program_pb2_grpc.ProgramsStub(channel)
+        request = pb.RunProgramRequest(program=pb.Program(body=text("hi").statements), priority=9)
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stub.Run(request).read()
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        over = pb.RunProgramRequest(
+            program=pb.Program(body=text("hi").statements, limits=pb.Limits(max_fork_width=10**6))
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stub.Run(over).read()
+        assert "limits.max_fork_width: must be in (0, 16]" in error.value.details()
