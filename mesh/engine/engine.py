@@ -79,6 +79,8 @@ class Completion:
     num_cached_tokens: int
     logprobs: list[TokenLogprobs]
     matched_stop_token_id: int | None = None
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """With sampling.prompt_logprobs_start k: prompt positions k, k + 1, ... scored."""
 
 
 class RequestStream:
@@ -110,6 +112,7 @@ class RequestStream:
             if update.num_prompt_tokens is not None:
                 result.num_prompt_tokens = update.num_prompt_tokens
                 result.num_cached_tokens = update.num_cached_tokens or 0
+            result.prompt_logprobs += update.prompt_logprobs
             result.token_ids += update.token_ids
             result.logprobs += update.logprobs
             if update.error is not None:
@@ -196,9 +199,11 @@ class Engine:
         priority: Priority = Priority.INTERACTIVE,
         timeout_s: float | None = None,
         req_id: str | None = None,
+        hold_id: str = "",
     ) -> RequestStream:
         """Queue a request and return its stream. Raises InvalidArgument, ResourceExhausted
-        or Unavailable at once when it cannot be queued."""
+        or Unavailable at once when it cannot be queued. With `hold_id`, a normal finish
+        keeps its context locked in the cache until `release_hold(hold_id)`."""
         scheduler = self._running()
         if timeout_s is not None and not timeout_s > 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
@@ -217,6 +222,7 @@ class Engine:
                 model=model,
                 priority=priority,
                 deadline=deadline,
+                hold_id=hold_id,
             )
         except RadixmeshError:
             self._streams.pop(req_id, None)
@@ -232,6 +238,10 @@ class Engine:
     def abort(self, req_id: str) -> bool:
         """Cancel a request; its stream ends with finish_reason "abort". False if unknown."""
         return self._scheduler is not None and self._scheduler.abort(req_id)
+
+    async def release_hold(self, hold_id: str) -> bool:
+        """End a context hold (see `generate`); False when none has that name."""
+        return await self._running().release_hold(hold_id)
 
     def cache_stats(self) -> list[PoolStats]:
         return self.cache.stats()

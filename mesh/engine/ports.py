@@ -45,8 +45,8 @@ class InProcessCache:
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         return self.core.extend(lease_id, num_pages)
 
-    async def commit(self, lease_id: str, token_ids: list[int]) -> int:
-        return self.core.commit(lease_id, token_ids).num_cached_tokens
+    async def commit(self, lease_id: str, token_ids: list[int], keep_locked: bool = False) -> int:
+        return self.core.commit(lease_id, token_ids, keep_locked).num_cached_tokens
 
     async def release(self, lease_id: str) -> None:
         self.core.release(lease_id)

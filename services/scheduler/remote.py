@@ -57,8 +57,8 @@ class RemoteCache:
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         return await self._one(ExtendOp(lease_id, num_pages))
 
-    async def commit(self, lease_id: str, token_ids: list[int]) -> int:
-        return (await self._one(CommitOp(lease_id, token_ids))).num_cached_tokens
+    async def commit(self, lease_id: str, token_ids: list[int], keep_locked: bool = False) -> int:
+        return (await self._one(CommitOp(lease_id, token_ids, keep_locked))).num_cached_tokens
 
     async def release(self, lease_id: str) -> None:
         await self._one(ReleaseOp(lease_id))

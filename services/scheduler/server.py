@@ -44,6 +44,8 @@ class _Stream:
     )
     req_ids: set[str] = field(default_factory=set)
     """The gateway's ids of requests still running."""
+    hold_ids: set[str] = field(default_factory=set)
+    """The gateway's names of context holds its submits asked for (released on close)."""
     half_closed: bool = False
 
     def core_id(self, req_id: str) -> str:
@@ -59,6 +61,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._core: SchedulerCore | None = None
         self._streams: dict[int, _Stream] = {}
         self._stream_ids = itertools.count(1)
+        self._cleanups: set[asyncio.Task[None]] = set()
+        """Hold releases of closed streams, still running."""
 
     def attach(self, core: SchedulerCore) -> None:
         """Serve `core`; it must deliver its updates to `self.deliver`."""
@@ -100,6 +104,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             for req_id in list(stream.req_ids):
                 core.abort(stream.core_id(req_id))
             del self._streams[stream.stream_id]
+            if stream.hold_ids:  # a closed stream ends every hold it made
+                holds = [stream.core_id(h) for h in stream.hold_ids]
+                task = asyncio.create_task(_release_holds(core, holds), name="release-holds")
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
 
     async def GetLoad(self, request: scheduler_pb2.GetLoadRequest, context: Any):
         core = self._require_core()
@@ -126,6 +135,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     await self._submit(core, stream, message.submit)
                 elif op == "abort" and message.abort.req_id in stream.req_ids:
                     core.abort(stream.core_id(message.abort.req_id))
+                elif op == "release_hold":
+                    stream.hold_ids.discard(message.release_hold.hold_id)
+                    await core.release_hold(stream.core_id(message.release_hold.hold_id))
         except asyncio.CancelledError:
             return
         except Exception as exc:  # the stream broke: Stream's finally aborts what is left
@@ -143,6 +155,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise InvalidArgument(f"submit.req_id {msg.req_id!r} is already running")
             sub = convert.submission_from_proto(msg)
             stream.req_ids.add(sub.req_id)
+            if sub.hold_id:
+                stream.hold_ids.add(sub.hold_id)
             try:
                 req = await core.submit(
                     stream.core_id(sub.req_id),
@@ -152,6 +166,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     model=sub.model,
                     priority=sub.priority,
                     deadline=sub.deadline,
+                    hold_id=stream.core_id(sub.hold_id) if sub.hold_id else "",
                 )
                 if msg.traceparent and tracing.enabled():
                     req.trace = RequestTrace.start(msg.traceparent, req.arrival_time)
@@ -167,3 +182,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self._core is None:
             raise Unavailable("the scheduler is starting: no executors connected yet")
         return self._core
+
+
+async def _release_holds(core: SchedulerCore, hold_ids: list[str]) -> None:
+    for hold_id in hold_ids:
+        try:
+            await core.release_hold(hold_id)
+        except Exception as exc:  # the cache expires what it could not end
+            log.warning("release_hold_failed", hold_id=hold_id, error=str(exc))

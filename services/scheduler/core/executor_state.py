@@ -48,6 +48,8 @@ class ExecutorState:
     """Aborts asked for, applied by the executor's loop at its next turn."""
     alive: bool = True
     reset_reason: str | None = None
+    lost_reason: str | None = None
+    """Set by `SchedulerCore.executor_lost`: the loop fails the executor at its next turn."""
     """Set by `SchedulerCore.cache_lost`: the loop drops every leased request at its next turn."""
     health: DeviceHealth | None = None
     """The device health of the newest step result that carried one (see `note_health`)."""
@@ -77,8 +79,9 @@ class ExecutorState:
     def has_work(self) -> bool:
         return bool(self.running or len(self.queue) or self.dropped_req_ids)
 
-    def load(self) -> ExecutorLoad:
-        num_leased = sum(len(r.page_table) for r in self.running.values())
+    def load(self, num_held_pages: int = 0) -> ExecutorLoad:
+        """`num_held_pages`: pages locked by context holds, which count as used."""
+        num_leased = num_held_pages + sum(len(r.page_table) for r in self.running.values())
         return ExecutorLoad(
             executor_id=self.executor_id,
             model=self.info.model,

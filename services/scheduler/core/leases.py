@@ -36,15 +36,18 @@ class Leases:
         """Lease pages for every known token (plus lookahead); False when they do not fit.
 
         The lookup leaves the last token out, so at least one token is computed
-        and the step yields its logits.
+        and the step yields its logits; a request scoring its prompt looks up no more
+        than `req.max_cached_tokens`, so the logits it scores are computed too.
         """
         tokens = req.all_token_ids
         page_size = ex.page_size
         wanted = min(len(tokens) + self._lookahead * page_size, ex.info.max_model_len)
+        cap = req.max_cached_tokens
+        lookup = tokens[: len(tokens) - 1 if cap is None else min(cap, len(tokens) - 1)]
         for num_tokens in dict.fromkeys((max(wanted, len(tokens)), len(tokens))):
             try:
                 grant = await self._cache.acquire(
-                    ex.executor_id, tokens[:-1], num_tokens, self._holder
+                    ex.executor_id, lookup, num_tokens, self._holder
                 )
             except ResourceExhausted:
                 continue
@@ -90,11 +93,38 @@ class Leases:
             req.trace.on_preempted(num_computed)
         log.debug("preempted", req_id=req.req_id, num_computed_tokens=num_computed)
 
-    async def finish(self, req: Request) -> None:
-        """The executor ended the sequence: its computed tokens become a cached prefix."""
-        num_computed = min(req.num_computed_tokens, req.num_tokens - 1)
-        await self._end(req, req.all_token_ids[:num_computed])
+    async def finish(self, req: Request, hold: bool = False) -> tuple[str, int] | None:
+        """The executor ended the sequence: its computed tokens become a cached prefix.
+
+        With `hold`, the lease stays as a lock on that prefix: (its id, the committed
+        tokens) is returned (None when nothing was held), and `release_hold` ends it."""
+        # the last sampled token was never fed back; a score-only request sampled none
+        num_known = req.num_tokens - 1 if req.output_token_ids else req.num_tokens
+        num_computed = min(req.num_computed_tokens, num_known)
+        commit_tokens = req.all_token_ids[:num_computed]
+        lease_id = req.lease_id
+        if hold and lease_id is not None and commit_tokens:
+            self.inflight.forget(req)
+            req.lease_id = None
+            req.page_table = []
+            req.num_unsent_pages = req.num_computed_tokens = req.num_admitted_tokens = 0
+            req.status = RequestStatus.FINISHED
+            try:
+                await self._cache.commit(lease_id, commit_tokens, keep_locked=True)
+            except RadixmeshError as exc:
+                log.warning("holding a context failed", req_id=req.req_id, error=str(exc))
+                return None
+            return lease_id, len(commit_tokens)
+        await self._end(req, commit_tokens)
         req.status = RequestStatus.FINISHED
+        return None
+
+    async def release_hold(self, lease_id: str) -> None:
+        """End a hold made by `finish(hold=True)`: its pages become evictable again."""
+        try:
+            await self._cache.release(lease_id)
+        except RadixmeshError as exc:  # the cache expires what it could not end
+            log.warning("ending a hold failed", lease_id=lease_id, error=str(exc))
 
     async def drop(self, req: Request) -> None:
         """Abort or error: end the lease inserting nothing."""

@@ -29,8 +29,9 @@ class CachePort(Protocol):
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         """Changes state: more pages for a lease; ResourceExhausted when none are left."""
 
-    async def commit(self, lease_id: str, token_ids: list[int]) -> int:
-        """Changes state: insert the computed tokens' full pages, end the lease."""
+    async def commit(self, lease_id: str, token_ids: list[int], keep_locked: bool = False) -> int:
+        """Changes state: insert the computed tokens' full pages, end the lease (with
+        keep_locked, keep it as a lock on the committed path: a context hold)."""
 
     async def release(self, lease_id: str) -> None:
         """Changes state: end a lease, inserting nothing."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixmesh.sampling import Constraint, Priority, SamplingParams
+from radixmesh.step import TokenLogprobs
 from radixmesh.updates import RequestUpdate
 
 
@@ -71,9 +72,15 @@ class Request:
     """Scheduler clock of its first admission into a batch (for the queue time metric)."""
     last_token_time: float | None = None
     """Scheduler clock of the step result that carried its latest output token."""
+    hold_id: str | None = None
+    """On a normal finish, keep the committed context locked under this hold (see
+    `SchedulerCore.submit`); cleared when the hold is released before the request ends."""
     trace: Any = None
     """Set by the servicer when the request is traced (services/scheduler/tracing.py's
     RequestTrace); the core notes its events on it, guarded by `if req.trace`."""
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """With sampling.prompt_logprobs_start: the prompt positions' log probabilities from
+    step results so far, in position order (reported on the first update)."""
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -86,6 +93,22 @@ class Request:
     @property
     def prefilling(self) -> bool:
         return self.num_computed_tokens < self.num_admitted_tokens
+
+    @property
+    def num_wanted_prompt_logprobs(self) -> int:
+        """Prompt positions to score: those from sampling.prompt_logprobs_start on."""
+        start = self.sampling.prompt_logprobs_start
+        return 0 if start is None else max(0, len(self.prompt_token_ids) - start)
+
+    @property
+    def max_cached_tokens(self) -> int | None:
+        """The most prompt tokens the prefix cache may serve: while prompt positions are
+        still to be scored, the logits from position prompt_logprobs_start - 1 on must be
+        computed. None: no cap."""
+        start = self.sampling.prompt_logprobs_start
+        if start is None or len(self.prompt_logprobs) >= self.num_wanted_prompt_logprobs:
+            return None
+        return start - 1
 
     @property
     def num_expected_tokens(self) -> int:

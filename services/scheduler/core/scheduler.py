@@ -26,12 +26,13 @@ from radixmesh.errors import (
     Unavailable,
 )
 from radixmesh.sampling import Constraint, Priority, SamplingParams
-from radixmesh.step import StepPlan, StepResult
+from radixmesh.step import StepPlan, StepResult, TokenLogprobs
 from radixmesh.updates import RequestUpdate
 from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
+from services.scheduler.core.holds import Holds
 from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.ports import CachePort, ExecutorPort
@@ -64,6 +65,8 @@ class SchedulerCore:
         self.stats = SchedulerStats()
         """Request latencies and counts, read by the metrics collector."""
         self._leases = Leases(cache, config, self.stats)
+        self.holds = Holds(self._leases)
+        """Context holds by name (see holds.py)."""
         self._executors = {p.info.executor_id: ExecutorState.create(p, config) for p in executors}
         self._requests: dict[str, Request] = {}
         self._batch_ids = itertools.count(1)
@@ -113,6 +116,7 @@ class SchedulerCore:
             await self._leases.drop(req)
             updates.append(self._end(req, error=Aborted("scheduler is shutting down")))
         self._deliver(updates)
+        await self.holds.release_all()
         for ex in self._executors.values():
             await ex.port.close()
 
@@ -154,8 +158,13 @@ class SchedulerCore:
         model: str = "",
         priority: Priority = Priority.INTERACTIVE,
         deadline: float | None = None,
+        hold_id: str = "",
     ) -> Request:
         """Queue a request; its updates go to the sink. Raises on bad input or overload.
+
+        With `hold_id`, a normal finish keeps the request's context (prompt + output)
+        locked in the prefix cache under that name, replacing a hold of the same name,
+        until `release_hold` (see holds.py).
 
         A constrained request first has its constraint prepared (compiled) on the
         executor routing picks, in a task of its own; it joins that executor's
@@ -172,6 +181,12 @@ class SchedulerCore:
         if not candidates:
             raise Unavailable(f"no executor serves model {model!r}")
         check_prompt(tokens, candidates)
+        start = sampling.prompt_logprobs_start
+        if start is not None and start > len(tokens):
+            raise InvalidArgument(
+                f"sampling.prompt_logprobs_start ({start}) must not exceed the prompt's "
+                f"{len(tokens)} tokens"
+            )
         req = Request(
             req_id=req_id,
             prompt_token_ids=tokens,
@@ -181,6 +196,7 @@ class SchedulerCore:
             model=model,
             priority=Priority(priority),
             deadline=deadline,
+            hold_id=hold_id or None,
         )
         matches = await self._match(tokens, model)
         if req_id in self._requests:
@@ -204,6 +220,11 @@ class SchedulerCore:
         ex.wake.set()
         return True
 
+    async def release_hold(self, hold_id: str) -> bool:
+        """End the hold named hold_id (its pages become evictable); a request still running
+        under that name makes none. False when no hold had that name."""
+        return await self.holds.release(hold_id, list(self._requests.values()))
+
     @property
     def num_preemptions(self) -> int:
         """Requests preempted so far (they resume and recompute what the cache lost)."""
@@ -225,7 +246,7 @@ class SchedulerCore:
 
     def executor_loads(self) -> list[ExecutorLoad]:
         """Per executor: running and waiting counts, leased page fraction, health."""
-        return [ex.load() for ex in self._executors.values()]
+        return [ex.load(self.holds.num_pages(ex.executor_id)) for ex in self._executors.values()]
 
     async def _match(self, tokens: list[int], model: str) -> dict[str, int]:
         try:
@@ -247,6 +268,8 @@ class SchedulerCore:
         ex = self._executors[choose_executor(req.num_tokens, loads, matches, avoid)]
         req.executor_id = ex.executor_id
         req.match_tokens = matches.get(ex.executor_id, 0)
+        if (cap := req.max_cached_tokens) is not None:
+            req.match_tokens = min(req.match_tokens, cap)
         if req.constraint is not None and req.prepared_on != ex.executor_id:
             req.status = RequestStatus.PREPARING
             ex.preparing[req.req_id] = req
@@ -357,12 +380,15 @@ class SchedulerCore:
     async def _process(self, ex: ExecutorState, result: StepResult) -> None:
         updates: list[RequestUpdate] = []
         finished: list[Request] = []
+        holding: list[Request] = []
         now = self._clock()
         stats = self.stats
         for out in result.outputs:
             req = self._requests.get(out.req_id)
             if req is None or req.executor_id != ex.executor_id:
                 continue  # aborted meanwhile
+            if out.prompt_logprobs:
+                take_prompt_logprobs(req, out.prompt_logprobs, out.prompt_logprobs_position)
             if out.token_id is None and out.finish_reason is None:
                 continue  # a prefill chunk that did not reach the end of the prompt
             update = self._start_update(req)
@@ -376,6 +402,8 @@ class SchedulerCore:
                 update.finish_reason = out.finish_reason
                 update.matched_stop_token_id = out.matched_stop_token_id
                 finished.append(req)
+                if req.hold_id is not None and out.finish_reason in ("stop", "length"):
+                    holding.append(req)
                 stats.finished(req, now, out.finish_reason, "OK")
             updates.append(update)
         for req in finished:
@@ -385,7 +413,12 @@ class SchedulerCore:
             del self._requests[req.req_id]
         # commits first (together: one round trip to a remote cache), so a follow-up
         # request sent on seeing the last update finds this sequence in the tree
-        await asyncio.gather(*(self._leases.finish(req) for req in finished))
+        held = await asyncio.gather(
+            *(self._leases.finish(req, hold=req in holding) for req in finished)
+        )
+        for req, kept in zip(finished, held, strict=True):
+            if kept is not None:
+                await self.holds.keep(req, kept[0], kept[1], ex.page_size)
         self._deliver(updates)
         for update in updates:
             req = ex.running.get(update.req_id)
@@ -486,6 +519,7 @@ class SchedulerCore:
             req.reported = True
             update.num_prompt_tokens = len(req.prompt_token_ids)
             update.num_cached_tokens = req.num_cached_tokens or 0
+            update.prompt_logprobs = req.prompt_logprobs
         return update
 
     def _end(
@@ -512,3 +546,17 @@ class SchedulerCore:
                 await self._cache.heartbeat(self.config.lease_holder)
             except RadixmeshError as exc:
                 log.warning("lease heartbeat failed", error=str(exc))
+
+
+def take_prompt_logprobs(req: Request, entries: list[TokenLogprobs], position: int) -> None:
+    """Append a step's prompt log probabilities (for positions position, +1, ...) to req's,
+    skipping positions it has already (a resumed request recomputes some)."""
+    start = req.sampling.prompt_logprobs_start
+    if start is None:
+        return
+    skip = start + len(req.prompt_logprobs) - position
+    if skip < 0:
+        log.error("prompt logprobs out of order", req_id=req.req_id, position=position)
+        return
+    room = req.num_wanted_prompt_logprobs - len(req.prompt_logprobs)
+    req.prompt_logprobs += entries[skip : skip + max(0, room)]
