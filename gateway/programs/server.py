@@ -8,6 +8,7 @@ either call cancels the run, whose holds are released (pages back to the pool).
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -20,6 +21,9 @@ from gateway.programs.core.runtime import ProgramRun, RuntimeDeps
 from radixmesh import wire
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import program_pb2, program_pb2_grpc
+from services.common.logging import get_logger
+
+log = get_logger(__name__)
 
 
 async def admit(admission: Admission, context) -> None:
@@ -47,10 +51,32 @@ class ProgramsServicer(program_pb2_grpc.ProgramsServicer):
         await admit(self._admission, context)
         program = convert.program_from_proto(request.program, self._deps.limits)
         priority = wire.priority_from_proto(request.priority)
-        run = ProgramRun(program, dict(request.inputs), self._deps, _run_id(request.request_id), priority)
-        async with contextlib.aclosing(run.events()) as events:
-            async for event in events:
-                yield convert.event_to_proto(event)
+        run_id = _run_id(request.request_id)
+        run = ProgramRun(program, dict(request.inputs), self._deps, run_id, priority)
+        started, outcome = time.monotonic(), "cancelled"
+        try:
+            async with contextlib.aclosing(run.events()) as events:
+                async for event in events:
+                    if isinstance(event, ev.ProgramResult):
+                        outcome = "ok"
+                    yield convert.event_to_proto(event)
+        except Exception as exc:
+            outcome = getattr(exc, "code", "INTERNAL")
+            raise
+        finally:
+            total = ev.Usage()
+            for entry in run.usage:
+                total = total + entry.usage
+            log.info(
+                "program_finished",
+                program=program.name,
+                run_id=run_id,
+                outcome=outcome,
+                seconds=round(time.monotonic() - started, 3),
+                prompt_tokens=total.prompt_tokens,
+                completion_tokens=total.completion_tokens,
+                cached_tokens=total.cached_tokens,
+            )
 
     async def Session(
         self, request_iterator: AsyncIterator[program_pb2.SessionRequest], context
