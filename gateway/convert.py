@@ -13,7 +13,14 @@ from gateway.core.openai_responses import MIN_LOGPROB, TokenLogprob
 from gateway.core.request import ChatMessage, GatewayRequest, GenerateInput
 from radixmesh import wire
 from radixmesh.errors import InvalidArgument
+from radixmesh.schema import SchemaCheck
 from radixmesh.v1 import inference_pb2
+
+_SCHEMA_CHECKS = {
+    SchemaCheck.VALID: inference_pb2.SCHEMA_CHECK_VALID,
+    SchemaCheck.INVALID: inference_pb2.SCHEMA_CHECK_INVALID,
+    SchemaCheck.TRUNCATED: inference_pb2.SCHEMA_CHECK_TRUNCATED,
+}
 
 
 def generate_request_from_proto(request: inference_pb2.GenerateRequest) -> GatewayRequest:
@@ -67,6 +74,10 @@ def event_to_responses(request_id: str, event: ChoiceEvent) -> list[inference_pb
         responses.append(inference_pb2.GenerateResponse(request_id=request_id, complete=complete))
     return responses
 
+        if event.schema is not None:
+            complete.schema_check = _SCHEMA_CHECKS[event.schema.check]
+            complete.schema_error = event.schema.error
+            complete.unenforced_keywords.extend(event.schema.unenforced)
 
 def _token_logprob(token: TokenLogprob) -> inference_pb2.TokenLogprob:
     return inference_pb2.TokenLogprob(

@@ -27,6 +27,7 @@ from gateway.core.models import ModelRegistry
 from gateway.core.openai import parse_chat_request, parse_completion_request, parse_json_body
 from gateway.core.prepare import PreparedRequest, prepare_request
 from gateway.core.request import GatewayRequest
+from gateway.core.structured import schema_fields
 from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import HTTP_HEALTH_PATH
 from gateway.programs.core.plugins import PluginChain
@@ -194,7 +195,10 @@ class _Reply:
             for e in merged
         ]
         build = resp.chat_completion if self.request.chat else resp.text_completion
-        return build(self.response_id, self.model_id, self.created, choices, total_usage(merged))
+        body = build(self.response_id, self.model_id, self.created, choices, total_usage(merged))
+        for choice, event in zip(body["choices"], merged, strict=True):
+            choice.update(schema_fields(event.schema))
+        return body
 
     async def stream(
         self,
@@ -244,6 +248,11 @@ class _Reply:
         )
 
     def _chunk(self, event: ChoiceEvent, offsets: list[int]) -> dict[str, Any]:
+        chunk = self._plain_chunk(event, offsets)
+        chunk["choices"][0].update(schema_fields(event.schema))
+        return chunk
+
+    def _plain_chunk(self, event: ChoiceEvent, offsets: list[int]) -> dict[str, Any]:
         d = event.delta
         if self.request.chat:
             return resp.chat_completion_chunk(

@@ -143,6 +143,9 @@ class Constraint:
     """The schema (JSON text), regex or grammar; empty for JSON_OBJECT."""
     choices: tuple[str, ...] = field(default=())
     """The allowed strings, for CHOICES."""
+    best_effort: bool = False
+    """JSON_SCHEMA only: compile what the grammar enforces and report the rest, instead of
+    refusing a schema with a keyword the grammar cannot enforce."""
 
     def __post_init__(self) -> None:
         if self.kind is ConstraintKind.CHOICES:

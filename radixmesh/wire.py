@@ -153,6 +153,8 @@ def constraint_from_proto(
             if not msg.json_object:
                 raise InvalidArgument("constraint.json_object must be true when set")
             return Constraint(ConstraintKind.JSON_OBJECT)
+        if kind == "json_schema":
+            return Constraint(ConstraintKind.JSON_SCHEMA, msg.json_schema, best_effort=msg.best_effort)
         return Constraint(_KIND_BY_FIELD[kind], getattr(msg, kind))
     except InvalidArgument as exc:
         raise InvalidArgument(f"{where}{exc}") from None
@@ -167,6 +169,8 @@ def constraint_to_proto(constraint: Constraint) -> inference_pb2.Constraint:
     if kind is ConstraintKind.JSON_OBJECT:
         return inference_pb2.Constraint(json_object=True)
     kwargs: dict[str, Any] = {kind.value: constraint.value}
+    if constraint.best_effort:
+        kwargs["best_effort"] = True
     return inference_pb2.Constraint(**kwargs)
 
 

@@ -23,6 +23,7 @@ from typing import Protocol
 from gateway.core.openai_responses import Usage
 from gateway.core.output import ChoiceDelta, ChoiceStream
 from gateway.core.prepare import PreparedRequest, split_choices
+from gateway.core.structured import SchemaOutcome, SchemaWatch, observe
 from gateway.core.tokenizer import Tokenizer
 from radixmesh.sampling import Constraint, Priority, SamplingParams
 from radixmesh.updates import RequestUpdate
@@ -51,6 +52,8 @@ class ChoiceEvent:
     delta: ChoiceDelta
     usage: Usage | None = None
     """Set with the choice's last delta."""
+    schema: SchemaOutcome | None = None
+    """JSON-schema requests: the finished output checked against the schema (last delta)."""
 
 
 async def generate(
@@ -97,6 +100,7 @@ async def _run_choice(
     )
     num_prompt_tokens, num_cached_tokens = len(choice.prompt_token_ids), 0
     finished_upstream = False
+    watch = SchemaWatch(choice.schema, choice.req_id) if choice.schema is not None else None
     updates = upstream.generate(
         choice.req_id,
         choice.prompt_token_ids,
@@ -127,12 +131,14 @@ async def _run_choice(
             usage = (
                 stream.usage(num_prompt_tokens, num_cached_tokens) if delta.finish_reason else None
             )
-            await queue.put(ChoiceEvent(delta, usage))
+            outcome = observe(watch, delta.text, delta.finish_reason)
+            await queue.put(ChoiceEvent(delta, usage, outcome))
             if stream.finished:
                 break
         if not stream.finished:  # the upstream ended without a finish: report it as aborted
             delta = stream.on_update([], finish_reason="abort")
-            await queue.put(ChoiceEvent(delta, stream.usage(num_prompt_tokens, num_cached_tokens)))
+            usage = stream.usage(num_prompt_tokens, num_cached_tokens)
+            await queue.put(ChoiceEvent(delta, usage, observe(watch, delta.text, "abort")))
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # handed to the consumer, which raises it
@@ -160,6 +166,7 @@ async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[ChoiceEven
         if event.delta.finish_reason is not None:
             target.delta.finish_reason = event.delta.finish_reason
             target.delta.matched_stop = event.delta.matched_stop
+            target.schema = event.schema
             target.usage = event.usage
     return merged
 

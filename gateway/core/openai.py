@@ -424,8 +424,15 @@ def _response_format(value: Any) -> Constraint | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise ParamError("response_format.json_schema.schema", "expected a JSON Schema object")
     schema = spec["schema"]
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ParamError("response_format.json_schema.strict", "expected a boolean")
     _check_schema(schema)
-    return Constraint(ConstraintKind.JSON_SCHEMA, value=json.dumps(schema, ensure_ascii=False))
+    return Constraint(
+        ConstraintKind.JSON_SCHEMA,
+        value=json.dumps(schema, ensure_ascii=False),
+        best_effort=not strict,
+    )
 
 
 def _check_schema(schema: dict[str, Any]) -> None:

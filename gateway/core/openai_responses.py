@@ -270,8 +270,10 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
         match = _LEADING_FIELD.match(message)
         if match is not None:
             param = match[1]
-            if param in OPENAI_CONSTRAINT_PARAMS:  # named as the client's body spells it
-                param = OPENAI_CONSTRAINT_PARAMS[param]
+            base = next((k for k in OPENAI_CONSTRAINT_PARAMS if param.startswith(k)), None)
+            if base is not None and param[len(base) : len(base) + 1] in ("", "."):
+                # named as the client's body spells it, with any path inside the schema
+                param = OPENAI_CONSTRAINT_PARAMS[base] + param[len(base) :]
                 message = f"{param}: {message[match.end() :]}"
     return status, error_body(message, error_type, param, exc.code.lower())
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.core.request import GatewayRequest
+from gateway.core.structured import SchemaSpec, schema_spec
 from gateway.core.tokenizer import Tokenizer
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, Priority, SamplingParams
@@ -31,6 +32,8 @@ class PreparedRequest:
     priority: Priority = Priority.INTERACTIVE
     deadline_unix_ms: int = 0
     """Absolute deadline; 0 means none."""
+    schema: SchemaSpec | None = None
+    """A JSON-schema constraint as outputs are checked against it (set by prepare_request)."""
 
 
 def prepare_request(
@@ -70,6 +73,7 @@ def prepare_request(
         constraint=request.constraint,
         priority=request.priority,
         deadline_unix_ms=deadline_unix_ms,
+        schema=schema_spec(request.constraint),
     )
 
 

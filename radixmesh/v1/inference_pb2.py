@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/inference.proto\x12\x0cradixmesh.v1\x1a\x1cgoogle/api/annotations.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\";\n\x0c\x43hatMessages\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.radixmesh.v1.ChatMessage\"\x94\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x02H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x17\n\nignore_eos\x18\r \x01(\x08H\n\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0e \x01(\x08H\x0b\x88\x01\x01\x12\x19\n\x0ctop_logprobs\x18\x0f \x01(\x05H\x0c\x88\x01\x01\x12\x0e\n\x01n\x18\x10 \x01(\x05H\r\x88\x01\x01\x12\"\n\x15prompt_logprobs_start\x18\x11 \x01(\x05H\x0e\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x0f\n\r_top_logprobsB\x04\n\x02_nB\x18\n\x16_prompt_logprobs_start\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xa1\x03\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x12.\n\x08messages\x18\x04 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x15\n\x0bjson_schema\x18\x06 \x01(\tH\x01\x12\x0f\n\x05regex\x18\x07 \x01(\tH\x01\x12\x0e\n\x04\x65\x62nf\x18\x08 \x01(\tH\x01\x12(\n\x07\x63hoices\x18\t \x01(\x0b\x32\x15.radixmesh.v1.ChoicesH\x01\x12\x15\n\x0bjson_object\x18\r \x01(\x08H\x01\x12(\n\x08priority\x18\n \x01(\x0e\x32\x16.radixmesh.v1.Priority\x12\x12\n\nrequest_id\x18\x0b \x01(\t\x12\x12\n\nsession_id\x18\x0c \x01(\tB\x07\n\x05inputB\x0c\n\nconstraint\"@\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\t\"h\n\x10PositionLogprobs\x12+\n\x07sampled\x18\x01 \x01(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\'\n\x03top\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\"\xa2\x01\n\x05\x43hunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x37\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\xa3\x01\n\x08\x43omplete\x12\r\n\x05index\x18\x01 \x01(\r\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.radixmesh.v1.Usage\x12\x37\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\"\x84\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x13.radixmesh.v1.ChunkH\x00\x12*\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x16.radixmesh.v1.CompleteH\x00\x42\n\n\x08response\"k\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12.\n\x08messages\x18\x03 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x42\x07\n\x05input\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"E\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x15\n\rnum_executors\x18\x03 \x01(\r\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.radixmesh.v1.ModelCard\"\x8d\x01\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x03 \x01(\tH\x00\x12(\n\x07\x63hoices\x18\x04 \x01(\x0b\x32\x15.radixmesh.v1.ChoicesH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x42\x06\n\x04kind*j\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x12\n\x0ePRIORITY_BATCH\x10\x02\x12\x16\n\x12PRIORITY_SHEDDABLE\x10\x03\x32\xbf\x02\n\tInference\x12\x64\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse\"\x17\x82\xd3\xe4\x93\x02\x11\"\x0c/v1/generate:\x01*0\x01\x12\x62\n\x08Tokenize\x12\x1d.radixmesh.v1.TokenizeRequest\x1a\x1e.radixmesh.v1.TokenizeResponse\"\x17\x82\xd3\xe4\x93\x02\x11\"\x0c/v1/tokenize:\x01*\x12h\n\nListModels\x12\x1f.radixmesh.v1.ListModelsRequest\x1a .radixmesh.v1.ListModelsResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/list_modelsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/inference.proto\x12\x0cradixmesh.v1\x1a\x1cgoogle/api/annotations.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\";\n\x0c\x43hatMessages\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.radixmesh.v1.ChatMessage\"\x94\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\n \x01(\x02H\t\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x17\n\nignore_eos\x18\r \x01(\x08H\n\x88\x01\x01\x12\x15\n\x08logprobs\x18\x0e \x01(\x08H\x0b\x88\x01\x01\x12\x19\n\x0ctop_logprobs\x18\x0f \x01(\x05H\x0c\x88\x01\x01\x12\x0e\n\x01n\x18\x10 \x01(\x05H\r\x88\x01\x01\x12\"\n\x15prompt_logprobs_start\x18\x11 \x01(\x05H\x0e\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x0f\n\r_top_logprobsB\x04\n\x02_nB\x18\n\x16_prompt_logprobs_start\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xb6\x03\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x12.\n\x08messages\x18\x04 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x12.\n\x08sampling\x18\x05 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x15\n\x0bjson_schema\x18\x06 \x01(\tH\x01\x12\x0f\n\x05regex\x18\x07 \x01(\tH\x01\x12\x0e\n\x04\x65\x62nf\x18\x08 \x01(\tH\x01\x12(\n\x07\x63hoices\x18\t \x01(\x0b\x32\x15.radixmesh.v1.ChoicesH\x01\x12\x15\n\x0bjson_object\x18\r \x01(\x08H\x01\x12(\n\x08priority\x18\n \x01(\x0e\x32\x16.radixmesh.v1.Priority\x12\x12\n\nrequest_id\x18\x0b \x01(\t\x12\x12\n\nsession_id\x18\x0c \x01(\t\x12\x13\n\x0b\x62\x65st_effort\x18\x14 \x01(\x08\x42\x07\n\x05inputB\x0c\n\nconstraint\"@\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\r\n\x05token\x18\x03 \x01(\t\"h\n\x10PositionLogprobs\x12+\n\x07sampled\x18\x01 \x01(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\x12\'\n\x03top\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.TokenLogprob\"\xa2\x01\n\x05\x43hunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x37\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\x87\x02\n\x08\x43omplete\x12\r\n\x05index\x18\x01 \x01(\r\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x14\n\x0cmatched_stop\x18\x03 \x01(\t\x12\"\n\x05usage\x18\x04 \x01(\x0b\x32\x13.radixmesh.v1.Usage\x12\x37\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12/\n\x0cschema_check\x18\x14 \x01(\x0e\x32\x19.radixmesh.v1.SchemaCheck\x12\x14\n\x0cschema_error\x18\x15 \x01(\t\x12\x1b\n\x13unenforced_keywords\x18\x16 \x03(\t\"\x84\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x13.radixmesh.v1.ChunkH\x00\x12*\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x16.radixmesh.v1.CompleteH\x00\x42\n\n\x08response\"k\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12.\n\x08messages\x18\x03 \x01(\x0b\x32\x1a.radixmesh.v1.ChatMessagesH\x00\x42\x07\n\x05input\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"E\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x15\n\rnum_executors\x18\x03 \x01(\r\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.radixmesh.v1.ModelCard\"\xa2\x01\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x03 \x01(\tH\x00\x12(\n\x07\x63hoices\x18\x04 \x01(\x0b\x32\x15.radixmesh.v1.ChoicesH\x00\x12\x15\n\x0bjson_object\x18\x05 \x01(\x08H\x00\x12\x13\n\x0b\x62\x65st_effort\x18\n \x01(\x08\x42\x06\n\x04kind*j\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n\x14PRIORITY_INTERACTIVE\x10\x01\x12\x12\n\x0ePRIORITY_BATCH\x10\x02\x12\x16\n\x12PRIORITY_SHEDDABLE\x10\x03*y\n\x0bSchemaCheck\x12\x1c\n\x18SCHEMA_CHECK_UNSPECIFIED\x10\x00\x12\x16\n\x12SCHEMA_CHECK_VALID\x10\x01\x12\x18\n\x14SCHEMA_CHECK_INVALID\x10\x02\x12\x1a\n\x16SCHEMA_CHECK_TRUNCATED\x10\x03\x32\xbf\x02\n\tInference\x12\x64\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse\"\x17\x82\xd3\xe4\x93\x02\x11\"\x0c/v1/generate:\x01*0\x01\x12\x62\n\x08Tokenize\x12\x1d.radixmesh.v1.TokenizeRequest\x1a\x1e.radixmesh.v1.TokenizeResponse\"\x17\x82\xd3\xe4\x93\x02\x11\"\x0c/v1/tokenize:\x01*\x12h\n\nListModels\x12\x1f.radixmesh.v1.ListModelsRequest\x1a .radixmesh.v1.ListModelsResponse\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/list_modelsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,8 +38,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFERENCE'].methods_by_name['Tokenize']._serialized_options = b'\202\323\344\223\002\021\"\014/v1/tokenize:\001*'
   _globals['_INFERENCE'].methods_by_name['ListModels']._loaded_options = None
   _globals['_INFERENCE'].methods_by_name['ListModels']._serialized_options = b'\202\323\344\223\002\021\022\017/v1/list_models'
-  _globals['_PRIORITY']._serialized_start=2509
-  _globals['_PRIORITY']._serialized_end=2615
+  _globals['_PRIORITY']._serialized_start=2651
+  _globals['_PRIORITY']._serialized_end=2757
+  _globals['_SCHEMACHECK']._serialized_start=2759
+  _globals['_SCHEMACHECK']._serialized_end=2880
   _globals['_TOKENIDS']._serialized_start=76
   _globals['_TOKENIDS']._serialized_end=99
   _globals['_CHATMESSAGE']._serialized_start=101
@@ -51,31 +53,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHOICES']._serialized_start=871
   _globals['_CHOICES']._serialized_end=897
   _globals['_GENERATEREQUEST']._serialized_start=900
-  _globals['_GENERATEREQUEST']._serialized_end=1317
-  _globals['_TOKENLOGPROB']._serialized_start=1319
-  _globals['_TOKENLOGPROB']._serialized_end=1383
-  _globals['_POSITIONLOGPROBS']._serialized_start=1385
-  _globals['_POSITIONLOGPROBS']._serialized_end=1489
-  _globals['_CHUNK']._serialized_start=1492
-  _globals['_CHUNK']._serialized_end=1654
-  _globals['_USAGE']._serialized_start=1656
-  _globals['_USAGE']._serialized_end=1736
-  _globals['_COMPLETE']._serialized_start=1739
-  _globals['_COMPLETE']._serialized_end=1902
-  _globals['_GENERATERESPONSE']._serialized_start=1905
-  _globals['_GENERATERESPONSE']._serialized_end=2037
-  _globals['_TOKENIZEREQUEST']._serialized_start=2039
-  _globals['_TOKENIZEREQUEST']._serialized_end=2146
-  _globals['_TOKENIZERESPONSE']._serialized_start=2148
-  _globals['_TOKENIZERESPONSE']._serialized_end=2208
-  _globals['_LISTMODELSREQUEST']._serialized_start=2210
-  _globals['_LISTMODELSREQUEST']._serialized_end=2229
-  _globals['_MODELCARD']._serialized_start=2231
-  _globals['_MODELCARD']._serialized_end=2300
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2302
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2363
-  _globals['_CONSTRAINT']._serialized_start=2366
-  _globals['_CONSTRAINT']._serialized_end=2507
-  _globals['_INFERENCE']._serialized_start=2618
-  _globals['_INFERENCE']._serialized_end=2937
+  _globals['_GENERATEREQUEST']._serialized_end=1338
+  _globals['_TOKENLOGPROB']._serialized_start=1340
+  _globals['_TOKENLOGPROB']._serialized_end=1404
+  _globals['_POSITIONLOGPROBS']._serialized_start=1406
+  _globals['_POSITIONLOGPROBS']._serialized_end=1510
+  _globals['_CHUNK']._serialized_start=1513
+  _globals['_CHUNK']._serialized_end=1675
+  _globals['_USAGE']._serialized_start=1677
+  _globals['_USAGE']._serialized_end=1757
+  _globals['_COMPLETE']._serialized_start=1760
+  _globals['_COMPLETE']._serialized_end=2023
+  _globals['_GENERATERESPONSE']._serialized_start=2026
+  _globals['_GENERATERESPONSE']._serialized_end=2158
+  _globals['_TOKENIZEREQUEST']._serialized_start=2160
+  _globals['_TOKENIZEREQUEST']._serialized_end=2267
+  _globals['_TOKENIZERESPONSE']._serialized_start=2269
+  _globals['_TOKENIZERESPONSE']._serialized_end=2329
+  _globals['_LISTMODELSREQUEST']._serialized_start=2331
+  _globals['_LISTMODELSREQUEST']._serialized_end=2350
+  _globals['_MODELCARD']._serialized_start=2352
+  _globals['_MODELCARD']._serialized_end=2421
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2423
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2484
+  _globals['_CONSTRAINT']._serialized_start=2487
+  _globals['_CONSTRAINT']._serialized_end=2649
+  _globals['_INFERENCE']._serialized_start=2883
+  _globals['_INFERENCE']._serialized_end=3202
 # @@protoc_insertion_point(module_scope)

@@ -14,10 +14,21 @@ class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PRIORITY_INTERACTIVE: _ClassVar[Priority]
     PRIORITY_BATCH: _ClassVar[Priority]
     PRIORITY_SHEDDABLE: _ClassVar[Priority]
+
+class SchemaCheck(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEMA_CHECK_UNSPECIFIED: _ClassVar[SchemaCheck]
+    SCHEMA_CHECK_VALID: _ClassVar[SchemaCheck]
+    SCHEMA_CHECK_INVALID: _ClassVar[SchemaCheck]
+    SCHEMA_CHECK_TRUNCATED: _ClassVar[SchemaCheck]
 PRIORITY_UNSPECIFIED: Priority
 PRIORITY_INTERACTIVE: Priority
 PRIORITY_BATCH: Priority
 PRIORITY_SHEDDABLE: Priority
+SCHEMA_CHECK_UNSPECIFIED: SchemaCheck
+SCHEMA_CHECK_VALID: SchemaCheck
+SCHEMA_CHECK_INVALID: SchemaCheck
+SCHEMA_CHECK_TRUNCATED: SchemaCheck
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -84,7 +95,7 @@ class Choices(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "prompt", "token_ids", "messages", "sampling", "json_schema", "regex", "ebnf", "choices", "json_object", "priority", "request_id", "session_id")
+    __slots__ = ("model", "prompt", "token_ids", "messages", "sampling", "json_schema", "regex", "ebnf", "choices", "json_object", "priority", "request_id", "session_id", "best_effort")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +109,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BEST_EFFORT_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     token_ids: TokenIds
@@ -111,7 +123,8 @@ class GenerateRequest(_message.Message):
     priority: Priority
     request_id: str
     session_id: str
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ..., choices: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., request_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    best_effort: bool
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ..., choices: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ..., priority: _Optional[_Union[Priority, str]] = ..., request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., best_effort: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "token")
@@ -156,18 +169,24 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Complete(_message.Message):
-    __slots__ = ("index", "finish_reason", "matched_stop", "usage", "prompt_logprobs")
+    __slots__ = ("index", "finish_reason", "matched_stop", "usage", "prompt_logprobs", "schema_check", "schema_error", "unenforced_keywords")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     MATCHED_STOP_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_CHECK_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_ERROR_FIELD_NUMBER: _ClassVar[int]
+    UNENFORCED_KEYWORDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     finish_reason: str
     matched_stop: str
     usage: Usage
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PositionLogprobs]
-    def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[str] = ..., matched_stop: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PositionLogprobs, _Mapping]]] = ...) -> None: ...
+    schema_check: SchemaCheck
+    schema_error: str
+    unenforced_keywords: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, index: _Optional[int] = ..., finish_reason: _Optional[str] = ..., matched_stop: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PositionLogprobs, _Mapping]]] = ..., schema_check: _Optional[_Union[SchemaCheck, str]] = ..., schema_error: _Optional[str] = ..., unenforced_keywords: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "chunk", "complete")
@@ -218,15 +237,17 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ...) -> None: ...
 
 class Constraint(_message.Message):
-    __slots__ = ("json_schema", "regex", "ebnf", "choices", "json_object")
+    __slots__ = ("json_schema", "regex", "ebnf", "choices", "json_object", "best_effort")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     EBNF_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    BEST_EFFORT_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     regex: str
     ebnf: str
     choices: Choices
     json_object: bool
-    def __init__(self, json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ..., choices: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ...) -> None: ...
+    best_effort: bool
+    def __init__(self, json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ..., choices: _Optional[_Union[Choices, _Mapping]] = ..., json_object: _Optional[bool] = ..., best_effort: _Optional[bool] = ...) -> None: ...
