@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="projection weights: auto (the checkpoint's format), fp8 (quantize at load: "
         "per-row weight scales, per-token activation scales; FP8 tensor cores on CUDA), none",
     )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="split the model over N devices (one process each; gloo on CPU, NCCL on CUDA); "
+        "the group is one executor to the mesh (default %(default)s)",
+    )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages (default: sized)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -149,6 +156,7 @@ def executor_config(args: argparse.Namespace) -> ExecutorConfig:
         cuda_graphs=not args.no_cuda_graphs,
         kernel_backends=tuple(args.kernel_backend),
         kernel_entry_points=not args.no_kernel_entry_points,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
 
 

@@ -50,6 +50,9 @@ class ExecutorConfig:
     `module:object` (a `kernels.backends.KernelOverride`); see kernels/backends.py."""
     kernel_entry_points: bool = True
     """Also load the backends installed under the `radixmesh.kernels` entry-point group."""
+    tensor_parallel_size: int = 1
+    """Ranks of the tensor-parallel group this executor is (one process and one device
+    each; see models/tensor_parallel.py). The group is one executor to the mesh."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgument:
@@ -84,3 +87,7 @@ class ExecutorConfig:
             raise bad("max_model_len", f"must be >= 2 when given, got {self.max_model_len}")
         if self.seed < 0:
             raise bad("seed", f"must be >= 0, got {self.seed}")
+        if not 1 <= self.tensor_parallel_size <= 64:
+            raise bad(
+                "tensor_parallel_size", f"must be in [1, 64], got {self.tensor_parallel_size}"
+            )
