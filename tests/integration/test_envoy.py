@@ -19,11 +19,10 @@ from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import GatewayAddress, RateLimit, render_envoy_config
 from gateway.envoy.process import EnvoyProcess, validate_config
 from radixmesh.errors import InvalidArgument
-from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2_grpc
+from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
 from services.common.health import wait_for_serving
-from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
-from tests.fixtures.runtime import running_runtime
+from tests.fixtures.gateway_fakes import make_model_folder, running_fake_scheduler
 
 
 class FakeInference(inference_pb2_grpc.InferenceServicer):
@@ -243,16 +242,12 @@ def test_rate_limit_answers_429_and_resource_exhausted(tmp_path, backends):
 async def test_whole_edge_envoy_gateway_process_fake_scheduler(tmp_path):
     """Envoy -> `python -m gateway.main` -> a fake scheduler: health checks, OpenAI, transcoding."""
     folder = make_model_folder(tmp_path / "tiny")
-    scheduler = FakeScheduler(Tokenizer.from_folder(folder))
-
-    def register(server):
-        scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
-
-    async with running_runtime(register, ["radixmesh.v1.Scheduler"]) as runtime:
+    tokenizer = Tokenizer.from_folder(folder)
+    async with running_fake_scheduler(tokenizer) as (scheduler, scheduler_address):
         grpc_port, http_port = free_port(), free_port()
         gateway = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.main", f"--port={grpc_port}", f"--http-port={http_port}",
-            f"--model={folder}", "--model-name=tiny", f"--scheduler-address={runtime.address}",
+            f"--model={folder}", "--model-name=tiny", f"--scheduler-address={scheduler_address}",
             stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         try:

@@ -18,10 +18,10 @@ from gateway.envoy import GatewayAddress, render_envoy_config
 from gateway.envoy.process import EnvoyProcess
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
-from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2_grpc
+from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
 from services.scheduler.client import SchedulerClient
-from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
+from tests.fixtures.gateway_fakes import make_model_folder, running_fake_scheduler
 from tests.fixtures.runtime import running_runtime
 
 GATEWAY_LIMIT = "rate limit exceeded for this API key"
@@ -32,12 +32,8 @@ GATEWAY_LIMIT = "rate limit exceeded for this API key"
 async def edge(tmp_path):
     """The public base URL of Envoy in front of one in-process gateway (fake scheduler)."""
     tokenizer = Tokenizer.from_folder(make_model_folder(tmp_path / "model"))
-    scheduler = FakeScheduler(tokenizer)
-    async with running_runtime(
-        lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, s),
-        ["radixmesh.v1.Scheduler"],
-    ) as scheduler_runtime:
-        channel = grpc.aio.insecure_channel(scheduler_runtime.address)
+    async with running_fake_scheduler(tokenizer) as (_, scheduler_address):
+        channel = grpc.aio.insecure_channel(scheduler_address)
         upstream = SchedulerClient(channel)
         models = ModelRegistry({"tiny": tokenizer})
         limiter = LocalRateLimiter(RateLimitConfig(capacity=1, refill_per_s=0.001))

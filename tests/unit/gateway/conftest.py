@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.tokenizer import Tokenizer
-from radixmesh.v1 import scheduler_pb2_grpc
-from tests.fixtures.gateway_fakes import FakeScheduler, make_model_folder
+from tests.fixtures.gateway_fakes import make_model_folder, running_fake_scheduler
 from tests.fixtures.redis import RedisServer
-from tests.fixtures.runtime import running_runtime
 
 
 @pytest.fixture(scope="session")
@@ -36,10 +34,5 @@ def redis_url(redis_server: RedisServer) -> str:
 @pytest.fixture
 async def fake_scheduler(tokenizer):
     """(FakeScheduler, address): a fake radixmesh.v1.Scheduler on a loopback port, SERVING."""
-    scheduler = FakeScheduler(tokenizer)
-
-    def register(server):
-        scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
-
-    async with running_runtime(register, ["radixmesh.v1.Scheduler"]) as runtime:
-        yield scheduler, runtime.address
+    async with running_fake_scheduler(tokenizer) as running:
+        yield running

@@ -11,10 +11,10 @@ from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
 from mesh.loadgen.client import ChatRequest, GrpcClient, OpenAIClient
 from mesh.loadgen.workloads import TICKET_SCHEMA
-from radixmesh.v1 import inference_pb2_grpc, scheduler_pb2_grpc
+from radixmesh.v1 import inference_pb2_grpc
 from services.common.config import free_port
 from services.scheduler.client import SchedulerClient
-from tests.fixtures.gateway_fakes import FAKE_REPLY, FakeScheduler, make_model_folder
+from tests.fixtures.gateway_fakes import FAKE_REPLY, make_model_folder, running_fake_scheduler
 from tests.fixtures.runtime import running_runtime
 
 HELLO = ({"role": "user", "content": "the quick brown fox"},)
@@ -85,12 +85,8 @@ def tokenizer(tmp_path_factory):
 @pytest.fixture
 async def gateway(tokenizer):
     """(HTTP base URL, gRPC host:port, FakeScheduler): the real gateway over a fake scheduler."""
-    scheduler = FakeScheduler(tokenizer)
-    async with running_runtime(
-        lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, s),
-        ["radixmesh.v1.Scheduler"],
-    ) as scheduler_runtime:
-        channel = grpc.aio.insecure_channel(scheduler_runtime.address)
+    async with running_fake_scheduler(tokenizer) as (scheduler, scheduler_address):
+        channel = grpc.aio.insecure_channel(scheduler_address)
         upstream = SchedulerClient(channel)
         models = ModelRegistry({"tiny": tokenizer})
         servicer = InferenceServicer(models, upstream)
