@@ -7,9 +7,10 @@ converter (`radixmesh.wire`), with the same rules as in every other room.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from gateway.core.generate import ChoiceEvent
-from gateway.core.openai_responses import MIN_LOGPROB, TokenLogprob
+from gateway.core.openai_responses import MIN_LOGPROB, PositionLogprobs, TokenLogprob
 from gateway.core.request import ChatMessage, GatewayRequest, GenerateInput
 from radixmesh import wire
 from radixmesh.errors import InvalidArgument
@@ -47,27 +48,36 @@ def generate_request_from_proto(request: inference_pb2.GenerateRequest) -> Gatew
     )
 
 
+    prompt_logprobs = delta.prompt_logprobs or ()
 def event_to_responses(request_id: str, event: ChoiceEvent) -> list[inference_pb2.GenerateResponse]:
-    """A chunk when the event carries text or tokens, then a Complete when the choice finished."""
+    """A chunk when the event carries text or tokens, then a Complete when the choice finished.
+
+    The prompt's log probabilities go on the chunk, or on the Complete when the event
+    has no chunk (max_tokens 0: no token generated)."""
     delta = event.delta
     responses = []
     if delta.text or delta.token_ids:
         chunk = inference_pb2.Chunk(index=delta.index, text=delta.text, token_ids=delta.token_ids)
-        for p in delta.logprobs or ():
-            chunk.logprobs.add(
-                sampled=_token_logprob(p.sampled),
-                top=[_token_logprob(t) for t in p.top],
-            )
+        _add_positions(chunk.logprobs, delta.logprobs or ())
+        _add_positions(chunk.prompt_logprobs, prompt_logprobs)
+        prompt_logprobs = ()
         responses.append(inference_pb2.GenerateResponse(request_id=request_id, chunk=chunk))
     if delta.finish_reason is not None:
         usage = event.usage
         complete = inference_pb2.Complete(
             index=delta.index,
             finish_reason=delta.finish_reason,
+        _add_positions(complete.prompt_logprobs, prompt_logprobs)
             matched_stop=delta.matched_stop or "",
             usage=inference_pb2.Usage(
                 prompt_tokens=usage.prompt_tokens if usage else 0,
                 completion_tokens=usage.completion_tokens if usage else 0,
+def _add_positions(out, positions: Sequence[PositionLogprobs]) -> None:
+    """Append positions to a repeated PositionLogprobs field."""
+    for p in positions:
+        out.add(sampled=_token_logprob(p.sampled), top=[_token_logprob(t) for t in p.top])
+
+
                 cached_tokens=usage.cached_tokens if usage else 0,
             ),
         )

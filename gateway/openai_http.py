@@ -181,6 +181,13 @@ class _Reply:
         self.created = resp.now_s()
         self.echo_text = ""
         if request.echo:
+        self.echo_first: resp.TokenLogprob | None = None
+        """With echo and logprobs: the prompt's first token (its logprob is null)."""
+        if request.echo and prepared.sampling.logprobs:
+            first = prepared.prompt_token_ids[0]
+            self.echo_first = resp.TokenLogprob(
+                tokenizer.token_text(first), 0.0, tokenizer.token_bytes(first), first
+            )
             self.echo_text = request.input.prompt or tokenizer.decode(prepared.prompt_token_ids)
 
     def whole(self, merged: list[ChoiceEvent]) -> dict[str, Any]:
@@ -189,7 +196,8 @@ class _Reply:
                 index=e.delta.index,
                 text=self.echo_text + e.delta.text,
                 finish_reason=e.delta.finish_reason or "abort",
-                logprobs=e.delta.logprobs,
+                logprobs=self._logprobs(e),
+                echo_first=self.echo_first,
                 matched_stop=e.delta.matched_stop,
             )
             for e in merged
@@ -212,12 +220,16 @@ class _Reply:
                 "Cache-Control": "no-cache",
                 "x-request-id": self.response_id,
             }
+        echoed: set[int] = set()
         )
         await response.prepare(http_request)
         finals: list[ChoiceEvent] = []
         offsets = [len(self.echo_text)] * self.prepared.sampling.n
         try:
-            if self.request.chat or self.echo_text:
+                if self.echo_first is not None and event.delta.index not in echoed:
+                    echoed.add(event.delta.index)  # the echo, with the prompt's logprobs
+                    await response.write(resp.sse(self._echo_chunk(event)))
+            if self.request.chat or (self.echo_text and self.echo_first is None):
                 for index in range(self.prepared.sampling.n):
                     await response.write(resp.sse(self._first_chunk(index)))
             async for event in _chain(first, events):
@@ -234,6 +246,24 @@ class _Reply:
             return response  # the client left; closing `events` aborts the request upstream
         except Exception as exc:
             await response.write(resp.sse(resp.error_response(exc)[1]))
+    def _logprobs(self, event: ChoiceEvent) -> list[resp.PositionLogprobs] | None:
+        """The choice's logprobs; with echo, the prompt's lead (after `echo_first`)."""
+        d = event.delta
+        if self.echo_first is None or d.logprobs is None:
+            return d.logprobs
+        return [*(d.prompt_logprobs or ()), *d.logprobs]
+
+    def _echo_chunk(self, event: ChoiceEvent) -> dict[str, Any]:
+        return resp.text_completion_chunk(
+            self.response_id,
+            self.model_id,
+            self.created,
+            event.delta.index,
+            self.echo_text,
+            logprobs=event.delta.prompt_logprobs or [],
+            echo_first=self.echo_first,
+        )
+
         await response.write(resp.SSE_DONE)
         await response.write_eof()
         return response

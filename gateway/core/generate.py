@@ -121,12 +121,18 @@ async def _run_choice(
                 num_cached_tokens = update.num_cached_tokens
             finished_upstream = bool(update.finish_reason)
             delta = stream.on_update(
+                update.prompt_logprobs,
                 update.token_ids,
                 update.logprobs,
                 update.finish_reason or "",
                 update.matched_stop_token_id,
             )
-            if delta.finish_reason is None and not delta.text and not delta.token_ids:
+            if (
+                delta.finish_reason is None
+                and not delta.text
+                and not delta.token_ids
+                and not delta.prompt_logprobs
+            ):
                 continue
             usage = (
                 stream.usage(num_prompt_tokens, num_cached_tokens) if delta.finish_reason else None
@@ -157,6 +163,8 @@ async def _run_choice(
 async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[ChoiceEvent]:
     """Non-streaming use: one merged event per choice (all text, logprobs, finish and usage)."""
     merged = [ChoiceEvent(ChoiceDelta(i, logprobs=None)) for i in range(n)]
+        if event.delta.prompt_logprobs is not None:
+            target.delta.prompt_logprobs = event.delta.prompt_logprobs
     for event in [e async for e in events]:
         target = merged[event.delta.index]
         target.delta.text += event.delta.text

@@ -184,12 +184,19 @@ def parse_chat_request(body: Any) -> GatewayRequest:
 
 
 def parse_completion_request(body: Any) -> GatewayRequest:
-    """A /v1/completions body -> GatewayRequest (chat=False)."""
+    """A /v1/completions body -> GatewayRequest (chat=False).
+
+    `echo` with `logprobs` also scores the prompt (its first token's logprob is null, as
+    OpenAI reports it); `echo` allows `max_tokens: 0`: the prompt scored, nothing generated.
+    """
     f = _Fields(body, _COMMON | _COMPLETION_ONLY | _IGNORED)
     prompt_input = _parse_prompt(body.get("prompt"))
     if f.has("suffix"):
         raise ParamError("suffix", "is not supported")
-    max_tokens = f.integer("max_tokens", lo=1)
+    echo = f.boolean("echo")
+    max_tokens = f.integer("max_tokens", lo=0)
+    if max_tokens == 0 and not echo:
+        raise ParamError("max_tokens", "must be >= 1 (0 only with echo: score the prompt)")
     logprobs = f.integer("logprobs", lo=0, hi=20)
     names = {"top_logprobs": "logprobs"}
     sampling = _sampling(
@@ -198,11 +205,11 @@ def parse_completion_request(body: Any) -> GatewayRequest:
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
         names=names,
+        prompt_logprobs_start=1 if echo and (logprobs is not None or max_tokens == 0) else None,
     )
     best_of = f.integer("best_of", lo=1)
     if best_of is not None and best_of != sampling.n:
         raise ParamError("best_of", f"must equal n ({sampling.n}) when given")
-    echo = f.boolean("echo")
     return _request(f, prompt_input, sampling, chat=False, echo=echo)
 
 
@@ -286,6 +293,7 @@ def _sampling(
     logprobs: bool,
     top_logprobs: int,
     names: dict[str, str],
+    prompt_logprobs_start: int | None = None,
 ) -> SamplingParams:
     if f.body.get("logit_bias"):
         raise ParamError("logit_bias", "is not supported")
@@ -306,6 +314,7 @@ def _sampling(
         "logprobs": logprobs,
         "top_logprobs": top_logprobs,
         "n": f.integer("n", lo=1),
+        "prompt_logprobs_start": prompt_logprobs_start,
     }
     if fields["seed"] is not None and fields["seed"] < 0:
         fields["seed"] %= 2**64  # OpenAI allows negative seeds; keep them distinct and valid

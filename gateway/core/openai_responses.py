@@ -67,6 +67,8 @@ class ChoiceOutput:
     finish_reason: str
     logprobs: Sequence[PositionLogprobs] | None = None
     matched_stop: str | None = None
+    echo_first: TokenLogprob | None = None
+    """An echoed, scored prompt's first token: it leads `logprobs` with a null logprob."""
 
 
 def new_response_id(chat: bool) -> str:
@@ -102,17 +104,34 @@ def chat_logprobs_json(entries: Sequence[PositionLogprobs]) -> dict[str, Any]:
 
 
 def completion_logprobs_json(
-    entries: Sequence[PositionLogprobs], text_offset: int = 0
+    entries: Sequence[PositionLogprobs],
+    text_offset: int = 0,
+    first: TokenLogprob | None = None,
 ) -> dict[str, Any]:
-    """Completions shape: parallel arrays tokens, token_logprobs, top_logprobs, text_offset."""
+    """Completions shape: parallel arrays tokens, token_logprobs, top_logprobs, text_offset.
+
+    `first`: an echoed prompt's first token, which has no log probability: it leads the
+    arrays with null logprob and null top_logprobs, as OpenAI and vLLM report it."""
     offsets = []
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    if first is not None:
+        offsets.append(text_offset)
+        text_offset += len(first.token)
+        tokens.append(first.token)
+        token_logprobs.append(None)
+        top_logprobs.append(None)
     for e in entries:
         offsets.append(text_offset)
         text_offset += len(e.sampled.token)
+        tokens.append(e.sampled.token)
+        token_logprobs.append(_logprob(e.sampled.logprob))
+        top_logprobs.append({t.token: _logprob(t.logprob) for t in e.top})
     return {
-        "tokens": [e.sampled.token for e in entries],
-        "token_logprobs": [_logprob(e.sampled.logprob) for e in entries],
-        "top_logprobs": [{t.token: _logprob(t.logprob) for t in e.top} for e in entries],
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
 
@@ -184,7 +203,11 @@ def text_completion(
             {
                 "index": c.index,
                 "text": c.text,
-                "logprobs": None if c.logprobs is None else completion_logprobs_json(c.logprobs),
+                "logprobs": (
+                    None
+                    if c.logprobs is None
+                    else completion_logprobs_json(c.logprobs, first=c.echo_first)
+                ),
                 **_finish_fields(c.finish_reason, c.matched_stop),
             }
             for c in choices
@@ -204,11 +227,16 @@ def text_completion_chunk(
     matched_stop: str | None = None,
     logprobs: Sequence[PositionLogprobs] | None = None,
     text_offset: int = 0,
+    echo_first: TokenLogprob | None = None,
 ) -> dict[str, Any]:
     choice = {
         "index": index,
         "text": text,
-        "logprobs": None if logprobs is None else completion_logprobs_json(logprobs, text_offset),
+        "logprobs": (
+            None
+            if logprobs is None
+            else completion_logprobs_json(logprobs, text_offset, echo_first)
+        ),
         **_finish_fields(finish_reason, matched_stop),
     }
     return _chunk(response_id, "text_completion", model, created, [choice])

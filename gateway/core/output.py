@@ -39,6 +39,9 @@ class ChoiceDelta:
     """The stop string, or the text of the stop token, that ended the choice."""
     abort_upstream: bool = False
     """A stop string ended the choice here: the scheduler is still generating it."""
+    prompt_logprobs: list[PositionLogprobs] | None = None
+    """On the choice's first delta, with sampling.prompt_logprobs_start k: prompt positions
+    k, k + 1, ... (`sampled` is the prompt token)."""
 
 
 class ChoiceStream:
@@ -71,6 +74,7 @@ class ChoiceStream:
         logprobs: Sequence[TokenLogprobs] = (),
         finish_reason: str = "",
         matched_stop_token_id: int | None = None,
+        prompt_logprobs: Sequence[TokenLogprobs] = (),
     ) -> ChoiceDelta:
         """Apply one scheduler update (new tokens, maybe a finish) of this choice."""
         if self.finished:
@@ -83,6 +87,8 @@ class ChoiceStream:
         delta = ChoiceDelta(self.index, token_ids=list(token_ids))
         if self._logprobs:
             delta.logprobs = [self._position(entry) for entry in logprobs]
+        if prompt_logprobs:
+            delta.prompt_logprobs = [self._position(entry) for entry in prompt_logprobs]
         text = self._detokenizer.push(token_ids)
         if finish_reason:
             text += self._detokenizer.flush()
