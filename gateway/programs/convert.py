@@ -28,6 +28,10 @@ def limits_from_proto(bound: m.Limits, message: program_pb2.Limits) -> m.Limits:
         return getattr(message, name) if message.HasField(name) else None
 
     wall_ms = get("max_wall_time_ms")
+    if wall_ms is not None and not 0 < wall_ms <= bound.max_wall_time_s * 1000:
+        raise InvalidArgument(
+            f"limits.max_wall_time_ms: must be in (0, {bound.max_wall_time_s * 1000:.0f}], got {wall_ms}"
+        )
     return bound.lowered(
         max_statements=get("max_statements"),
         max_fork_width=get("max_fork_width"),

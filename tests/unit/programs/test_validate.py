@@ -114,3 +114,9 @@ def test_variables_both_branches_set_and_fork_joins_are_known_after(deps):
         when("equals", "q", "x", [ret(template="{a}{b}")], [ret(var="b.0")]),
     )
     check(deps, message, {"q": "x"})
+
+
+def test_a_wall_time_above_the_servers_is_refused_in_milliseconds(deps):
+    message = program(text("a"), limits=pb.Limits(max_wall_time_ms=10**9))
+    with pytest.raises(InvalidArgument, match=re.escape("limits.max_wall_time_ms: must be in (0, 300000]")):
+        check(deps, message)
