@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 from mesh.tiny_model import write_tiny_model
 from radixmesh.errors import InvalidArgument, ResourceExhausted, Unavailable
 from radixmesh.sampling import Constraint, ConstraintKind
+from radixmesh.schema import plan_json_schema
 from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.grammar.compiler import choices_ebnf, compiler_reason
 
@@ -33,6 +34,8 @@ def object_schema(num_props: int, tag: str) -> Constraint:
 
 HELD = object_schema(3, "held")
 """The slow grammar of these tests: its compile waits in its worker thread for `held.release()`."""
+HELD_GRAMMAR_SCHEMA = plan_json_schema(json.loads(HELD.value)).grammar_text
+"""What the compiler is given for HELD (the schema as the grammar enforces it)."""
 
 
 class HeldCompile:
@@ -60,7 +63,7 @@ def held(make_service, monkeypatch):
     compile_json_schema = xgr.GrammarCompiler.compile_json_schema
 
     def holding(compiler, schema, *args, **kwargs):
-        if schema == HELD.value:
+        if schema == HELD_GRAMMAR_SCHEMA:
             hold.started.set()
             assert hold.released.wait(WAIT_S), "the held compile was never released"
         return compile_json_schema(compiler, schema, *args, **kwargs)

@@ -17,9 +17,11 @@ import xgrammar as xgr
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind
+from radixmesh.schema import check_enforceable, plan_json_schema
 
 JSON_KINDS = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT})
-_JSON_OBJECT_SCHEMA = '{"type": "object"}'
+_JSON_OBJECT_SCHEMA = plan_json_schema({"type": "object", "additionalProperties": True}).grammar_text
+"""Any object; its numbers bounded like a schema's (radixmesh.schema.plan)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -57,13 +59,18 @@ def _json_schema(compiler: xgr.GrammarCompiler, c: Constraint, any_ws: bool, str
     if not isinstance(schema, dict | bool):
         kind = type(schema).__name__
         raise InvalidArgument(f"constraint.json_schema: must be a JSON object, got {kind}")
-    return compiler.compile_json_schema(c.value, any_whitespace=any_ws, strict_mode=strict)
+    # the gateway's own plan, again: a strict schema it let through compiles exactly here
+    try:
+        plan = plan_json_schema(schema)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"constraint.json_schema: {e}") from None
+    if not c.best_effort:
+        check_enforceable(plan, "constraint.json_schema")
+    return compiler.compile_json_schema(plan.grammar_text, any_whitespace=any_ws, strict_mode=strict)
 
 
 def _json_object(compiler: xgr.GrammarCompiler, c: Constraint, any_ws: bool, strict: bool):
-    return compiler.compile_json_schema(
-        _JSON_OBJECT_SCHEMA, any_whitespace=any_ws, strict_mode=False
-    )
+    return compiler.compile_json_schema(_JSON_OBJECT_SCHEMA, any_whitespace=any_ws, strict_mode=True)
 
 
 def _regex(compiler: xgr.GrammarCompiler, c: Constraint, any_ws: bool, strict: bool):
