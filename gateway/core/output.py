@@ -76,7 +76,8 @@ class ChoiceStream:
         matched_stop_token_id: int | None = None,
         prompt_logprobs: Sequence[TokenLogprobs] = (),
     ) -> ChoiceDelta:
-        """Apply one scheduler update (new tokens, maybe a finish) of this choice."""
+        """Apply one scheduler update (new tokens, maybe a finish, on the first one maybe
+        the prompt's log probabilities) of this choice."""
         if self.finished:
             return ChoiceDelta(self.index)  # tokens generated after a stop string: dropped
         if finish_reason and finish_reason not in FINISH_REASONS:
