@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gateway.core import openai_responses as resp
 from gateway.core.auth import Admission, client_address
+from gateway.core.limits import OFF_LOOP_BODY_BYTES, OFF_LOOP_CHARS, input_chars, off_loop
 from gateway.core.generate import ChoiceEvent, Upstream, collect, total_usage
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
@@ -33,6 +34,7 @@ from gateway.envoy import HTTP_HEALTH_PATH
 from gateway.programs.core.plugins import PluginChain
 from gateway.tracing import phase, request_trace
 from radixmesh.errors import Unavailable
+from radixmesh.retry_after import retry_after_of
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -134,17 +136,20 @@ class OpenAIHttpServer:
     ) -> web.StreamResponse:
         try:
             await self._admit(request)
-            gateway_request = self._plugins.apply_to_request(
-                parse(parse_json_body(await request.read()))
-            )
+            raw = await request.read()
+            body = await off_loop(len(raw) > OFF_LOOP_BODY_BYTES, parse_json_body, raw)
+            gateway_request = self._plugins.apply_to_request(parse(body))
             model_id, tokenizer = self._models.resolve(gateway_request.model)
             response_id = resp.new_response_id(gateway_request.chat)
             session_id = gateway_request.session_id
             history = await self._memory.history(session_id)
+            large = input_chars(gateway_request.input) > OFF_LOOP_CHARS
             with phase("gateway.prepare"):
-                prepared = prepare_request(
-                    gateway_request, tokenizer, response_id, history=history
+                prepared = await off_loop(
+                    large, prepare_request, gateway_request, tokenizer, response_id, 0, history
                 )
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large()
         except Exception as exc:
             return _error(exc)
         events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
@@ -328,8 +333,18 @@ async def start_http_server(app: web.Application, host: str, port: int) -> web.A
     return runner
 
 
+def _too_large() -> web.Response:
+    message = f"request body too large: at most {MAX_BODY_BYTES // (1024 * 1024)} MiB"
+    body = resp.error_body(message, "invalid_request_error", code="invalid_argument")
+    return web.Response(status=413, text=json.dumps(body), content_type="application/json")
+
+
 def _error(exc: BaseException) -> web.Response:
     status, body = resp.error_response(exc)
     if status >= 500:
         log.error("request failed", error=repr(exc))
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+    retry = retry_after_of(str(exc)) if status in (429, 503) else None
+    headers = {"Retry-After": str(retry)} if retry is not None else None
+    return web.Response(
+        status=status, text=json.dumps(body), content_type="application/json", headers=headers
+    )

@@ -17,10 +17,11 @@ from collections.abc import AsyncIterator
 from gateway import convert
 from gateway.core.auth import Admission, client_address
 from gateway.core.generate import Upstream
+from gateway.core.limits import OFF_LOOP_CHARS, check_input_size, input_chars, off_loop
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import prepare_request
-from gateway.core.request import ChatMessage
+from gateway.core.request import ChatMessage, GenerateInput
 from gateway.programs.core.plugins import PluginChain
 from gateway.tracing import phase, request_trace
 from radixmesh.errors import InvalidArgument
@@ -74,9 +75,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 _, tokenizer = self._models.resolve(gateway_request.model)
             session_id = gateway_request.session_id
             history = await self._memory.history(session_id)
+            large = input_chars(gateway_request.input) > OFF_LOOP_CHARS
             with phase("gateway.prepare"):
-                prepared = prepare_request(
-                    gateway_request, tokenizer, request_id, _deadline_unix_ms(context), history
+                prepared = await off_loop(
+                    large,
+                    prepare_request,
+                    gateway_request,
+                    tokenizer,
+                    request_id,
+                    _deadline_unix_ms(context),
+                    history,
                 )
             events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
             with phase("gateway.stream"):
@@ -92,10 +100,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         _, tokenizer = self._models.resolve(request.model)
         which = request.WhichOneof("input")
         if which == "prompt":
-            token_ids = tokenizer.encode_prompt(request.prompt)
+            given = GenerateInput(prompt=request.prompt)
+            check_input_size(given, tokenizer.max_model_len)
+            large = input_chars(given) > OFF_LOOP_CHARS
+            token_ids = await off_loop(large, tokenizer.encode_prompt, request.prompt)
         elif which == "messages":
-            messages = [ChatMessage(m.role, m.content) for m in request.messages.messages]
-            token_ids = tokenizer.encode_messages(messages)
+            messages = tuple(ChatMessage(m.role, m.content) for m in request.messages.messages)
+            given = GenerateInput(messages=messages)
+            check_input_size(given, tokenizer.max_model_len)
+            large = input_chars(given) > OFF_LOOP_CHARS
+            token_ids = await off_loop(large, tokenizer.encode_messages, list(messages))
         else:
             raise InvalidArgument("input: one of prompt or messages is required")
         return inference_pb2.TokenizeResponse(

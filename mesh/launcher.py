@@ -82,6 +82,8 @@ class MeshConfig:
     """Drain: how long in-flight requests may finish after a stop signal (the gateway's
     --grace-seconds); those still running then end with an UNAVAILABLE error event."""
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    max_queue_wait_s: float | None = None
+    """The scheduler's wait-based admission bound (0 turns it off); None keeps its default."""
     """When a service that died is started again, and when serve gives up."""
 
     def __post_init__(self) -> None:
@@ -203,6 +205,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *("--port", str(ports.scheduler), "--metrics-port", str(ports.scheduler_metrics)),
             *("--cache-address", _address(ports.cache)),
             *[arg for port, _ in ports.executors for arg in ("--executor", _address(port))],
+            *_queue_wait_args(config.max_queue_wait_s),
         ),
         _address(ports.scheduler),
         "radixmesh.v1.Scheduler",
@@ -239,6 +242,10 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
         extra={"http": _address(ports.gateway_http)},
     )
     return [[cache], executors, [scheduler], [gateway]]
+
+
+def _queue_wait_args(seconds: float | None) -> tuple[str, ...]:
+    return () if seconds is None else ("--max-queue-wait-s", repr(float(seconds)))
 
 
 def _kv_fraction_args(fraction: float | None) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from gateway.core.limits import check_unicode
 from gateway.core.request import (
     CHAT_ROLES,
     ChatMessage,
@@ -88,8 +89,11 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise ParamError(None, f"request body is not valid UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ParamError(None, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ParamError(None, "request body nests too deeply") from None
     if not isinstance(body, dict):
         raise ParamError(None, "request body must be a JSON object")
+    check_unicode(body)
     return body
 
 
@@ -345,8 +349,8 @@ def _stop_strings(value: Any) -> tuple[str, ...] | None:
 def _stop_token_ids(value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not all(_is_int(t) and t >= 0 for t in value):
-        raise ParamError("stop_token_ids", "expected an array of non-negative token ids")
+    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t < 2**31 for t in value):
+        raise ParamError("stop_token_ids", "expected an array of token ids in [0, 2^31)")
     return tuple(value)
 
 

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.core.limits import check_input_size
 from gateway.core.request import GatewayRequest
 from gateway.core.structured import SchemaSpec, schema_spec
 from gateway.core.tokenizer import Tokenizer
@@ -51,6 +52,7 @@ def prepare_request(
     if not req_id:
         raise InvalidArgument("request_id: must not be empty")
     given = request.input
+    check_input_size(given, tokenizer.max_model_len)  # before any tokenizing
     if sum(x is not None for x in (given.prompt, given.token_ids, given.messages)) != 1:
         raise InvalidArgument("input: exactly one of prompt, token_ids or messages must be set")
     if given.messages is not None:

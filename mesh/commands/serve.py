@@ -98,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--restart-window-s", type=float, default=60.0, help="(default %(default)s)"
     )
+    parser.add_argument(
+        "--max-queue-wait-s",
+        type=float,
+        default=None,
+        help="refuse (429) interactive requests whose estimated queue wait is longer, batch "
+        "at half, sheddable at a quarter; 0: off (default: the scheduler's, 30)",
+    )
 
 
 def _config(args: argparse.Namespace):
@@ -133,6 +140,7 @@ def _config(args: argparse.Namespace):
         restart_policy=RestartPolicy(
             max_restarts=args.max_restarts, window_s=args.restart_window_s
         ),
+        max_queue_wait_s=args.max_queue_wait_s,
     )
 
 

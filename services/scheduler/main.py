@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
     p.add_argument("--max-queue-len", type=int, default=d.max_queue_len)
+    p.add_argument(
+        "--max-queue-wait-s",
+        type=float,
+        default=d.max_queue_wait_s,
+        help="refuse (RESOURCE_EXHAUSTED) an interactive request whose estimated queue wait "
+        "is longer, batch at half, sheddable at a quarter; 0 turns it off (default %(default)s)",
+    )
     p.add_argument("--page-lookahead", type=int, default=d.page_lookahead)
     p.add_argument("--aging-rate", type=float, default=d.aging_rate)
     p.add_argument(
@@ -105,6 +112,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         max_queue_len=args.max_queue_len,
+        max_queue_wait_s=args.max_queue_wait_s or None,
         page_lookahead=args.page_lookahead,
         aging_rate=args.aging_rate,
         priority_preemption_gap=args.priority_preemption_gap or None,

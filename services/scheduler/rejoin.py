@@ -23,7 +23,7 @@ import contextlib
 
 from radixmesh.errors import RadixmeshError
 from services.cache.client import CacheClient
-from services.common.health import follow_serving
+from services.common.health import follow_serving, wait_for_serving
 from services.common.logging import get_logger
 from services.scheduler.core import SchedulerCore
 from services.scheduler.remote import RemoteExecutor
@@ -32,6 +32,16 @@ log = get_logger(__name__)
 
 RETRY_S = 0.5
 """Pause between connection attempts to an executor that is not back yet."""
+EXECUTOR_SERVICE = "radixmesh.v1.Executor"
+
+
+async def _serving(address: str) -> bool:
+    """One health check: does a process serve at address now?"""
+    try:
+        await wait_for_serving(address, EXECUTOR_SERVICE, timeout=0.5)
+    except (TimeoutError, ConnectionError):
+        return False
+    return True
 
 
 class Rejoin:
@@ -50,12 +60,26 @@ class Rejoin:
         self._cache_address = cache_address
         self._timeout = connect_timeout_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._watches: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         self._core.on_executor_lost = self.executor_lost
         self._tasks["cache"] = asyncio.create_task(
             follow_serving(self._cache_address, "", self._cache_changed), name="watch-cache"
         )
+        for executor_id, address in self._addresses.items():
+            self._watches[executor_id] = asyncio.create_task(
+                self._watch(executor_id, address), name=f"watch-{executor_id}"
+            )
+
+    async def _watch(self, executor_id: str, address: str) -> None:
+        """An executor that dies while idle is noticed at once, not at its next request."""
+
+        def changed(serving: bool, reason: str) -> None:
+            if not serving:
+                self._core.executor_lost(executor_id, f"executor {executor_id}: {reason}")
+
+        await follow_serving(address, EXECUTOR_SERVICE, changed)
 
     def executor_lost(self, executor_id: str) -> None:
         """Start bringing `executor_id` back (once; a second call while it is underway is
@@ -69,11 +93,12 @@ class Rejoin:
 
     async def _rejoin(self, executor_id: str) -> None:
         address = self._addresses[executor_id]
-        try:
-            num_leases = await self._cache.unregister_pool(executor_id)
-            log.info("dead_pool_unregistered", executor_id=executor_id, num_leases=num_leases)
-        except RadixmeshError as exc:  # gone already, or the cache is down too
-            log.warning("dead_pool_unregister_failed", executor_id=executor_id, error=str(exc))
+        if not await _serving(address):  # a new process registers its pool before serving
+            try:
+                num_leases = await self._cache.unregister_pool(executor_id)
+                log.info("dead_pool_unregistered", executor_id=executor_id, num_leases=num_leases)
+            except RadixmeshError as exc:  # gone already, or the cache is down too
+                log.warning("dead_pool_unregister_failed", executor_id=executor_id, error=str(exc))
         while True:
             port = RemoteExecutor(address, self._timeout)
             try:
@@ -99,7 +124,7 @@ class Rejoin:
             self._core.cache_lost(reason)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._watches.values()]
         for task in tasks:
             task.cancel()
         for task in tasks:

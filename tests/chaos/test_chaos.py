@@ -20,7 +20,7 @@ from services.cache.client import CacheClient
 NUM_STREAMS = 16
 MAX_TOKENS = 64
 DEADLINE_S = 60.0
-RECOVERY_S = 90.0
+RECOVERY_S = 200.0
 """Longest wait for a killed part to serve again (an executor reloads its model)."""
 
 

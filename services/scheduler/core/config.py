@@ -4,6 +4,7 @@ to the executors it drives."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -19,6 +20,9 @@ class SchedulerConfig:
     """Most sequences in one step, per executor."""
     max_queue_len: int = 1024
     """Most waiting requests (all executors); a full queue answers ResourceExhausted."""
+    max_queue_wait_s: float | None = 30.0
+    """Longest estimated queue wait an interactive request is admitted with (batch half,
+    sheddable a quarter); longer ones are refused at once (queue_wait.py). None: off."""
     page_lookahead: int = 4
     """Pages leased ahead of need for decode growth, so most steps need no cache call."""
     aging_rate: float = 0.1
@@ -50,6 +54,9 @@ class SchedulerConfig:
 
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_queue_len"):
             positive(name)
+        wait = self.max_queue_wait_s
+        if wait is not None and not (math.isfinite(wait) and wait > 0):
+            raise InvalidArgument(f"scheduler.max_queue_wait_s must be > 0 or None, got {wait}")
         if self.page_lookahead < 0:
             raise InvalidArgument(
                 f"scheduler.page_lookahead must be >= 0, got {self.page_lookahead}"

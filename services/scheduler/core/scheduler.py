@@ -37,6 +37,12 @@ from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.ports import CachePort, ExecutorPort
 from services.scheduler.core.preemption import preempt_for_priority
+from services.scheduler.core.queue_wait import (
+    QueueWaitConfig,
+    Throughput,
+    check_wait,
+    estimate_wait_s,
+)
 from services.scheduler.core.request import Request, RequestStatus, StepUpdates
 from services.scheduler.core.routing import choose_executor, executors_in_trouble, load_tokens
 from services.scheduler.core.running import schedule_running
@@ -75,6 +81,9 @@ class SchedulerCore:
         self._prepare_tasks: dict[str, asyncio.Task[None]] = {}
         """Constraint preparations in flight, by req_id."""
         self._stopping = False
+        self._queue_wait = QueueWaitConfig(config.max_queue_wait_s)
+        self._throughput: dict[str, Throughput] = {}
+        """Requests finished per second, per executor id (see queue_wait.py)."""
         self.on_executor_lost: Callable[[str], None] | None = None
         """Called with an executor's id when its step stream fails (the service brings it
         back with `readmit`)."""
@@ -132,6 +141,14 @@ class SchedulerCore:
         self._tasks = [t for t in self._tasks if not t.done()]
         self._tasks.append(asyncio.create_task(self._loop(ex), name=f"step-{executor_id}"))
         log.info("executor readmitted", executor_id=executor_id)
+
+    def executor_lost(self, executor_id: str, reason: str) -> None:
+        """The executor's health check says it is gone: its loop fails it at its next turn
+        (at once when idle), as if its Step stream had broken."""
+        ex = self._executors.get(executor_id)
+        if ex is not None and ex.alive:
+            ex.lost_reason = reason
+            ex.wake.set()
 
     def cache_lost(self, reason: str) -> None:
         """The cache service went away: its leases, and the pages they named, are gone
@@ -201,6 +218,7 @@ class SchedulerCore:
         matches = await self._match(tokens, model)
         if req_id in self._requests:
             raise InvalidArgument(f"req_id {req_id!r} is already in use")
+        self._admit_by_wait(req, candidates)
         shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
         if shed is not None:
             self._executors[shed.executor_id or ""].queue.remove(shed.req_id)
@@ -306,6 +324,37 @@ class SchedulerCore:
         req.prepared_on = ex.executor_id
         self._enqueue(ex, req)
 
+    def _admit_by_wait(self, req: Request, candidates: list[ExecutorState]) -> None:
+        """Raise ResourceExhausted at once when even the best candidate's estimated queue
+        wait is over req's class bound or its deadline (see queue_wait.py)."""
+        now = self._clock()
+        estimates = []
+        for ex in candidates:
+            counts = ex.queue.count_by_priority()
+            num_ahead = sum(n for priority, n in counts.items() if priority <= req.priority)
+            rate = self._finished_on(ex.executor_id).rate(now)
+            estimates.append(estimate_wait_s(num_ahead, rate))
+        check_wait(self._queue_wait, req.priority, estimates, now, req.deadline)
+
+    def _finished_on(self, executor_id: str) -> Throughput:
+        throughput = self._throughput.get(executor_id)
+        if throughput is None:
+            throughput = self._throughput[executor_id] = Throughput(self._queue_wait)
+        return throughput
+
+    def estimated_queue_wait_s(self, priority: Priority = Priority.INTERACTIVE) -> float | None:
+        """Read-only: the shortest estimated queue wait over the executors (None: unknown)."""
+        now = self._clock()
+        estimates = []
+        for ex in self._executors.values():
+            if not ex.alive:
+                continue
+            counts = ex.queue.count_by_priority()
+            num_ahead = sum(n for p, n in counts.items() if p <= priority)
+            estimates.append(estimate_wait_s(num_ahead, self._finished_on(ex.executor_id).rate(now)))
+        known = [e for e in estimates if e is not None]
+        return min(known) if known and len(known) == len(estimates) else None
+
     # -- the step loop ---------------------------------------------------------------------
 
     async def _loop(self, ex: ExecutorState) -> None:
@@ -315,6 +364,9 @@ class SchedulerCore:
             try:
                 if ex.reset_reason is not None:
                     await self._drop_leased(ex)
+                if ex.lost_reason is not None:
+                    await self._executor_failed(ex, Unavailable(ex.lost_reason))
+                    return
                 await self._apply_aborts_and_deadlines(ex)
                 wants_plan = ex.num_in_flight < max_in_flight and ex.has_work
                 plan = await self._plan(ex) if wants_plan else None
@@ -402,6 +454,7 @@ class SchedulerCore:
                 update.finish_reason = out.finish_reason
                 update.matched_stop_token_id = out.matched_stop_token_id
                 finished.append(req)
+                self._finished_on(ex.executor_id).note_finished(now)
                 if req.hold_id is not None and out.finish_reason in ("stop", "length"):
                     holding.append(req)
                 stats.finished(req, now, out.finish_reason, "OK")

@@ -62,3 +62,23 @@ async def test_cache_lost_ends_leased_requests_and_keeps_serving():
     await rig.scheduler.stop()
     assert rig.sink.tokens["next"] == reference([7, 8, 9], 5)
     assert rig.stats().num_leases == 0
+
+
+async def test_an_executor_whose_health_is_lost_is_failed_even_while_idle():
+    rig = make_rig()
+    lost: list[str] = []
+    failed = asyncio.Event()
+
+    def on_lost(executor_id: str) -> None:
+        lost.append(executor_id)
+        failed.set()
+
+    rig.scheduler.on_executor_lost = on_lost
+    await rig.scheduler.start()
+    executor_id = rig.port.info.executor_id
+    rig.scheduler.executor_lost(executor_id, "health watch failed: UNAVAILABLE")
+    await asyncio.wait_for(failed.wait(), 10)
+    assert lost == [executor_id] and rig.port.closed
+    with pytest.raises(Unavailable):
+        await rig.scheduler.submit("refused", [1], greedy(1))
+    await rig.scheduler.stop()

@@ -1,0 +1,125 @@
+"""Admission that answers early: refuse a request whose queue wait would be too long, at once.
+
+Each executor's throughput is measured as the requests it finished per second
+over the last `window_s`. A new request would wait about as long as it takes the
+executor to finish the requests queued ahead of it in its class or a higher one:
+`(num_ahead + 1) / rate`. With nothing queued it waits for nothing (the step loop
+admits it at its next turn). When even the executor with the shortest estimate
+makes it wait longer than its class's bound, or past its deadline, it is refused
+with ResourceExhausted naming the estimate and when to retry. Classes get
+shares of `max_queue_wait_s`: interactive all of it, batch half, sheddable a
+quarter, so under overload sheddable work is refused first and interactive last.
+Until an executor has finished `min_finished` requests its rate is unknown and
+nothing is refused on a wait estimate (the queue length limit still holds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from radixmesh.errors import InvalidArgument, ResourceExhausted
+from radixmesh.retry_after import with_retry_after
+from radixmesh.sampling import Priority
+
+CLASS_SHARE = {Priority.INTERACTIVE: 1.0, Priority.BATCH: 0.5, Priority.SHEDDABLE: 0.25}
+"""Each class's share of max_queue_wait_s."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWaitConfig:
+    max_queue_wait_s: float | None = 30.0
+    """Longest estimated queue wait an interactive request is admitted with (batch: half,
+    sheddable: a quarter); None turns wait-based refusal off."""
+    window_s: float = 10.0
+    """Throughput is measured over this many seconds of finished requests."""
+    min_finished: int = 4
+    """Finished requests an executor needs before its rate is trusted."""
+
+    def __post_init__(self) -> None:
+        bound = self.max_queue_wait_s
+        if bound is not None and not (math.isfinite(bound) and bound > 0):
+            raise InvalidArgument(f"max_queue_wait_s: must be > 0 or None, got {bound}")
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise InvalidArgument(f"window_s: must be > 0, got {self.window_s}")
+        if self.min_finished < 1:
+            raise InvalidArgument(f"min_finished: must be >= 1, got {self.min_finished}")
+
+
+class Throughput:
+    """Requests finished per second by one executor, over a sliding window."""
+
+    def __init__(self, config: QueueWaitConfig) -> None:
+        self._config = config
+        self._finished: deque[float] = deque()
+        self._num_finished = 0
+
+    def note_finished(self, now: float, count: int = 1) -> None:
+        """Changes state: `count` requests finished at `now`."""
+        self._finished.extend([now] * count)
+        self._num_finished += count
+        self._trim(now)
+
+    def rate(self, now: float) -> float | None:
+        """Requests per second over the window; None while too few were ever measured."""
+        if self._num_finished < self._config.min_finished:
+            return None
+        self._trim(now)
+        return len(self._finished) / self._config.window_s
+
+    def _trim(self, now: float) -> None:
+        while self._finished and self._finished[0] <= now - self._config.window_s:
+            self._finished.popleft()
+
+
+def estimate_wait_s(num_ahead: int, rate: float | None) -> float | None:
+    """Seconds until a request with num_ahead requests queued before it starts; None when
+    the rate is unknown."""
+    if num_ahead <= 0:
+        return 0.0
+    if rate is None:
+        return None
+    return math.inf if rate <= 0 else (num_ahead + 1) / rate
+
+
+def check_wait(
+    config: QueueWaitConfig,
+    priority: Priority,
+    estimates: list[float | None],
+    now: float,
+    deadline: float | None,
+) -> float | None:
+    """Raise ResourceExhausted when the best of `estimates` (one per candidate executor)
+    is over the class's bound or the deadline; else the best estimate (None: unknown)."""
+    known = [e for e in estimates if e is not None]
+    if len(known) < len(estimates) or not known:
+        return None  # an executor without a measured rate: admit (it may be idle)
+    best = min(known)
+    if config.max_queue_wait_s is not None:
+        bound = config.max_queue_wait_s * CLASS_SHARE[priority]
+        if best > bound:
+            raise ResourceExhausted(
+                with_retry_after(
+                    f"overloaded: estimated queue wait {_seconds(best)} exceeds the "
+                    f"{priority.name.lower()} bound of {bound:g}s",
+                    _retry_after_s(best - bound),
+                )
+            )
+    if deadline is not None and now + best > deadline:
+        raise ResourceExhausted(
+            with_retry_after(
+                f"overloaded: estimated queue wait {_seconds(best)} passes the request's "
+                f"deadline in {max(0.0, deadline - now):.1f}s",
+                _retry_after_s(best),
+            )
+        )
+    return best
+
+
+def _seconds(value: float) -> str:
+    return "unbounded (no request finished lately)" if math.isinf(value) else f"{value:.1f}s"
+
+
+def _retry_after_s(excess_s: float) -> int:
+    return 60 if math.isinf(excess_s) else max(1, min(60, math.ceil(excess_s)))

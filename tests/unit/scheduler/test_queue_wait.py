@@ -1,0 +1,101 @@
+"""Admission by estimated queue wait: the estimator, the bounds per class, and the core."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from sched_fakes import greedy, make_rig
+
+from radixmesh.errors import InvalidArgument, ResourceExhausted
+from radixmesh.retry_after import retry_after_of, with_retry_after
+from radixmesh.sampling import Priority
+from services.scheduler.core import SchedulerConfig
+from services.scheduler.core.queue_wait import (
+    QueueWaitConfig,
+    Throughput,
+    check_wait,
+    estimate_wait_s,
+)
+
+
+def test_throughput_is_unknown_until_enough_requests_finished_then_per_window():
+    throughput = Throughput(QueueWaitConfig(window_s=10, min_finished=4))
+    throughput.note_finished(1.0, count=3)
+    assert throughput.rate(2.0) is None
+    throughput.note_finished(2.0, count=17)
+    assert throughput.rate(2.0) == 2.0  # 20 in the last 10 s
+    assert throughput.rate(11.5) == 1.7  # the first three left the window
+    assert throughput.rate(30.0) == 0.0  # nothing finished lately
+
+
+def test_the_wait_counts_the_requests_ahead():
+    assert estimate_wait_s(0, None) == 0.0  # nothing queued: no wait, rate or not
+    assert estimate_wait_s(9, 2.0) == 5.0
+    assert estimate_wait_s(3, None) is None
+    assert math.isinf(estimate_wait_s(1, 0.0))
+
+
+@pytest.mark.parametrize(
+    ("priority", "refused"),
+    [(Priority.INTERACTIVE, False), (Priority.BATCH, True), (Priority.SHEDDABLE, True)],
+)
+def test_sheddable_is_refused_first_interactive_last(priority, refused):
+    config = QueueWaitConfig(max_queue_wait_s=20)
+    if refused:
+        with pytest.raises(ResourceExhausted) as info:
+            check_wait(config, priority, [12.0, 15.0], now=0.0, deadline=None)
+        assert "estimated queue wait 12.0s exceeds" in str(info.value)
+        assert retry_after_of(str(info.value)) >= 1
+    else:
+        assert check_wait(config, priority, [12.0, 15.0], now=0.0, deadline=None) == 12.0
+
+
+def test_a_deadline_shorter_than_the_wait_is_refused_at_once():
+    with pytest.raises(ResourceExhausted, match="passes the request's deadline"):
+        check_wait(QueueWaitConfig(None), Priority.INTERACTIVE, [8.0], now=100.0, deadline=105.0)
+
+
+def test_an_unmeasured_executor_admits():
+    config = QueueWaitConfig(max_queue_wait_s=1)
+    assert check_wait(config, Priority.SHEDDABLE, [None, 50.0], 0.0, None) is None
+
+
+def test_retry_after_travels_in_the_message():
+    message = with_retry_after("overloaded", 7)
+    assert message == "overloaded; retry after 7 s" and retry_after_of(message) == 7
+    assert retry_after_of("overloaded") is None
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+def test_bad_bounds_name_the_field(bad):
+    with pytest.raises(InvalidArgument, match="max_queue_wait_s"):
+        SchedulerConfig(max_queue_wait_s=bad)
+
+
+async def test_an_overloaded_scheduler_refuses_at_once_and_loses_nothing_it_accepted():
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_queue_wait_s=4.0)
+    rig = make_rig(config, manual_clock=True)
+    rig.port.step_seconds = 0.25  # each step advances the scheduler's clock
+    await rig.scheduler.start()
+    for i in range(6):  # measure: six short requests finish
+        await rig.scheduler.submit(f"warm{i}", [i + 1, 2], greedy(2))
+    await rig.sink.wait(*(f"warm{i}" for i in range(6)))
+    rig.port.gate = asyncio.Event()  # hold the executor: the queue builds up
+    accepted, refused = [], []
+    for i in range(40):
+        try:
+            await rig.scheduler.submit(f"r{i}", [i + 1, 3], greedy(4))
+            accepted.append(f"r{i}")
+        except ResourceExhausted as exc:
+            refused.append(str(exc))
+    assert accepted and refused
+    assert all("estimated queue wait" in m and retry_after_of(m) for m in refused)
+    wait = rig.scheduler.estimated_queue_wait_s()
+    assert wait is not None and wait <= 4.0 + 1 / 1.0  # admitted up to about the bound
+    rig.port.gate.set()
+    await rig.sink.wait(*accepted, timeout=30)
+    await rig.scheduler.stop()
+    assert all(rig.sink.finished[r].error is None for r in accepted)
+    assert all(len(rig.sink.tokens[r]) == 4 for r in accepted)
