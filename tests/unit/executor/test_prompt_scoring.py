@@ -157,3 +157,25 @@ def test_requests_without_prompt_scoring_plan_none(core):
     (out,) = core.execute(prepared).outputs
     assert out.prompt_logprobs == [] and out.token_id is not None
     core.step(StepPlan(2, finished_req_ids=["plain"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_scoring_extends_run_eagerly_and_decodes_keep_their_graphs(llama_model):
+    config = ExecutorConfig(
+        model_path=str(llama_model.path), device="cuda", dtype="float32", page_size=4,
+        num_pages=64, max_num_seqs=8,
+    )  # fmt: skip
+    core = ExecutorCore(config)
+    assert core._graphs is not None
+    replays = []
+    run = core._graphs.run
+    core._graphs.run = lambda batch: replays.append(batch.num_seqs) or run(batch)
+    prompt = random_prompt(15, seed=21)
+    sampling = greedy(max_tokens=3, prompt_logprobs_start=2, top_logprobs=2)
+    (out,) = core.step(StepPlan(1, [new_seq("g", prompt, sampling=sampling)])).outputs
+    assert not replays  # the scoring prefill ran eagerly
+    check(out.prompt_logprobs, reference(llama_model, prompt, 2, top=2))
+    core.step(StepPlan(2, running_seqs=[RunningSequence("g", 1)]))
+    assert replays == [1]  # the decode after it replayed its graph
+    core.shutdown()
