@@ -30,6 +30,10 @@ SLOW_TESTS = (
     # hypothesis: a state machine, property tests over many examples
     "unit/cache/test_cache_invariants.py::TestCacheInvariants",
     "unit/executor/test_convert.py::test_sampling_round_trip",
+    "unit/executor/test_convert.py::test_constraint_round_trip",
+    "unit/executor/test_convert.py::test_plan_round_trip",
+    "unit/executor/test_convert.py::test_result_round_trip",
+    "unit/gateway/test_gateway_stop.py::test_any_chunking_matches_the_whole_text_reference",
     "unit/executor/test_grammar_matcher.py::test_sampled_json_always_validates_against_its_schema",
     # subprocesses: a whole service started and signalled
     "unit/gateway/test_gateway_main.py::test_gateway_process_serves_and_stops_on_sigterm",
@@ -41,6 +45,9 @@ SLOW_TESTS = (
     "unit/supervisor/test_supervisor.py::test_a_child_that_ignores_sigterm_is_killed",
     "unit/executor/test_generate_cli.py::test_generate_json_equals_transformers_greedy",
     "unit/loadgen/test_bench_command.py::test_shared_prefix_run_reports_every_field_and_a_high_hit_rate",
+    "unit/common/test_runtime_lifecycle.py::test_shutdown_refuses_new_calls_and_cancels_streams_past_grace",
+    "unit/common/test_profiling.py::test_torch_profile_covers_the_requested_steps_of_another_thread",
+    "unit/test_kubernetes.py::test_validates_against_the_kubernetes_schemas",
     # many forward passes of the tiny models, against transformers or each other
     "unit/executor/test_overlap.py::test_prepare_ahead_of_execute_equals_sequential_steps",
     "unit/executor/test_model_fidelity.py::test_batched_greedy_equals_each_prompt_alone",
@@ -52,13 +59,22 @@ SLOW_TESTS = (
     "unit/executor/test_grammar_engine.py::test_unconstrained_rows_stay_unmasked_when_a_constrained_rows_buffer_is_reused",
     "unit/executor/test_grammar_engine.py::test_min_tokens_still_holds_eos_back_where_the_grammar_allows_more",
     "unit/executor/test_grammar_engine.py::test_a_finished_grammar_ends_the_sequence_despite_min_tokens",
+    "unit/executor/test_grammar_engine.py::test_on_cpu_the_bitmask_is_filled_while_the_forward_runs",
+    "unit/executor/test_overlap.py::test_a_token_the_grammar_refuses_aborts_only_that_sequence",
+    "unit/executor/test_executor.py::test_the_prefill_warm_up_leaves_nothing_a_request_reads",
+    "unit/executor/test_executor.py::test_finished_ids_drop_first_so_a_preempted_sequence_can_resume",
+    "unit/executor/test_prompt_scoring.py::test_prompt_logprobs_of_a_whole_prefill_equal_a_full_forward",
+    "unit/executor/test_prompt_scoring.py::test_a_batch_of_scoring_requests_runs_in_one_forward",
+    "unit/executor/test_prompt_scoring.py::test_prompt_logprobs_over_a_cached_prefix_and_across_chunks",
+    "unit/executor/test_fp8.py::test_quantization_fp8_quantizes_a_full_precision_checkpoint_per_row",
+    "unit/executor/test_loader.py::test_sharded_checkpoint_loads_the_same_model",
     # sampling statistics over many draws
     "unit/executor/test_sampling.py::test_uniforms_are_uniform_over_a_large_vocab",
     "unit/executor/test_sampling.py::test_empirical_distribution_matches_filtered_softmax",
 )
-"""Unit tests of a second or more each on the 2-core build machines ("path::name", relative
-to tests/, every parametrization included). tests/unit/test_markers.py checks that each
-one still names a test."""
+"""Unit tests that take about a second or more each on the shared 2-core build machines
+(`--durations`; "path::name", relative to tests/, every parametrization included).
+tests/unit/test_markers.py checks that each one still names a test."""
 
 
 def _is_slow(nodeid: str) -> bool:
