@@ -30,6 +30,7 @@ from radixmesh.v1 import cache_pb2 as pb
 from radixmesh.v1 import cache_pb2_grpc
 from services.common.health import RECONNECT_OPTIONS
 from services.common.interceptor import error_from_rpc_error
+from services.common.trace_interceptor import trace_metadata
 
 _STATS_FIELDS = tuple(PoolStats.__slots__)  # PoolStats and pb.PoolStats share field names
 
@@ -313,6 +314,6 @@ class CacheClient:
 
     async def _call(self, method: Any, request: Any) -> Any:
         try:
-            return await method(request, timeout=self._timeout)
+            return await method(request, timeout=self._timeout, metadata=trace_metadata())
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc_error(exc) from None

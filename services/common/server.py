@@ -31,6 +31,7 @@ from services.common.health import HEALTH_SERVICE_NAME, NOT_SERVING, SERVING, He
 from services.common.interceptor import ErrorInterceptor
 from services.common.logging import get_logger
 from services.common.metrics import MetricsServer
+from services.common.trace_interceptor import TraceInterceptor
 from services.common.tracing import configure_tracing, shutdown_tracing
 
 __all__ = ["ServerConfig", "ServiceRuntime", "add_server_arguments", "run_service"]
@@ -48,7 +49,7 @@ class ServiceRuntime:
     def __init__(self, config: ServerConfig, interceptors: Sequence[Any] = ()) -> None:
         self.config = config
         self._errors = ErrorInterceptor(config.name)
-        self._interceptors = (self._errors, *interceptors)
+        self._interceptors = (self._errors, TraceInterceptor(), *interceptors)
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._service_names: tuple[str, ...] = ()

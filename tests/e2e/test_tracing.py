@@ -144,3 +144,23 @@ async def test_a_request_without_traceparent_starts_its_own_trace(traced):
     assert root.name == "gateway.Generate" and root.parent_span_id == ""
     request_span = one(tree(spans, root.trace_id), "scheduler.request")
     assert request_span.attributes["radixmesh.num_output_tokens"] >= 1
+
+
+async def test_a_session_request_traces_the_gateways_cache_calls_through_grpc_metadata(traced):
+    mesh, collector = traced
+    header, trace_id, _ = traceparent()
+    request = pb.GenerateRequest(prompt="remember this", session_id="traced-session-1")
+    request.sampling.max_tokens = 2
+    async with grpc.aio.insecure_channel(mesh.grpc_target) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        async for _ in stub.Generate(request, metadata=(("traceparent", header),)):
+            pass
+
+    def cache_calls(spans) -> bool:
+        names = set(tree(spans, trace_id))
+        return {"gateway.Generate", "/radixmesh.v1.Cache/GetSession"} <= names
+
+    t = tree(collector.wait_for(cache_calls, TIMEOUT_S), trace_id)
+    get = one(t, "/radixmesh.v1.Cache/GetSession")
+    assert get.service == "radixmesh-cache"
+    assert get.parent_span_id == one(t, "gateway.Generate").span_id
