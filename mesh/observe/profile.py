@@ -6,7 +6,8 @@ Writes into the output folder:
 - `<service>.collapsed.txt`: the collapsed stacks both were drawn from;
 - `<service>.cprofile.txt`: (Python fallback only) cProfile of the event-loop thread;
 - `<service>.torch.json`: (executors, with torch_steps) torch.profiler over that many
-  steps, ops or CUDA kernels grouped as `bench/profile_decode.py` groups them.
+  steps, ops or CUDA kernels grouped as `bench/profile_decode.py` groups them;
+- `<service>.torch-trace.json`: the same steps as a Chrome trace (https://ui.perfetto.dev).
 """
 
 from __future__ import annotations
@@ -147,15 +148,21 @@ async def _samples(req: ProfileRequest, out: Path, result: ProfileResult) -> Sta
 
 async def _torch(req: ProfileRequest, out: Path, result: ProfileResult) -> None:
     assert req.metrics_url is not None
-    url = f"{req.metrics_url}/debug/torch-profile?steps={req.torch_steps}&timeout_s={req.seconds:g}"
+    url = f"{req.metrics_url}/debug/torch-profile?steps={req.torch_steps}"
+    url += f"&timeout_s={req.seconds:g}&trace=1"
     try:
         result.torch = await _get_json(url, req.seconds + 30)
     except (FailedPrecondition, Unavailable) as exc:
         result.torch_error = str(exc)
         return
+    chrome_trace = result.torch.pop("chrome_trace", None)
     path = out / f"{req.service}.torch.json"
     path.write_text(json.dumps(result.torch, indent=2) + "\n")
     result.files["torch"] = path
+    if chrome_trace:
+        trace_path = out / f"{req.service}.torch-trace.json"
+        trace_path.write_text(chrome_trace)
+        result.files["torch_trace"] = trace_path
 
 
 async def take_profile(req: ProfileRequest, out: Path) -> ProfileResult:

@@ -7,9 +7,9 @@ the service itself over its metrics port:
     GET /debug/profile?seconds=10&interval_ms=5
         -> {"collapsed": "frame;frame;... COUNT\\n...", "interval_s": 0.005,
             "num_samples": N, "cprofile": "<pstats text of the event-loop thread>"}
-    GET /debug/torch-profile?steps=20&timeout_s=60
+    GET /debug/torch-profile?steps=20&timeout_s=60&trace=1
         -> {"steps": N, "device": "cuda"|"cpu", "groups": {group: {us_per_step, ...}},
-            "top_ops": [...]}
+            "top_ops": [...], "chrome_trace": "<Chrome trace JSON>" (with trace=1)}
 
 The first samples every thread's Python stack (`sys._current_frames`) from a
 helper thread and runs the standard `cProfile` on the event-loop thread over
@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
@@ -131,6 +132,15 @@ def _steps_done() -> float:
     return REGISTRY.get_sample_value(STEPS_METRIC, {"outcome": "ok"}) or 0.0
 
 
+def _chrome_trace(prof: Any) -> str:
+    """The profile as Chrome trace JSON (chrome://tracing, https://ui.perfetto.dev)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return Path(f.name).read_text()
+
+
 def _all_threads() -> dict[str, Any]:
     """Record ops of every thread (the executor steps in a worker thread), where torch can."""
     try:
@@ -141,7 +151,7 @@ def _all_threads() -> dict[str, Any]:
         return {}
 
 
-async def torch_profile(steps: int, timeout_s: float) -> dict[str, Any]:
+async def torch_profile(steps: int, timeout_s: float, trace: bool = False) -> dict[str, Any]:
     """torch.profiler over the next `steps` executor steps (CUDA kernels when on a GPU)."""
     import torch
 
@@ -174,7 +184,9 @@ async def torch_profile(steps: int, timeout_s: float) -> dict[str, Any]:
         g[0] += us / done
         g[1] += count / done
     busy = sum(us for us, _ in groups.values())
+    chrome_trace = await asyncio.to_thread(_chrome_trace, prof) if trace else None
     return {
+        "chrome_trace": chrome_trace,
         "steps": done,
         "device": "cuda" if on_cuda else "cpu",
         "busy_us_per_step": round(busy, 1),
@@ -209,7 +221,8 @@ def add_profile_routes(app: Any) -> None:
         try:
             steps = int(_number(request.query, "steps", 20, 1, 100_000))
             timeout_s = _number(request.query, "timeout_s", 60.0, 0.1, MAX_SECONDS)
-            return web.json_response(await torch_profile(steps, timeout_s))
+            trace = request.query.get("trace") == "1"
+            return web.json_response(await torch_profile(steps, timeout_s, trace))
         except InvalidArgument as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except ImportError:

@@ -71,6 +71,8 @@ async def test_profile_of_a_busy_executor_by_py_spy_with_torch_steps(serve, tmp_
     torch_ops = json.loads((out / "executor-0.torch.json").read_text())
     assert torch_ops["steps"] >= 5 and torch_ops["device"] == "cpu"
     assert "matrix products" in torch_ops["groups"]
+    trace = json.loads((out / "executor-0.torch-trace.json").read_text())
+    assert any("Decoder" in e.get("name", "") or e.get("cat") == "cpu_op" for e in trace["traceEvents"])
 
 
 async def test_profile_falls_back_to_the_services_own_sampler_when_py_spy_cannot_attach(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -45,12 +46,14 @@ async def test_torch_profile_covers_the_requested_steps_of_another_thread():
 
     stepping = asyncio.create_task(asyncio.to_thread(steps))
     try:
-        report = await torch_profile(steps=5, timeout_s=30)
+        report = await torch_profile(steps=5, timeout_s=30, trace=True)
     finally:
         done.set()
         await stepping
     assert report["steps"] >= 5 and report["device"] == "cpu"
     assert "matrix products" in report["groups"] and "silu and mul" in report["groups"]
+    events = json.loads(report["chrome_trace"])["traceEvents"]
+    assert any(e.get("name") == "aten::silu" for e in events)
 
 
 async def test_torch_profile_of_an_idle_service_says_so():
