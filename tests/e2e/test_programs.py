@@ -239,3 +239,25 @@ async def test_a_programs_gens_equal_plain_generate_calls_on_the_same_tokens(ser
     b = await generate(stub, ipb.GenerateRequest(token_ids=ipb.TokenIds(ids=prompt_b), sampling=greedy))
     assert (result["a"], result["b"]) == (a.text, b.text)
     assert result.usage[1]["prompt_tokens"] == len(prompt_b)
+
+
+async def test_select_through_the_mesh_picks_the_best_scored_choice(client):
+    from radixmesh.lang import assistant, select, system
+
+    @program
+    def route(s, query):
+        s += system("You route support requests.")
+        s += user(query)
+        s += assistant(select("route", ["retrieve documents", "chat"]))
+        return s["route"]
+
+    compiled = await route.arun(client=client, query="where is my parcel")
+    interactive = await route.arun(client=client, mode="interactive", query="where is my parcel")
+    (scores,) = events_of(compiled, "select")
+    best = max(scores.scores, key=lambda c: c.score)
+    assert compiled.value == best.choice == interactive.value
+    assert all(c.num_tokens >= 1 and c.logprob_sum < 0 for c in scores.scores)
+    (again,) = events_of(interactive, "select")
+    assert [round(c.logprob_sum, 3) for c in again.scores] == [
+        round(c.logprob_sum, 3) for c in scores.scores
+    ]
