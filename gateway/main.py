@@ -28,6 +28,7 @@ from gateway.core.tokenizer import Tokenizer
 from gateway.drain import edge_tasks, finish
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.programs.backend import SchedulerBackend
+from gateway.programs.core.model import Limits
 from gateway.programs.core.plugins import PluginChain
 from gateway.programs.core.runtime import RuntimeDeps
 from gateway.programs.registry import load_registry
@@ -83,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--tools-config",
         default=os.environ.get("RADIXMESH_TOOLS_CONFIG", ""),
         help="JSON file of program tools and plugins (docs/programs.md); built-ins always load",
+    )
+    parser.add_argument(
+        "--program-max-total-tokens",
+        type=int,
+        default=Limits().max_total_tokens,
+        help="most tokens one program may generate (a program may ask for fewer)",
+    )
+    parser.add_argument(
+        "--program-max-wall-time-s",
+        type=float,
+        default=Limits().max_wall_time_s,
+        help="longest a program may run",
     )
     parser.add_argument("--log-level", default="info")
     return parser
@@ -150,7 +163,11 @@ def programs_servicer(
     result store when there is one, else in this process), and the plugins, which plain
     requests get too."""
     tools, plugins = load_registry(args.tools_config or None, store=cache_client)
-    deps = RuntimeDeps(SchedulerBackend(upstream), models, tools, plugins)
+    limits = Limits(
+        max_total_tokens=args.program_max_total_tokens,
+        max_wall_time_s=args.program_max_wall_time_s,
+    )
+    deps = RuntimeDeps(SchedulerBackend(upstream), models, tools, plugins, limits)
     return ProgramsServicer(deps, admission), plugins
 
 

@@ -124,6 +124,14 @@ class Limits:
     max_total_tokens: int = 8192
     max_wall_time_s: float = 300.0
 
+    def __post_init__(self) -> None:
+        from radixmesh.errors import InvalidArgument
+
+        for name in Limits.__slots__:  # type: ignore[attr-defined]
+            value = getattr(self, name)
+            if not value > 0:
+                raise InvalidArgument(f"limits.{name}: must be > 0, got {value}")
+
     def lowered(self, **requested: int | float | None) -> Limits:
         """These limits with the requested ones applied; a value above the bound is refused."""
         from radixmesh.errors import InvalidArgument

@@ -4,10 +4,15 @@ tools and plugins beside the built-ins, and the plugins reach plain requests too
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from gateway.core.models import ModelRegistry
 from gateway.main import build_parser, programs_servicer
 from gateway.programs.backend import SchedulerBackend
+from gateway.programs.core.model import Limits
+from radixmesh.errors import InvalidArgument
 from services.scheduler.client import SchedulerClient
 
 
@@ -36,3 +41,15 @@ def test_tools_config_adds_tools_and_plugins(tmp_path, monkeypatch, tokenizer):
     assert deps.tools.get("echo").cache_ttl_s == 9
     assert plugins.pre_request("quiet") == "QUIET" and deps.plugins is plugins
     assert isinstance(deps.backend, SchedulerBackend) and deps.backend.supports_holds
+    assert deps.limits == Limits()
+
+
+def test_program_limit_flags_set_the_servers_bounds(tokenizer):
+    flags = ["--program-max-total-tokens", "64", "--program-max-wall-time-s", "2.5"]
+    args = build_parser().parse_args(["--model", "m", "--scheduler-address", "x:1", *flags])
+    models = ModelRegistry({"tiny": tokenizer})
+    servicer, _ = programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
+    assert servicer._deps.limits == Limits(max_total_tokens=64, max_wall_time_s=2.5)
+    args.program_max_total_tokens = 0
+    with pytest.raises(InvalidArgument, match=re.escape("limits.max_total_tokens: must be > 0, got 0")):
+        programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
