@@ -4,7 +4,10 @@
 core delivers every request's updates of a step in one batch; the servicer
 splits a batch by stream and sends one StreamResponse per stream per step.
 A submit the core refuses (bad input, full queue, no executor) is answered
-with an error update for that req_id; the stream goes on. When the gateway
+with an error update for that req_id; the stream goes on. Submits are
+queued concurrently (each waits on the cache's prefix match), so requests sent
+together start in the same step; an abort or ReleaseHold applies after the
+submits before it. When the gateway
 half-closes, the stream ends after its last request finishes; when the
 stream breaks or is cancelled, its requests still running are aborted.
 """
@@ -46,6 +49,8 @@ class _Stream:
     """The gateway's ids of requests still running."""
     hold_ids: set[str] = field(default_factory=set)
     """The gateway's names of context holds its submits asked for (released on close)."""
+    submitting: set[asyncio.Task[None]] = field(default_factory=set)
+    """Submits still being queued by the core (waiting on the cache's prefix match)."""
     half_closed: bool = False
 
     def core_id(self, req_id: str) -> str:
@@ -101,6 +106,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 yield response
         finally:
             reader.cancel()
+            for task in stream.submitting:  # a submit cancelled in its match changes nothing
+                task.cancel()
             for req_id in list(stream.req_ids):
                 core.abort(stream.core_id(req_id))
             del self._streams[stream.stream_id]
@@ -131,9 +138,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             async for message in request_iterator:
                 op = message.WhichOneof("op")
-                if op == "submit":
-                    await self._submit(core, stream, message.submit)
-                elif op == "abort" and message.abort.req_id in stream.req_ids:
+                if op == "submit":  # concurrently: submits sent together start in one step
+                    task = asyncio.create_task(self._submit(core, stream, message.submit))
+                    stream.submitting.add(task)
+                    task.add_done_callback(stream.submitting.discard)
+                    continue
+                if stream.submitting:  # an abort or release applies after earlier submits
+                    await asyncio.gather(*stream.submitting, return_exceptions=True)
+                if op == "abort" and message.abort.req_id in stream.req_ids:
                     core.abort(stream.core_id(message.abort.req_id))
                 elif op == "release_hold":
                     stream.hold_ids.discard(message.release_hold.hold_id)
@@ -144,6 +156,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             log.warning("scheduler_stream_read_failed", error=str(exc))
             stream.outbox.put_nowait(None)
             return
+        if stream.submitting:
+            await asyncio.gather(*stream.submitting, return_exceptions=True)
         stream.half_closed = True
         stream.end_if_done()
 

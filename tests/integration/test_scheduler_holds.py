@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from radixmesh.sampling import SamplingParams
-from radixmesh.v1 import cache_pb2, cache_pb2_grpc
+from radixmesh.v1 import cache_pb2, cache_pb2_grpc, scheduler_pb2
+from radixmesh.v1 import inference_pb2 as ipb
 from services.scheduler.client import SchedulerClient
 from tests.fixtures.tiny_llama import VOCAB
-from tests.integration.test_scheduler_service import EXECUTOR_ID, mesh  # noqa: F401
+from tests.integration.test_scheduler_service import EXECUTOR_ID, Client, mesh  # noqa: F401
 
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
@@ -76,3 +77,33 @@ async def test_closing_the_stream_ends_its_holds(mesh):  # noqa: F811
         while (await pool_stats(cache_address)).num_leases:
             await asyncio.sleep(0.05)
     assert (await pool_stats(cache_address)).num_locked_pages == 0
+
+
+async def test_scoring_requests_sent_together_finish_in_one_step(mesh):  # noqa: F811
+    """A select's choices over a held context, sent back to back on one stream: the
+    scheduler queues them concurrently and runs them in one step, every time."""
+    address, cache_address, _, _ = mesh
+    context = tokens(30, seed=6)
+    async with grpc.aio.insecure_channel(address) as channel:
+        client = Client(channel)
+        client.submit("ctx", context, 1, hold_id="select")
+        await client.until_finished("ctx")
+        for trial in range(3):
+            req_ids = [f"choice-{trial}-{i}" for i in range(4)]
+            for i, req_id in enumerate(req_ids):
+                sampling = ipb.SamplingParams(max_tokens=0, prompt_logprobs_start=30)
+                submit = scheduler_pb2.SubmitRequest(
+                    req_id=req_id, token_ids=context + tokens(3 + i, seed=10 + i), sampling=sampling
+                )
+                client.outbox.put_nowait(scheduler_pb2.StreamRequest(submit=submit))
+            seen = len(client.responses)
+            updates = await client.until_finished(*req_ids)
+            assert all(u[-1].finish_reason == "length" for u in updates.values())
+            steps = {
+                r.step_id for r in client.responses[seen:] for u in r.updates if u.finish_reason
+            }
+            assert len(steps) == 1, steps
+        client.outbox.put_nowait(None)
+    async with asyncio.timeout(20):  # the closed stream's hold ends
+        while (await pool_stats(cache_address)).num_leases:
+            await asyncio.sleep(0.05)

@@ -52,6 +52,9 @@ log = structlog.get_logger(__name__)
 
 UpdateSink = Callable[[StepUpdates], None]
 
+SUBMIT_SETTLE_S = 0.05
+"""Most an idle executor's loop waits for submits still matching before it plans."""
+
 
 class SchedulerCore:
     def __init__(
@@ -73,6 +76,10 @@ class SchedulerCore:
         self._leases = Leases(cache, config, self.stats)
         self.holds = Holds(self._leases)
         """Context holds by name (see holds.py)."""
+        self._num_matching = 0
+        """Submits waiting on their prefix match (an idle step loop waits for them)."""
+        self._matched = asyncio.Event()
+        self._matched.set()
         self._executors = {p.info.executor_id: ExecutorState.create(p, config) for p in executors}
         self._requests: dict[str, Request] = {}
         self._batch_ids = itertools.count(1)
@@ -267,11 +274,23 @@ class SchedulerCore:
         return [ex.load(self.holds.num_pages(ex.executor_id)) for ex in self._executors.values()]
 
     async def _match(self, tokens: list[int], model: str) -> dict[str, int]:
+        self._num_matching += 1
+        self._matched.clear()
         try:
             return await self._cache.match(tokens[:-1], model)
         except RadixmeshError as exc:
             log.warning("match failed; routing by load only", error=str(exc))
             return {}
+        finally:
+            self._num_matching -= 1
+            if not self._num_matching:
+                self._matched.set()
+
+    async def _settle_submits(self) -> None:
+        """Wait (at most SUBMIT_SETTLE_S) for the submits still in their prefix match, so
+        that requests sent together (a select's choices) start in the same step."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._matched.wait(), SUBMIT_SETTLE_S)
 
     def _route(
         self, req: Request, candidates: list[ExecutorState], matches: dict[str, int]
@@ -361,6 +380,8 @@ class SchedulerCore:
         max_in_flight = self.config.max_steps_in_flight
         while ex.alive and not self._stopping:
             ex.wake.clear()
+            if not ex.num_in_flight and self._num_matching:  # idle: let a burst land together
+                await self._settle_submits()
             try:
                 if ex.reset_reason is not None:
                     await self._drop_leased(ex)
