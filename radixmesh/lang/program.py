@@ -108,6 +108,11 @@ class Program:
         used: list[bool] = []
 
         def decide(cond: Cond) -> bool:
+            if state._pending is not None:
+                raise TypeError(
+                    f"@program {self.name}: an if inside fork branches cannot be compiled;"
+                    " join first, or run it with mode='interactive'"
+                )
             taken = decisions[len(used)] if len(used) < len(decisions) else True
             used.append(taken)
             state.items.append((cond, taken))

@@ -179,3 +179,33 @@ async def test_run_refuses_an_unknown_priority_and_an_over_limit_request(client)
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await stub.Run(over).read()
         assert "limits.max_fork_width: must be in (0, 16]" in error.value.details()
+
+
+def test_an_if_inside_fork_branches_is_refused_by_the_compiler():
+    @program
+    def branchy(s, query):
+        forks = s.fork(2)
+        for f in forks:
+            if query == "x":
+                f += gen("a", max_tokens=2)
+        forks.join()
+
+    with pytest.raises(TypeError, match="an if inside fork branches cannot be compiled"):
+        branchy.compile()
+
+
+def test_paths_through_several_ifs_merge_into_nested_ifs():
+    @program
+    def nested(s, a, b):
+        if a == "1":
+            s += text("A")
+        if b.contains("2"):
+            s += text("B")
+        return s["a"]
+
+    body = nested.compile().body
+    assert [s.WhichOneof("kind") for s in body] == ["branch"]
+    then, otherwise = body[0].branch.then, body[0].branch.otherwise
+    assert then[0].append.text == "A" and then[1].branch.condition.contains.value == "2"
+    assert otherwise[0].branch.then[0].append.text == "B"
+    assert [s.WhichOneof("kind") for s in otherwise[0].branch.otherwise] == ["result"]
