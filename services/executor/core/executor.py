@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from radixmesh.errors import FailedPrecondition
+from radixmesh.errors import FailedPrecondition, InvalidArgument
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import (
@@ -44,6 +44,14 @@ from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.decoder import Decoder
+from services.executor.core.models.tensor_parallel import (
+    SINGLE,
+    TensorParallel,
+    check_divisible,
+    shard_spec,
+    shard_weights,
+    weights_to,
+)
 from services.executor.core.plan_checks import PlanLimits, validate_plan
 from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
@@ -97,21 +105,40 @@ class ExecutorCore:
     without one, constrained requests are refused.
     """
 
-    def __init__(self, config: ExecutorConfig, grammar: Grammar | None = None):
+    def __init__(
+        self, config: ExecutorConfig, grammar: Grammar | None = None, tp: TensorParallel = SINGLE
+    ):
+        """`tp`: this process's rank of its tensor-parallel group (every rank builds a core
+        and runs the same plans; see core/tensor_parallel.py)."""
         self.config = config
         self.device = resolve_device(config.device)
+        if tp.world_size != config.tensor_parallel_size:
+            raise InvalidArgument(
+                f"executor.tensor_parallel_size is {config.tensor_parallel_size} but the core "
+                f"was given a group of {tp.world_size} ranks"
+            )
+        self.tp = tp
         folder = read_model_folder(config.model_path)
         spec = folder.spec
+        if tp.world_size > 1:
+            check_divisible(spec, tp.world_size)
         dtype = resolve_dtype(config.dtype, spec.torch_dtype, self.device)
         max_model_len = resolve_max_model_len(config, spec)
         start = time.perf_counter()
-        weights = load_weights(folder, dtype, self.device, config.quantization)
+        if tp.world_size == 1:
+            weights = load_weights(folder, dtype, self.device, config.quantization)
+        else:  # the whole model on the host, then this rank's slices on the device
+            full = load_weights(folder, dtype, torch.device("cpu"), config.quantization)
+            weights = weights_to(shard_weights(full, spec, tp), self.device)
+            del full
+            spec = shard_spec(spec, tp)
         self.startup_seconds: dict[str, float] = {"load_weights": time.perf_counter() - start}
         """Startup phases and their wall times: load_weights, then on CUDA warm_prefill
         (compiles and tunes the prefill kernels) and capture_graphs."""
-        self.model = Decoder(spec, weights, resolve_ops(config, self.device), max_model_len)
+        self.model = Decoder(spec, weights, resolve_ops(config, self.device), max_model_len, tp)
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
         num_pages = size_num_pages(config, spec, dtype, self.device, int(use_graphs))
+        num_pages = tp.min_over_ranks(num_pages, self.device)  # one pool of page ids
         self.kv_pool = KVPool(
             spec.num_layers, num_pages, config.page_size, spec.num_kv_heads, spec.head_dim,
             dtype, self.device, num_scratch_pages=int(use_graphs),

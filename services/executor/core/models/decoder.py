@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,9 @@ from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.fp8 import Fp8Weight, Weight, empty_fp8, linear, quantize_weight
 from services.executor.core.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from services.executor.core.models.tensor_parallel import TensorParallel
 
 
 @dataclass(slots=True)
@@ -140,14 +144,25 @@ def hf_weight_targets(spec: ModelSpec, weights: DecoderWeights) -> dict[str, Ten
 
 
 class Decoder:
-    """Runs one flattened batch through the model and returns the logits rows asked for."""
+    """Runs one flattened batch through the model and returns the logits rows asked for.
+
+    Under tensor parallelism (`tp`, see tensor_parallel.py) `spec` and `weights` are this
+    rank's shard; every rank runs the same batches, and the logits are whole on each.
+    """
 
     def __init__(
-        self, spec: ModelSpec, weights: DecoderWeights, ops: Ops, max_positions: int
+        self,
+        spec: ModelSpec,
+        weights: DecoderWeights,
+        ops: Ops,
+        max_positions: int,
+        tp: TensorParallel | None = None,
     ) -> None:
         self.spec = spec
         self.weights = weights
         self.ops = ops
+        self.tp = tp if tp is not None and tp.world_size > 1 else None
+        self._vocab_start = self.tp.rank * weights.embed.shape[0] if self.tp is not None else 0
         self.scale = spec.head_dim**-0.5
         self.cos_sin_cache = rope_cos_sin_cache(
             spec.head_dim, max_positions, spec.rope_theta, spec.rope_scaling
@@ -175,20 +190,37 @@ class Decoder:
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden rows -> float32 logits."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        logits = F.linear(hidden, self.weights.lm_head).float()
+        if self.tp is None:
+            return logits
+        return self.tp.all_gather_last(logits)[:, : self.spec.vocab_size]
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings; vocab-parallel, each rank looks up the ids it holds (zeros
+        elsewhere) and one all-reduce adds them up."""
+        if self.tp is None:
+            return F.embedding(input_ids, self.weights.embed)
+        local = input_ids - self._vocab_start
+        outside = (local < 0) | (local >= self.weights.embed.shape[0])
+        hidden = F.embedding(local.masked_fill(outside, 0), self.weights.embed)
+        return self.tp.all_reduce(hidden.masked_fill_(outside.unsqueeze(-1), 0))
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output summed over the ranks."""
+        return partial if self.tp is None else self.tp.all_reduce(partial)
 
     def _hidden(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
         """The final-norm hidden state of every token of the batch."""
         spec, ops = self.spec, self.ops
-        hidden = F.embedding(batch.input_ids, self.weights.embed)
+        hidden = self._embed(batch.input_ids)
         residual: torch.Tensor | None = None
         for i, layer in enumerate(self.weights.layers):
             normed, residual = ops.rmsnorm(hidden, layer.input_norm, spec.rms_norm_eps, residual)
             attn = self._attention(layer, normed, batch, kv_pool.k_caches[i], kv_pool.v_caches[i])
-            hidden = linear(attn, layer.o_proj, layer.o_bias, ops)
+            hidden = self._reduce(linear(attn, layer.o_proj, layer.o_bias, ops))
             normed, residual = ops.rmsnorm(hidden, layer.post_norm, spec.rms_norm_eps, residual)
             gate_up = linear(normed, layer.gate_up, None, ops)
-            hidden = linear(ops.silu_and_mul(gate_up), layer.down, None, ops)
+            hidden = self._reduce(linear(ops.silu_and_mul(gate_up), layer.down, None, ops))
         hidden, _ = ops.rmsnorm(hidden, self.weights.norm, spec.rms_norm_eps, residual)
         return hidden
 
