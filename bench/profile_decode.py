@@ -36,32 +36,10 @@ import torch
 
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan
+from services.common.profiling import group_of
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.models.fp8 import Fp8Weight
-
-# (group, substrings of the kernel name, lower-cased); the first match wins
-GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("attention", ("attention", "attn", "_attend", "flash")),
-    ("rmsnorm", ("rmsnorm", "rms_norm")),
-    ("rotary", ("rotary", "rope")),
-    ("kv store", ("kv_store", "store_kv", "reshape_and_cache")),
-    ("silu and mul", ("silu",)),
-    ("matrix products", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "splitk",
-                         "scaled_mm", "e4m3")),
-    ("fp8 activation quantization", ("amax", "reduce_kernel", "abs")),
-    ("sampling", ("argmax", "softmax", "topk", "sort", "bitmask", "exponential", "sampl")),
-    ("embedding", ("embedding", "index_select", "indexselect")),
-    ("copies", ("copy", "memcpy", "memset", "fill", "cat")),
-)
-
-
-def group_of(kernel: str) -> str:
-    name = kernel.lower()
-    for group, needles in GROUPS:
-        if any(n in name for n in needles):
-            return group
-    return "other"
 
 
 def weight_bytes(core: ExecutorCore) -> int:
