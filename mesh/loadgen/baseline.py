@@ -9,7 +9,9 @@ with twelve unchanged metrics is flagged by chance with probability at most
 `alpha`. A difference that is significant and in the worse direction is a
 regression. Both sides need at least two repeats: one run cannot measure its
 own noise, and with few repeats only large changes are significant (five
-repeats find a 50% change over 2% noise; three find a doubling). A metric without variance on either side (error rate 0 in every
+repeats find a 50% change over 2% noise; three find a doubling). Latencies
+and rates are compared as logarithms: a run on a busier machine is slower by
+a factor, not by a fixed number of milliseconds. A metric without variance on either side (error rate 0 in every
 run) changes only when its value does.
 """
 
@@ -29,6 +31,13 @@ def repeat_values(report: dict[str, Any]) -> list[dict[str, float | None]]:
     """The per-repeat metric values of a report (a report without repeats is one run)."""
     repeats = report.get("repeats")
     return list(repeats) if repeats else [values(report)]
+
+
+def _scale(metric: Metric, b: list[float], c: list[float]) -> tuple[list[float], list[float]]:
+    """Latencies and rates on a log scale (their noise is proportional to their size)."""
+    if metric.unit in ("s", "/s") and min(b + c) > 0:
+        return [math.log(v) for v in b], [math.log(v) for v in c]
+    return b, c
 
 
 def _present(values: Iterable[float | None]) -> list[float]:
@@ -138,7 +147,7 @@ def compare(
         if len(b) < 2 or len(c) < 2:
             out.append(Comparison(metric, b_mean, c_mean, None, "not measured"))
             continue
-        p = welch_p_value(b, c)
+        p = welch_p_value(*_scale(metric, b, c))
         verdict = "unchanged"
         if p < level:
             worse = (c_mean > b_mean) == (metric.better == "lower")  # type: ignore[operator]
