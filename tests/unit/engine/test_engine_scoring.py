@@ -128,6 +128,8 @@ async def test_a_held_context_is_a_cache_hit_and_release_returns_its_pages(make_
     held = context + first.token_ids  # 25 tokens, 24 computed: 6 full pages
     stats = pool(engine)
     assert (stats.num_leases, stats.num_locked_pages, stats.num_leased_pages) == (1, 6, 0)
+    (load,) = engine.scheduler.executor_loads()
+    assert load.kv_usage == pytest.approx(6 / stats.num_pages)  # held pages count as used
     follow = await engine.complete(held + tokens(3, seed=5), greedy(2))
     assert follow.num_cached_tokens == 24
     assert pool(engine).num_locked_pages == 6  # the hold outlives the request using it
