@@ -114,14 +114,26 @@ def _json_block(results: Sequence[RequestResult]) -> dict[str, Any] | None:
     if not sent:
         return None
     done = [r for r in sent if r.ok]
-    passed = sum(1 for r in done if r.json_valid)
+    # truncated outputs (length, abort) are not schema failures: counted apart
+    finished = [r for r in done if r.finish_reason not in ("length", "abort")]
+    passed = sum(1 for r in finished if r.json_valid)
     plain = latency_block([r for r in results if not r.is_json])
     constrained = latency_block(sent)
+    tpot, plain_tpot = constrained["tpot_s"]["mean"], plain["tpot_s"]["mean"]
+    tokens = [r.completion_tokens or 0 for r in done]
+    decode_latency = (
+        max(tpot - plain_tpot, 0.0) * math.fsum(tokens) / len(tokens)
+        if tpot is not None and plain_tpot is not None and tokens
+        else None
+    )
     return {
         "num_requests": len(sent),
-        "schema_pass_rate": passed / len(done) if done else None,
+        "num_finished": len(finished),
+        "schema_pass_rate": passed / len(finished) if finished else None,
+        "truncation_rate": (len(done) - len(finished)) / len(done) if done else None,
+        "json_decode_latency_s": decode_latency,
         "latency": constrained,
-        "tpot_vs_unconstrained": _ratio(constrained["tpot_s"]["mean"], plain["tpot_s"]["mean"]),
+        "tpot_vs_unconstrained": _ratio(tpot, plain_tpot),
     }
 
 
@@ -188,6 +200,8 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float | None]:
         flat[key] = report.get(key)
     js = report.get("json") or {}
     flat["schema_pass_rate"] = js.get("schema_pass_rate")
+    flat["truncation_rate"] = js.get("truncation_rate")
+    flat["json_decode_latency_s"] = js.get("json_decode_latency_s")
     for stat in ("mean", "p50", "p90", "p99"):
         flat[f"json_e2e_{stat}"] = ((js.get("latency") or {}).get("e2e_s") or {}).get(stat)
     return flat
@@ -242,7 +256,9 @@ def format_table(report: dict[str, Any]) -> str:
         e2e = js["latency"]["e2e_s"]
         lines.append(
             f"JSON          {js['num_requests']} requests  schema pass "
-            f"{_num(js['schema_pass_rate'])}  e2e p50 {_ms(e2e['p50'])} ms  "
+            f"{_num(js['schema_pass_rate'])} of {js['num_finished']} finished  truncated "
+            f"{_num(js['truncation_rate'])}  decode latency {_ms(js['json_decode_latency_s'])} ms  "
+            f"e2e p50 {_ms(e2e['p50'])} ms  "
             f"p99 {_ms(e2e['p99'])} ms  TPOT vs plain {_num(js['tpot_vs_unconstrained'], '{:.2f}')}"
         )
     return "\n".join(lines)

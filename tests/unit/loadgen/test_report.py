@@ -150,3 +150,17 @@ def test_endpoint_specs_and_roles():
     assert (ex.role, ex.url) == ("executor", "http://h:9/m")
     with pytest.raises(InvalidArgument, match="metrics_url"):
         parse_endpoints(["127.0.0.1:9100"])
+
+
+def test_json_pass_rate_counts_finished_outputs_and_truncation_apart():
+    results = [
+        result(0.0, is_json=True, json_valid=True, finish_reason="stop"),
+        result(0.1, is_json=True, json_valid=False, finish_reason="stop"),
+        result(0.2, is_json=True, json_valid=False, finish_reason="length"),
+        result(0.3, is_json=True, json_valid=False, finish_reason="length"),
+    ]
+    js = build_report(LoadRun(results, started_s=0.0, ended_s=1.0), {}, {})["json"]
+    assert js["num_finished"] == 2
+    assert js["schema_pass_rate"] == 0.5  # the two truncated outputs are not failures
+    assert js["truncation_rate"] == 0.5
+    assert js["json_decode_latency_s"] is None  # no unconstrained requests to compare with
