@@ -86,10 +86,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file of program tools and plugins (docs/programs.md); built-ins always load",
     )
     parser.add_argument(
+        "--program-max-statements",
+        type=int,
+        default=Limits().max_statements,
+        help="most statements in one program, nested ones and each fork branch counted",
+    )
+    parser.add_argument(
+        "--program-max-fork-width",
+        type=int,
+        default=Limits().max_fork_width,
+        help="most branches of one Fork",
+    )
+    parser.add_argument(
+        "--program-max-depth",
+        type=int,
+        default=Limits().max_depth,
+        help="deepest nesting of If and Fork bodies",
+    )
+    parser.add_argument(
         "--program-max-total-tokens",
         type=int,
         default=Limits().max_total_tokens,
-        help="most tokens one program may generate (a program may ask for fewer)",
+        help="most tokens one program may process: prompt tokens prefilled plus generated",
     )
     parser.add_argument(
         "--program-max-wall-time-s",
@@ -164,6 +182,9 @@ def programs_servicer(
     requests get too."""
     tools, plugins = load_registry(args.tools_config or None, store=cache_client)
     limits = Limits(
+        max_statements=args.program_max_statements,
+        max_fork_width=args.program_max_fork_width,
+        max_depth=args.program_max_depth,
         max_total_tokens=args.program_max_total_tokens,
         max_wall_time_s=args.program_max_wall_time_s,
     )

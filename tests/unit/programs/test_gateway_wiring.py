@@ -53,3 +53,36 @@ def test_program_limit_flags_set_the_servers_bounds(tokenizer):
     args.program_max_total_tokens = 0
     with pytest.raises(InvalidArgument, match=re.escape("limits.max_total_tokens: must be > 0, got 0")):
         programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
+
+
+@pytest.mark.parametrize(
+    ("flag", "field", "value"),
+    [
+        ("--program-max-statements", "max_statements", 12),
+        ("--program-max-fork-width", "max_fork_width", 3),
+        ("--program-max-depth", "max_depth", 2),
+    ],
+)
+def test_structure_limit_flags_set_the_servers_bounds(tokenizer, flag, field, value):
+    args = build_parser().parse_args(["--model", "m", "--scheduler-address", "x:1", flag, str(value)])
+    models = ModelRegistry({"tiny": tokenizer})
+    servicer, _ = programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
+    assert getattr(servicer._deps.limits, field) == value
+    assert servicer._deps.limits == Limits(**{field: value})
+    setattr(args, field.replace("max_", "program_max_", 1), -1)
+    with pytest.raises(InvalidArgument, match=re.escape(f"limits.{field}: must be > 0, got -1")):
+        programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
+
+
+def test_structure_limit_flags_bound_what_a_program_may_ask(tokenizer):
+    flags = ["--program-max-fork-width", "2", "--program-max-depth", "1"]
+    args = build_parser().parse_args(["--model", "m", "--scheduler-address", "x:1", *flags])
+    servicer, _ = programs_servicer(
+        args, ModelRegistry({"tiny": tokenizer}), SchedulerClient("127.0.0.1:1"), None, None
+    )
+    bound = servicer._deps.limits
+    assert bound.lowered(max_fork_width=1).max_fork_width == 1
+    with pytest.raises(InvalidArgument, match=re.escape("limits.max_fork_width: must be in (0, 2], got 3")):
+        bound.lowered(max_fork_width=3)
+    with pytest.raises(InvalidArgument, match=re.escape("limits.max_depth: must be in (0, 1], got 2")):
+        bound.lowered(max_depth=2)
