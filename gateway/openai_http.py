@@ -21,8 +21,8 @@ from aiohttp import web
 
 from gateway.core import openai_responses as resp
 from gateway.core.auth import Admission, client_address
-from gateway.core.limits import OFF_LOOP_BODY_BYTES, OFF_LOOP_CHARS, input_chars, off_loop
 from gateway.core.generate import ChoiceEvent, Upstream, collect, total_usage
+from gateway.core.limits import OFF_LOOP_BODY_BYTES, OFF_LOOP_CHARS, input_chars, off_loop
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
 from gateway.core.openai import parse_chat_request, parse_completion_request, parse_json_body
@@ -186,6 +186,7 @@ class _Reply:
         self.created = resp.now_s()
         self.echo_text = ""
         if request.echo:
+            self.echo_text = request.input.prompt or tokenizer.decode(prepared.prompt_token_ids)
         self.echo_first: resp.TokenLogprob | None = None
         """With echo and logprobs: the prompt's first token (its logprob is null)."""
         if request.echo and prepared.sampling.logprobs:
@@ -193,7 +194,6 @@ class _Reply:
             self.echo_first = resp.TokenLogprob(
                 tokenizer.token_text(first), 0.0, tokenizer.token_bytes(first), first
             )
-            self.echo_text = request.input.prompt or tokenizer.decode(prepared.prompt_token_ids)
 
     def whole(self, merged: list[ChoiceEvent]) -> dict[str, Any]:
         choices = [
@@ -202,8 +202,8 @@ class _Reply:
                 text=self.echo_text + e.delta.text,
                 finish_reason=e.delta.finish_reason or "abort",
                 logprobs=self._logprobs(e),
-                echo_first=self.echo_first,
                 matched_stop=e.delta.matched_stop,
+                echo_first=self.echo_first,
             )
             for e in merged
         ]
@@ -225,19 +225,19 @@ class _Reply:
                 "Cache-Control": "no-cache",
                 "x-request-id": self.response_id,
             }
-        echoed: set[int] = set()
         )
         await response.prepare(http_request)
         finals: list[ChoiceEvent] = []
         offsets = [len(self.echo_text)] * self.prepared.sampling.n
+        echoed: set[int] = set()
         try:
-                if self.echo_first is not None and event.delta.index not in echoed:
-                    echoed.add(event.delta.index)  # the echo, with the prompt's logprobs
-                    await response.write(resp.sse(self._echo_chunk(event)))
             if self.request.chat or (self.echo_text and self.echo_first is None):
                 for index in range(self.prepared.sampling.n):
                     await response.write(resp.sse(self._first_chunk(index)))
             async for event in _chain(first, events):
+                if self.echo_first is not None and event.delta.index not in echoed:
+                    echoed.add(event.delta.index)  # the echo, with the prompt's logprobs
+                    await response.write(resp.sse(self._echo_chunk(event)))
                 await response.write(resp.sse(self._chunk(event, offsets)))
                 if event.usage is not None:
                     finals.append(event)
@@ -251,6 +251,10 @@ class _Reply:
             return response  # the client left; closing `events` aborts the request upstream
         except Exception as exc:
             await response.write(resp.sse(resp.error_response(exc)[1]))
+        await response.write(resp.SSE_DONE)
+        await response.write_eof()
+        return response
+
     def _logprobs(self, event: ChoiceEvent) -> list[resp.PositionLogprobs] | None:
         """The choice's logprobs; with echo, the prompt's lead (after `echo_first`)."""
         d = event.delta
@@ -268,10 +272,6 @@ class _Reply:
             logprobs=event.delta.prompt_logprobs or [],
             echo_first=self.echo_first,
         )
-
-        await response.write(resp.SSE_DONE)
-        await response.write_eof()
-        return response
 
     def _first_chunk(self, index: int) -> dict[str, Any]:
         if self.request.chat:
