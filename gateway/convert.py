@@ -48,7 +48,6 @@ def generate_request_from_proto(request: inference_pb2.GenerateRequest) -> Gatew
     )
 
 
-    prompt_logprobs = delta.prompt_logprobs or ()
 def event_to_responses(request_id: str, event: ChoiceEvent) -> list[inference_pb2.GenerateResponse]:
     """A chunk when the event carries text or tokens, then a Complete when the choice finished.
 
@@ -56,6 +55,7 @@ def event_to_responses(request_id: str, event: ChoiceEvent) -> list[inference_pb
     has no chunk (max_tokens 0: no token generated)."""
     delta = event.delta
     responses = []
+    prompt_logprobs = delta.prompt_logprobs or ()
     if delta.text or delta.token_ids:
         chunk = inference_pb2.Chunk(index=delta.index, text=delta.text, token_ids=delta.token_ids)
         _add_positions(chunk.logprobs, delta.logprobs or ())
@@ -67,27 +67,27 @@ def event_to_responses(request_id: str, event: ChoiceEvent) -> list[inference_pb
         complete = inference_pb2.Complete(
             index=delta.index,
             finish_reason=delta.finish_reason,
-        _add_positions(complete.prompt_logprobs, prompt_logprobs)
             matched_stop=delta.matched_stop or "",
             usage=inference_pb2.Usage(
                 prompt_tokens=usage.prompt_tokens if usage else 0,
                 completion_tokens=usage.completion_tokens if usage else 0,
+                cached_tokens=usage.cached_tokens if usage else 0,
+            ),
+        )
+        _add_positions(complete.prompt_logprobs, prompt_logprobs)
+        if event.schema is not None:
+            complete.schema_check = _SCHEMA_CHECKS[event.schema.check]
+            complete.schema_error = event.schema.error
+            complete.unenforced_keywords.extend(event.schema.unenforced)
+        responses.append(inference_pb2.GenerateResponse(request_id=request_id, complete=complete))
+    return responses
+
+
 def _add_positions(out, positions: Sequence[PositionLogprobs]) -> None:
     """Append positions to a repeated PositionLogprobs field."""
     for p in positions:
         out.add(sampled=_token_logprob(p.sampled), top=[_token_logprob(t) for t in p.top])
 
-
-                cached_tokens=usage.cached_tokens if usage else 0,
-            ),
-        )
-        responses.append(inference_pb2.GenerateResponse(request_id=request_id, complete=complete))
-    return responses
-
-        if event.schema is not None:
-            complete.schema_check = _SCHEMA_CHECKS[event.schema.check]
-            complete.schema_error = event.schema.error
-            complete.unenforced_keywords.extend(event.schema.unenforced)
 
 def _token_logprob(token: TokenLogprob) -> inference_pb2.TokenLogprob:
     return inference_pb2.TokenLogprob(

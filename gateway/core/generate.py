@@ -121,11 +121,11 @@ async def _run_choice(
                 num_cached_tokens = update.num_cached_tokens
             finished_upstream = bool(update.finish_reason)
             delta = stream.on_update(
-                update.prompt_logprobs,
                 update.token_ids,
                 update.logprobs,
                 update.finish_reason or "",
                 update.matched_stop_token_id,
+                update.prompt_logprobs,
             )
             if (
                 delta.finish_reason is None
@@ -163,14 +163,14 @@ async def _run_choice(
 async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[ChoiceEvent]:
     """Non-streaming use: one merged event per choice (all text, logprobs, finish and usage)."""
     merged = [ChoiceEvent(ChoiceDelta(i, logprobs=None)) for i in range(n)]
-        if event.delta.prompt_logprobs is not None:
-            target.delta.prompt_logprobs = event.delta.prompt_logprobs
     for event in [e async for e in events]:
         target = merged[event.delta.index]
         target.delta.text += event.delta.text
         target.delta.token_ids += event.delta.token_ids
         if event.delta.logprobs is not None:
             target.delta.logprobs = [*(target.delta.logprobs or []), *event.delta.logprobs]
+        if event.delta.prompt_logprobs is not None:
+            target.delta.prompt_logprobs = event.delta.prompt_logprobs
         if event.delta.finish_reason is not None:
             target.delta.finish_reason = event.delta.finish_reason
             target.delta.matched_stop = event.delta.matched_stop
