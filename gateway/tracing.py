@@ -50,9 +50,10 @@ def request_trace(name: str, traceparent: str | None, request_id: str) -> Iterat
 
 @contextlib.contextmanager
 def phase(name: str, **attributes: Any) -> Iterator[Any]:
-    """A child span of the current one (a no-op while tracing is off)."""
+    """A child span of the current one, attributes as `radixmesh.<key>` (a no-op while off)."""
     if not tracing.enabled():
         yield None
         return
-    with tracing.tracer(_NAME).start_as_current_span(name, attributes=attributes) as span:
+    attrs = {f"radixmesh.{k}": v for k, v in attributes.items()}
+    with tracing.tracer(_NAME).start_as_current_span(name, attributes=attrs) as span:
         yield span

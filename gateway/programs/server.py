@@ -18,10 +18,12 @@ from gateway.programs import convert
 from gateway.programs.core import events as ev
 from gateway.programs.core.model import Program
 from gateway.programs.core.runtime import ProgramRun, RuntimeDeps
+from gateway.tracing import request_trace
 from radixmesh import wire
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import program_pb2, program_pb2_grpc
 from services.common.logging import get_logger
+from services.common.tracing import traceparent_from_metadata
 
 log = get_logger(__name__)
 
@@ -54,12 +56,14 @@ class ProgramsServicer(program_pb2_grpc.ProgramsServicer):
         run_id = _run_id(request.request_id)
         run = ProgramRun(program, dict(request.inputs), self._deps, run_id, priority)
         started, outcome = time.monotonic(), "cancelled"
+        traceparent = traceparent_from_metadata(context.invocation_metadata())
         try:
-            async with contextlib.aclosing(run.events()) as events:
-                async for event in events:
-                    if isinstance(event, ev.ProgramResult):
-                        outcome = "ok"
-                    yield convert.event_to_proto(event)
+            with request_trace("programs.Run", traceparent, run_id):
+                async with contextlib.aclosing(run.events()) as events:
+                    async for event in events:
+                        if isinstance(event, ev.ProgramResult):
+                            outcome = "ok"
+                        yield convert.event_to_proto(event)
         except Exception as exc:
             outcome = getattr(exc, "code", "INTERNAL")
             raise

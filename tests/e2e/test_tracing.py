@@ -164,3 +164,36 @@ async def test_a_session_request_traces_the_gateways_cache_calls_through_grpc_me
     get = one(t, "/radixmesh.v1.Cache/GetSession")
     assert get.service == "radixmesh-cache"
     assert get.parent_span_id == one(t, "gateway.Generate").span_id
+
+
+async def test_a_program_is_one_trace_with_a_span_per_statement(traced):
+    from radixmesh.v1 import program_pb2, program_pb2_grpc
+
+    mesh, collector = traced
+    header, trace_id, client_span = traceparent()
+    message = program_pb2.Program(
+        body=[
+            program_pb2.Statement(append=program_pb2.Append(text="A traced program. ")),
+            program_pb2.Statement(
+                gen=program_pb2.Gen(var="a", sampling=pb.SamplingParams(max_tokens=3))
+            ),
+        ]
+    )
+    async with grpc.aio.insecure_channel(mesh.grpc_target) as channel:
+        call = program_pb2_grpc.ProgramsStub(channel).Run(
+            program_pb2.RunProgramRequest(program=message), metadata=(("traceparent", header),)
+        )
+        async for _ in call:
+            pass
+
+    def done(spans) -> bool:
+        return {"programs.Run", "program.gen", "scheduler.request"} <= set(tree(spans, trace_id))
+
+    t = tree(collector.wait_for(done, TIMEOUT_S), trace_id)
+    run = one(t, "programs.Run")
+    assert run.parent_span_id == client_span
+    append, gen = one(t, "program.append"), one(t, "program.gen")
+    assert append.parent_span_id == gen.parent_span_id == run.span_id
+    assert gen.attributes["radixmesh.path"] == "body[1].gen"
+    request_span = one(t, "scheduler.request")
+    assert gen.start_ns <= request_span.start_ns <= request_span.end_ns <= gen.end_ns

@@ -46,7 +46,14 @@ from gateway.programs.core.scoring import score_choices
 from gateway.programs.core.tools import ToolRegistry
 from gateway.programs.core.validate import Checker
 from gateway.programs.core.values import holds, render, resolve
-from radixmesh.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, RadixmeshError
+from gateway.tracing import phase
+from radixmesh.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    RadixmeshError,
+    ResourceExhausted,
+)
 from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
 
 _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
@@ -112,6 +119,9 @@ class ProgramRun:
         self._holds: set[str] = set()
         self._req_ids = itertools.count()
         self._num_statements = 0
+        self.num_tokens = 0
+        """Tokens the run has cost so far: prompt tokens prefilled (not found cached) plus
+        tokens generated, over every model statement; limits.max_total_tokens bounds it."""
         self.returned: tuple[Any] | None = None
         """Interactive mode: set (to the value) once a Return ran."""
 
@@ -195,6 +205,16 @@ class ProgramRun:
     async def emit(self, event: ev.Event) -> None:
         await self._queue.put(event)
 
+    def charge(self, path: str, num_tokens: int) -> None:
+        """Count tokens prefilled or generated; past limits.max_total_tokens the run fails."""
+        self.num_tokens += max(0, num_tokens)
+        limit = self.program.limits.max_total_tokens
+        if self.num_tokens > limit:
+            raise ResourceExhausted(
+                f"{path}: the program has processed {self.num_tokens} tokens (prompt tokens"
+                f" prefilled plus generated), over limits.max_total_tokens ({limit})"
+            )
+
     async def release_holds(self) -> None:
         holds_, self._holds = self._holds, set()
         for hold_id in holds_:
@@ -205,7 +225,8 @@ class ProgramRun:
 
     async def body(self, body: tuple[Statement, ...], scope: Scope) -> None:
         for statement in body:
-            await self.statement(statement, scope)
+            with phase(f"program.{type(statement).__name__.lower()}", path=statement.path):
+                await self.statement(statement, scope)
 
     async def statement(self, s: Statement, scope: Scope) -> None:
         if isinstance(s, Append):
@@ -267,7 +288,7 @@ class ProgramRun:
         stream = ChoiceStream(0, tokenizer, stop=sampling.stop, prompt_token_ids=tokens)
         request = self.request(scope, model, tokens, sampling, s.constraint)
         output: list[int] = []
-        text, usage, stop_string = "", ev.Usage(), False
+        text, usage, stop_string, charged = "", ev.Usage(), False, False
         updates = self.deps.backend.submit(request)
         async with contextlib.aclosing(updates):  # type: ignore[type-var]
             async for update in updates:
@@ -275,6 +296,9 @@ class ProgramRun:
                     raise type(update.error)(f"{s.path}: {update.error}")
                 if update.num_prompt_tokens is not None:
                     usage = ev.Usage(update.num_prompt_tokens, 0, update.num_cached_tokens or 0)
+                    charged = True
+                    self.charge(s.path, usage.prompt_tokens - usage.cached_tokens)
+                self.charge(s.path, len(update.token_ids))
                 delta = stream.on_update(
                     update.token_ids, (), update.finish_reason or "", update.matched_stop_token_id
                 )
@@ -287,6 +311,8 @@ class ProgramRun:
                         delta.matched_stop is not None and update.matched_stop_token_id is None
                     )
                     break
+        if not charged:  # the scheduler did not say what it found cached: all of it prefilled
+            self.charge(s.path, len(tokens))
         self.usage.append(ev.StatementUsage(s.path, model, ev.Usage(usage.prompt_tokens, stream.num_tokens, usage.cached_tokens)))
         if stop_string:
             scope.context.append_text(text)
@@ -312,6 +338,7 @@ class ProgramRun:
         best = max(range(len(scored.scores)), key=lambda i: scored.order_key[i])
         choice = s.choices[best]
         self.usage.append(ev.StatementUsage(s.path, model, scored.usage))
+        self.charge(s.path, scored.usage.prompt_tokens - scored.usage.cached_tokens)
         await self.emit(ev.SelectScores(s.path, s.var, scored.scores))
         scope.context.append_tokens(scored.choice_tokens[best], choice)
         await self.set_var(scope, s.path, s.var, choice)
