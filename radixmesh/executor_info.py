@@ -37,3 +37,8 @@ class ExecutorInfo:
     """The model folder's architecture, e.g. "LlamaForCausalLM"."""
     dtype: str = ""
     """"float32", "float16" or "bfloat16"."""
+    max_draft_tokens: int = 0
+    """Speculative decoding: most draft tokens the executor verifies per sequence and
+    step (0: it does not speculate; the scheduler then plans no draft tokens)."""
+    max_speculative_batch_size: int = 0
+    """Speculation pays up to this many decodes in a step; larger steps plan no drafts."""

@@ -33,6 +33,10 @@ class RunningSequence:
     num_scheduled_tokens: int
     """Next prompt tokens while prefilling, else 1 (decode the last sampled token)."""
     appended_page_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0
+    """A decode only: at most this many draft tokens the executor may verify after the
+    decoded token in this step (speculative decoding); the pages cover the sequence's
+    known tokens plus these. The executor proposes the draft and may verify fewer."""
 
 
 @dataclass(slots=True)
@@ -73,6 +77,12 @@ class SequenceOutput:
     """With sampling.prompt_logprobs_start: the prompt tokens' log probabilities this step
     computed, for positions prompt_logprobs_position, +1, ... (token_id is the prompt token)."""
     prompt_logprobs_position: int = 0
+    accepted_token_ids: list[int] = field(default_factory=list)
+    """Speculative decoding: draft tokens the step verified and kept; they come before
+    token_id in the output (the step produced len(accepted_token_ids) + 1 tokens and
+    computed KV for as many positions)."""
+    num_draft_tokens: int = 0
+    """Draft tokens the step verified for this sequence (0: no draft)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixmesh.errors import RadixmeshError
+from radixmesh.speculation import SpecUsage
 from radixmesh.step import TokenLogprobs
 
 
@@ -33,6 +34,9 @@ class RequestUpdate:
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     """With sampling.prompt_logprobs_start k: the prompt tokens' log probabilities at
     positions k, k + 1, ... (all of them), on the request's first update."""
+    speculation: SpecUsage | None = None
+    """Speculative decoding counters of the whole request, on its last update when it
+    verified any draft."""
 
     @property
     def finished(self) -> bool:

@@ -32,6 +32,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from radixmesh.errors import InvalidArgument, error_for_code
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
+from radixmesh.speculation import SpecUsage
 from radixmesh.status import status_of, status_of_number
 from radixmesh.step import (
     DeviceHealth,
@@ -63,6 +64,8 @@ __all__ = [
     "result_to_proto",
     "sampling_from_proto",
     "sampling_to_proto",
+    "speculation_from_proto",
+    "speculation_to_proto",
     "update_from_proto",
     "update_to_proto",
 ]
@@ -216,7 +219,9 @@ def _new_seq_from_proto(msg: executor_pb2.NewSequence) -> NewSequence:
 def plan_from_proto(msg: executor_pb2.StepPlan) -> StepPlan:
     """A plan as the core takes it; empty req_ids and bad sampling raise InvalidArgument."""
     running = [
-        RunningSequence(seq.req_id, seq.num_scheduled_tokens, list(seq.appended_page_ids))
+        RunningSequence(
+            seq.req_id, seq.num_scheduled_tokens, list(seq.appended_page_ids), seq.num_draft_tokens
+        )
         for seq in msg.running_seqs
     ]
     if not all(seq.req_id for seq in running):
@@ -249,6 +254,7 @@ def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
             req_id=run.req_id,
             appended_page_ids=run.appended_page_ids,
             num_scheduled_tokens=run.num_scheduled_tokens,
+            num_draft_tokens=run.num_draft_tokens,
         )
     return msg
 
@@ -275,6 +281,9 @@ def result_to_proto(result: StepResult) -> executor_pb2.StepResult:
             add_prompt = out.prompt_logprobs.add
             for entry in output.prompt_logprobs:
                 logprobs_to_proto(entry, add_prompt())
+        if output.num_draft_tokens:
+            out.num_draft_tokens = output.num_draft_tokens
+            out.accepted_token_ids.extend(output.accepted_token_ids)
     if result.health is not None:
         health_to_proto(result.health, msg.health)
     return msg
@@ -324,6 +333,8 @@ def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
                 ),
                 prompt_logprobs=[logprobs_from_proto(p) for p in out.prompt_logprobs],
                 prompt_logprobs_position=out.prompt_logprobs_position,
+                accepted_token_ids=list(out.accepted_token_ids),
+                num_draft_tokens=out.num_draft_tokens,
             )
         )
     health = health_from_proto(msg.health) if msg.HasField("health") else None
@@ -356,7 +367,23 @@ def update_to_proto(
         add_prompt = msg.prompt_logprobs.add
         for entry in update.prompt_logprobs:
             logprobs_to_proto(entry, add_prompt())
+    if update.speculation is not None:
+        speculation_to_proto(update.speculation, msg.speculation)
     return msg
+
+
+def speculation_to_proto(usage: SpecUsage, msg: inference_pb2.SpeculationUsage) -> None:
+    msg.num_drafts = usage.num_drafts
+    msg.num_draft_tokens = usage.num_draft_tokens
+    msg.num_accepted_tokens = usage.num_accepted_tokens
+    msg.accepted_by_position.extend(usage.accepted_by_position)
+
+
+def speculation_from_proto(msg: inference_pb2.SpeculationUsage) -> SpecUsage:
+    return SpecUsage(
+        msg.num_drafts, msg.num_draft_tokens, msg.num_accepted_tokens,
+        list(msg.accepted_by_position),
+    )  # fmt: skip
 
 
 def update_from_proto(msg: scheduler_pb2.TokenUpdate) -> RequestUpdate:
@@ -373,6 +400,8 @@ def update_from_proto(msg: scheduler_pb2.TokenUpdate) -> RequestUpdate:
         update.error = error_for_code(name, msg.error_message or name)
     if msg.prompt_logprobs:
         update.prompt_logprobs = [logprobs_from_proto(p) for p in msg.prompt_logprobs]
+    if msg.HasField("speculation"):
+        update.speculation = speculation_from_proto(msg.speculation)
     return update
 
 

@@ -52,7 +52,7 @@ class StreamRequest(_message.Message):
     def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequest, _Mapping]] = ..., release_hold: _Optional[_Union[ReleaseHold, _Mapping]] = ...) -> None: ...
 
 class TokenUpdate(_message.Message):
-    __slots__ = ("req_id", "token_ids", "logprobs", "finish_reason", "matched_stop_token_id", "num_prompt_tokens", "num_cached_tokens", "error_code", "error_message", "prompt_logprobs")
+    __slots__ = ("req_id", "token_ids", "logprobs", "finish_reason", "matched_stop_token_id", "num_prompt_tokens", "num_cached_tokens", "error_code", "error_message", "prompt_logprobs", "speculation")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class TokenUpdate(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_inference_pb2.PositionLogprobs]
@@ -73,7 +74,8 @@ class TokenUpdate(_message.Message):
     error_code: int
     error_message: str
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_inference_pb2.PositionLogprobs]
-    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ...) -> None: ...
+    speculation: _inference_pb2.SpeculationUsage
+    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., speculation: _Optional[_Union[_inference_pb2.SpeculationUsage, _Mapping]] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
     __slots__ = ("step_id", "updates")

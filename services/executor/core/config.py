@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixmesh.errors import InvalidArgument
+from services.executor.core.spec.config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("auto", "none", "fp8")
@@ -53,6 +54,9 @@ class ExecutorConfig:
     tensor_parallel_size: int = 1
     """Ranks of the tensor-parallel group this executor is (one process and one device
     each; see models/tensor_parallel.py). The group is one executor to the mesh."""
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    """Speculative decoding (drafts from prompt lookup or recent outputs); off by default.
+    On, prepares run between steps (no overlap): a draft needs the token sampled last."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgument:

@@ -63,6 +63,13 @@ from services.executor.core.resources import (
 )
 from services.executor.core.sampling import Sampler, SampleResult, SamplingInputs
 from services.executor.core.sequence import SequenceState, check_finish
+from services.executor.core.spec import SpecStats, make_proposer
+from services.executor.core.spec.drafting import (
+    DraftLimits,
+    expand_rows,
+    plan_drafts,
+    verify_draft,
+)
 from services.executor.core.warmup import warm_prefill
 
 log = get_logger(__name__)
@@ -92,6 +99,9 @@ class PreparedStep:
     """Rows whose logits score prompt tokens (sampling.prompt_logprobs_start); None: none."""
     scored_to_end: list[SequenceState] = field(default_factory=list)
     """Score-only sequences (max_tokens 0) whose prompt this step finishes: they end here."""
+    drafts: list[list[int]] | None = None
+    """Speculative decoding: each sampler's draft, verified after its token (k + 1 logits
+    rows, most empty); None when the step verifies none."""
     prepare_seconds: float = 0.0
 
 
@@ -173,7 +183,14 @@ class ExecutorCore:
             dtype=str(dtype).removeprefix("torch."),
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            max_draft_tokens=config.speculative.max_draft_tokens if config.speculative.enabled else 0,
+            max_speculative_batch_size=(
+                config.speculative.max_batch_size if config.speculative.enabled else 0
+            ),
         )
+        self._proposer = make_proposer(config.speculative)
+        self.spec_stats = SpecStats()
+        """Speculative decoding counters of every step executed (read by tests and bench)."""
         self._limits = PlanLimits(
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
@@ -182,6 +199,12 @@ class ExecutorCore:
             page_size=config.page_size,
             num_pages=num_pages,
             has_grammar=grammar is not None,
+        )
+        self._draft_limits = DraftLimits(
+            max_batch_size=config.speculative.max_batch_size,
+            page_size=config.page_size,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
         )
         self._lock = threading.Lock()
         """Guards held sequences, free rows and the step counters between prepare and execute."""
@@ -233,12 +256,15 @@ class ExecutorCore:
             for req_id in plan.finished_req_ids:
                 self._drop(req_id)
             validate_plan(plan, self._seqs, self._limits)
+            _check_not_verifying(plan, self._seqs)
             grammars = self._admit_grammars(plan.new_seqs)  # may refuse: before changes
             seqs: list[SequenceState] = []
             num_tokens: list[int] = []
+            allowed: list[int] = []
             for new in plan.new_seqs:
                 seqs.append(self._admit(new, grammars.get(new.req_id)))
                 num_tokens.append(new.num_scheduled_tokens)
+                allowed.append(0)
             for running in plan.running_seqs:
                 seq = self._seqs.get(running.req_id)
                 if seq is None:
@@ -249,10 +275,14 @@ class ExecutorCore:
                 if running.num_scheduled_tokens:
                     seqs.append(seq)
                     num_tokens.append(running.num_scheduled_tokens)
+                    allowed.append(running.num_draft_tokens)
             prepared = PreparedStep(plan.step_id, self._num_prepared)
+            drafts = None
+            if self._proposer is not None and self._num_executed == self._num_prepared:
+                drafts = plan_drafts(self._proposer, seqs, num_tokens, allowed, self._draft_limits)
             self._num_prepared += 1
             if seqs:
-                self._prepare_batch(prepared, seqs, num_tokens)
+                self._prepare_batch(prepared, seqs, num_tokens, drafts)
         prepared.prepare_seconds = time.perf_counter() - start
         return prepared
 
@@ -278,9 +308,11 @@ class ExecutorCore:
         if batch is not None:
             batch.load_device_tokens(self._last_tokens)
             samplers = prepared.samplers
-            pending = self._grammar.start(
-                [None if s.finished else s.grammar for s in samplers], prepared.output_lens
-            )
+            grammar_rows = [None if s.finished else s.grammar for s in samplers]
+            grammar_lens = prepared.output_lens
+            if prepared.drafts is not None:  # k + 1 rows a draft; the grammar on the first
+                grammar_rows, grammar_lens = expand_rows(grammar_rows, grammar_lens, prepared.drafts)
+            pending = self._grammar.start(grammar_rows, grammar_lens)
             scoring, scored = prepared.scoring, {}
             if scoring is not None:  # an extend that scores prompt tokens: never a graph
                 logits, hidden = self.model.forward_scored(batch, self.kv_pool, scoring.rows)
@@ -292,8 +324,13 @@ class ExecutorCore:
                 logits = self.model.forward(batch, self.kv_pool)
             scored_to_end = {id(seq) for seq in prepared.scored_to_end}
             masks = pending.result()
-            live = [not s.finished and i not in masks.refused for i, s in enumerate(samplers)]
-            sampled = self._sample(prepared, batch, logits, live, masks) if samplers else []
+            verified: list[tuple[list[int], int] | None] = []
+            sampled: list[tuple[int, TokenLogprobs | None] | None] = []
+            if prepared.drafts is not None:
+                masks, verified = self._sample_drafts(prepared, logits, masks)
+            elif samplers:
+                live = [not s.finished and i not in masks.refused for i, s in enumerate(samplers)]
+                sampled = self._sample(prepared, batch, logits, live, masks)
             with self._lock:
                 for seq, row in zip(prepared.seqs, prepared.sampler_rows, strict=True):
                     if seq.finished:
@@ -301,7 +338,11 @@ class ExecutorCore:
                     if row in masks.refused:
                         outputs.append(self._refused(seq))
                         continue
-                    sample = sampled[row] if row >= 0 else None
+                    if verified and row >= 0 and (check := verified[row]) is not None:
+                        assert prepared.drafts is not None
+                        outputs.append(self._finish_verified(seq, prepared.drafts[row], *check))
+                        continue
+                    sample = sampled[row] if row >= 0 and sampled else None
                     outputs.append(
                         self._finish_sample(seq, *sample)
                         if sample is not None
@@ -362,6 +403,8 @@ class ExecutorCore:
         seq = self._seqs.pop(req_id, None)
         if seq is not None:
             self._release_row(seq)
+            if self._proposer is not None:
+                self._proposer.observe(seq.token_ids)
 
     def _end(self, seq: SequenceState) -> None:
         """The core ends the sequence: later prepared steps skip it."""
@@ -369,6 +412,8 @@ class ExecutorCore:
         if self._seqs.get(seq.req_id) is seq:
             del self._seqs[seq.req_id]
         self._release_row(seq)
+        if self._proposer is not None:
+            self._proposer.observe(seq.token_ids)
 
     def _release_row(self, seq: SequenceState) -> None:
         # The row may be reused at once: its next owner reads it only after writing it.
@@ -379,15 +424,24 @@ class ExecutorCore:
     # -- prepare ---------------------------------------------------------------
 
     def _prepare_batch(
-        self, prepared: PreparedStep, seqs: list[SequenceState], num_tokens: list[int]
+        self,
+        prepared: PreparedStep,
+        seqs: list[SequenceState],
+        num_tokens: list[int],
+        drafts: list[list[int]] | None = None,
     ) -> None:
+        """`drafts`: per sequence, draft tokens to verify after its decoded token (their
+        positions join the batch; their state advances when the step executes)."""
         n = len(seqs)
+        planned = np.array(num_tokens, dtype=np.int64)  # the plan's tokens, without drafts
+        if drafts is not None:
+            num_tokens = [q + len(d) for q, d in zip(num_tokens, drafts, strict=True)]
         rows = np.fromiter((s.row for s in seqs), dtype=np.int64, count=n)
         starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
         known = np.fromiter((s.num_known_tokens for s in seqs), dtype=np.int64, count=n)
         on_device = np.fromiter((s.has_device_token for s in seqs), dtype=bool, count=n)
         q_lens = np.array(num_tokens, dtype=np.int64)
-        samples = starts + q_lens == known
+        samples = starts + planned == known
         if any(s.sampling.prompt_logprobs_start is not None for s in seqs):
             score_only = np.fromiter((s.sampling.score_only for s in seqs), dtype=bool, count=n)
             ends = samples & score_only  # max_tokens 0: the prompt's end samples nothing
@@ -395,14 +449,18 @@ class ExecutorCore:
             samples &= ~ends
             prepared.scoring = plan_scoring(seqs, starts.tolist(), num_tokens, self.device)
         from_device = samples & on_device  # then q_len is 1: the decode of the last sample
+        num_logits = None
+        if drafts is not None:  # a drafted decode runs its last token from the host
+            num_logits = np.fromiter((len(d) + 1 for d in drafts), dtype=np.int64, count=n)
+            from_device &= num_logits == 1
         if from_device.all():
             token_ids = np.zeros(n, dtype=np.int64)
         else:
             token_ids = np.fromiter(
                 itertools.chain.from_iterable(
-                    (0,) if d else s.token_ids[c : c + q]
-                    for s, c, q, d in zip(
-                        seqs, starts.tolist(), num_tokens, from_device.tolist(), strict=True
+                    (0,) if d else s.token_ids[c : c + q] + (drafts[i] if drafts else [])
+                    for i, (s, c, q, d) in enumerate(
+                        zip(seqs, starts.tolist(), num_tokens, from_device.tolist(), strict=True)
                     )
                 ),
                 dtype=np.int64,
@@ -410,7 +468,7 @@ class ExecutorCore:
             )
         prepared.batch = build_batch(
             rows, starts, q_lens, samples, from_device, token_ids,
-            self._page_tables, self.config.page_size, self.device,
+            self._page_tables, self.config.page_size, self.device, num_logits,
         )  # fmt: skip
         prepared.seqs = seqs
         sample_idx = np.flatnonzero(samples).tolist()
@@ -421,11 +479,18 @@ class ExecutorCore:
         prepared.output_lens = [
             seqs[i].num_known_tokens - seqs[i].num_prompt_tokens for i in sample_idx
         ]
+        if drafts is not None:
+            prepared.drafts = [drafts[i] for i in sample_idx]
+            for seq, draft in zip(seqs, drafts, strict=True):
+                seq.verifying = bool(draft)
+                seq.num_computed_tokens -= len(draft)  # the verify adds the accepted ones
         for seq, q in zip(seqs, num_tokens, strict=True):
             seq.num_computed_tokens += q
         for seq in prepared.samplers:
             seq.num_known_tokens += 1
             seq.has_device_token = True
+        if drafts is not None:
+            return  # sampling inputs cover every verified row: built at execute time
         if all(
             len(s.token_ids) + 1 == s.num_known_tokens or not _has_penalties(s.sampling)
             for s in prepared.samplers
@@ -490,6 +555,79 @@ class ExecutorCore:
         logprobs = _logprobs_by_row(seqs, token_ids, result)
         return [(token_ids[i], logprobs[i]) if live[i] else None for i in range(len(seqs))]
 
+    def _sample_drafts(
+        self, prepared: PreparedStep, logits: torch.Tensor, masks: StepMasks
+    ) -> tuple[StepMasks, list[tuple[list[int], int] | None]]:
+        """A step that verifies drafts: every row sampled as without speculation (each
+        position with its own counter-based key, its own grammar row), then per sampler
+        (emitted tokens, draft tokens its grammar accepted), None where not live. The
+        masks come back with `refused` by sampler index."""
+        seqs, drafts = prepared.samplers, prepared.drafts
+        assert drafts is not None
+        firsts = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))[:-1]
+        groups = [
+            (firsts[i], s.grammar, d)
+            for i, (s, d) in enumerate(zip(seqs, drafts, strict=True))
+            if d and s.grammar is not None and not s.finished
+        ]
+        bitmask, cuts = self._grammar.fill_drafts(groups, masks)
+        cut_of = {first: cut for (first, _, _), cut in zip(groups, cuts, strict=True)}
+        row_seqs = [s for s, d in zip(seqs, drafts, strict=True) for _ in range(len(d) + 1)]
+        _, row_lens = expand_rows(seqs, prepared.output_lens, drafts)
+        inputs = self._sampling_inputs(row_seqs, row_lens, masks.lifted)
+        targets = self.sampler.sample(logits, inputs, bitmask).token_ids.tolist()
+        refused = frozenset(i for i, first in enumerate(firsts) if first in masks.refused)
+        out: list[tuple[list[int], int] | None] = []
+        rows, last = [], []
+        for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
+            if seq.finished or i in refused:
+                out.append(None)
+                continue
+            first = firsts[i]
+            cut = cut_of.get(first, len(draft))
+            emitted = verify_draft(draft, targets[first : first + len(draft) + 1], cut)
+            out.append((emitted, cut if seq.grammar is not None else 0))
+            rows.append(seq.row)
+            last.append(emitted[-1])
+        if rows:
+            index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            self._last_tokens[index] = torch.tensor(last, dtype=torch.int64, device=self.device)
+        return dataclasses.replace(masks, refused=refused), out
+
+    def _finish_verified(
+        self, seq: SequenceState, draft: list[int], emitted: list[int], grammar_accepted: int
+    ) -> SequenceOutput:
+        """Appends the verified run (accepted draft tokens, then the model's token) up to
+        the first stop, moves the sequence's position past what it kept (the KV of rejected
+        positions is written over later) and rolls its grammar back to the kept tokens."""
+        seq.verifying = False
+        reason = stop_id = None
+        kept: list[int] = []
+        for token_id in emitted:
+            seq.token_ids.append(token_id)
+            kept.append(token_id)
+            reason, stop_id = check_finish(
+                seq, token_id, self.info.eos_token_ids, self.info.max_model_len
+            )
+            if reason is not None:
+                break
+        extra = len(kept) - 1  # prepare advanced the sequence by one token
+        seq.num_computed_tokens += extra
+        seq.num_known_tokens += extra
+        num_accepted = len(emitted) - 1
+        if seq.draft_length is not None:
+            seq.draft_length.update(len(draft), num_accepted)
+        self.spec_stats.record(len(draft), num_accepted)
+        if seq.grammar is not None:
+            seq.grammar.matcher.rollback(grammar_accepted - min(extra, num_accepted))
+            seq.grammar.pending_token = kept[-1] if len(kept) == len(emitted) else None
+        if reason is not None:
+            self._end(seq)
+        return SequenceOutput(
+            seq.req_id, kept[-1], None, reason, stop_id,
+            accepted_token_ids=kept[:-1], num_draft_tokens=len(draft),
+        )  # fmt: skip
+
     def _refused(self, seq: SequenceState) -> SequenceOutput:
         """The grammar refused the token sampled last, which its bitmask allowed: an
         internal error that ends the sequence."""
@@ -509,6 +647,18 @@ class ExecutorCore:
         if reason is not None:
             self._end(seq)
         return SequenceOutput(seq.req_id, token_id, logprobs, reason, stop_id)
+
+
+def _check_not_verifying(plan: StepPlan, seqs: dict[str, SequenceState]) -> None:
+    """A sequence whose draft a prepared step verifies has no known position until that
+    step executes: speculation needs prepares between steps (overlap_prepare off)."""
+    for running in plan.running_seqs:
+        seq = seqs.get(running.req_id)
+        if seq is not None and seq.verifying and running.num_scheduled_tokens:
+            raise FailedPrecondition(
+                f"plan {plan.step_id}: running_seqs[{running.req_id!r}] verifies a draft in a "
+                "step not executed yet (speculative decoding prepares between steps)"
+            )
 
 
 def _has_penalties(params: SamplingParams) -> bool:

@@ -100,13 +100,15 @@ def build_batch(
     page_tables: PageTables,
     page_size: int,
     device: torch.device,
+    num_logits: np.ndarray | None = None,
 ) -> ForwardBatch:
     """One batch from per-sequence arrays (B each) and the flat new tokens [T].
 
     rows: buffer rows (page table rows and device token rows); starts: the
     num_computed_tokens; samples: the sequence needs logits; from_device: its
     last new token is the one held in the device buffer at its row (the host
-    value in token_ids is a placeholder).
+    value in token_ids is a placeholder); num_logits: how many of its last rows a
+    sampling sequence needs logits for (a verified draft: k + 1), None: 1 each.
     """
     num_seqs = len(rows)
     seq_lens = starts + q_lens
@@ -132,6 +134,13 @@ def build_batch(
         + positions % page_size
     )
     last_rows = cu_seqlens[1:] - 1
+    logits_rows = last_rows[samples]
+    if num_logits is not None:
+        counts = num_logits[samples]
+        starts_of = np.repeat(logits_rows - counts + 1, counts)
+        logits_rows = starts_of + np.arange(int(counts.sum())) - np.repeat(
+            np.cumsum(counts) - counts, counts
+        )
     arrays = [
         token_ids.astype(np.int64, copy=False),
         positions,
@@ -139,7 +148,7 @@ def build_batch(
         seq_lens.astype(np.int32),
         page_table,
         slot_mapping,
-        last_rows[samples],
+        logits_rows,
         rows[samples],
     ]
     has_device_tokens = bool(from_device.any())

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from radixmesh.sampling import SamplingParams
 from services.executor.core.grammar.interface import SequenceGrammar
+from services.executor.core.spec.adaptive import DraftLength
 
 
 @dataclass(slots=True)
@@ -38,6 +39,11 @@ class SequenceState:
     """The core ended the sequence in an executed step; later prepared steps skip it."""
     released: bool = False
     """Its buffer row went back to the free list (when dropped or finished)."""
+    draft_length: DraftLength | None = None
+    """Speculative decoding: its adaptive draft length (made at its first draft)."""
+    verifying: bool = False
+    """A prepared step verifies a draft of it and has not executed: until then its
+    position is unknown, so no later step may be prepared with it."""
 
     @property
     def num_output_tokens(self) -> int:

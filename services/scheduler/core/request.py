@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixmesh.sampling import Constraint, Priority, SamplingParams
+from radixmesh.speculation import SpecUsage
 from radixmesh.step import TokenLogprobs
 from radixmesh.updates import RequestUpdate
 
@@ -81,6 +82,9 @@ class Request:
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     """With sampling.prompt_logprobs_start: the prompt positions' log probabilities from
     step results so far, in position order (reported on the first update)."""
+    spec: SpecUsage = field(default_factory=SpecUsage)
+    """Speculative decoding counters summed from step results (reported on the last
+    update when the request verified any draft)."""
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -1,7 +1,12 @@
 """Running sequences in a step: decodes first, then the next chunks of prefills.
 
 A running sequence costs one token per decode, or a chunk of its prompt while
-it prefills. When its page table needs to grow and the pool is short, the
+it prefills. With an executor that speculates (`ExecutorInfo.max_draft_tokens`)
+and no more decodes than its `max_speculative_batch_size`, a decode may also
+verify that many draft tokens: they take from the step's token budget, and
+the pages cover them where the pool has them to spare. A verifying step may
+produce up to 1 + k tokens, which the scheduler learns from the result; until
+then every plan's pages also cover k more tokens per step in flight. When its page table needs to grow and the pool is short, the
 lowest-priority, latest-arrived running request not yet in this step gives its
 pages back (possibly the sequence itself).
 """
@@ -38,12 +43,19 @@ async def schedule_running(
     # pages ahead for every decode that needs them, asked for at once (one round trip
     # over gRPC); one that is refused retries below, where preemption makes room
     page_size, max_model_len = ex.page_size, ex.info.max_model_len
+    slack = ex.info.max_draft_tokens * ex.num_in_flight  # tokens unverified steps may add
     growing = [
         r
         for r in decodes
-        if wants_decode(r, max_model_len) and r.num_computed_tokens >= len(r.page_table) * page_size
+        if wants_decode(r, max_model_len)
+        and r.num_computed_tokens + slack >= len(r.page_table) * page_size
     ]
-    await asyncio.gather(*(leases.grow(ex, r, r.num_computed_tokens + 1) for r in growing))
+    await asyncio.gather(
+        *(leases.grow(ex, r, r.num_computed_tokens + 1 + slack) for r in growing)
+    )
+    max_draft = ex.info.max_draft_tokens
+    if len(decodes) > ex.info.max_speculative_batch_size:
+        max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
     scheduled: list[RunningSequence] = []
     while pending and budget.num_tokens > 0 and budget.num_seqs > 0:
         req = pending.pop(0)
@@ -53,15 +65,23 @@ async def schedule_running(
             num_tokens = 1
         else:
             continue
-        if not await _make_room(ex, leases, budget, req, pending, num_tokens):
+        needed = num_tokens + (0 if req.prefilling else slack)
+        if not await _make_room(ex, leases, budget, req, pending, needed):
             continue
+        num_draft = 0
+        if not req.prefilling and max_draft:
+            num_draft = min(max_draft, budget.num_tokens - num_tokens)
+            if num_draft > 0 and not await leases.grow(
+                ex, req, req.num_computed_tokens + needed + num_draft
+            ):
+                num_draft = 0  # no spare pages: decode without a draft
         appended = req.page_table[len(req.page_table) - req.num_unsent_pages :]
         req.num_unsent_pages = 0
         if req.trace is not None:
             req.trace.on_scheduled(num_tokens, req.prefilling, ex.next_step_id)
-        scheduled.append(RunningSequence(req.req_id, num_tokens, appended))
+        scheduled.append(RunningSequence(req.req_id, num_tokens, appended, num_draft))
         req.num_computed_tokens += num_tokens
-        budget.take(num_tokens)
+        budget.take(num_tokens + num_draft)
     return scheduled
 
 

@@ -46,6 +46,10 @@ class TokenMatcher(Protocol):
         """Accepting token_id (one the bitmask allowed) ends the grammar."""
         ...
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undoes the last num_tokens accepts (draft tokens the verification rejected)."""
+        ...
+
 
 M = TypeVar("M", bound=TokenMatcher)
 

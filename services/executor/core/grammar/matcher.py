@@ -76,6 +76,17 @@ class ConstraintMatcher:
         where the output is complete)."""
         return token_id in self.compiled.stop_token_ids
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undoes the last num_tokens accepts (at most as many as were accepted)."""
+        if num_tokens <= 0:
+            return
+        if num_tokens > len(self._token_ids):
+            raise FailedPrecondition(
+                f"constraint rollback of {num_tokens} tokens after {len(self._token_ids)}"
+            )
+        self._matcher.rollback(num_tokens)
+        del self._token_ids[-num_tokens:]
+
     def replay(self, token_ids: Sequence[int]) -> None:
         """Resets, then accepts token_ids in order: the state after a preemption and resume.
 

@@ -120,6 +120,29 @@ class StepGrammar:
             fill = self._pool.submit(self._fill, rows)
         return PendingMasks(self, rows, output_lens, fill)
 
+    def fill_drafts(
+        self, groups: Sequence[tuple[int, SequenceGrammar, Sequence[int]]], masks: StepMasks
+    ) -> tuple[torch.Tensor | None, list[int]]:
+        """After `PendingMasks.result`, for verified drafts: each (first row, grammar, draft)
+        has its matcher accept the draft token by token, filling the row after each accept,
+        up to the first token it refuses (the draft is cut there). Returns the bitmask on
+        the device (uploaded again) and per group the draft tokens accepted; the caller
+        rolls back those the verification rejects."""
+        if not groups or masks.bitmask is None or self._host is None:
+            return masks.bitmask, [len(g[2]) for g in groups]
+        host = self._host[: masks.bitmask.shape[0]]
+        cuts = []
+        for first, grammar, draft in groups:
+            num = 0
+            if first not in masks.refused:
+                for token_id in draft:
+                    if not grammar.matcher.accept(token_id):
+                        break
+                    num += 1
+                    grammar.matcher.fill_bitmask(host, first + num)
+            cuts.append(num)
+        return self._upload(host), cuts
+
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -146,10 +169,11 @@ class StepGrammar:
             assert self.grammar is not None
             oks = self.grammar.accept_batch(matchers, token_ids)
             refused = frozenset(i for i, ok in zip(accepting, oks, strict=True) if not ok)
-        if self._host is None:
+        if self._host is None or self._host.shape[0] < len(rows):  # drafts: k + 1 rows a seq
             words = (self.vocab_size + 31) // 32
             pin = self.device.type == "cuda"
-            self._host = torch.empty((self.max_num_seqs, words), dtype=torch.int32, pin_memory=pin)
+            num_rows = max(self.max_num_seqs, len(rows))
+            self._host = torch.empty((num_rows, words), dtype=torch.int32, pin_memory=pin)
         bitmask = self._host[: len(rows)]
         for i, row in enumerate(rows):
             if row is not None and i not in refused:
@@ -162,7 +186,7 @@ class StepGrammar:
         """The filled rows on the executor's device (the host rows themselves on CPU)."""
         if self.device.type != "cuda":
             return bitmask
-        if self._device is None:
+        if self._device is None or self._device.shape[0] < bitmask.shape[0]:
             assert self._host is not None
             self._device = torch.empty_like(self._host, device=self.device)
         device = self._device[: bitmask.shape[0]]

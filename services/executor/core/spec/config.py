@@ -1,0 +1,53 @@
+"""Speculative decoding configuration of an executor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixmesh.errors import InvalidArgument
+
+SPECULATIVE_METHODS = ("off", "ngram", "suffix")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    method: str = "off"
+    """"off"; "ngram": prompt lookup over the sequence's own prompt and output;
+    "suffix": prompt lookup, else the continuation of the longest match among recent
+    outputs of every sequence of this executor."""
+    max_draft_tokens: int = 4
+    """Most draft tokens verified per sequence and step (the draft length adapts below it)."""
+    min_match_len: int = 2
+    """Shortest suffix of the context that must recur for a draft to be proposed."""
+    max_match_len: int = 5
+    """Longest suffix looked up (longer matches are tried first)."""
+    max_batch_size: int = 32
+    """Speculation is off in a step with more running decodes than this: a large batch is
+    compute-bound and verifying k + 1 positions per sequence costs more than it saves.
+    The default is a placeholder until measured on the GPU (bench/speculative.py)."""
+    max_suffix_tokens: int = 1 << 18
+    """"suffix": tokens of recent outputs the cross-request index keeps (oldest dropped)."""
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> InvalidArgument:
+            return InvalidArgument(f"executor.speculative.{name} {why}")
+
+        if self.method not in SPECULATIVE_METHODS:
+            raise bad("method", f"must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
+        if not 1 <= self.max_draft_tokens <= 64:
+            raise bad("max_draft_tokens", f"must be in [1, 64], got {self.max_draft_tokens}")
+        if self.min_match_len < 1:
+            raise bad("min_match_len", f"must be >= 1, got {self.min_match_len}")
+        if self.max_match_len < self.min_match_len:
+            raise bad(
+                "max_match_len",
+                f"must be >= min_match_len ({self.min_match_len}), got {self.max_match_len}",
+            )
+        if self.max_batch_size < 1:
+            raise bad("max_batch_size", f"must be >= 1, got {self.max_batch_size}")
+        if self.max_suffix_tokens < 1:
+            raise bad("max_suffix_tokens", f"must be >= 1, got {self.max_suffix_tokens}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off"

@@ -1,0 +1,114 @@
+"""The executor's drafting per step: which decodes get a draft and how long, the rows a
+verified draft occupies, and what a verification emits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from services.executor.core.spec.adaptive import DraftLength
+from services.executor.core.spec.proposers import Proposer
+from services.executor.core.spec.verify import accepted_length
+
+if TYPE_CHECKING:
+    from services.executor.core.sequence import SequenceState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class DraftLimits:
+    max_batch_size: int
+    """More decodes than this in a step: no drafts (the per-step switch)."""
+    page_size: int
+    max_model_len: int
+    max_num_batched_tokens: int
+
+
+def can_draft(seq: SequenceState) -> bool:
+    """A decode whose every earlier step has executed, with no per-position output that a
+    verified run would have to carry (logprobs, prompt scores) and no penalties (they read
+    a history that would include the draft)."""
+    params = seq.sampling
+    return (
+        seq.has_device_token
+        and len(seq.token_ids) == seq.num_known_tokens
+        and seq.num_computed_tokens + 1 == seq.num_known_tokens
+        and not seq.finished
+        and not (params.logprobs or params.top_logprobs > 0)
+        and params.prompt_logprobs_start is None
+        and params.repetition_penalty == 1.0
+        and params.frequency_penalty == 0.0
+        and params.presence_penalty == 0.0
+        and (seq.grammar is None or seq.num_output_tokens >= params.min_tokens)
+    )
+
+
+def max_draft_len(seq: SequenceState, allowed: int, limits: DraftLimits) -> int:
+    """The most draft tokens the sequence's pages, context limit and max_tokens leave room
+    for: the step writes KV for positions up to num_computed_tokens + k and emits up to
+    k + 1 tokens."""
+    position = seq.num_computed_tokens
+    room = [
+        allowed,
+        seq.num_pages * limits.page_size - position - 1,
+        limits.max_model_len - len(seq.token_ids) - 1,
+    ]
+    if seq.sampling.max_tokens is not None:
+        room.append(seq.sampling.max_tokens - seq.num_output_tokens - 1)
+    return max(0, min(room))
+
+
+def plan_drafts(
+    proposer: Proposer,
+    seqs: Sequence[SequenceState],
+    num_tokens: Sequence[int],
+    allowed: Sequence[int],
+    limits: DraftLimits,
+) -> list[list[int]] | None:
+    """Each scheduled sequence's draft (most empty); None when the step drafts nothing.
+
+    `allowed`: the plan's num_draft_tokens per sequence. Only decodes draft, and none in
+    a step with more decodes than limits.max_batch_size or with prompt scoring.
+    """
+    if not any(allowed) or any(s.sampling.prompt_logprobs_start is not None for s in seqs):
+        return None
+    num_decodes = sum(1 for q in num_tokens if q == 1)
+    if num_decodes > limits.max_batch_size:
+        return None
+    room = limits.max_num_batched_tokens - sum(num_tokens)
+    drafts: list[list[int]] = []
+    for seq, q, cap in zip(seqs, num_tokens, allowed, strict=True):
+        k = max_draft_len(seq, min(cap, room), limits) if cap and q == 1 else 0
+        if k <= 0 or not can_draft(seq):
+            drafts.append([])
+            continue
+        if seq.draft_length is None:
+            seq.draft_length = DraftLength(cap)
+        draft = proposer.propose(seq.token_ids, k)
+        tokens = draft.token_ids[: seq.draft_length.limit(draft.match_len)]
+        room -= len(tokens)
+        drafts.append(tokens)
+    return drafts if any(drafts) else None
+
+
+def expand_rows(
+    rows: Sequence[T | None], output_lens: Sequence[int], drafts: Sequence[Sequence[int]]
+) -> tuple[list[T | None], list[int]]:
+    """Per-sampler values over a drafted step's logits rows: the value on each sampler's
+    first row and None on its draft rows; output lengths base, base + 1, ... per row."""
+    out: list[T | None] = []
+    lens: list[int] = []
+    for value, base, draft in zip(rows, output_lens, drafts, strict=True):
+        out.append(value)
+        out.extend([None] * len(draft))
+        lens.extend(range(base, base + len(draft) + 1))
+    return out, lens
+
+
+def verify_draft(draft: Sequence[int], sampled: Sequence[int], num_allowed: int) -> list[int]:
+    """The tokens a verified draft emits: its accepted prefix, then the target's sample at
+    the first rejected position (or after the last draft token: the bonus token)."""
+    accepted = accepted_length(draft, sampled, num_allowed)
+    return [*draft[:accepted], sampled[accepted]]

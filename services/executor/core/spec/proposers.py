@@ -1,0 +1,157 @@
+"""Draft proposers: guesses of a sequence's next tokens from text already seen.
+
+`PromptLookup` matches the longest suffix of the sequence (min_match_len to
+max_match_len tokens) against its own earlier tokens, prompt and output, and
+proposes what followed the latest earlier occurrence: right where the output
+quotes or edits its input (code editing, summaries that quote, extraction).
+`SuffixIndex` keeps recent finished sequences of the executor with every
+n-gram of those lengths mapped to where it last occurred, so a sequence can
+continue as another one did (multi-turn repeats, agents re-emitting a plan);
+`SuffixProposer` asks its own context first and takes the longer match.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from services.executor.core.spec.config import SpeculativeConfig
+
+MAX_INDEXED_TOKENS_PER_SEQ = 4096
+"""A finished sequence's last this many tokens go into the suffix index."""
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    token_ids: list[int]
+    match_len: int
+    """Length of the context suffix the draft continues (0: no draft)."""
+
+
+NO_DRAFT = Draft([], 0)
+
+
+class Proposer(Protocol):
+    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+        """At most max_tokens guessed next tokens of a sequence with these tokens."""
+        ...
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        """A sequence ended with these tokens (prompt and output)."""
+        ...
+
+
+class PromptLookup:
+    """Suffix match over the sequence's own tokens (a `Proposer`; observes nothing)."""
+
+    def __init__(self, min_match_len: int, max_match_len: int) -> None:
+        self.min_match_len = min_match_len
+        self.max_match_len = max_match_len
+
+    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+        n_tokens = len(token_ids)
+        if max_tokens < 1 or n_tokens <= self.min_match_len:
+            return NO_DRAFT
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        for n in range(min(self.max_match_len, n_tokens - 1), self.min_match_len - 1, -1):
+            # windows starting at i < n_tokens - n: each has a token after it
+            windows = sliding_window_view(tokens[: n_tokens - 1], n)
+            hits = np.flatnonzero((windows == tokens[n_tokens - n :]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return Draft(tokens[start : start + max_tokens].tolist(), n)
+        return NO_DRAFT
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        return None
+
+
+class SuffixIndex:
+    """Recent finished sequences, with each n-gram (min..max_match_len tokens) mapped to
+    the sequence and position right after its latest occurrence."""
+
+    def __init__(self, min_match_len: int, max_match_len: int, max_tokens: int) -> None:
+        self.min_match_len = min_match_len
+        self.max_match_len = max_match_len
+        self.max_tokens = max_tokens
+        self._seqs: dict[int, list[int]] = {}
+        self._order: deque[int] = deque()
+        self._next_id = 0
+        self._num_tokens = 0
+        self._index: dict[tuple[int, ...], tuple[int, int]] = {}
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        tokens = list(token_ids[-MAX_INDEXED_TOKENS_PER_SEQ:])
+        if len(tokens) <= self.min_match_len:
+            return
+        seq_id = self._next_id
+        self._next_id += 1
+        self._seqs[seq_id] = tokens
+        self._order.append(seq_id)
+        self._num_tokens += len(tokens)
+        self._insert(seq_id, tokens)
+        while self._num_tokens > self.max_tokens and len(self._order) > 1:
+            old = self._order.popleft()
+            self._num_tokens -= len(self._seqs.pop(old))
+        if len(self._index) > 2 * (self.max_match_len - self.min_match_len + 1) * max(
+            self._num_tokens, 1
+        ):  # stale entries of dropped sequences outnumber live ones: rebuild
+            self._index.clear()
+            for sid in self._order:
+                self._insert(sid, self._seqs[sid])
+
+    def _insert(self, seq_id: int, tokens: list[int]) -> None:
+        index = self._index
+        for n in range(self.min_match_len, self.max_match_len + 1):
+            for end in range(n, len(tokens)):  # an n-gram with a token after it
+                index[tuple(tokens[end - n : end])] = (seq_id, end)
+
+    def lookup(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+        n_tokens = len(token_ids)
+        for n in range(min(self.max_match_len, n_tokens), self.min_match_len - 1, -1):
+            hit = self._index.get(tuple(token_ids[n_tokens - n :]))
+            if hit is None:
+                continue
+            tokens = self._seqs.get(hit[0])
+            if tokens is None:
+                continue  # its sequence left the index
+            return Draft(tokens[hit[1] : hit[1] + max_tokens], n)
+        return NO_DRAFT
+
+
+class SuffixProposer:
+    """Prompt lookup, else (or where it matches longer) the suffix index (a `Proposer`)."""
+
+    def __init__(self, lookup: PromptLookup, index: SuffixIndex) -> None:
+        self.lookup = lookup
+        self.index = index
+
+    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+        own = self.lookup.propose(token_ids, max_tokens)
+        if own.match_len >= self.lookup.max_match_len:
+            return own
+        other = self.index.lookup(token_ids, max_tokens)
+        return other if other.match_len > own.match_len else own
+
+    def observe(self, token_ids: Sequence[int]) -> None:
+        self.index.add(token_ids)
+
+
+def make_proposer(config: SpeculativeConfig) -> Proposer | None:
+    """The method's proposer; None when speculation is off."""
+    lookup = PromptLookup(config.min_match_len, config.max_match_len)
+    if config.method == "ngram":
+        return lookup
+    if config.method == "suffix":
+        index = SuffixIndex(config.min_match_len, config.max_match_len, config.max_suffix_tokens)
+        return SuffixProposer(lookup, index)
+    return None
