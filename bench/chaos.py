@@ -1,6 +1,7 @@
 """The fault table of `radixmesh serve`, measured: each fault under load, what became of every stream.
 
-    python bench/chaos.py [--streams 20] [--overload-streams 300] [--output chaos.json]
+    python bench/chaos.py [--streams 20] [--overload-streams 300] [--rows kills,overload,edge]
+                          [--output chaos.json]
 
 Starts `radixmesh serve` on the tiny model on this CPU (two executors for the kills,
 one with --num-pages 64 for the overload), runs every fault of bench/RESULTS.md's
@@ -23,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -100,6 +102,57 @@ async def overload_row(tmp: Path, streams: int) -> dict:
             "note": note}  # fmt: skip
 
 
+async def edge_rows(tmp: Path) -> list[dict]:
+    """The inputs that used to be 500s or to stall the gateway, through Envoy."""
+    mesh = ServeProcess.start(tmp / "edge")
+    rows: list[dict[str, Any]] = []
+    try:
+        url = f"{mesh.http}/v1/chat/completions"
+
+        def chat(content: str, **extra) -> bytes:
+            body = {"model": "tiny-llama", "messages": [{"role": "user", "content": content}]}
+            return json.dumps({**body, **extra}).encode()
+
+        cases = {
+            "stop_token_ids [1000000000000]": chat("hi", stop_token_ids=[10**12]),
+            'content "\\ud800"': b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+            "100,000-deep nested JSON": b"[" * 100_000 + b"]" * 100_000,
+            "40 MB body": b"x" * (40 * 1024 * 1024),
+        }
+        for name, data in cases.items():
+            start = time.monotonic()
+            status, body = await asyncio.to_thread(_post, url, data)
+            rows.append({"fault": name, "tally": None, "recovery_s": None,
+                         "note": f"{status} in {time.monotonic() - start:.2f}s: {body[:120]}"})  # fmt: skip
+            print(_line(rows[-1]), flush=True)
+        huge = json.dumps({"prompt": "a" * 10_000_000, "max_tokens": 1}).encode()
+        small = asyncio.create_task(stream_load(mesh.http, 4, max_tokens=8))
+        start = time.monotonic()
+        status, body = await asyncio.to_thread(_post, f"{mesh.http}/v1/completions", huge)
+        refused_s = time.monotonic() - start
+        others = Tally.of(await small)
+        rows.append({"fault": "a 10 MB prompt", "tally": others, "recovery_s": None,
+                     "note": f"{status} after {refused_s:.2f}s: {body[:100]}; beside it 4 small "
+                     f"streams, slowest {others.max_seconds:.2f}s"})  # fmt: skip
+        print(_line(rows[-1]), flush=True)
+    finally:
+        mesh.stop()
+    return rows
+
+
+def _post(url: str, data: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(
+        url, data, method="POST", headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except OSError as exc:
+        return 0, repr(exc)
+
+
 def _q(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -110,6 +163,19 @@ def _q(values: list[float], q: float) -> float:
 
 async def main(args: argparse.Namespace) -> list[dict]:
     tmp = Path(tempfile.mkdtemp(prefix="radixmesh-chaos-"))
+    rows: list[dict] = []
+    wanted = set(args.rows.split(","))
+    if "kills" in wanted:
+        rows += await kill_rows(tmp, args)
+    if "overload" in wanted:
+        rows.append(await overload_row(tmp, args.overload_streams))
+        print(_line(rows[-1]), flush=True)
+    if "edge" in wanted:
+        rows += await edge_rows(tmp)
+    return rows
+
+
+async def kill_rows(tmp: Path, args: argparse.Namespace) -> list[dict]:
     rows = []
     mesh = ServeProcess.start(tmp / "kills", "--executors", "2", "--num-pages", "256",
                               "--max-restarts", "10", "--restart-window-s", "600")  # fmt: skip
@@ -122,18 +188,20 @@ async def main(args: argparse.Namespace) -> list[dict]:
         print(_line(rows[-1]), flush=True)
     finally:
         mesh.stop()
-    rows.append(await overload_row(tmp, args.overload_streams))
-    print(_line(rows[-1]), flush=True)
     return rows
 
 
 def _line(row: dict) -> str:
+    if row["tally"] is None:
+        return f"| {row['fault']} | {row['note']} |"
     recovery = "" if row["recovery_s"] is None else f", serving again after {row['recovery_s']:.1f}s"
     return f"| {row['fault']} | {row['tally']}{recovery} | {row['note']} |"
 
 
 def _outcome_json(row: dict) -> dict:
     tally = row["tally"]
+    if tally is None:
+        return row
     return {**row, "tally": {"counts": tally.counts, "codes": tally.codes,
                              "max_seconds": tally.max_seconds}}  # fmt: skip
 
@@ -143,6 +211,7 @@ if __name__ == "__main__":
     parser.add_argument("--streams", type=int, default=20)
     parser.add_argument("--overload-streams", type=int, default=300)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--rows", default="kills,overload,edge", help="which rows to run")
     arguments = parser.parse_args()
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)  # fmt: skip

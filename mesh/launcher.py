@@ -248,6 +248,17 @@ def _queue_wait_args(seconds: float | None) -> tuple[str, ...]:
     return () if seconds is None else ("--max-queue-wait-s", repr(float(seconds)))
 
 
+def _kinds(names: list[str]) -> list[list[str]]:
+    """Consecutive names of one kind ("executor-0", "executor-1") grouped, order kept."""
+    groups: list[list[str]] = []
+    for name in names:
+        if groups and groups[-1][0].split("-")[0] == name.split("-")[0]:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
 def _kv_fraction_args(fraction: float | None) -> tuple[str, ...]:
     return () if fraction is None else ("--kv-memory-fraction", repr(fraction))
 
@@ -372,8 +383,8 @@ class Mesh:
         Envoy drains its listeners (clients are told to close their connections); the
         gateway turns NOT_SERVING, refuses new requests with UNAVAILABLE and gives those
         in flight `grace_s` (its --grace-seconds), then ends the rest with an UNAVAILABLE
-        error event and exits; then Envoy stops, then the scheduler, the executors and the
-        cache, last started last.
+        error event and exits; then Envoy stops, then the scheduler, the executors (all
+        at once) and the cache.
         """
         codes: dict[str, int | None] = {}
         if self.envoy is not None:
@@ -383,7 +394,9 @@ class Mesh:
         if self.envoy is not None:
             codes["envoy"] = await asyncio.to_thread(self.envoy.stop, self.config.stop_timeout_s)
         inner = [s.spec.name for s in reversed(self.supervisor.services) if s.spec.name not in codes]
-        codes.update(await self.supervisor.stop(inner))
+        for group in _kinds(inner):  # the executors stop together
+            for stopped in await asyncio.gather(*(self.supervisor.stop([n]) for n in group)):
+                codes.update(stopped)
         return codes
 
     async def stop(self) -> dict[str, int | None]:

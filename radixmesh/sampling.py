@@ -14,6 +14,10 @@ from radixmesh.errors import InvalidArgument
 
 MAX_TOP_LOGPROBS = 20
 MAX_N = 16
+MAX_STOP_STRINGS = 16
+"""Most stop strings one request may give (the same on every API)."""
+MAX_STOP_CHARS = 1024
+"""Longest stop string."""
 
 
 class Priority(IntEnum):
@@ -99,8 +103,12 @@ class SamplingParams:
                 raise bad(name, f"must be in [-2, 2], got {value}")
         if any(not s for s in self.stop):
             raise bad("stop", "must not contain empty strings")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "must be non-negative token ids")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise bad("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise bad("stop", f"a stop string has at most {MAX_STOP_CHARS} characters")
+        if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be token ids in [0, 2^31)")
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             raise bad(
                 "top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"

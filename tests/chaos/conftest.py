@@ -16,7 +16,7 @@ def mesh(tmp_path_factory):
     serve = ServeProcess.start(
         tmp_path_factory.mktemp("chaos"),
         *("--executors", "2", "--num-pages", "256", "--grace", "20"),
-        *("--max-restarts", "3", "--restart-window-s", "600"),
+        *("--max-restarts", "3", "--restart-window-s", "600", "--max-queue-wait-s", "3"),
     )
     yield serve
     serve.stop()

@@ -96,6 +96,20 @@ async def test_a_dead_gateway_resets_its_connections_and_comes_back(mesh):
     await serves_again(mesh, "gateway", mark)
 
 
+async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
+    num_streams = 160
+    warm = await stream_load(mesh.http, 8, max_tokens=4)  # the executors' rate is measured
+    assert {o.kind for o in warm} == {"completed"}
+    outcomes = await stream_load(mesh.http, num_streams, MAX_TOKENS, deadline_s=150)
+    tally = Tally.of(outcomes)
+    assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
+    refused = [o for o in outcomes if o.status == 429]
+    assert refused, tally  # the queue wait passed the bound (conftest: 3 s)
+    assert all(o.error_code == "resource_exhausted" and o.retry_after for o in refused)
+    assert max(o.seconds for o in refused) < 10.0  # refused on arrival, not after waiting
+    assert tally.counts["completed"] + len(refused) == num_streams, tally
+
+
 async def test_sigterm_drains_streams_in_flight(mesh):
     load = asyncio.create_task(stream_load(mesh.http, NUM_STREAMS, MAX_TOKENS, DEADLINE_S))
     await asyncio.sleep(0.5)

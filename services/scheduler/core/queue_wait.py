@@ -9,8 +9,9 @@ makes it wait longer than its class's bound, or past its deadline, it is refused
 with ResourceExhausted naming the estimate and when to retry. Classes get
 shares of `max_queue_wait_s`: interactive all of it, batch half, sheddable a
 quarter, so under overload sheddable work is refused first and interactive last.
-Until an executor has finished `min_finished` requests its rate is unknown and
-nothing is refused on a wait estimate (the queue length limit still holds).
+While an executor finished fewer than `min_finished` requests in the window its rate
+is unknown and nothing is refused on a wait estimate (the queue length limit still
+holds): an idle executor meets a burst with an open door.
 """
 
 from __future__ import annotations
@@ -58,14 +59,14 @@ class Throughput:
     def note_finished(self, now: float, count: int = 1) -> None:
         """Changes state: `count` requests finished at `now`."""
         self._finished.extend([now] * count)
-        self._num_finished += count
         self._trim(now)
 
     def rate(self, now: float) -> float | None:
-        """Requests per second over the window; None while too few were ever measured."""
-        if self._num_finished < self._config.min_finished:
-            return None
+        """Requests per second over the window; None while fewer than min_finished finished
+        in it (an executor that was idle, or is stuck, is not judged on its old pace)."""
         self._trim(now)
+        if len(self._finished) < self._config.min_finished:
+            return None
         return len(self._finished) / self._config.window_s
 
     def _trim(self, now: float) -> None:

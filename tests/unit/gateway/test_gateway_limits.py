@@ -17,6 +17,7 @@ from gateway.core.request import ChatMessage, GenerateInput
 from gateway.openai_http import MAX_BODY_BYTES, OpenAIHttpServer, start_http_server
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.retry_after import with_retry_after
+from radixmesh.sampling import SamplingParams
 from services.common.config import free_port
 
 
@@ -105,3 +106,16 @@ async def test_a_gateway_that_is_not_serving_refuses_new_requests(serve):
     _, _, base = await serve(ready=lambda: False)
     status, _, body = await post(base, "/v1/chat/completions", chat("hi"))
     assert status == 503 and body["error"]["code"] == "unavailable"
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"stop": ("x",) * 17}, "at most 16 stop strings"),
+        ({"stop": ("x" * 1025,)}, "at most 1024 characters"),
+        ({"stop_token_ids": (2**31,)}, "stop_token_ids"),
+    ],
+)
+def test_stop_limits_are_the_contracts_so_grpc_and_http_share_them(fields, named):
+    with pytest.raises(InvalidArgument, match=named):
+        SamplingParams(**fields)

@@ -27,7 +27,7 @@ def test_throughput_is_unknown_until_enough_requests_finished_then_per_window():
     throughput.note_finished(2.0, count=17)
     assert throughput.rate(2.0) == 2.0  # 20 in the last 10 s
     assert throughput.rate(11.5) == 1.7  # the first three left the window
-    assert throughput.rate(30.0) == 0.0  # nothing finished lately
+    assert throughput.rate(30.0) is None  # nothing finished lately: not judged
 
 
 def test_the_wait_counts_the_requests_ahead():
