@@ -99,3 +99,21 @@ def test_executor_devices(model_dir, tmp_path, device, expected):
     config = MeshConfig(model_dir=model_dir, log_dir=tmp_path, num_executors=2, device=device)
     args = _parsed(config, MeshPorts.pick(2))
     assert [args[f"executor-{i}"].device for i in range(2)] == expected
+
+
+def test_drain_grace_and_queue_wait_reach_the_gateway_and_the_scheduler(model_dir, tmp_path):
+    config = MeshConfig(
+        model_dir=model_dir, log_dir=tmp_path / "logs", grace_s=12.5, max_queue_wait_s=7.0
+    )
+    args = _parsed(config, MeshPorts.pick(1))
+    assert args["gateway"].grace_seconds == 12.5
+    assert args["scheduler"].max_queue_wait_s == 7.0
+    default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
+    assert default["gateway"].grace_seconds == 30.0
+    assert default["scheduler"].max_queue_wait_s == 30.0  # the scheduler's own default
+
+
+@pytest.mark.parametrize("grace", [-1.0, float("nan"), 4000.0])
+def test_a_bad_grace_names_the_flag(model_dir, tmp_path, grace):
+    with pytest.raises(InvalidArgument, match="^grace:"):
+        MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", grace_s=grace)
