@@ -10,6 +10,10 @@ Step streams finish their queued plans and end, the pool is unregistered
 service that cannot be reached, ends the process with exit code 1 and a
 message naming the model folder or the cache address.
 
+With --tensor-parallel-size N this process is rank 0 of N: ranks 1..N-1 are spawned as
+child processes before the model loads (tensor_parallel_group.py), each loads its shard,
+and only rank 0 serves and registers the one pool; a rank that exits ends the executor.
+
 Flags and environment are read here only: RADIXMESH_EXECUTOR_ID and
 RADIXMESH_CACHE_ADDRESS are the defaults of --executor-id and --cache-address.
 """
@@ -24,6 +28,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +51,13 @@ from services.executor.health import (
     open_nvml_device,
 )
 from services.executor.server import DEFAULT_MAX_INFLIGHT_PLANS, SERVICE_NAME, ExecutorServicer
+from services.executor.tensor_parallel_group import (
+    group_init_method,
+    rank_config,
+    start_followers,
+    stop_followers,
+    wait_any_exit,
+)
 
 if TYPE_CHECKING:
     from radixmesh.executor_info import ExecutorInfo
@@ -164,18 +176,32 @@ def _config_default(name: str):
     return next(f.default for f in dataclasses.fields(ExecutorConfig) if f.name == name)
 
 
-def load(config: ExecutorConfig, with_grammar: bool):
-    """(core, grammar service or None); runs on the step thread."""
-    from services.executor.core.executor import ExecutorCore
-
-    grammar = None
+def load_grammar(config: ExecutorConfig, with_grammar: bool):
+    """The grammar service over the model folder's tokenizer, or None."""
     folder = Path(config.model_path)
     if with_grammar and any((folder / name).is_file() for name in _TOKENIZER_FILES):
         from services.executor.core.grammar import GrammarService
 
-        grammar = GrammarService.from_model_dir(folder)
-    elif with_grammar:
+        return GrammarService.from_model_dir(folder)
+    if with_grammar:
         log.warning("grammar_off", reason=f"no tokenizer in {folder}; constraints are refused")
+    return None
+
+
+def load(config: ExecutorConfig, with_grammar: bool, init_method: str | None = None):
+    """(core, grammar service or None); runs on the step thread. With tensor parallelism
+    the core is rank 0's, wrapped to send every step to the followers (`init_method`:
+    the group's rendezvous, which the followers were given)."""
+    if config.tensor_parallel_size > 1:
+        from services.executor.core.tensor_parallel import LeaderCore
+        from services.executor.tensor_parallel_group import load_rank
+
+        assert init_method is not None
+        core, grammar, group = load_rank(config, 0, init_method, with_grammar)
+        return LeaderCore(core, group), grammar
+    from services.executor.core.executor import ExecutorCore
+
+    grammar = load_grammar(config, with_grammar)
     try:
         return ExecutorCore(config, grammar), grammar
     except BaseException:
@@ -258,6 +284,16 @@ async def serve(args: argparse.Namespace) -> int:
     except InvalidArgument as exc:
         print(f"executor: {exc}", file=sys.stderr)
         return 2
+    followers: list[BaseProcess] = []
+    init_method = None
+    if config.tensor_parallel_size > 1:
+        try:
+            config = rank_config(config, 0)
+            init_method = group_init_method()
+            followers = start_followers(config, init_method, not args.no_grammar, args.log_level)
+        except InvalidArgument as exc:
+            print(f"executor: {exc}", file=sys.stderr)
+            return 2
     runtime = ServiceRuntime(server_config)
     health = HealthSampler()  # reads the GPU once the model is loaded on one
     collector = DeviceHealthCollector(health)
@@ -278,7 +314,7 @@ async def serve(args: argparse.Namespace) -> int:
     async def start_up() -> int:
         nonlocal loaded
         try:
-            core = await _load(args, config, servicer, executor_id)
+            core = await _load(args, config, servicer, executor_id, init_method)
             loaded = True
             health.attach(await asyncio.to_thread(_open_device, core.info.device))
             await _register(args, executor_id, core.info)
@@ -287,6 +323,8 @@ async def serve(args: argparse.Namespace) -> int:
             runtime.request_shutdown()
             return 1
         watch.append(asyncio.create_task(keep_registered(args, executor_id, core.info)))
+        if followers:
+            watch.append(asyncio.create_task(_watch_followers(followers, runtime)))
         runtime.set_serving()
         return 0
 
@@ -301,12 +339,21 @@ async def serve(args: argparse.Namespace) -> int:
             await servicer.close()
             health.close()
             REGISTRY.unregister(collector)
+            if followers:
+                await asyncio.to_thread(stop_followers, followers)
 
     startup = asyncio.create_task(start_up())
     await runtime.serve_until_signal(on_shutdown)
     if startup.cancelled():
         return 0
     return startup.result()
+
+
+async def _watch_followers(followers: list[BaseProcess], runtime: ServiceRuntime) -> None:
+    """A follower that exits while serving leaves the group unable to step: shut down."""
+    proc = await asyncio.to_thread(wait_any_exit, followers)
+    log.error("tensor_parallel_rank_exited", name=proc.name, exitcode=proc.exitcode)
+    runtime.request_shutdown()
 
 
 def _open_device(device: str) -> NvmlDevice | None:
@@ -318,14 +365,18 @@ class _StartupError(Exception):
 
 
 async def _load(
-    args: argparse.Namespace, config: ExecutorConfig, servicer: ExecutorServicer, executor_id: str
+    args: argparse.Namespace,
+    config: ExecutorConfig,
+    servicer: ExecutorServicer,
+    executor_id: str,
+    init_method: str | None = None,
 ) -> ExecutorCore:
     """Load on the step thread, then attach to the servicer."""
     loop = asyncio.get_running_loop()
     servicer.bind_device(config.device)  # the core is built on the step thread's device
     try:
         core, grammar = await loop.run_in_executor(
-            servicer.step_thread, load, config, not args.no_grammar
+            servicer.step_thread, load, config, not args.no_grammar, init_method
         )
     except Exception as exc:
         log.error("model_load_failed", model=args.model, reason=str(exc))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from services.executor.core.models.tensor_parallel import TensorParallel
 log = get_logger(__name__)
 
 _PREPARE, _EXECUTE, _STOP = "prepare", "execute", "stop"
+_CONTROL_TIMEOUT = timedelta(days=365)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,8 @@ def init_group(rank: int, world_size: int, init_method: str, device: torch.devic
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
-    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.new_group()
+    # A follower waits on the control group between plans for as long as the mesh is idle.
+    control = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
     return Group(TensorParallel(rank, world_size, dist.group.WORLD), control)
 
 
