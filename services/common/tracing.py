@@ -40,6 +40,7 @@ __all__ = [
     "SpanKind",
     "configure_tracing",
     "context_from_traceparent",
+    "current_traceparent",
     "enabled",
     "endpoint_from_env",
     "epoch_ns",
@@ -149,3 +150,11 @@ def record_span(
 
 def endpoint_from_env() -> str:
     return os.environ.get(ENV_ENDPOINT, "")
+
+
+def current_traceparent() -> str:
+    """The traceparent of the span current in this context ("" when off or none)."""
+    if _STATE["provider"] is None:
+        return ""
+    span = trace.get_current_span()
+    return traceparent_of(span) if span.get_span_context().is_valid else ""
