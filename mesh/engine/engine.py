@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the executor core imports torch; loading waits for start()
     from services.executor.core.grammar import GrammarService
 from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
 from radixmesh.sampling import Constraint, Priority, SamplingParams
+from radixmesh.speculation import SpecUsage
 from radixmesh.step import TokenLogprobs
 from radixmesh.updates import RequestUpdate
 from services.cache.core import CacheConfig, CacheCore, PoolStats
@@ -81,6 +82,8 @@ class Completion:
     matched_stop_token_id: int | None = None
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
     """With sampling.prompt_logprobs_start k: prompt positions k, k + 1, ... scored."""
+    speculation: SpecUsage | None = None
+    """Speculative decoding counters, when the request verified any draft."""
 
 
 class RequestStream:
@@ -119,6 +122,8 @@ class RequestStream:
                 raise update.error
             result.finish_reason = update.finish_reason
             result.matched_stop_token_id = update.matched_stop_token_id
+            if update.speculation is not None:
+                result.speculation = update.speculation
         return result
 
     def _put(self, update: RequestUpdate) -> None:

@@ -43,6 +43,7 @@ from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
 from services.executor.core.config import DTYPES, QUANTIZATIONS, ExecutorConfig
+from services.executor.core.spec.config import SPECULATIVE_METHODS, SpeculativeConfig
 from services.executor.health import (
     DeviceHealthCollector,
     HealthSampler,
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ignore the kernel backends installed under the radixmesh.kernels entry points",
     )
+    add_speculative_arguments(parser)
     parser.add_argument("--log-level", default="info")
     add_server_arguments(parser)
     return parser
@@ -169,6 +171,39 @@ def executor_config(args: argparse.Namespace) -> ExecutorConfig:
         kernel_backends=tuple(args.kernel_backend),
         kernel_entry_points=not args.no_kernel_entry_points,
         tensor_parallel_size=args.tensor_parallel_size,
+        speculative=speculative_config(args),
+    )
+
+
+def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
+    """--speculative and its sizes (the executor's; `radixmesh serve` passes them on)."""
+    parser.add_argument(
+        "--speculative",
+        default="off",
+        choices=SPECULATIVE_METHODS,
+        help="draft tokens without a draft model: ngram (prompt lookup over the request's "
+        "prompt and output), suffix (that, else recent outputs of other requests), off "
+        "(default)",
+    )
+    parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=SpeculativeConfig().max_draft_tokens,
+        help="most draft tokens verified per sequence and step (default %(default)s)",
+    )
+    parser.add_argument(
+        "--speculative-max-batch-size",
+        type=int,
+        default=SpeculativeConfig().max_batch_size,
+        help="no drafts in a step with more decodes than this (default %(default)s)",
+    )
+
+
+def speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
+    return SpeculativeConfig(
+        method=args.speculative,
+        max_draft_tokens=args.num_speculative_tokens,
+        max_batch_size=args.speculative_max_batch_size,
     )
 
 

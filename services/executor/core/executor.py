@@ -226,6 +226,11 @@ class ExecutorCore:
     def has_seq(self, req_id: str) -> bool:
         return req_id in self._seqs
 
+    @property
+    def speculates(self) -> bool:
+        """Speculative decoding is on: prepares must run after the step before executed."""
+        return self._proposer is not None
+
     def step(self, plan: StepPlan) -> StepResult:
         """Runs one plan; a refused plan (InvalidArgument, ResourceExhausted) changes nothing."""
         return self.execute(self.prepare(plan))

@@ -57,9 +57,9 @@ def generate(
     ids = [f"r{i}" for i in range(len(prompts))]
     news = [
         NewSequence(
-            rid, p, len(p), 0, len(p),
-            list(range(i * PAGES_PER_SEQ, (i + 1) * PAGES_PER_SEQ)), s, constraint,
-        )  # fmt: skip
+            rid, p, len(p), 0, len(p), list(range(i * PAGES_PER_SEQ, (i + 1) * PAGES_PER_SEQ)),
+            s, constraint,
+        )
         for i, (rid, p, s) in enumerate(zip(ids, prompts, sampling, strict=True))
     ]
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
