@@ -12,6 +12,7 @@ import asyncio
 import signal
 import time
 
+import aiohttp
 import pytest
 
 from mesh.faults import ServeProcess, Tally, stream_load
@@ -96,8 +97,31 @@ async def test_a_dead_gateway_resets_its_connections_and_comes_back(mesh):
     await serves_again(mesh, "gateway", mark)
 
 
+async def chat(mesh: ServeProcess, **extra) -> tuple[int, dict]:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{mesh.http}/v1/chat/completions", json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+async def test_redis_lost_gives_clear_errors_and_recovers_when_it_returns(mesh, redis):
+    assert (await chat(mesh, session_id="chaos-1"))[0] == 200
+    redis.kill()
+    [plain] = await stream_load(mesh.http, 1, max_tokens=4, deadline_s=30)
+    assert plain.kind == "completed"  # the result cache is skipped, the request runs
+    status, body = await chat(mesh, session_id="chaos-1")
+    assert (status, body["error"]["code"]) == (503, "unavailable"), body
+    redis.start()
+    deadline = time.monotonic() + 30
+    while (status := (await chat(mesh, session_id="chaos-2"))[0]) != 200:
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.5)
+
+
 async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
-    num_streams = 160
+    num_streams = 120
     warm = await stream_load(mesh.http, 8, max_tokens=4)  # the executors' rate is measured
     assert {o.kind for o in warm} == {"completed"}
     outcomes = await stream_load(mesh.http, num_streams, MAX_TOKENS, deadline_s=150)
