@@ -56,7 +56,8 @@ class OpenAIHttpServer:
     ) -> None:
         self._memory = memory or GatewayMemory()
         self._plugins = plugins or PluginChain()
-        """Their pre_request rewrites prompts and message texts."""
+        """Their pre_request rewrites prompts and message texts, their post_response the
+        output (whole, or streamed: `PluginChain.apply_to_events`)."""
         self._models = models
         self._upstream = upstream
         self._admission = admission
@@ -152,7 +153,10 @@ class OpenAIHttpServer:
             return _too_large()
         except Exception as exc:
             return _error(exc)
-        events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
+        events = self._plugins.apply_to_events(
+            self._memory.generate(prepared, tokenizer, self._upstream, session_id),
+            streamed=gateway_request.stream,
+        )
         reply = _Reply(gateway_request, prepared, model_id, response_id, tokenizer)
         async with contextlib.aclosing(events):
             if gateway_request.stream:

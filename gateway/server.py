@@ -40,7 +40,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         plugins: PluginChain | None = None,
     ) -> None:
         """executor_counts: fills ListModels' num_executors (None: reported as 0).
-        plugins: their pre_request rewrites prompts and message texts."""
+        plugins: their pre_request rewrites prompts and message texts, their post_response
+        the streamed output (`PluginChain.apply_to_events`)."""
         self._plugins = plugins or PluginChain()
         self._models = models
         self._executor_counts = executor_counts
@@ -86,7 +87,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     _deadline_unix_ms(context),
                     history,
                 )
-            events = self._memory.generate(prepared, tokenizer, self._upstream, session_id)
+            events = self._plugins.apply_to_events(
+                self._memory.generate(prepared, tokenizer, self._upstream, session_id),
+                streamed=True,  # Generate always streams its chunks
+            )
             with phase("gateway.stream"):
                 async with contextlib.aclosing(events):
                     async for event in events:
