@@ -33,6 +33,10 @@ class StepMetrics:
     tokens_total: Counter
     steps_total: Counter
     running_sequences: Gauge
+    spec_drafts: Counter
+    spec_draft_tokens: Counter
+    spec_accepted_tokens: Counter
+    spec_accepted_by_position: Counter
 
     @classmethod
     def create(cls) -> StepMetrics:
@@ -58,6 +62,19 @@ class StepMetrics:
             running_sequences=gauge(
                 ROOM, "num_running_sequences", "Sequences the executor holds state for."
             ),
+            spec_drafts=counter(
+                ROOM, "spec_drafts_total", "Drafts verified (one per sequence and step)."
+            ),
+            spec_draft_tokens=counter(ROOM, "spec_draft_tokens_total", "Draft tokens verified."),
+            spec_accepted_tokens=counter(
+                ROOM, "spec_accepted_tokens_total", "Draft tokens the verification kept."
+            ),
+            spec_accepted_by_position=counter(
+                ROOM,
+                "spec_accepted_by_position_total",
+                "Drafts whose token at a position (0-based) was kept.",
+                ("position",),
+            ),
         )
 
     def record(self, plan: StepPlan, result: StepResult, num_running_seqs: int) -> None:
@@ -78,6 +95,7 @@ class StepMetrics:
             num_seqs += num > 0
         self.steps_total.labels("ok").inc()
         self.running_sequences.set(num_running_seqs)
+        self._record_drafts(result)
         if num_seqs == 0:
             return  # a plan that only forgot sequences ran nothing
         self.step_seconds.observe(result.step_seconds)
@@ -90,6 +108,25 @@ class StepMetrics:
             tokens.labels("extend").inc(num_extend)
         if num_decode:
             tokens.labels("decode").inc(num_decode)
+
+    def _record_drafts(self, result: StepResult) -> None:
+        num_drafts = num_draft_tokens = num_accepted = 0
+        by_position: dict[int, int] = {}
+        for out in result.outputs:
+            if not out.num_draft_tokens:
+                continue
+            num_drafts += 1
+            num_draft_tokens += out.num_draft_tokens
+            num_accepted += len(out.accepted_token_ids)
+            for j in range(len(out.accepted_token_ids)):
+                by_position[j] = by_position.get(j, 0) + 1
+        if not num_drafts:
+            return
+        self.spec_drafts.inc(num_drafts)
+        self.spec_draft_tokens.inc(num_draft_tokens)
+        self.spec_accepted_tokens.inc(num_accepted)
+        for position, count in by_position.items():
+            self.spec_accepted_by_position.labels(str(position)).inc(count)
 
     def record_error(self) -> None:
         self.steps_total.labels("error").inc()
