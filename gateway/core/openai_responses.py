@@ -292,7 +292,9 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return 500, error_body("internal error", "server_error", code="internal_error")
     row = status_of(exc.code)  # the contract's one table: gRPC code -> HTTP status and type
     status, error_type = row.http_status, row.error_type
-    param, message = getattr(exc, "param", None), str(exc)
+    param, message = getattr(exc, "param", None), " | ".join(
+        line.strip() for line in str(exc).splitlines() if line.strip()
+    )
     if param is None and status < 500:
         # Cores start messages with the field they blame: "messages[0].role: ...".
         match = _LEADING_FIELD.match(message)

@@ -51,6 +51,13 @@ def error_from_status(code: grpc.StatusCode | str, message: str) -> errors.Radix
     return errors.error_for_code(code.name if isinstance(code, grpc.StatusCode) else code, message)
 
 
+def one_line(message: str) -> str:
+    """An error message as one line: a multi-line one (a compiler's report, a nested
+    status dump) has its lines joined with " | "."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " | ".join(lines)
+
+
 def error_from_rpc_error(exc: grpc.RpcError) -> errors.RadixmeshError:
     """`error_from_status` for a failed client call (`grpc.aio.AioRpcError`)."""
     return error_from_status(exc.code(), exc.details() or "")
@@ -179,7 +186,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         else:
             message = f"internal error ({type(exc).__name__}); see the server log"
             log.error("rpc_internal_error", method=method, exc_info=exc)
-        await context.abort(code, message)
+        await context.abort(code, one_line(message))
         raise AssertionError("context.abort returned")  # pragma: no cover
 
     @property

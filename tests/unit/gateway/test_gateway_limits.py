@@ -119,3 +119,16 @@ async def test_a_gateway_that_is_not_serving_refuses_new_requests(serve):
 def test_stop_limits_are_the_contracts_so_grpc_and_http_share_them(fields, named):
     with pytest.raises(InvalidArgument, match=named):
         SamplingParams(**fields)
+
+
+def test_error_messages_are_one_line_on_both_apis():
+    from gateway.core.openai_responses import error_response
+    from services.common.interceptor import one_line
+
+    exc = InvalidArgument("response_format: the grammar does not compile:\n  line 1\n\n  line 2")
+    status, body = error_response(exc)
+    assert status == 400
+    assert body["error"]["message"] == (
+        "response_format: the grammar does not compile: | line 1 | line 2"
+    )
+    assert one_line(str(exc)) == body["error"]["message"]
