@@ -75,6 +75,8 @@ def event_to_responses(request_id: str, event: ChoiceEvent) -> list[inference_pb
             ),
         )
         _add_positions(complete.prompt_logprobs, prompt_logprobs)
+        if usage is not None and usage.speculation is not None:
+            wire.speculation_to_proto(usage.speculation, complete.usage.speculation)
         if event.schema is not None:
             complete.schema_check = _SCHEMA_CHECKS[event.schema.check]
             complete.schema_error = event.schema.error

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.core.openai_responses import Usage
+from gateway.core.openai_responses import Usage, sum_speculation
 from gateway.core.output import ChoiceDelta, ChoiceStream
 from gateway.core.prepare import PreparedRequest, split_choices
 from gateway.core.structured import SchemaOutcome, SchemaWatch, observe
@@ -99,6 +99,7 @@ async def _run_choice(
         logprobs=choice.sampling.logprobs,
     )
     num_prompt_tokens, num_cached_tokens = len(choice.prompt_token_ids), 0
+    speculation = None
     finished_upstream = False
     watch = SchemaWatch(choice.schema, choice.req_id) if choice.schema is not None else None
     updates = upstream.generate(
@@ -119,6 +120,8 @@ async def _run_choice(
                 num_prompt_tokens = update.num_prompt_tokens
             if update.num_cached_tokens is not None:
                 num_cached_tokens = update.num_cached_tokens
+            if update.speculation is not None:
+                speculation = update.speculation
             finished_upstream = bool(update.finish_reason)
             delta = stream.on_update(
                 update.token_ids,
@@ -135,7 +138,9 @@ async def _run_choice(
             ):
                 continue
             usage = (
-                stream.usage(num_prompt_tokens, num_cached_tokens) if delta.finish_reason else None
+                stream.usage(num_prompt_tokens, num_cached_tokens, speculation)
+                if delta.finish_reason
+                else None
             )
             outcome = observe(watch, delta.text, delta.finish_reason)
             await queue.put(ChoiceEvent(delta, usage, outcome))
@@ -188,4 +193,5 @@ def total_usage(events: Sequence[ChoiceEvent]) -> Usage:
         usages[0].prompt_tokens,
         sum(u.completion_tokens for u in usages),
         usages[0].cached_tokens,
+        sum_speculation([u.speculation for u in usages]),
     )

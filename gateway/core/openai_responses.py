@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.errors import RadixmeshError
+from radixmesh.speculation import SpecUsage
 from radixmesh.status import status_of
 
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
@@ -56,6 +57,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    speculation: SpecUsage | None = None
+    """Speculative decoding counters, when the request verified any draft."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,36 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        **({"speculation": speculation_json(usage.speculation)} if usage.speculation else {}),
     }
+
+
+def speculation_json(usage: SpecUsage) -> dict[str, Any]:
+    """The `usage.speculation` extension of OpenAI responses."""
+    return {
+        "num_drafts": usage.num_drafts,
+        "num_draft_tokens": usage.num_draft_tokens,
+        "num_accepted_tokens": usage.num_accepted_tokens,
+        "accepted_by_position": list(usage.accepted_by_position),
+        "mean_acceptance_length": round(usage.mean_acceptance_length, 4),
+    }
+
+
+def sum_speculation(usages: Sequence[SpecUsage | None]) -> SpecUsage | None:
+    """Counters of several choices added up; None when none verified a draft."""
+    present = [u for u in usages if u is not None]
+    if not present:
+        return None
+    total = SpecUsage()
+    for u in present:
+        total.num_drafts += u.num_drafts
+        total.num_draft_tokens += u.num_draft_tokens
+        total.num_accepted_tokens += u.num_accepted_tokens
+        for j, count in enumerate(u.accepted_by_position):
+            if j == len(total.accepted_by_position):
+                total.accepted_by_position.append(0)
+            total.accepted_by_position[j] += count
+    return total
 
 
 def _logprob(value: float) -> float:

@@ -19,6 +19,7 @@ from gateway.core.openai_responses import PositionLogprobs, TokenLogprob, Usage
 from gateway.core.stop import StopMatcher
 from gateway.core.tokenizer import Tokenizer
 from radixmesh.errors import InvalidArgument
+from radixmesh.speculation import SpecUsage
 from radixmesh.step import TokenLogprobs
 
 FINISH_REASONS = frozenset({"stop", "length", "abort"})
@@ -106,8 +107,10 @@ class ChoiceStream:
                 delta.matched_stop = self._tokenizer.token_text(matched_stop_token_id)
         return delta
 
-    def usage(self, num_prompt_tokens: int, num_cached_tokens: int) -> Usage:
-        return Usage(num_prompt_tokens, self.num_tokens, num_cached_tokens)
+    def usage(
+        self, num_prompt_tokens: int, num_cached_tokens: int, speculation: SpecUsage | None = None
+    ) -> Usage:
+        return Usage(num_prompt_tokens, self.num_tokens, num_cached_tokens, speculation)
 
     def _position(self, entry: TokenLogprobs) -> PositionLogprobs:
         return PositionLogprobs(
