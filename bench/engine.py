@@ -200,6 +200,7 @@ def service_specs(args: argparse.Namespace, model: str) -> list:
     executor_args += [*sizes, "--log-level", "warning", "--quantization", args.quantization]
     if args.num_pages:
         executor_args += ["--num-pages", str(args.num_pages)]
+    executor_args += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     scheduler_args = ["--cache-address", cache_address, "--executor", f"127.0.0.1:{executor}"]
     scheduler_args += [*sizes, "--max-queue-len", str(max(1024, args.num_requests))]
     scheduler_args += ["--metrics-port", str(metrics), "--log-level", "warning"]
@@ -325,6 +326,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="projection weights (fp8: quantize at load, FP8 tensor cores on CUDA)",
     )
     p.add_argument("--num-pages", type=int, default=None, help="default: sized from memory")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="ranks of the executor (services mode: one process per device)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
@@ -355,6 +362,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--shared-len must be in (0, --prompt-len)")
     if args.num_threads < 0:
         p.error("--num-threads must be >= 0")
+    if args.tensor_parallel_size < 1:
+        p.error("--tensor-parallel-size must be >= 1")
+    if args.tensor_parallel_size > 1 and args.mode != "services":
+        p.error("--tensor-parallel-size above 1 needs --mode services (the executor service)")
     return args
 
 

@@ -8,7 +8,8 @@
 #        unit_tests_gpu kernel_tests summary (and, named: engine_b1_fp8, engine_offline_fp8,
 #        profile_fp8, fp8_quality: the same with FP8 projections; kernel_tests_gpu, the GPU-only
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
-#        interval)
+#        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
+#        which need 2 GPUs)
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -341,6 +342,43 @@ summary = {"gpu": gpu, "rows": rows, "missing": missing, "versions": ceil and ce
 (results / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 PY
 }
+
+# Tensor parallelism (named steps, 2 GPUs): the executor service at TP 1 and TP 2 on the same
+# workload (bench/engine.py --mode services: scheduler, cache and executor processes; rank 0
+# of the group serves, rank 1 is its child), and the all-reduce per layer (bench/allreduce.py).
+need_gpus() {  # need_gpus N NAME: false (and a status line) when fewer than N GPUs are visible
+    local have
+    [ "$GPU" = 1 ] || return 0  # the CPU smoke run uses gloo ranks
+    have=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+    [ "$have" -ge "$1" ] && return 0
+    echo "== $2: skipped (needs $1 GPUs, $have visible)" | tee "$RESULTS/$2.status"
+    return 1
+}
+
+tp_engine() {  # tp_engine NAME TP NUM_REQUESTS PROMPT_LEN OUTPUT_LEN
+    local name=$1 tp=$2 n=$3 p=$4 o=$5
+    [ "$GPU" = 1 ] || { n=$((n > 4 ? 4 : n)); p=32; o=8; }
+    run_step "$name" 240 env NCCL_NVLS_ENABLE=0 $PY bench/engine.py --mode services \
+        --device "$(engine_device)" --model "$MODEL" --num-requests "$n" --prompt-len "$p" \
+        --output-len "$o" --max-num-seqs 256 --max-num-batched-tokens 8192 \
+        --tensor-parallel-size "$tp" --json
+}
+
+step_tp_b1() { need_gpus 2 tp_b1 && { tp_engine tp1_b1 1 1 32 128; tp_engine tp2_b1 2 1 32 128; }; }
+
+step_tp_offline() {
+    need_gpus 2 tp_offline && { tp_engine tp1_offline 1 256 512 128; tp_engine tp2_offline 2 256 512 128; }
+}
+
+step_allreduce() {
+    local args=()
+    need_gpus 2 allreduce || return 0
+    [ "$GPU" = 1 ] || args=(--device cpu --hidden 512 --iters 20)
+    run_step allreduce 120 $PY bench/allreduce.py --world-size 2 "${args[@]}" \
+        --json "$RESULTS/allreduce.json"
+}
+
+step_tp() { step_allreduce; step_tp_b1; step_tp_offline; }
 
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(setup ceilings model engine_b1 profile kernels engine_offline

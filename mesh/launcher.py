@@ -69,13 +69,13 @@ class MeshConfig:
     """JSON file of the program tools and plugins the gateway loads (docs/programs.md)."""
     num_pages: int | None = None
     """KV pages per executor; None lets the executor size its pool."""
-    speculative: str = "off"
-    """Every executor's --speculative: "off", "ngram" or "suffix"."""
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""
     quantization: str = "auto"
     """Executors' projection weights: auto (the checkpoint's format), fp8 or none."""
+    tensor_parallel_size: int = 1
+    """Devices (ranks) per executor; with device "cuda" executor i takes GPUs i*N..i*N+N-1."""
     start_timeout_s: float = 600.0
     """Longest wait for one service to report SERVING (an executor loads its model)."""
     stop_timeout_s: float = 15.0
@@ -97,6 +97,10 @@ class MeshConfig:
             )
         if not 1 <= self.num_executors <= 64:
             raise InvalidArgument(f"executors: must be in [1, 64], got {self.num_executors}")
+        if not 1 <= self.tensor_parallel_size <= 64:
+            raise InvalidArgument(
+                f"tensor_parallel_size: must be in [1, 64], got {self.tensor_parallel_size}"
+            )
         if not 0 < self.public_port < 65536:
             raise InvalidArgument(f"port: must be in [1, 65535], got {self.public_port}")
         if not 0 <= self.admin_port < 65536:
@@ -188,12 +192,13 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             "services.executor.main",
             *common,
             *("--port", str(port), "--metrics-port", str(metrics)),
-            *("--model", str(config.model_dir), "--device", executor_device(config.device, i)),
+            *("--model", str(config.model_dir)),
+            *("--device", executor_device(config.device, i * config.tensor_parallel_size)),
+            *("--tensor-parallel-size", str(config.tensor_parallel_size)),
             *("--cache-address", _address(ports.cache), "--executor-id", f"exec-{i}"),
             *(("--num-pages", str(config.num_pages)) if config.num_pages else ()),
             *_kv_fraction_args(config.kv_memory_fraction),
             *("--quantization", config.quantization),
-            *("--speculative", config.speculative),
         )
         executors.append(
             ServiceSpec(
