@@ -69,6 +69,8 @@ class MeshConfig:
     """JSON file of the program tools and plugins the gateway loads (docs/programs.md)."""
     num_pages: int | None = None
     """KV pages per executor; None lets the executor size its pool."""
+    speculative: str = "off"
+    """Every executor's --speculative: "off", "ngram" or "suffix"."""
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""
@@ -199,6 +201,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *(("--num-pages", str(config.num_pages)) if config.num_pages else ()),
             *_kv_fraction_args(config.kv_memory_fraction),
             *("--quantization", config.quantization),
+            *("--speculative", config.speculative),
         )
         executors.append(
             ServiceSpec(

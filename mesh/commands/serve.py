@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages per executor")
     parser.add_argument(
+        "--speculative",
+        default="off",
+        choices=("off", "ngram", "suffix"),
+        help="speculative decoding in every executor: ngram (prompt lookup), suffix (prompt "
+        "lookup, else recent outputs of other requests), off (default, until measured)",
+    )
+    parser.add_argument(
         "--kv-memory-fraction",
         type=float,
         default=None,
@@ -139,6 +146,7 @@ def _config(args: argparse.Namespace):
         result_cache=args.result_cache,
         tools_config=Path(args.tools_config) if args.tools_config else None,
         num_pages=args.num_pages,
+        speculative=args.speculative,
         kv_memory_fraction=args.kv_memory_fraction,
         quantization=args.quantization,
         tensor_parallel_size=args.tensor_parallel_size,
