@@ -21,7 +21,8 @@ from radixmesh.schema.formats import FORMAT_CHECKS
 
 FORMAT_CHECKER = jsonschema.FormatChecker()
 for _name, _check in FORMAT_CHECKS.items():
-    FORMAT_CHECKER.checks(_name)(_check)
+    # a format constrains strings only; any other value passes it
+    FORMAT_CHECKER.checks(_name)(lambda v, check=_check: not isinstance(v, str) or check(v))
 
 
 class SchemaCheck(Enum):

@@ -313,9 +313,21 @@ class _Planner:
             else:
                 out[key] = value  # a keyword of no vocabulary: the validator ignores it too
         _bound_numbers(out, types, self, path)
+        self._close_containers(out, types)
         if "multipleOf" in out:
             return self._multiples(out, path)
         return out
+
+    def _close_containers(self, out: dict[str, Any], types: Any) -> None:
+        """An object or array with nothing said of its members holds any values: written
+        out, so their numbers are bounded too (the grammar library writes raw JSON there)."""
+        if types is None:
+            return
+        shape = ("properties", "additionalProperties", "patternProperties", "propertyNames")
+        if "object" in types and not any(k in out for k in shape):
+            out["additionalProperties"] = self.any_value()
+        if "array" in types and "items" not in out and "prefixItems" not in out:
+            out["items"] = self.any_value()
 
     def _multiples(self, out: dict[str, Any], path: str) -> dict[str, Any]:
         """An integer multipleOf as the enum of its multiples in range (the grammar library
