@@ -36,6 +36,9 @@ STEP_SECONDS = "radixmesh_executor_step_seconds"
 HIT_TOKENS = "radixmesh_cache_prefix_hit_tokens_total"
 QUERY_TOKENS = "radixmesh_cache_prefix_query_tokens_total"
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+SPEC_DRAFTS = "radixmesh_executor_spec_drafts_total"
+SPEC_DRAFT_TOKENS = "radixmesh_executor_spec_draft_tokens_total"
+SPEC_ACCEPTED = "radixmesh_executor_spec_accepted_tokens_total"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -106,6 +109,22 @@ def _server_side(before: Snapshot, after: Snapshot, samples: Sequence[TimePoint]
         "kv_cache_hit_rate": _ratio(
             delta(before, after, "cache", HIT_TOKENS), delta(before, after, "cache", QUERY_TOKENS)
         ),
+        "speculation": speculation_block(before, after),
+    }
+
+
+def speculation_block(before: Snapshot, after: Snapshot) -> dict[str, float | None] | None:
+    """The executors' verified drafts over the run; None when they verified none."""
+    drafts = delta(before, after, "executor", SPEC_DRAFTS)
+    if not drafts:
+        return None
+    accepted = delta(before, after, "executor", SPEC_ACCEPTED) or 0.0
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": delta(before, after, "executor", SPEC_DRAFT_TOKENS),
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": _ratio(accepted, delta(before, after, "executor", SPEC_DRAFT_TOKENS)),
+        "mean_acceptance_length": 1.0 + accepted / drafts,
     }
 
 
@@ -198,6 +217,9 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float | None]:
         "gpu_utilization",
     ):
         flat[key] = report.get(key)
+    spec = report.get("speculation") or {}
+    flat["spec_acceptance_rate"] = spec.get("acceptance_rate")
+    flat["spec_mean_acceptance_length"] = spec.get("mean_acceptance_length")
     js = report.get("json") or {}
     flat["schema_pass_rate"] = js.get("schema_pass_rate")
     flat["truncation_rate"] = js.get("truncation_rate")
@@ -251,6 +273,13 @@ def format_table(report: dict[str, Any]) -> str:
         f"GPU           utilisation {_num(report['gpu_utilization'])}  "
         f"memory max {_num(report['gpu_memory_bytes_max'], '{:.0f}')} B",
     ]
+    spec = report.get("speculation")
+    if spec:
+        lines.append(
+            f"speculation   {spec['num_drafts']:.0f} drafts  acceptance "
+            f"{_num(spec['acceptance_rate'])}  mean acceptance length "
+            f"{_num(spec['mean_acceptance_length'], '{:.2f}')}"
+        )
     js = report.get("json")
     if js:
         e2e = js["latency"]["e2e_s"]

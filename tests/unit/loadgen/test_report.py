@@ -164,3 +164,24 @@ def test_json_pass_rate_counts_finished_outputs_and_truncation_apart():
     assert js["schema_pass_rate"] == 0.5  # the two truncated outputs are not failures
     assert js["truncation_rate"] == 0.5
     assert js["json_decode_latency_s"] is None  # no unconstrained requests to compare with
+
+
+def test_speculation_block_from_the_executor_counters():
+    def snap(drafts, tokens, accepted):
+        empty = frozenset({("endpoint", "executor-0")})
+        return {
+            "executor": {
+                ("radixmesh_executor_spec_drafts_total", empty): drafts,
+                ("radixmesh_executor_spec_draft_tokens_total", empty): tokens,
+                ("radixmesh_executor_spec_accepted_tokens_total", empty): accepted,
+            }
+        }
+
+    report = build_report(LoadRun([result(0.0)], 0.0, 1.0), snap(10, 40, 5), snap(30, 120, 65))
+    spec = report["speculation"]
+    assert spec["num_drafts"] == 20 and spec["acceptance_rate"] == 60 / 80
+    assert spec["mean_acceptance_length"] == 1 + 60 / 20
+    assert flat_metrics(report)["spec_mean_acceptance_length"] == 4.0
+    assert "mean acceptance length 4.00" in format_table(report)
+    quiet = build_report(LoadRun([result(0.0)], 0.0, 1.0), snap(10, 40, 5), snap(10, 40, 5))
+    assert quiet["speculation"] is None and "speculation" not in format_table(quiet)
