@@ -92,3 +92,36 @@ async def test_every_stop_output_validates_and_every_refusal_names_a_keyword(
     assert invalid == []
     # short outputs end by length often; enough finish to make the check mean something
     assert sum(finish == "stop" for _, _, finish in outputs) >= 60
+
+
+DEFECTS = {
+    "escaped backslash pattern": {"type": "string", "pattern": r"^\\d+/\\d+$"},
+    "quote pattern": {"type": "string", "pattern": r'^a"[0-9]{1,3}$'},
+    "unbounded number": {"type": "number"},
+    "number array": {"type": "array", "items": {"type": "number"}, "maxItems": 2},
+    "exclusive integer bounds": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 4},
+    "date": {"type": "string", "format": "date"},
+    "date-time": {"type": "string", "format": "date-time"},
+    "uuid": {"type": "string", "format": "uuid"},
+    "ipv4": {"type": "string", "format": "ipv4"},
+}
+
+
+async def test_the_escape_number_bound_and_format_defects_hold_over_many_seeds(
+    engine, tiny_model_dir
+):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    async def one(name: str, seed: int) -> tuple[str, str, str]:
+        constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(DEFECTS[name]))
+        sampling = SamplingParams(max_tokens=48, temperature=1.0, seed=seed)
+        result = await engine.complete([1, 7 + seed % 50], sampling, constraint=constraint)
+        return name, tokenizer.decode(result.token_ids, skip_special_tokens=True), result.finish_reason
+
+    outputs = await asyncio.gather(*(one(name, seed) for name in DEFECTS for seed in range(16)))
+    results = [(n, t, check_output(DEFECTS[n], t, f)) for n, t, f in outputs]
+    assert [(n, t, r.error) for n, t, r in results if r.check is SchemaCheck.INVALID] == []
+    finished = {n for n, _, r in results if r.check is SchemaCheck.VALID}
+    assert finished == set(DEFECTS)  # each defect's schema produced finished, valid outputs
+    backslash = [t for n, t, r in results if n == "escaped backslash pattern" and r.error == ""]
+    assert all(t.startswith('"\\\\d') for t in backslash)  # the JSON escape of a backslash
