@@ -25,6 +25,9 @@ class NewSequence:
     page_ids: list[int]
     sampling: SamplingParams
     constraint: Constraint | None = None
+    traceparent: str = ""
+    """W3C traceparent of the request's span when it is traced (the executor links its
+    step spans to it); "" otherwise."""
 
 
 @dataclass(slots=True)

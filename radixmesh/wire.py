@@ -213,6 +213,7 @@ def _new_seq_from_proto(msg: executor_pb2.NewSequence) -> NewSequence:
         page_ids=list(msg.page_ids),
         sampling=sampling_from_proto(msg.sampling, where),
         constraint=constraint,
+        traceparent=msg.traceparent,
     )
 
 
@@ -244,6 +245,7 @@ def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
             num_computed_tokens=seq.num_computed_tokens,
             num_scheduled_tokens=seq.num_scheduled_tokens,
             page_ids=seq.page_ids,
+            traceparent=seq.traceparent,
         )
         if seq.sampling != DEFAULT_SAMPLING:
             new.sampling.CopyFrom(sampling_to_proto(seq.sampling))

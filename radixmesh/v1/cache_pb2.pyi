@@ -131,7 +131,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, num_leases: _Optional[int] = ...) -> None: ...
 
 class CacheOp(_message.Message):
-    __slots__ = ("op_id", "acquire", "extend", "commit", "release", "match", "heartbeat")
+    __slots__ = ("op_id", "acquire", "extend", "commit", "release", "match", "heartbeat", "traceparent")
     OP_ID_FIELD_NUMBER: _ClassVar[int]
     ACQUIRE_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class CacheOp(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     MATCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     op_id: int
     acquire: AcquireRequest
     extend: ExtendRequest
@@ -146,7 +147,8 @@ class CacheOp(_message.Message):
     release: ReleaseRequest
     match: MatchRequest
     heartbeat: HeartbeatRequest
-    def __init__(self, op_id: _Optional[int] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., commit: _Optional[_Union[CommitRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., match: _Optional[_Union[MatchRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, op_id: _Optional[int] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., commit: _Optional[_Union[CommitRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., match: _Optional[_Union[MatchRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class CacheOpResult(_message.Message):
     __slots__ = ("op_id", "error_code", "error_message", "acquire", "extend", "commit", "release", "match", "heartbeat")

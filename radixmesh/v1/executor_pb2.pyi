@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NewSequence(_message.Message):
-    __slots__ = ("req_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_scheduled_tokens", "page_ids", "sampling", "constraint")
+    __slots__ = ("req_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_scheduled_tokens", "page_ids", "sampling", "constraint", "traceparent")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class NewSequence(_message.Message):
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
@@ -25,7 +26,8 @@ class NewSequence(_message.Message):
     page_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _inference_pb2.SamplingParams
     constraint: _inference_pb2.Constraint
-    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class RunningSequence(_message.Message):
     __slots__ = ("req_id", "appended_page_ids", "num_scheduled_tokens", "num_draft_tokens")

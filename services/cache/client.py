@@ -28,6 +28,7 @@ from radixmesh.errors import RadixmeshError, Unavailable, error_for_code
 from radixmesh.status import status_of_number
 from radixmesh.v1 import cache_pb2 as pb
 from radixmesh.v1 import cache_pb2_grpc
+from services.common import tracing
 from services.common.health import RECONNECT_OPTIONS
 from services.common.interceptor import error_from_rpc_error
 from services.common.trace_interceptor import trace_metadata
@@ -258,6 +259,7 @@ class CacheClient:
             return []
         loop = asyncio.get_running_loop()
         waits = []
+        traceparent = tracing.current_traceparent()  # the span that caused these verbs
         async with self._write_lock:
             stream = self._open_stream()
             for op in ops:
@@ -266,7 +268,11 @@ class CacheClient:
                 self._pending[op_id] = future
                 waits.append(future)
                 try:
-                    await stream.write(pb.CacheOp(op_id=op_id, **{op.field: op.request()}))
+                    await stream.write(
+                        pb.CacheOp(
+                            op_id=op_id, traceparent=traceparent, **{op.field: op.request()}
+                        )
+                    )
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                     self._fail_pending(
                         Unavailable(f"cache Batch stream to {self.address} broke: {exc}")

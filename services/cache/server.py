@@ -50,8 +50,9 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
 
     # ---- verbs on the core (each a plain function of one request message) ----
 
-    def _run_verb(self, name: str, request: Any) -> Any:
-        """One verb, under a `cache.<verb>` span while tracing is on."""
+    def _run_verb(self, name: str, request: Any, traceparent: str = "") -> Any:
+        """One verb, under a `cache.<verb>` span while tracing is on: a child of the span
+        that `traceparent` names (the request that caused it), else of the current one."""
         if not tracing.enabled():
             return self._ops[name](request)
         attributes = {"radixmesh.verb": name}
@@ -60,7 +61,9 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             if value:
                 attributes[f"radixmesh.{field_name}"] = value
         with tracing.tracer("radixmesh.cache").start_as_current_span(
-            f"cache.{name}", attributes=attributes
+            f"cache.{name}",
+            context=tracing.context_from_traceparent(traceparent),
+            attributes=attributes,
         ):
             return self._ops[name](request)
 
@@ -159,7 +162,7 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
                 raise InvalidArgument(
                     "op must be one of acquire, extend, commit, release, match, heartbeat"
                 )
-            response = self._run_verb(name, getattr(op, name))
+            response = self._run_verb(name, getattr(op, name), op.traceparent)
         except Exception as exc:
             code = status_code_of(exc)
             if code.name == "INTERNAL":

@@ -44,6 +44,7 @@ __all__ = [
     "enabled",
     "endpoint_from_env",
     "epoch_ns",
+    "link_to",
     "record_span",
     "shutdown_tracing",
     "traceparent_from_metadata",
@@ -96,6 +97,12 @@ def context_from_traceparent(value: str | None) -> otel_context.Context | None:
     ctx = _PROPAGATOR.extract({TRACEPARENT: value})
     span = trace.get_current_span(ctx)
     return ctx if span.get_span_context().is_valid else None
+
+
+def link_to(traceparent: str | None) -> Link | None:
+    """A span link to the (remote) span a W3C traceparent names; None for none or a bad one."""
+    ctx = context_from_traceparent(traceparent)
+    return None if ctx is None else Link(trace.get_current_span(ctx).get_span_context())
 
 
 def traceparent_of(span: trace.Span) -> str:

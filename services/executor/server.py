@@ -65,11 +65,15 @@ class _Stream:
     """One Step stream: its run of plans and the sequences it created; each field says
     which thread writes it."""
 
-    __slots__ = ("ended", "num_steps", "req_ids", "run")
+    __slots__ = ("ended", "links", "num_steps", "req_ids", "run", "traced")
 
     def __init__(self) -> None:
         self.req_ids: set[str] = set()
         """Prepare thread: sequences this stream created that the core may still hold."""
+        self.traced: dict[str, tracing.Link] = {}
+        """Prepare thread: a link to the request span of each traced sequence it holds."""
+        self.links: dict[int, list[tracing.Link]] = {}
+        """Prepare thread adds a planned step's links; the execute thread takes them."""
         self.ended: deque[str] = deque()
         """Execute thread appends the sequences the core ended; the prepare thread forgets them."""
         self.num_steps = 0
@@ -280,8 +284,27 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             req_id = stream.ended.popleft()
             if not core.has_seq(req_id):
                 req_ids.discard(req_id)
+                stream.traced.pop(req_id, None)
         req_ids.difference_update(plan.finished_req_ids)
         req_ids.update(new.req_id for new in plan.new_seqs)
+        if tracing.enabled():
+            self._note_links(stream, plan)
+
+    @staticmethod
+    def _note_links(stream: _Stream, plan: StepPlan) -> None:
+        """The step's links: one to the request span of each traced sequence in it."""
+        traced = stream.traced
+        for req_id in plan.finished_req_ids:
+            traced.pop(req_id, None)
+        for new in plan.new_seqs:
+            link = tracing.link_to(new.traceparent)
+            if link is not None:
+                traced[new.req_id] = link
+            else:
+                traced.pop(new.req_id, None)
+        if traced:
+            req_ids = [n.req_id for n in plan.new_seqs] + [r.req_id for r in plan.running_seqs]
+            stream.links[plan.step_id] = [traced[r] for r in req_ids if r in traced]
 
     def _answer(
         self, core: ExecutorCore, stream: _Stream, plan: StepPlan, result: StepResult
@@ -292,14 +315,17 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 stream.ended.append(output.req_id)
         stream.num_steps += 1
         self._metrics.record(plan, result, core.num_seqs)
+        links = stream.links.pop(plan.step_id, [])
         if tracing.enabled():
-            self._trace_step(plan, result)
+            self._trace_step(plan, result, links)
         result.health = self._health.poll()  # about once a second; None on CPU
         return result_to_proto(result)
 
-    def _trace_step(self, plan: StepPlan, result: StepResult) -> None:
-        """One `executor.step` span (never one per token); the scheduler's request spans
-        name the executor and step ids that join them to it."""
+    def _trace_step(
+        self, plan: StepPlan, result: StepResult, links: list[tracing.Link]
+    ) -> None:
+        """One `executor.step` span (never one per token), linked to the request span of
+        every traced sequence in it; the request spans name the executor and step ids."""
         num_tokens = sum(n.num_scheduled_tokens for n in plan.new_seqs)
         num_tokens += sum(r.num_scheduled_tokens for r in plan.running_seqs)
         if num_tokens == 0:
@@ -317,6 +343,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 "radixmesh.num_running_seqs": len(plan.running_seqs),
                 "radixmesh.num_scheduled_tokens": num_tokens,
             },
+            links=links,
         )
 
     def _drop(self, core: ExecutorCore, stream: _Stream) -> int:

@@ -1,36 +1,54 @@
-"""A traced request's spans in the scheduler, written once it ends from the times the core noted.
+"""A traced request's spans in the scheduler: one live span per request, its parts written at the end.
 
 The servicer gives a request a `RequestTrace` when its SubmitRequest carries a
-traceparent and tracing is on; the core then notes plain timestamps at the
+traceparent and tracing is on. `start` opens the request's span at once (so its
+traceparent can travel: to the cache with each verb the request causes, to the
+executor with the new sequence); the core then notes plain timestamps at the
 request's events (`req.trace.<event>(...)`, guarded by `if req.trace`), and
-`finished` writes the spans, children of the gateway's span:
+`finished` writes the parts and ends the span, a child of the gateway's span:
 
     scheduler.request           submit -> end   (model, priority, executor, tokens, finish)
       scheduler.queue_wait      submit -> first admission (again after each preemption)
       scheduler.prefill_chunk   one per chunk: scheduled -> the next event (tokens, step id)
       scheduler.decode          first token -> end, with its step count
+      cache.<verb>              the cache's span of each acquire, extend, commit, release
     events on scheduler.request: preempted (tokens kept), first_token
 
-Executor steps are spans of their own in the executor (`executor.step`, with
-`radixmesh.executor_id` and `radixmesh.step_id`); each chunk and the decode
-span carry the executor id and step ids that join them.
+While the core awaits a cache verb for the request it holds `req.trace.active()`,
+which makes the request's span current; the cache client puts its traceparent on
+the verb's op. Executor steps are batched over many requests: each `executor.step`
+span links to the request spans of the sequences in it (the traceparent the
+NewSequence carried), and each chunk and the decode span name the executor and
+step ids too.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.tracing import SpanKind, context_from_traceparent, record_span, tracer
+from opentelemetry import trace
+
+from services.common.tracing import (
+    SpanKind,
+    context_from_traceparent,
+    epoch_ns,
+    record_span,
+    traceparent_of,
+    tracer,
+)
 
 _TRACER_NAME = "radixmesh.scheduler"
 
 
 @dataclass(slots=True)
 class RequestTrace:
-    parent: Any
-    """The gateway span's context."""
+    root: Any
+    """The request's span (`scheduler.request`), open from submit until `finished`."""
+    traceparent: str
+    """The root span's W3C traceparent (what the cache verbs and the executor carry)."""
     arrival_s: float
     """time.monotonic at submit (the core's arrival_time)."""
     queued: list[float] = field(default_factory=list)
@@ -50,7 +68,17 @@ class RequestTrace:
     def start(cls, traceparent: str, arrival_s: float) -> RequestTrace | None:
         """A trace for a request whose gateway sent a valid traceparent, else None."""
         parent = context_from_traceparent(traceparent)
-        return None if parent is None else cls(parent, arrival_s, queued=[arrival_s])
+        if parent is None:
+            return None
+        root = tracer(_TRACER_NAME).start_span(
+            "scheduler.request", context=parent, kind=SpanKind.SERVER,
+            start_time=epoch_ns(arrival_s),
+        )  # fmt: skip
+        return cls(root, traceparent_of(root), arrival_s, queued=[arrival_s])
+
+    def active(self) -> AbstractContextManager[Any]:
+        """The request's span as the current one (a cache verb awaited inside is its child)."""
+        return trace.use_span(self.root, end_on_exit=False)
 
     def on_admitted(self, now: float) -> None:
         self.admitted.append(now)
@@ -91,9 +119,9 @@ class RequestTrace:
         ]
         if self.first_token_s is not None:
             events.append(("first_token", self.first_token_s, {}))
-        root = record_span(
-            t, "scheduler.request", self.arrival_s, now, self.parent,
-            attributes={
+        root = self.root
+        root.set_attributes(
+            {
                 "radixmesh.req_id": req.req_id,
                 "radixmesh.model": req.model,
                 "radixmesh.priority": req.priority.name.lower(),
@@ -104,9 +132,10 @@ class RequestTrace:
                 "radixmesh.num_preemptions": len(self.preempted),
                 "radixmesh.finish_reason": finish_reason or "error",
                 "radixmesh.code": code,
-            },
-            events=events, kind=SpanKind.SERVER,
-        )  # fmt: skip
+            }
+        )
+        for event, at_s, event_attrs in events:
+            root.add_event(event, event_attrs, timestamp=epoch_ns(at_s))
         for i, queued in enumerate(self.queued):
             end = self.admitted[i] if i < len(self.admitted) else now
             record_span(t, "scheduler.queue_wait", queued, end, root,
@@ -117,15 +146,16 @@ class RequestTrace:
             record_span(
                 t, "scheduler.prefill_chunk", at, later[0] if later else now, root,
                 {"radixmesh.num_scheduled_tokens": num_tokens, "radixmesh.step_id": step_id,
-                 "radixmesh.executor_id": executor_id},
+                     "radixmesh.executor_id": executor_id},
             )  # fmt: skip
         if self.first_token_s is not None:
             attrs: dict[str, Any] = {
-                "radixmesh.num_steps": max(self.num_tokens - 1, 0),
-                "radixmesh.executor_id": executor_id,
+                    "radixmesh.num_steps": max(self.num_tokens - 1, 0),
+                    "radixmesh.executor_id": executor_id,
             }
             if self.decode_steps:
                 attrs["radixmesh.first_step_id"], attrs["radixmesh.last_step_id"] = (
                     self.decode_steps
                 )
             record_span(t, "scheduler.decode", self.first_token_s, now, root, attrs)
+        root.end(end_time=epoch_ns(max(now, self.arrival_s)))

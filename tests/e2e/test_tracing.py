@@ -67,8 +67,11 @@ async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor
 
     def complete(spans) -> bool:
         names = set(tree(spans, trace_id))
-        want = {"gateway.Generate", "scheduler.request", "scheduler.decode", "gateway.stream"}
-        return want <= names and any(s.name == "executor.step" for s in spans)
+        want = {"gateway.Generate", "scheduler.request", "scheduler.decode", "gateway.stream",
+                "cache.acquire", "cache.commit"}  # fmt: skip
+        linked = [s for s in spans if s.name == "executor.step" and
+                  any(tid == trace_id for tid, _ in s.links)]  # fmt: skip
+        return want <= names and len(linked) >= 6
 
     spans = collector.wait_for(complete, TIMEOUT_S)
     t = tree(spans, trace_id)
@@ -105,6 +108,20 @@ async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor
     assert last - first == 4 and {first, last} <= set(steps)
     assert not any(s.name == "executor.step" and s.trace_id == trace_id for s in spans)
     assert any(s.service == "radixmesh-cache" and s.name.startswith("cache.") for s in spans)
+
+    # ... and each step that ran the request links to its span
+    request_link = (trace_id, request_span.span_id)
+    linked = {i for i, s in steps.items() if request_link in s.links}
+    ran = {c.attributes["radixmesh.step_id"] for c in t["scheduler.prefill_chunk"]}
+    assert ran | set(range(first, last + 1)) <= linked
+    assert all(s.start_ns <= request_span.end_ns for i, s in steps.items() if i in linked)
+
+    # the cache verbs the request caused are children of its span in its trace
+    for name in ("cache.acquire", "cache.commit"):
+        verb = one(t, name)
+        assert verb.service == "radixmesh-cache"
+        assert verb.parent_span_id == request_span.span_id
+        assert verb.attributes["radixmesh.verb"] == name.removeprefix("cache.")
 
 
 async def test_an_openai_http_request_continues_the_callers_trace_through_envoy(traced):

@@ -89,6 +89,7 @@ def _start(ex: ExecutorState, budget: StepBudget, req: Request) -> NewSequence:
         page_ids=list(req.page_table),
         sampling=req.sampling,
         constraint=req.constraint,
+        traceparent=req.trace.traceparent if req.trace is not None else "",
     )
     req.num_unsent_pages = 0
     if req.trace is not None:

@@ -6,6 +6,8 @@ of a request (page_table, num_computed_tokens, lease_id) changes in one place.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import structlog
 
 from radixmesh.errors import RadixmeshError, ResourceExhausted
@@ -21,6 +23,11 @@ log = structlog.get_logger(__name__)
 
 def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
+
+
+def _traced(req: Request) -> AbstractContextManager[object]:
+    """While a cache verb req caused is awaited: its trace's span is the current one."""
+    return req.trace.active() if req.trace is not None else nullcontext()
 
 
 class Leases:
@@ -46,9 +53,10 @@ class Leases:
         lookup = tokens[: len(tokens) - 1 if cap is None else min(cap, len(tokens) - 1)]
         for num_tokens in dict.fromkeys((max(wanted, len(tokens)), len(tokens))):
             try:
-                grant = await self._cache.acquire(
-                    ex.executor_id, lookup, num_tokens, self._holder
-                )
+                with _traced(req):
+                    grant = await self._cache.acquire(
+                        ex.executor_id, lookup, num_tokens, self._holder
+                    )
             except ResourceExhausted:
                 continue
             req.lease_id = grant.lease_id
@@ -72,7 +80,8 @@ class Leases:
         assert req.lease_id is not None
         for num_pages in dict.fromkeys((max(missing, self._lookahead), missing)):
             try:
-                page_ids = await self._cache.extend(req.lease_id, num_pages)
+                with _traced(req):
+                    page_ids = await self._cache.extend(req.lease_id, num_pages)
             except ResourceExhausted:
                 continue
             req.page_table.extend(page_ids)
@@ -110,7 +119,8 @@ class Leases:
             req.num_unsent_pages = req.num_computed_tokens = req.num_admitted_tokens = 0
             req.status = RequestStatus.FINISHED
             try:
-                await self._cache.commit(lease_id, commit_tokens, keep_locked=True)
+                with _traced(req):
+                    await self._cache.commit(lease_id, commit_tokens, keep_locked=True)
             except RadixmeshError as exc:
                 log.warning("holding a context failed", req_id=req.req_id, error=str(exc))
                 return None
@@ -145,9 +155,10 @@ class Leases:
         if lease_id is None:
             return
         try:
-            if commit_tokens:
-                await self._cache.commit(lease_id, commit_tokens)
-            else:
-                await self._cache.release(lease_id)
+            with _traced(req):
+                if commit_tokens:
+                    await self._cache.commit(lease_id, commit_tokens)
+                else:
+                    await self._cache.release(lease_id)
         except RadixmeshError as exc:  # the cache expires what it could not end
             log.warning("ending lease failed", req_id=req.req_id, lease_id=lease_id, error=str(exc))
