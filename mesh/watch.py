@@ -1,12 +1,13 @@
 """Keep a running mesh up: a service that exits is started again, the others keep serving.
 
-    reason = await keep_serving(mesh, report=print)   # returns only when it gives up
+    reason = await keep_serving(mesh, report=print, on_restarted=publish)   # returns when it gives up
 
 Each exit is answered by `mesh.restart(name)` on the same ports after the backoff
 of `mesh.config.restart_policy` (see `mesh.restarts`); a restart that fails counts
 as another exit. Once a service has used up its restarts in one window,
 `keep_serving` returns a message naming it, its exit code and the tail of its
-log, and the caller stops the mesh.
+log, and the caller stops the mesh. After each restart that serves,
+`on_restarted(name)` runs (serve re-registers the mesh: the service's PID changed).
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from mesh.restarts import RestartBudget
 from mesh.supervisor import ServiceFailed
 
 
-async def keep_serving(mesh: Mesh, report: Callable[[str], None]) -> str:
+async def keep_serving(
+    mesh: Mesh,
+    report: Callable[[str], None],
+    on_restarted: Callable[[str], object] | None = None,
+) -> str:
     """Restart whatever exits until one service exits too often; then the reason."""
     policy = mesh.config.restart_policy
     budget = RestartBudget(policy)
@@ -44,4 +49,6 @@ async def keep_serving(mesh: Mesh, report: Callable[[str], None]) -> str:
         except ServiceFailed as exc:
             report(f"restart of {exited.name!r} failed: {exc.reason}")
             continue
+        if on_restarted is not None:
+            on_restarted(exited.name)
         report(f"service {exited.name!r} is serving again")

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from radixmesh.errors import InvalidArgument
@@ -260,33 +261,46 @@ async def _run(
         stopped.cancel()
         print(f"radixmesh: {exc}", file=sys.stderr, flush=True)
         return 1, False
-    if endpoints_json:
-        tmp = f"{endpoints_json}.tmp"
-        Path(tmp).write_text(mesh.endpoints_json())
-        os.replace(tmp, endpoints_json)
-    from mesh.observe.meshinfo import register, unregister
+    from mesh.observe.meshinfo import unregister
     from mesh.observe.status import StatusServer
 
     status = None if status_port < 0 else StatusServer(mesh.endpoints(), "127.0.0.1", status_port)
     if status is not None:
         _say(f"status page {await status.start()}")
-    info = {**mesh.endpoints(), "status": status.url if status else None}
-    registered = register(info, mesh.config.public_port)
+    publish = publisher(mesh, status.url if status else None, endpoints_json)
+    registered = publish()
     try:
-        return await _serve_ready(mesh, stopped)
+        return await _serve_ready(mesh, stopped, lambda name: publish())
     finally:
         unregister(registered)
         if status is not None:
             await status.stop()
 
 
-async def _serve_ready(mesh, stopped: asyncio.Task) -> tuple[int, bool]:
+def publisher(mesh, status_url: str | None, endpoints_json: str | None) -> Callable[[], Path]:
+    """Writes the running mesh's endpoints (PIDs included) to --endpoints-json and to the
+    registry of running meshes; serve calls it once ready and again after every restart."""
+    from mesh.observe.meshinfo import register
+
+    def publish() -> Path:
+        if endpoints_json:
+            tmp = f"{endpoints_json}.tmp"
+            Path(tmp).write_text(mesh.endpoints_json())
+            os.replace(tmp, endpoints_json)
+        return register({**mesh.endpoints(), "status": status_url}, mesh.config.public_port)
+
+    return publish
+
+
+async def _serve_ready(
+    mesh, stopped: asyncio.Task, on_restarted: Callable[[str], object]
+) -> tuple[int, bool]:
     from mesh.watch import keep_serving
 
     print(format_endpoints(mesh.endpoints()), flush=True)
     print(f"{READY_LINE}: serving {mesh.model_name!r} at {mesh.endpoints()['http']}"
           " (Ctrl-C stops)", flush=True)  # fmt: skip
-    gave_up = asyncio.create_task(keep_serving(mesh, _say))
+    gave_up = asyncio.create_task(keep_serving(mesh, _say, on_restarted))
     await asyncio.wait([gave_up, stopped], return_when=asyncio.FIRST_COMPLETED)
     if gave_up.done():
         stopped.cancel()
