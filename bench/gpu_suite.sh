@@ -9,7 +9,8 @@
 #        profile_fp8, fp8_quality: the same with FP8 projections; kernel_tests_gpu, the GPU-only
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
 #        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
-#        which need 2 GPUs)
+#        which need 2 GPUs; train_tiny and speculative: a small model trained on the standard
+#        library's source, then speculative decoding off / ngram / suffix on it)
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -379,6 +380,27 @@ step_allreduce() {
 }
 
 step_tp() { step_allreduce; step_tp_b1; step_tp_offline; }
+
+TRAINED=${TRAINED_DIR:-/tmp/radixmesh-tiny-trained}
+
+# train_tiny: a small Llama trained on the standard library's source (bench/train_tiny.py),
+# the model the speculative step measures; kept in $TRAINED between calls on a warm machine.
+step_train_tiny() {
+    local args=()
+    [ "$GPU" = 1 ] || args=(--smoke)
+    run_step train_tiny 420 $PY bench/train_tiny.py --out "$TRAINED" --device "$(engine_device)" \
+        "${args[@]}" --json "$RESULTS/train_tiny.json"
+}
+
+# speculative: off / ngram / suffix on code editing, quoting, JSON, multi-turn and random
+# prompts at batch 1, 8, 32, 128 (bench/speculative.py), on the trained model.
+step_speculative() {
+    local args=()
+    [ "$GPU" = 1 ] || args=(--smoke)
+    [ -f "$TRAINED/config.json" ] || step_train_tiny
+    run_step speculative 480 $PY bench/speculative.py --model "$TRAINED" \
+        --device "$(engine_device)" "${args[@]}" --json "$RESULTS/speculative.json"
+}
 
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(setup ceilings model engine_b1 profile kernels engine_offline

@@ -1,0 +1,212 @@
+"""Speculative decoding: output tok/s, TPOT and acceptance with speculation off, prompt
+lookup (ngram) and cross-request suffix drafts, on workloads where drafts can be right and
+one where they cannot, at batch 1, 8, 32 and 128, through the in-process engine.
+
+    python bench/train_tiny.py --out /tmp/tiny-trained          # a model that has learned
+    python bench/speculative.py --model /tmp/tiny-trained --json /tmp/spec.json
+    python bench/speculative.py --smoke --device cpu            # the flow, numbers meaningless
+
+Workloads (text from the standard library's source, tokenized with the model's tokenizer):
+  code_edit   a function, then "the same with one name changed:" and its first line
+  quote       a module's docstring, then "Quote:" and its first words
+  json        key: value lines, then a JSON object of them begun
+  multi_turn  an earlier turn's prompt and answer, then the same prompt again (the answer
+              repeats: drafts from the request itself and from the earlier request's output)
+  random      random token ids (drafts cannot be right: the automatic switch must hold)
+Every request is greedy with exactly --output-len tokens; the outputs of every mode are
+compared token for token with speculation off ("identical" in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mesh.engine import Engine, EngineConfig
+from radixmesh.sampling import SamplingParams
+from services.executor.core.spec import SpeculativeConfig
+from services.scheduler.core import SchedulerConfig
+
+WORKLOADS = ("code_edit", "quote", "json", "multi_turn", "random")
+MODES = ("off", "ngram", "suffix")
+
+
+def stdlib_sources(limit: int = 200) -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for path in sorted(root.glob("*.py"))[:limit]:
+        try:
+            out.append(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+    return out
+
+
+def functions(sources: list[str]) -> list[str]:
+    found = []
+    for text in sources:
+        for m in re.finditer(r"\n(def [^\n]+\n(?:(?:    [^\n]*)?\n){4,40})", text):
+            found.append(m.group(1))
+    return found
+
+
+def docstrings(sources: list[str]) -> list[str]:
+    return [m.group(1) for t in sources if (m := re.match(r'\s*"""(.{200,1500}?)"""', t, re.S))]
+
+
+def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) -> list[str]:
+    if workload == "code_edit":
+        funcs = functions(sources)
+        picks = [rng.choice(funcs) for _ in range(n)]
+        return [f"{f}\n# The same function with one name changed:\n{f.splitlines()[0]}\n" for f in picks]
+    if workload == "quote":
+        docs = docstrings(sources)
+        picks = [rng.choice(docs) for _ in range(n)]
+        return [f'"""{d}"""\n\nQuote: "{" ".join(d.split()[:4])}' for d in picks]
+    if workload == "json":
+        out = []
+        for _ in range(n):
+            keys = rng.sample(["name", "path", "mode", "size", "owner", "group", "kind", "level", "count", "label"], 6)
+            lines = "\n".join(f"{k}: {rng.choice(sources)[rng.randrange(1000):][:12].split()[0] if rng.random() < 0.5 else rng.randrange(10**6)}" for k in keys)
+            out.append(f"{lines}\n\nAs JSON: {{\"{keys[0]}\": ")
+        return out
+    raise ValueError(workload)
+
+
+def make_prompts(workload: str, n: int, tokenizer, vocab: int, seed: int, prompt_len: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    if workload == "random":
+        return [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(n)]
+    texts = make_texts("code_edit" if workload == "multi_turn" else workload, n, rng, stdlib_sources())
+    return [tokenizer.encode(t, add_special_tokens=False)[-prompt_len:] for t in texts]
+
+
+async def run_batch(engine, prompts: list[list[int]], output_len: int) -> tuple[list[list[int]], float, list[float]]:
+    """(outputs, seconds, TPOT per request) of the prompts sent together."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    start = time.perf_counter()
+
+    async def one(prompt: list[int]) -> tuple[list[int], float]:
+        first = last = None
+        tokens: list[int] = []
+        async for update in await engine.generate(prompt, sampling):
+            if update.error is not None:
+                raise update.error
+            if update.token_ids:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                tokens += update.token_ids
+        assert first is not None and last is not None
+        return tokens, (last - first) / max(1, len(tokens) - 1)
+
+    done = await asyncio.gather(*(one(p) for p in prompts))
+    return [d[0] for d in done], time.perf_counter() - start, [d[1] for d in done]
+
+
+async def bench_mode(args, mode: str, tokenizer) -> dict:
+    spec = SpeculativeConfig(
+        method=mode, max_draft_tokens=args.num_speculative_tokens, max_batch_size=args.speculative_max_batch_size
+    )
+    config = EngineConfig.for_model(
+        args.model,
+        scheduler=SchedulerConfig(max_num_seqs=max(args.batch_sizes), max_queue_len=4096),
+        device=args.device,
+        max_num_seqs=max(args.batch_sizes),
+        speculative=spec,
+        **({"num_pages": args.num_pages} if args.num_pages else {}),
+    )
+    rows = {}
+    async with Engine(config) as engine:
+        vocab = engine.executors[0].info.vocab_size
+        for batch in args.batch_sizes:  # warm-up: every batch shape once, short outputs
+            await run_batch(engine, make_prompts("random", batch, tokenizer, vocab, 99, 64), 8)
+        for workload in args.workloads:
+            for batch in args.batch_sizes:
+                prompts = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)
+                if workload == "multi_turn":  # turn 1, then its prompt + answer + the prompt again
+                    answers, _, _ = await run_batch(engine, prompts, args.output_len)
+                    prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
+                before = engine.executors[0].spec_stats.snapshot()
+                outputs, seconds, tpots = await run_batch(engine, prompts, args.output_len)
+                after = engine.executors[0].spec_stats.snapshot()
+                drafts = after.num_drafts - before.num_drafts
+                accepted = after.num_accepted_tokens - before.num_accepted_tokens
+                rows[f"{workload}/b{batch}"] = {
+                    "output_tok_s": sum(len(o) for o in outputs) / seconds,
+                    "tpot_ms": 1e3 * sum(tpots) / len(tpots),
+                    "num_drafts": drafts,
+                    "acceptance_rate": accepted / max(1, after.num_draft_tokens - before.num_draft_tokens),
+                    "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+                    "outputs": outputs,
+                }
+                print(f"{mode:<7} {workload:<11} b{batch:<4} {rows[f'{workload}/b{batch}']['output_tok_s']:10.1f} tok/s  "
+                      f"TPOT {rows[f'{workload}/b{batch}']['tpot_ms']:7.2f} ms  drafts {drafts}", flush=True)
+    return rows
+
+
+def summarize(results: dict[str, dict]) -> dict:
+    off = results["off"]
+    summary = {}
+    for mode, rows in results.items():
+        for key, row in rows.items():
+            entry = {k: v for k, v in row.items() if k != "outputs"}
+            entry["speedup_vs_off"] = row["output_tok_s"] / off[key]["output_tok_s"]
+            entry["identical"] = row["outputs"] == off[key]["outputs"]
+            summary[f"{mode}/{key}"] = entry
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model folder (bench/train_tiny.py's)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--prompt-len", type=int, default=512, help="most prompt tokens (cut from the left)")
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--speculative-max-batch-size", type=int, default=32)
+    p.add_argument("--num-pages", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--smoke", action="store_true", help="batch 1 and 2, short outputs")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.batch_sizes, args.output_len, args.prompt_len = [1, 2], 8, 96
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model is None:
+        from mesh.tiny_model import ensure_default_model
+
+        args.model = str(ensure_default_model())
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if "off" not in args.modes:
+        args.modes = ["off", *args.modes]
+    results = {mode: asyncio.run(bench_mode(args, mode, tokenizer)) for mode in args.modes}
+    summary = summarize(results)
+    for key, row in summary.items():
+        print(f"{key:<28} x{row['speedup_vs_off']:.2f}  identical {row['identical']}  "
+              f"acceptance length {row['mean_acceptance_length']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": summary}, indent=1))
+    return 0 if all(r["identical"] for r in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
