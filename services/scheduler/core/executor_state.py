@@ -60,7 +60,7 @@ class ExecutorState:
 
     @classmethod
     def create(cls, port: ExecutorPort, config: SchedulerConfig) -> ExecutorState:
-        return cls(port=port, info=port.info, queue=WaitQueue(config))
+        return cls(port=port, info=port.info, queue=WaitQueue(config, port.info.page_size))
 
     def note_health(self, health: DeviceHealth | None, now: float) -> None:
         """Keep a step result's device health (results between reports carry none)."""

@@ -8,20 +8,30 @@ request, of any class, until it is served: nothing starves.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from radixmesh.sampling import Priority
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.sharing import num_prefix_pages, page_keys
 
 
 class WaitQueue:
-    """Insertion-ordered waiting requests; `ranked` sorts them on demand (per step)."""
+    """Insertion-ordered waiting requests; `ranked` sorts them on demand (per step).
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    With a page_size, the queue also knows which full prompt pages its requests
+    hold (`has_page`, by the page keys of sharing.page_keys), for routing.
+    """
+
+    def __init__(self, config: SchedulerConfig, page_size: int | None = None) -> None:
         self._aging_rate = config.aging_rate
         self._prefix_weight = config.prefix_weight
+        self._page_size = page_size
         self._requests: dict[str, Request] = {}
+        self._page_keys: Counter[int] = Counter()
+        """Page key -> queued requests whose prompt has that page."""
+        self._keys_of: dict[str, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -29,14 +39,29 @@ class WaitQueue:
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._requests
 
+    def has_page(self, key: int) -> bool:
+        """Read-only: a queued request's prompt has the full page of this key."""
+        return key in self._page_keys
+
     def __iter__(self) -> Iterator[Request]:
         return iter(list(self._requests.values()))
 
     def push(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
         self._requests[req.req_id] = req
+        if self._page_size is not None and req.req_id not in self._keys_of:
+            num_pages = num_prefix_pages(len(req.prompt_token_ids), self._page_size)
+            keys = page_keys(req, self._page_size, num_pages)
+            self._keys_of[req.req_id] = keys
+            self._page_keys.update(keys)
 
     def remove(self, req_id: str) -> Request | None:
+        keys = self._keys_of.pop(req_id, None)
+        if keys is not None:
+            self._page_keys.subtract(keys)
+            for key in keys:
+                if self._page_keys[key] <= 0:
+                    self._page_keys.pop(key, None)
         return self._requests.pop(req_id, None)
 
     def rank(self, req: Request, now: float) -> float:

@@ -41,6 +41,9 @@ class Request:
     """Set by routing."""
     match_tokens: int = 0
     """Cached prefix length seen by routing (a queue ranking hint, may go stale)."""
+    num_routed_shared_tokens: int = 0
+    """Prompt tokens routing found cached, queued or prefilling on its executor: work the
+    queued request does not add to that executor's load (routing.load_tokens)."""
     num_cached_tokens: int | None = None
     """Tokens served from the cache at first admission (reported once)."""
     lease_id: str | None = None

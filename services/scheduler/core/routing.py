@@ -28,7 +28,7 @@ from services.scheduler.core.request import Request
 
 def load_tokens(waiting: Sequence[Request], running: Sequence[Request]) -> int:
     """Tokens an executor must still run before a new request's turn (a load estimate)."""
-    queued = sum(r.num_tokens for r in waiting)
+    queued = sum(r.num_tokens - r.num_routed_shared_tokens for r in waiting)
     prefilling = sum(max(0, r.num_admitted_tokens - r.num_computed_tokens) for r in running)
     return queued + prefilling + len(running)
 

@@ -46,6 +46,7 @@ from services.scheduler.core.queue_wait import (
 from services.scheduler.core.request import Request, RequestStatus, StepUpdates
 from services.scheduler.core.routing import choose_executor, executors_in_trouble, load_tokens
 from services.scheduler.core.running import schedule_running
+from services.scheduler.core.sharing import pending_matches, weigh_pending
 from services.scheduler.core.stats import SchedulerStats
 
 log = structlog.get_logger(__name__)
@@ -302,8 +303,12 @@ class SchedulerCore:
             for ex in candidates
         }
         avoid = executors_in_trouble(candidates, self._clock(), self.config)
-        ex = self._executors[choose_executor(req.num_tokens, loads, matches, avoid)]
+        # pages queued or prefilling on an executor count as cached there (sharing.py)
+        shared = pending_matches(req, candidates, matches, self._leases.inflight)
+        weighed = weigh_pending(shared, matches)
+        ex = self._executors[choose_executor(req.num_tokens, loads, weighed, avoid)]
         req.executor_id = ex.executor_id
+        req.num_routed_shared_tokens = shared.get(ex.executor_id, 0)
         req.match_tokens = matches.get(ex.executor_id, 0)
         if (cap := req.max_cached_tokens) is not None:
             req.match_tokens = min(req.match_tokens, cap)
