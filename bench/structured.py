@@ -21,6 +21,11 @@ output token of both, their ratio, where the constrained step's extra time goes,
 many output tokens the grammar forced (one allowed token: what jump-forward could skip).
 
     python -m bench.structured --mode engine --rounds 3 --output-len 64
+
+`--mode corpus` compiles the project's schema corpus (bench/structured_compile.py): plan,
+cold and cached compile p50/p99 per schema, and the JSON decode latency of a cached schema.
+
+    python -m bench.structured --mode corpus --mask-us-per-token 20
 """
 
 from __future__ import annotations
@@ -449,6 +454,19 @@ def _report_engine(args: argparse.Namespace, rounds: list[dict], timers: _Timers
     print(f"{100 * extra / step_u:.1f}% of the unconstrained step")
 
 
+def _corpus(args: argparse.Namespace) -> None:
+    from bench.structured_compile import report_corpus
+
+    mask_us, output_len = args.mask_us_per_token, args.output_len
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or write_tiny_model(tmp, arch="llama", seed=0)
+        service = GrammarService.from_model_dir(model)
+        report_corpus("model tokenizer", service, mask_us, output_len)
+    if args.synthetic_vocab:
+        info = synthetic_tokenizer_info(args.synthetic_vocab)
+        report_corpus("synthetic vocabulary", GrammarService(info), mask_us, output_len)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="a Hugging Face model folder (default: the tiny model)")
@@ -457,7 +475,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--threads", type=int, default=8, help="for xgrammar's batch matcher")
     parser.add_argument("--compile-repeats", type=int, default=3)
-    parser.add_argument("--mode", choices=("host", "engine"), default="host")
+    parser.add_argument("--mode", choices=("host", "engine", "corpus"), default="host")
+    parser.add_argument(
+        "--mask-us-per-token", type=float, default=0.0, help="corpus: host mask cost per token"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="engine: rounds of both kinds")
     parser.add_argument("--prompt-len", type=int, default=32, help="engine: prompt tokens")
     parser.add_argument("--output-len", type=int, default=64, help="engine: output tokens")
@@ -474,6 +495,9 @@ def main() -> None:
         configure_logging("bench", level="warning", json=False)
         model = args.model or str(ensure_default_model())
         asyncio.run(bench_engine(args, model))
+        return
+    if args.mode == "corpus":
+        _corpus(args)
         return
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or write_tiny_model(tmp, arch="llama", seed=0)

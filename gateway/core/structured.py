@@ -17,7 +17,7 @@ from typing import Any
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind
-from radixmesh.schema import SchemaCheck, check_enforceable, check_output, plan_json_schema
+from radixmesh.schema import SchemaCheck, check_enforceable, check_output, plan_schema_text
 from radixmesh.schema import schema_hash as hash_schema
 from services.common.logging import get_logger
 from services.common.metrics import counter
@@ -62,7 +62,7 @@ def schema_spec(constraint: Constraint | None) -> SchemaSpec | None:
     except json.JSONDecodeError as exc:
         raise InvalidArgument(f"{FIELD}: not valid JSON: {exc}") from None
     try:
-        plan = plan_json_schema(schema)
+        plan = plan_schema_text(constraint.value)
     except InvalidArgument as exc:
         raise InvalidArgument(f"{FIELD}: {exc}") from None
     if not constraint.best_effort:

@@ -6,7 +6,13 @@ request's own schema. Both are pure, so the gateway and the executor agree.
 """
 
 from radixmesh.schema.check import SchemaCheck, SchemaResult, check_output, schema_hash
-from radixmesh.schema.plan import SchemaPlan, Unenforced, check_enforceable, plan_json_schema
+from radixmesh.schema.plan import (
+    SchemaPlan,
+    Unenforced,
+    check_enforceable,
+    plan_json_schema,
+    plan_schema_text,
+)
 
 __all__ = [
     "SchemaCheck",
@@ -16,5 +22,6 @@ __all__ = [
     "check_enforceable",
     "check_output",
     "plan_json_schema",
+    "plan_schema_text",
     "schema_hash",
 ]

@@ -16,6 +16,7 @@ executor run the same one, so they agree on what is refused.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -149,6 +150,17 @@ def plan_json_schema(schema: Schema) -> SchemaPlan:
         for key, value in defs.items():
             out[key] = {**out.get(key, {}), **value}
     return SchemaPlan(out, tuple(planner.notes.values()))
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_schema_text(text: str) -> SchemaPlan:
+    """plan_json_schema of a schema given as JSON text, cached by that text (requests repeat
+    their schemas; the plan is read-only). InvalidArgument for text that is not JSON."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"not valid JSON: {exc}") from None
+    return plan_json_schema(schema)
 
 
 def check_enforceable(plan: SchemaPlan, field: str) -> None:

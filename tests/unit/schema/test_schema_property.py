@@ -3,8 +3,10 @@ compiled grammar admits validates against it. Schemas are drawn by hypothesis.""
 
 from __future__ import annotations
 
+import re
+
 import jsonschema
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from radixmesh.schema import SchemaCheck, check_output, plan_json_schema
@@ -12,6 +14,7 @@ from radixmesh.schema.formats import FORMAT_PATTERNS
 from tests.fixtures.grammar_sampler import GrammarSampler
 
 SAMPLER = GrammarSampler()
+UNSATISFIABLE = re.compile(r"^no (listed )?(value|branch) satisf")
 NAMES = st.sampled_from(["id", "name", "x", "y", "tags", "kind", "a b", 'q"t', "é"])
 PATTERNS = st.sampled_from(
     [r"^[a-z]{1,5}$", r"^\d{2}-\d{2}$", r"^\\[a-c]+$", r'^"[0-9]"$', r"^(x|yz)*$", r"^v(\.[0-9]+)?$"]
@@ -77,7 +80,9 @@ schemas = st.recursive(leaves, _containers, max_leaves=6)
 def test_every_text_the_grammar_admits_validates(schema, seed):
     jsonschema.validators.validator_for(schema).check_schema(schema)
     plan = plan_json_schema(schema)
-    assert plan.unenforced == ()
+    # allOf branches drawn at random can contradict each other: only that is reported
+    assert all(UNSATISFIABLE.search(u.reason) for u in plan.unenforced), plan.unenforced
+    assume(not plan.unenforced)
     grammar = SAMPLER.compile_json_schema(plan.grammar_text)
     for draw in range(4):
         text = SAMPLER.sample(grammar, seed + draw, max_chars=300)
