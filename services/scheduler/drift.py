@@ -1,11 +1,12 @@
 """A rolling baseline of TTFT, time per output token and error rate; a gauge and an event when they drift.
 
-Every `window_s` the watcher reads the core's cumulative statistics and takes
-the window's values: mean TTFT and mean inter-token latency (the time per
-output token) of the requests that got tokens in the window, and the share of
-requests that ended in an error. Each value is judged against the median of
-the last `history` windows (windows with fewer than `min_requests` requests
-are skipped):
+Every `window_s` the watcher reads the core's cumulative statistics per model
+(`SchedulerStats.by_model`) and takes each model's window: mean TTFT and mean
+inter-token latency (the time per output token) of its requests that got
+tokens in the window, and the share of its requests that ended in an error.
+Each value is judged against the median of the same model's last `history`
+windows (windows with fewer than `min_requests` requests are skipped), so a
+slow model beside a fast one is neither an anomaly nor hides one:
 
 - TTFT, TPOT: `radixmesh_scheduler_baseline_deviation_ratio{model, metric}` is
   current / baseline; the window deviates when that is off 1 by more than
@@ -15,13 +16,13 @@ are skipped):
 
 `radixmesh_scheduler_baseline_anomaly{model, metric}` is 1 while the window
 deviates, and the log says `baseline_deviation` (`baseline_recovered` when it
-returns). The statistics are the scheduler's, so `model` is the model (or the
-comma-joined models) this scheduler serves.
+returns).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from radixmesh.errors import InvalidArgument
 from services.common.logging import get_logger
 from services.common.metrics import gauge
-from services.scheduler.core.stats import SchedulerStats
+from services.scheduler.core.stats import ModelTotals, SchedulerStats
 
 log = get_logger(__name__)
 
@@ -104,30 +105,12 @@ class RollingBaseline:
         return deviation
 
 
-@dataclass(slots=True)
-class _Totals:
-    ttft_sum: float = 0.0
-    ttft_count: int = 0
-    itl_sum: float = 0.0
-    itl_count: int = 0
-    finished: int = 0
-    errors: int = 0
-
-    @classmethod
-    def read(cls, stats: SchedulerStats) -> _Totals:
-        ttft = stats.time_to_first_token.values()
-        return cls(
-            ttft_sum=sum(h.sum for h in ttft),
-            ttft_count=sum(h.count for h in ttft),
-            itl_sum=stats.inter_token_latency.sum,
-            itl_count=stats.inter_token_latency.count,
-            finished=sum(stats.num_finished.values()),
-            errors=sum(n for (reason, _), n in stats.num_finished.items() if reason == "error"),
-        )
+def _snapshot(stats: SchedulerStats) -> dict[str, ModelTotals]:
+    return {model: dataclasses.replace(t) for model, t in stats.by_model.items()}
 
 
-def window_values(before: _Totals, after: _Totals, min_requests: int) -> dict[str, float]:
-    """The window's TTFT, TPOT and error rate, each only when enough requests back it."""
+def window_values(before: ModelTotals, after: ModelTotals, min_requests: int) -> dict[str, float]:
+    """One model's window: TTFT, TPOT and error rate, each only when enough requests back it."""
     out: dict[str, float] = {}
     ttft_n = after.ttft_count - before.ttft_count
     if ttft_n >= min_requests:
@@ -135,63 +118,72 @@ def window_values(before: _Totals, after: _Totals, min_requests: int) -> dict[st
     itl_n = after.itl_count - before.itl_count
     if itl_n >= min_requests and ttft_n > 0:
         out["tpot"] = (after.itl_sum - before.itl_sum) / itl_n
-    finished = after.finished - before.finished
+    finished = after.num_finished - before.num_finished
     if finished >= min_requests:
-        out["error_rate"] = (after.errors - before.errors) / finished
+        out["error_rate"] = (after.num_errors - before.num_errors) / finished
     return out
 
 
 class DriftWatcher:
-    """Judges each window of the core's statistics; see the module docstring."""
+    """Judges each model's window of the core's statistics; see the module docstring."""
 
-    def __init__(
-        self,
-        config: DriftConfig,
-        stats: Callable[[], SchedulerStats | None],
-        model: Callable[[], str],
-    ) -> None:
+    def __init__(self, config: DriftConfig, stats: Callable[[], SchedulerStats | None]) -> None:
         self.config = config
         self._stats = stats
-        self._model = model
-        self._baselines = {
-            name: RollingBaseline(
-                config.history,
-                config.min_history,
-                config.error_tolerance if name == "error_rate" else config.tolerance,
-                relative=name != "error_rate",
-            )
-            for name in ("ttft", "tpot", "error_rate")
-        }
-        self._before: _Totals | None = None
+        self._baselines: dict[str, dict[str, RollingBaseline]] = {}
+        """Model -> metric -> its rolling baseline (made at the model's first window)."""
+        self._before: dict[str, ModelTotals] | None = None
 
-    def tick(self) -> dict[str, float | None]:
-        """Close the current window: judge it, set the gauges, log transitions."""
+    def _for(self, model: str) -> dict[str, RollingBaseline]:
+        baselines = self._baselines.get(model)
+        if baselines is None:
+            config = self.config
+            baselines = self._baselines[model] = {
+                name: RollingBaseline(
+                    config.history,
+                    config.min_history,
+                    config.error_tolerance if name == "error_rate" else config.tolerance,
+                    relative=name != "error_rate",
+                )
+                for name in ("ttft", "tpot", "error_rate")
+            }
+        return baselines
+
+    def tick(self) -> dict[str, dict[str, float | None]]:
+        """Close the current window: judge each model's, set the gauges, log transitions.
+        Returns model -> metric -> deviation (None while the model's history is short)."""
         stats = self._stats()
         if stats is None:
             return {}
-        after = _Totals.read(stats)
+        after = _snapshot(stats)
         before, self._before = self._before, after
         if before is None:
             return {}
-        model = self._model()
-        out: dict[str, float | None] = {}
-        for name, value in window_values(before, after, self.config.min_requests).items():
-            baseline = self._baselines[name]
-            was = baseline.anomalous
-            deviation = baseline.judge(value)
-            out[name] = deviation
-            if deviation is None:
-                continue
-            DEVIATION.labels(model, name).set(deviation)
-            ANOMALY.labels(model, name).set(1.0 if baseline.anomalous else 0.0)
-            if baseline.anomalous and not was:
-                log.warning(
-                    "baseline_deviation", model=model, metric=name, value=value,
-                    deviation=deviation, window_s=self.config.window_s,
-                )  # fmt: skip
-            elif was and not baseline.anomalous:
-                log.info("baseline_recovered", model=model, metric=name, value=value)
+        out: dict[str, dict[str, float | None]] = {}
+        for model, totals in after.items():
+            values = window_values(before.get(model, ModelTotals()), totals,
+                                   self.config.min_requests)  # fmt: skip
+            judged = {name: self._judge(model, name, value) for name, value in values.items()}
+            if judged:
+                out[model] = judged
         return out
+
+    def _judge(self, model: str, name: str, value: float) -> float | None:
+        baseline = self._for(model)[name]
+        was = baseline.anomalous
+        deviation = baseline.judge(value)
+        if deviation is None:
+            return None
+        DEVIATION.labels(model, name).set(deviation)
+        ANOMALY.labels(model, name).set(1.0 if baseline.anomalous else 0.0)
+        if baseline.anomalous and not was:
+            log.warning(
+                "baseline_deviation", model=model, metric=name, value=value,
+                deviation=deviation, window_s=self.config.window_s,
+            )  # fmt: skip
+        elif was and not baseline.anomalous:
+            log.info("baseline_recovered", model=model, metric=name, value=value)
+        return deviation
 
     async def run(self) -> None:
         """Tick every window_s until cancelled."""

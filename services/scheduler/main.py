@@ -184,7 +184,7 @@ async def serve(args: argparse.Namespace) -> int:
             runtime.request_shutdown()
             return 1
         parts.extend((core, cache))
-        watcher = DriftWatcher(drift, lambda: core.stats, lambda: ",".join(core.models))
+        watcher = DriftWatcher(drift, lambda: core.stats)
         background.append(asyncio.create_task(watcher.run()))
         rejoin.append(rejoin_for(core, cache, args))
         rejoin[0].start()

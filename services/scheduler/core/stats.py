@@ -57,6 +57,19 @@ class Histogram:
         return out
 
 
+@dataclass(slots=True)
+class ModelTotals:
+    """One model's running sums, for the rolling baseline's windows per model."""
+
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    itl_sum: float = 0.0
+    """Seconds between consecutive output tokens, summed (the time per output token)."""
+    itl_count: int = 0
+    num_finished: int = 0
+    num_errors: int = 0
+
+
 def _by_priority(bounds: Sequence[float]) -> dict[Priority, Histogram]:
     return {p: Histogram(bounds) for p in Priority}
 
@@ -89,6 +102,14 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_finished: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(finish_reason, code) -> requests ended: ("stop", "OK"), ("error", "DEADLINE_EXCEEDED")."""
+    by_model: dict[str, ModelTotals] = field(default_factory=dict)
+    """Model -> its TTFT, inter-token and ending totals (the rolling baseline reads them)."""
+
+    def model_totals(self, model: str) -> ModelTotals:
+        totals = self.by_model.get(model)
+        if totals is None:
+            totals = self.by_model[model] = ModelTotals()
+        return totals
 
     def admitted(self, req: Request, now: float) -> None:
         """req joined a batch. The first time: its queue time, prompt and cached tokens."""
@@ -102,10 +123,15 @@ class SchedulerStats:
 
     def token(self, req: Request, now: float) -> None:
         """req got an output token from the step whose result arrived at `now`."""
+        totals = self.model_totals(req.model)
         if req.last_token_time is None:
             self.time_to_first_token[req.priority].observe(now - req.arrival_time)
+            totals.ttft_sum += now - req.arrival_time
+            totals.ttft_count += 1
         else:
             self.inter_token_latency.observe(now - req.last_token_time)
+            totals.itl_sum += now - req.last_token_time
+            totals.itl_count += 1
         req.last_token_time = now
         self.num_generation_tokens += 1
         if req.trace is not None:
@@ -114,5 +140,8 @@ class SchedulerStats:
     def finished(self, req: Request, now: float, finish_reason: str | None, code: str) -> None:
         self.e2e_latency[req.priority].observe(now - req.arrival_time)
         self.num_finished[(finish_reason or "error", code)] += 1
+        totals = self.model_totals(req.model)
+        totals.num_finished += 1
+        totals.num_errors += int((finish_reason or "error") == "error")
         if req.trace is not None:
             req.trace.finished(now, req, finish_reason, code)
