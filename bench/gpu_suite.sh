@@ -5,7 +5,7 @@
 #   bash bench/gpu_suite.sh peer summary   # some steps (results of earlier calls are kept)
 #
 # Steps: setup ceilings model engine_b1 profile kernels engine_offline peer structured
-#        unit_tests_gpu kernel_tests summary (and, named: engine_b1_fp8, engine_offline_fp8,
+#        structured_compile unit_tests_gpu kernel_tests summary (and, named: engine_b1_fp8, engine_offline_fp8,
 #        profile_fp8, fp8_quality: the same with FP8 projections; kernel_tests_gpu, the GPU-only
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
 #        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
@@ -180,6 +180,14 @@ step_structured() {
     local args=(--device "$(engine_device)")
     [ "$GPU" = 1 ] || args+=(--batch-size 4 --output-len 8 --rounds 1)
     run_step structured 180 $PY -m bench.structured --mode engine --model "$MODEL" "${args[@]}"
+}
+
+# Structured output costs without the model: the host mask per step at batch 64 (fill,
+# apply, accept) and the schema corpus's compile times (plan, cold, cached: p50/p99).
+step_structured_compile() {
+    run_step structured_host 240 $PY -m bench.structured --model "$MODEL" --batch-size 64
+    run_step structured_compile 300 $PY -m bench.structured --mode corpus --model "$MODEL" \
+        --mask-us-per-token 20
 }
 
 step_peer() {
@@ -404,7 +412,7 @@ step_speculative() {
 
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(setup ceilings model engine_b1 profile kernels engine_offline
-    peer structured unit_tests_gpu kernel_tests summary)
+    peer structured structured_compile unit_tests_gpu kernel_tests summary)
 for step in "${STEPS[@]}"; do
     if ! declare -F "step_$step" >/dev/null; then
         echo "unknown step '$step'"
