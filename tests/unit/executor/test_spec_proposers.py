@@ -1,0 +1,89 @@
+"""Draft proposers, the adaptive draft length and the speculative config."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixmesh.errors import InvalidArgument
+from services.executor.core.spec import (
+    Draft,
+    DraftLength,
+    PromptLookup,
+    SpeculativeConfig,
+    SuffixIndex,
+    SuffixProposer,
+    accepted_length,
+    make_proposer,
+)
+from services.executor.core.spec.drafting import expand_rows, verify_draft
+
+
+def test_prompt_lookup_continues_the_latest_occurrence_of_the_longest_suffix() -> None:
+    lookup = PromptLookup(min_match_len=2, max_match_len=4)
+    tokens = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    draft = lookup.propose(tokens, 3)
+    # suffix [2, 3] occurs at 1 and 6; [5, 2, 3] nowhere: the latest 2-gram match wins
+    assert (draft.token_ids, draft.match_len) == ([7, 8, 5], 2)
+    assert lookup.propose([1, 2, 3, 4, 1, 2, 3], 8).token_ids == [4, 1, 2, 3]
+    assert lookup.propose([1, 2, 3, 4], 4).token_ids == []  # nothing recurs
+    assert lookup.propose([5, 5], 4).token_ids == []  # shorter than a match can be
+    assert lookup.propose([1, 2, 1, 2], 0).token_ids == []
+
+
+def test_suffix_index_continues_like_an_earlier_sequence_and_forgets_the_oldest() -> None:
+    index = SuffixIndex(min_match_len=2, max_match_len=3, max_tokens=12)
+    index.add([10, 11, 12, 13, 14, 15])
+    assert index.lookup([99, 11, 12], 3).token_ids == [13, 14, 15]
+    assert index.lookup([99, 10, 11, 12], 2) == Draft([13, 14], 3)  # the longest match
+    index.add([20, 21, 22, 23, 24, 25, 26, 27])  # 14 tokens > 12: the first one leaves
+    assert index.num_tokens == 8
+    assert index.lookup([11, 12], 3).token_ids == []
+    assert index.lookup([22, 23], 2).token_ids == [24, 25]
+
+
+def test_suffix_proposer_prefers_the_longer_match() -> None:
+    proposer = make_proposer(SpeculativeConfig(method="suffix", min_match_len=2, max_match_len=4))
+    assert isinstance(proposer, SuffixProposer)
+    proposer.observe([1, 2, 3, 4, 5, 6, 7])
+    own = [3, 4, 8, 8, 2, 3, 4]  # own context matches [3, 4] (2), the index [2, 3, 4] (3)
+    assert proposer.propose(own, 2).token_ids == [5, 6]
+    assert proposer.propose([9, 3, 4, 8, 3, 4], 2).token_ids == [8, 3]  # own: [3, 4] -> 8
+    assert make_proposer(SpeculativeConfig()) is None
+    assert isinstance(make_proposer(SpeculativeConfig(method="ngram")), PromptLookup)
+
+
+def test_draft_length_follows_acceptance_and_match_length() -> None:
+    length = DraftLength(max_draft_tokens=4)
+    assert length.limit(match_len=5) == 4 and length.limit(match_len=1) == 2
+    for _ in range(10):
+        length.update(4, 0)
+    assert length.limit(5) == 1  # rejected drafts shrink it to one token
+    for _ in range(10):
+        length.update(1, 1)
+    assert length.limit(5) == 4
+
+
+def test_verification_accepts_the_prefix_the_model_would_sample() -> None:
+    assert accepted_length([5, 6, 7], [5, 6, 9, 1], 3) == 2
+    assert verify_draft([5, 6, 7], [5, 6, 9, 1], 3) == [5, 6, 9]
+    assert verify_draft([5, 6, 7], [5, 6, 7, 1], 3) == [5, 6, 7, 1]  # with the bonus token
+    assert verify_draft([5, 6, 7], [5, 6, 7, 1], 1) == [5, 6]  # the grammar cut after one
+    assert verify_draft([5], [4, 2], 1) == [4]
+    rows, lens = expand_rows(["a", "b"], [3, 7], [[1, 2], []])
+    assert rows == ["a", None, None, "b"] and lens == [3, 4, 5, 7]
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"method": "eagle"}, "method"),
+        ({"max_draft_tokens": 0}, "max_draft_tokens"),
+        ({"min_match_len": 0}, "min_match_len"),
+        ({"min_match_len": 4, "max_match_len": 3}, "max_match_len"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"max_suffix_tokens": 0}, "max_suffix_tokens"),
+    ],
+)
+def test_bad_config_names_the_field(fields: dict, name: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"speculative.{name}"):
+        SpeculativeConfig(**fields)
