@@ -7,8 +7,16 @@ statistics). Anything not measured is None (JSON null), never 0: GPU numbers
 on CPU, server TTFT without the scheduler's histogram, JSON numbers without
 JSON requests.
 
-    kv_cache_hit_rate  = increase of radixmesh_cache_prefix_hit_tokens_total
+    kv_cache_hit_rate  = increase of radixmesh_scheduler_cached_prompt_tokens_sum
+                         / increase of radixmesh_scheduler_prompt_tokens_total
+                         (prompt tokens served from the KV cache at admission); where the
+                         scheduler does not export them, kv_cache_lookup_hit_rate
+    kv_cache_lookup_hit_rate = increase of radixmesh_cache_prefix_hit_tokens_total
                          / increase of radixmesh_cache_prefix_query_tokens_total
+                         (every lookup: routing's match on each pool at arrival, before
+                         a prefix that arrives with many requests is computed, counts
+                         as a miss, so this falls with concurrency while the reuse
+                         does not)
     prefix_reuse_rate  = sum of usage cached_tokens / sum of usage prompt_tokens
                          (what the requests of the run reused, as the server reports)
 """
@@ -35,6 +43,8 @@ BATCH_SEQUENCES = "radixmesh_executor_batch_sequences"
 STEP_SECONDS = "radixmesh_executor_step_seconds"
 HIT_TOKENS = "radixmesh_cache_prefix_hit_tokens_total"
 QUERY_TOKENS = "radixmesh_cache_prefix_query_tokens_total"
+CACHED_PROMPT_TOKENS = "radixmesh_scheduler_cached_prompt_tokens_sum"
+PROMPT_TOKENS = "radixmesh_scheduler_prompt_tokens_total"
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 SPEC_DRAFTS = "radixmesh_executor_spec_drafts_total"
 SPEC_DRAFT_TOKENS = "radixmesh_executor_spec_draft_tokens_total"
@@ -94,6 +104,13 @@ def _server_side(before: Snapshot, after: Snapshot, samples: Sequence[TimePoint]
     running = [p.running for p in samples if p.running is not None]
     util = [p.gpu_utilization for p in samples if p.gpu_utilization is not None]
     memory = [p.gpu_memory_bytes for p in samples if p.gpu_memory_bytes is not None]
+    lookups = _ratio(
+        delta(before, after, "cache", HIT_TOKENS), delta(before, after, "cache", QUERY_TOKENS)
+    )
+    admitted = _ratio(
+        delta(before, after, "scheduler", CACHED_PROMPT_TOKENS),
+        delta(before, after, "scheduler", PROMPT_TOKENS),
+    )
     return {
         "server_ttft_s": _histogram_stats(histogram_delta(before, after, "scheduler", SERVER_TTFT)),
         "executor_step_s": _histogram_stats(
@@ -106,9 +123,8 @@ def _server_side(before: Snapshot, after: Snapshot, samples: Sequence[TimePoint]
         },
         "gpu_utilization": math.fsum(util) / len(util) if util else None,
         "gpu_memory_bytes_max": max(memory) if memory else None,
-        "kv_cache_hit_rate": _ratio(
-            delta(before, after, "cache", HIT_TOKENS), delta(before, after, "cache", QUERY_TOKENS)
-        ),
+        "kv_cache_hit_rate": admitted if admitted is not None else lookups,
+        "kv_cache_lookup_hit_rate": lookups,
         "speculation": speculation_block(before, after),
     }
 
@@ -213,6 +229,7 @@ def flat_metrics(report: dict[str, Any]) -> dict[str, float | None]:
         "output_tokens_per_s",
         "p99_p50_ratio",
         "kv_cache_hit_rate",
+        "kv_cache_lookup_hit_rate",
         "prefix_reuse_rate",
         "gpu_utilization",
     ):

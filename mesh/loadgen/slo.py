@@ -21,6 +21,7 @@ LOWER_BOUNDS = frozenset(
         "input_tokens_per_s",
         "output_tokens_per_s",
         "kv_cache_hit_rate",
+        "kv_cache_lookup_hit_rate",
         "prefix_reuse_rate",
         "schema_pass_rate",
         "gpu_utilization",

@@ -185,3 +185,31 @@ def test_speculation_block_from_the_executor_counters():
     assert "mean acceptance length 4.00" in format_table(report)
     quiet = build_report(LoadRun([result(0.0)], 0.0, 1.0), snap(10, 40, 5), snap(10, 40, 5))
     assert quiet["speculation"] is None and "speculation" not in format_table(quiet)
+
+
+def test_kv_hit_rate_is_what_admission_served_and_the_lookup_ratio_stays_apart():
+    sched, cache = CollectorRegistry(), CollectorRegistry()
+    prompt = Counter("radixmesh_scheduler_prompt_tokens", "", registry=sched)
+    cached = Histogram("radixmesh_scheduler_cached_prompt_tokens", "", registry=sched)
+    query = Counter("radixmesh_cache_prefix_query_tokens", "", registry=cache)
+    hit = Counter("radixmesh_cache_prefix_hit_tokens", "", registry=cache)
+    prompt.inc(100)  # before the run: not counted
+    cached.observe(50)
+
+    def both() -> dict:
+        return {**snapshot(sched, "scheduler"), **snapshot(cache, "cache")}
+
+    before = both()
+    for n in (0, 90, 90, 90):  # a group of four 100-token prompts: the first computes 90
+        prompt.inc(100)
+        cached.observe(n)
+        query.inc(2 * 100)  # routing's match at arrival and the lease's lookup
+        hit.inc(n)  # the match at arrival found nothing: the prefix was still being computed
+    report = build_report(LoadRun([result(0.0)], 0.0, 1.0), before, both())
+    assert report["kv_cache_hit_rate"] == pytest.approx(270 / 400)
+    assert report["kv_cache_lookup_hit_rate"] == pytest.approx(270 / 800)
+    assert flat_metrics(report)["kv_cache_lookup_hit_rate"] == report["kv_cache_lookup_hit_rate"]
+    only_cache = build_report(
+        LoadRun([result(0.0)], 0.0, 1.0), snapshot(cache, "cache"), snapshot(cache, "cache")
+    )
+    assert only_cache["kv_cache_hit_rate"] is None  # no increase: nothing measured
