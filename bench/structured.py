@@ -457,14 +457,21 @@ def _report_engine(args: argparse.Namespace, rounds: list[dict], timers: _Timers
 def _corpus(args: argparse.Namespace) -> None:
     from bench.structured_compile import report_corpus
 
-    mask_us, output_len = args.mask_us_per_token, args.output_len
+    def mask_us(service: GrammarService) -> float:
+        """Host mask cost per token: our fill, apply and accept at --batch-size, per row."""
+        if args.mask_us_per_token:
+            return args.mask_us_per_token
+        steps = bench_steps(service, args)
+        ours = [m for name, (m, _) in steps.items() if not name.startswith("xgrammar Batch")]
+        return sum(ours) / args.batch_size
+
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or write_tiny_model(tmp, arch="llama", seed=0)
         service = GrammarService.from_model_dir(model)
-        report_corpus("model tokenizer", service, mask_us, output_len)
+        report_corpus("model tokenizer", service, mask_us(service), args.output_len)
     if args.synthetic_vocab:
-        info = synthetic_tokenizer_info(args.synthetic_vocab)
-        report_corpus("synthetic vocabulary", GrammarService(info), mask_us, output_len)
+        service = GrammarService(synthetic_tokenizer_info(args.synthetic_vocab))
+        report_corpus("synthetic vocabulary", service, mask_us(service), args.output_len)
 
 
 def main() -> None:
@@ -477,7 +484,10 @@ def main() -> None:
     parser.add_argument("--compile-repeats", type=int, default=3)
     parser.add_argument("--mode", choices=("host", "engine", "corpus"), default="host")
     parser.add_argument(
-        "--mask-us-per-token", type=float, default=0.0, help="corpus: host mask cost per token"
+        "--mask-us-per-token",
+        type=float,
+        default=0.0,
+        help="corpus: host mask cost per token (default: measured at --batch-size)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="engine: rounds of both kinds")
     parser.add_argument("--prompt-len", type=int, default=32, help="engine: prompt tokens")
