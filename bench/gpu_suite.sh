@@ -187,7 +187,7 @@ step_structured() {
 step_structured_compile() {
     run_step structured_host 240 $PY -m bench.structured --model "$MODEL" --batch-size 64
     run_step structured_compile 300 $PY -m bench.structured --mode corpus --model "$MODEL" \
-        --mask-us-per-token 20
+        --batch-size 64
 }
 
 step_peer() {
