@@ -53,7 +53,9 @@ class NullExecutor:
             self._seqs.pop(req_id, None)
         work = []
         for new in plan.new_seqs:
-            state = [len(new.token_ids), new.num_computed_tokens, new.sampling.max_tokens or 0]
+            num_generated = len(new.token_ids) - new.num_prompt_tokens  # a resumed sequence
+            max_tokens = (new.sampling.max_tokens or 0) - num_generated
+            state = [len(new.token_ids), new.num_computed_tokens, max_tokens]
             self._seqs[new.req_id] = state
             work.append(
                 (new.req_id, new.num_scheduled_tokens, len(new.token_ids) - new.num_prompt_tokens)
