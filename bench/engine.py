@@ -178,7 +178,7 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
 
 
 def free_ports(n: int) -> list[int]:
-    from services.common.testing import free_port
+    from services.common.config import free_port
 
     ports: list[int] = []
     while len(ports) < n:
