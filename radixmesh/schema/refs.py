@@ -3,7 +3,8 @@
 A reference to `#/...` is inlined (with its sibling keywords kept beside it in an
 `allOf`, which the planner folds); a reference that would recurse stays a
 `$ref`, and its target is kept under the same pointer in the result. Remote
-references are left for the planner to report.
+references are left for the planner to report, and a local one that does not resolve is
+left as it is, for the grammar compiler to refuse with its own reason.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def inline_refs(root: Schema) -> tuple[Schema, dict[str, Schema]]:
                     todo.append(pointer)
                 siblings = {k: walk(v, stack) for k, v in node.items() if k != "$ref"}
                 return {"$ref": pointer, **siblings}
-            target = walk(resolve_pointer(root, pointer), (*stack, pointer))
+            try:
+                target = walk(resolve_pointer(root, pointer), (*stack, pointer))
+            except RefError:  # left for the compiler, whose own reason the caller then gets
+                return node
             siblings = {k: walk(v, stack) for k, v in node.items() if k != "$ref"}
             return {"allOf": [target, siblings]} if siblings else target
         return {
