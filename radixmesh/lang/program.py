@@ -18,7 +18,9 @@
 
 Compiled mode traces the function: its parameters are program inputs, `if` on a
 condition over variables is explored both ways and becomes an If statement (the paths
-are merged; at most MAX_PATHS). Interactive mode runs the function as ordinary Python
+are merged; at most MAX_PATHS). An `if` while fork branches are open becomes an If in
+each open branch's body (one whose bodies come out the same in a branch is left out
+there), so branches may branch on their own variables; forks nest. Interactive mode runs the function as ordinary Python
 against a session whose context stays on the server, so any control flow works.
 Both give the same result for the same inputs.
 """
@@ -34,7 +36,7 @@ from typing import Any
 
 from radixmesh.lang.client import Client, ProgramFailed, ProgramResult
 from radixmesh.lang.expr import Cond, Var, deciding
-from radixmesh.lang.state import LiveState, TraceState
+from radixmesh.lang.state import ForkTrace, LiveState, TraceState
 from radixmesh.v1 import program_pb2 as pb
 
 MAX_PATHS = 64
@@ -51,27 +53,52 @@ def _client(client: Client | None) -> Client:
     return client or _default_client or Client()
 
 
+_NOT_DETERMINISTIC = (
+    "@program: the function is not deterministic across its paths (or an if inside fork"
+    " branches decides statements after the join)"
+)
+
+
 def _merge(traces: list[list[Any]]) -> list[pb.Statement]:
-    """Paths that agree up to their first condition, as statements with nested Ifs."""
+    """Paths that agree up to their first condition (or fork), as statements with nested
+    Ifs. A decision taken while forks were open is marked ("open" in each open branch,
+    "late" in the parent after the join): there, an If whose two bodies are the same is
+    left out, since the function wrote it to some other place."""
     out: list[pb.Statement] = []
     first = traces[0]
     i = 0
-    while i < len(first) and not isinstance(first[i], tuple):
+    while i < len(first) and isinstance(first[i], pb.Statement):
         out.append(first[i])
         i += 1
     for trace in traces[1:]:
         if trace[:i] != first[:i] or (i < len(first)) != (i < len(trace)):
-            raise TypeError("@program: the function is not deterministic across its paths")
+            raise TypeError(_NOT_DETERMINISTIC)
     if i == len(first):
         return out
+    if isinstance(first[i], ForkTrace):
+        forks = [t[i] for t in traces]
+        width = len(first[i].branches)
+        if any(not isinstance(f, ForkTrace) or len(f.branches) != width for f in forks):
+            raise TypeError(_NOT_DETERMINISTIC)
+        bodies = [pb.Body(body=_merge([f.branches[b] for f in forks])) for b in range(width)]
+        out.append(pb.Statement(fork=pb.Fork(branches=bodies, index_var=first[i].index_var)))
+        return out + _merge([t[i + 1 :] for t in traces])
+    if any(not isinstance(t[i], tuple) for t in traces):
+        raise TypeError(_NOT_DETERMINISTIC)
     cond: Cond = first[i][0]
     then = [t[i + 1 :] for t in traces if t[i][1]]
     otherwise = [t[i + 1 :] for t in traces if not t[i][1]]
-    branch = pb.If(
-        condition=cond.to_proto(),
-        then=_merge(then) if then else [],
-        otherwise=_merge(otherwise) if otherwise else [],
-    )
+    then_body = _merge(then) if then else []
+    otherwise_body = _merge(otherwise) if otherwise else []
+    kind = first[i][2] if len(first[i]) == 3 else ""
+    if kind and then and otherwise and then_body == otherwise_body:
+        return out + then_body
+    if kind == "late-branch-var":
+        raise TypeError(
+            f"@program: an if on {cond.var.ref!r}, a fork branch's variable, decides statements"
+            " after the join; branch inside the branches, or on the joined list after the join"
+        )
+    branch = pb.If(condition=cond.to_proto(), then=then_body, otherwise=otherwise_body)
     out.append(pb.Statement(branch=branch))
     return out
 
@@ -108,14 +135,12 @@ class Program:
         used: list[bool] = []
 
         def decide(cond: Cond) -> bool:
-            if state._pending is not None:
-                raise TypeError(
-                    f"@program {self.name}: an if inside fork branches cannot be compiled;"
-                    " join first, or run it with mode='interactive'"
-                )
             taken = decisions[len(used)] if len(used) < len(decisions) else True
             used.append(taken)
-            state.items.append((cond, taken))
+            if state._pending is None:
+                state.items.append((cond, taken))
+            else:  # inside fork branches: an If in each branch still open (and after)
+                state._pending.note_decision(cond, taken)
             return taken
 
         with deciding(decide):

@@ -4,6 +4,7 @@ compiled and interactive modes give the same results; sync, streaming and batch 
 from __future__ import annotations
 
 import asyncio
+import re
 
 import grpc
 import pytest
@@ -181,17 +182,105 @@ async def test_run_refuses_an_unknown_priority_and_an_over_limit_request(client)
         assert "limits.max_fork_width: must be in (0, 16]" in error.value.details()
 
 
-def test_an_if_inside_fork_branches_is_refused_by_the_compiler():
-    @program
-    def branchy(s, query):
-        forks = s.fork(2)
-        for f in forks:
-            if query == "x":
-                f += gen("a", max_tokens=2)
-        forks.join()
+@program
+def checked_branches(s, query):
+    s += user(query)
+    forks = s.fork(2, index_var="i")
+    for f in forks:
+        f += text("Draft {i}: ")
+        f += gen("draft", max_tokens=3)
+        if f["draft"].matches("[aeiou]"):
+            f += gen("more", max_tokens=2)
+        else:
+            f += text(" (no vowel)")
+    forks.join()
+    return s["draft"]
 
-    with pytest.raises(TypeError, match="an if inside fork branches cannot be compiled"):
-        branchy.compile()
+
+@program
+def nested_forks(s, query):
+    s += user(query)
+    outer = s.fork(2, index_var="i")
+    for o in outer:
+        o += text("Plan {i}: ")
+        inner = o.fork(2, index_var="j")
+        for f in inner:
+            f += text("step {j} ")
+            f += gen("step", max_tokens=2)
+        if query == "go":
+            o += gen("summary", max_tokens=2)
+    outer.join()
+    return s["step"]
+
+
+def test_an_if_inside_fork_branches_compiles_into_each_branch():
+    (_, fork_statement, _) = checked_branches.compile().body
+    fork = fork_statement.fork
+    assert len(fork.branches) == 2 and fork.index_var == "i"
+    for branch in fork.branches:  # the other iteration's if is left out of each branch
+        assert [s.WhichOneof("kind") for s in branch.body] == ["append", "gen", "branch"]
+        then, otherwise = branch.body[2].branch.then, branch.body[2].branch.otherwise
+        assert branch.body[2].branch.condition.regex.var == "draft"
+        assert [s.gen.var for s in then] == ["more"]
+        assert [s.append.text for s in otherwise] == [" (no vowel)"]
+
+
+def test_forks_nest_and_an_if_on_an_input_lands_in_each_outer_branch():
+    (_, fork_statement, _) = nested_forks.compile().body
+    for branch in fork_statement.fork.branches:
+        kinds = [s.WhichOneof("kind") for s in branch.body]
+        assert kinds == ["append", "fork", "branch"]
+        inner = branch.body[1].fork
+        assert inner.index_var == "j" and [b.body[1].gen.var for b in inner.branches] == ["step", "step"]
+        assert branch.body[2].branch.condition.equals.var == "query"
+
+
+async def test_an_if_on_a_branch_variable_runs_compiled(client):
+    result = await checked_branches.arun(client=client, query="Write two drafts.")
+    drafts = result["draft"]
+    assert len(drafts) == 2
+    vowels = [re.search("[aeiou]", d) is not None for d in drafts]
+    taken = [e.branch.then for e in result.events if e.WhichOneof("event") == "branch"]
+    assert sorted(taken) == sorted(vowels)  # each branch decided on its own draft
+    assert ("more" in result.variables) == any(vowels), (drafts, result.variables)
+
+
+@program
+def first_branch_differs(s, query):
+    s += user(query)
+    forks = s.fork(3, index_var="i")
+    for f in forks:
+        f += gen("draft", max_tokens=2)
+        if f["i"] == "0":
+            f += gen("more", max_tokens=2)
+        else:
+            f += text(" (plain)")
+    forks.join()
+
+
+async def test_branches_take_their_own_way_and_both_modes_agree(client):
+    compiled = await first_branch_differs.arun(client=client, query="Three drafts.")
+    taken = [e.branch.then for e in compiled.events if e.WhichOneof("event") == "branch"]
+    assert sorted(taken) == [False, False, True]
+    more = compiled["more"]
+    assert more[0] != "" and more[1:] == ["", ""]
+    interactive = await first_branch_differs.arun(client=client, mode="interactive", query="Three drafts.")
+    assert interactive.variables == compiled.variables
+
+
+async def test_an_if_on_a_branch_variable_is_refused_interactively(client):
+    with pytest.raises(TypeError, match="an if on 'draft' inside fork branches"):
+        await checked_branches.arun(client=client, mode="interactive", query="Write two drafts.")
+
+
+@pytest.mark.parametrize("query", ["go", "stop"])
+async def test_nested_forks_give_the_same_results_in_both_modes(client, query):
+    compiled = await nested_forks.arun(client=client, query=query)
+    interactive = await nested_forks.arun(client=client, mode="interactive", query=query)
+    assert compiled.variables == interactive.variables
+    steps = compiled["step"]
+    assert len(steps) == 2 and all(isinstance(s, list) and len(s) == 2 for s in steps)
+    assert ("summary" in compiled.variables) == (query == "go")
 
 
 def test_paths_through_several_ifs_merge_into_nested_ifs():
@@ -209,3 +298,31 @@ def test_paths_through_several_ifs_merge_into_nested_ifs():
     assert then[0].append.text == "A" and then[1].branch.condition.contains.value == "2"
     assert otherwise[0].branch.then[0].append.text == "B"
     assert [s.WhichOneof("kind") for s in otherwise[0].branch.otherwise] == ["result"]
+
+
+def test_an_if_taken_inside_a_fork_on_an_input_becomes_an_if_after_the_join():
+    @program
+    def after(s, query):
+        forks = s.fork(2)
+        for f in forks:
+            f += gen("a", max_tokens=2)
+        if query == "x":
+            s += text("after")
+
+    fork, branch = after.compile().body
+    assert [len(b.body) for b in fork.fork.branches] == [1, 1]
+    assert branch.branch.condition.equals.var == "query"
+    assert [s.append.text for s in branch.branch.then] == ["after"] and not branch.branch.otherwise
+
+
+def test_an_if_on_a_branch_variable_that_decides_statements_after_the_join_is_refused():
+    @program
+    def leaky(s, query):
+        forks = s.fork(2)
+        for f in forks:
+            f += gen("a", max_tokens=2)
+        if forks[0]["a"] == "yes":
+            s += text("after")
+
+    with pytest.raises(TypeError, match="an if on 'a', a fork branch's variable, decides statements after the join"):
+        leaky.compile()
