@@ -29,6 +29,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 ENV_ENDPOINT = "RADIXMESH_OTLP_ENDPOINT"
 TRACEPARENT = "traceparent"
+MAX_LINKS = 4096
+"""Links one span may carry: an executor step links to every traced sequence in it (the
+SDK's default of 128 would drop links past batch 128)."""
 _PROPAGATOR = TraceContextTextMapPropagator()
 _STATE: dict[str, Any] = {"provider": None, "service": None}
 """The process's tracer provider once configured (one per process, like the registry)."""
@@ -60,12 +63,15 @@ def configure_tracing(service: str, endpoint: str | None) -> bool:
         return _STATE["provider"] is not None
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     insecure = not endpoint.startswith("https://")
     exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=5)
-    provider = TracerProvider(resource=Resource.create({"service.name": f"radixmesh-{service}"}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": f"radixmesh-{service}"}),
+        span_limits=SpanLimits(max_links=MAX_LINKS),
+    )
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     _STATE.update(provider=provider, service=service)
     return True

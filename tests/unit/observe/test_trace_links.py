@@ -136,3 +136,13 @@ def test_each_step_links_to_the_traced_sequences_in_it_until_they_end(exported):
     assert set(stream.traced) == {"c"}
     note(stream, StepPlan(5, finished_req_ids=["c"]))
     assert 5 not in stream.links and not stream.traced
+
+
+def test_a_step_span_keeps_a_link_per_traced_sequence_past_the_sdks_default_limit():
+    assert tracing.configure_tracing("links-test", "http://127.0.0.1:9")
+    try:
+        links = [tracing.link_to(f"00-{i + 1:032x}-{i + 1:016x}-01") for i in range(300)]
+        span = tracing.tracer("t").start_span("executor.step", links=links)
+        assert len(span.links) == 300  # not ended: nothing is exported
+    finally:
+        tracing.shutdown_tracing()
