@@ -3,14 +3,15 @@
 The folder holds what transformers and the executor load: config.json (llama3
 rope scaling, bf16), sharded safetensors with model.safetensors.index.json
 under Hugging Face tensor names, generation_config.json, and the tiny model's
-tokenizer (benches feed token ids; ids above the tokenizer's size are fine for
-a random model). Weights are N(0, 0.02) (norm weights 1), drawn on the GPU
+tokenizer padded with plain added tokens (`<w1234>`) up to the embedding's
+vocabulary, so every id the model samples decodes to text and every API path
+(the OpenAI stream's text included) sees each token. Weights are N(0, 0.02) (norm weights 1), drawn on the GPU
 when there is one, seeded per tensor, and written by parallel threads.
 
 The folder is built beside its final path and renamed into place, so a reader
 never sees half a model; an existing folder is kept unless --force.
 
-    python bench/model_8b.py [--out /tmp/llama8b] [--tiny-shape] [--force] [--json info.json]
+    python bench/model_8b.py [--out /tmp/llama8b] [--shape 8b|1b|tiny] [--force] [--json info.json]
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class Shape:
 LLAMA_8B = Shape(4096, 32, 32, 8, 14336, 128256, 131072, num_shards=8)
 TINY = Shape(256, 4, 8, 2, 512, 4096, 131072, num_shards=3)
 """Same structure as LLAMA_8B, a few MB: a smoke run of this script on the CPU."""
+LLAMA_1B = Shape(2048, 16, 32, 8, 8192, 128256, 131072, num_shards=2)
+"""Llama-3.2-1B's shape (untied head here): the short-request rate benches."""
+SHAPES = {"8b": LLAMA_8B, "1b": LLAMA_1B, "tiny": TINY}
 
 ROPE_PARAMETERS = {
     "rope_type": "llama3",
@@ -187,8 +191,9 @@ def llama_config(s: Shape, token_ids: dict[str, int]) -> dict[str, object]:
         return {"model_type": "llama", **fields}
 
 
-def copy_tokenizer(dst: Path) -> dict[str, int]:
-    """The tiny model's tokenizer files into dst; returns its bos/eos/pad ids."""
+def copy_tokenizer(dst: Path, vocab_size: int | None = None) -> dict[str, int]:
+    """The tiny model's tokenizer files into dst, padded to vocab_size ids (see
+    pad_tokenizer); returns its bos/eos/pad ids."""
     from mesh.tiny_model import write_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="tiny-tokenizer-") as tmp:
@@ -197,7 +202,26 @@ def copy_tokenizer(dst: Path) -> dict[str, int]:
             if src.name not in _TOKENIZER_SKIP and not src.name.startswith("model"):
                 shutil.copy2(src, dst / src.name)
         config = json.loads((tiny / "config.json").read_text())
+    if vocab_size is not None:
+        pad_tokenizer(dst / "tokenizer.json", vocab_size)
     return {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+
+
+def pad_tokenizer(path: Path, vocab_size: int) -> int:
+    """Add plain tokens `<wN>` to the tokenizer.json at path until it has vocab_size ids;
+    returns how many were added. A random model samples every id of its embedding, and
+    each of these decodes to text of its own (none is special, so none is skipped)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise ValueError(f"the tokenizer has {size} ids, more than the model's {vocab_size}")
+    tokenizer.add_tokens(
+        [AddedToken(f"<w{i}>", normalized=False) for i in range(size, vocab_size)]
+    )
+    tokenizer.save(str(path))
+    return vocab_size - size
 
 
 @dataclass(slots=True)
@@ -225,7 +249,7 @@ def write_model(out: Path, shape: Shape, device: torch.device, seed: int, worker
         )
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        token_ids = copy_tokenizer(tmp)
+        token_ids = copy_tokenizer(tmp, shape.vocab_size)
         names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         seeds = {t.name: seed * 1_000_003 + i for i, t in enumerate(specs)}
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -279,7 +303,8 @@ def existing(out: Path) -> Info | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/llama8b"), help="model folder")
-    parser.add_argument("--tiny-shape", action="store_true", help="a few-MB model, same layout")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="8b", help="model shape")
+    parser.add_argument("--tiny-shape", action="store_true", help="--shape tiny (a few MB)")
     parser.add_argument("--force", action="store_true", help="rewrite an existing folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -293,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         parser.error("--workers must be >= 1")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    shape = TINY if args.tiny_shape else LLAMA_8B
+    shape = TINY if args.tiny_shape else SHAPES[args.shape]
     info = None if args.force else existing(args.out)
     if info is None:
         info = write_model(args.out, shape, device, args.seed, args.workers)
