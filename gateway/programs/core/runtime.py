@@ -178,9 +178,10 @@ class ProgramRun:
             with contextlib.suppress(BaseException):
                 await task
         names = self.scope.assigned[before:]
-        yield ev.StatementDone(
+        done = ev.StatementDone(
             statement.path, {n: self.scope.variables[n] for n in names}, self.returned is not None
         )
+        yield self._outgoing(done) if self.deps.plugins.rewrites_responses else done
 
     async def _one(self, statement: Statement) -> None:
         try:
@@ -203,7 +204,21 @@ class ProgramRun:
         return ev.ProgramResult("", value, dict(self.scope.variables), tuple(self.usage))
 
     async def emit(self, event: ev.Event) -> None:
+        if self.deps.plugins.rewrites_responses:
+            event = self._outgoing(event)
         await self._queue.put(event)
+
+    def _outgoing(self, event: ev.Event) -> ev.Event:
+        """What the client sees of an event under post_response plugins: variable values,
+        tool arguments and the result's variables rewritten (the run keeps the originals)."""
+        post = self.deps.plugins.post_response
+        if isinstance(event, ev.VarSet):
+            return dataclasses.replace(event, value=post(event.value))
+        if isinstance(event, ev.ToolStarted):
+            return dataclasses.replace(event, args=post(event.args))
+        if isinstance(event, (ev.ProgramResult, ev.StatementDone)):
+            return dataclasses.replace(event, variables={k: post(v) for k, v in event.variables.items()})
+        return event
 
     def charge(self, path: str, num_tokens: int) -> None:
         """Count tokens prefilled or generated; past limits.max_total_tokens the run fails."""
@@ -288,6 +303,9 @@ class ProgramRun:
         stream = ChoiceStream(0, tokenizer, stop=sampling.stop, prompt_token_ids=tokens)
         request = self.request(scope, model, tokens, sampling, s.constraint)
         output: list[int] = []
+        # the deltas' way out: through the response plugins' text streams (None: one
+        # cannot stream, so the variable's VarSet alone carries the rewritten text)
+        shown = self.deps.plugins.text_streams() if self.deps.plugins.rewrites_responses else []
         text, usage, stop_string, charged = "", ev.Usage(), False, False
         updates = self.deps.backend.submit(request)
         async with contextlib.aclosing(updates):  # type: ignore[type-var]
@@ -305,12 +323,13 @@ class ProgramRun:
                 output += update.token_ids
                 if delta.text:
                     text += delta.text
-                    await self.emit(ev.TextDelta(s.path, s.var, delta.text))
+                    await self.show(s, shown, delta.text, last=False)
                 if stream.finished:
                     stop_string = delta.abort_upstream or (
                         delta.matched_stop is not None and update.matched_stop_token_id is None
                     )
                     break
+        await self.show(s, shown, "", last=True)
         if not charged:  # the scheduler did not say what it found cached: all of it prefilled
             self.charge(s.path, len(tokens))
         self.usage.append(ev.StatementUsage(s.path, model, ev.Usage(usage.prompt_tokens, stream.num_tokens, usage.cached_tokens)))
@@ -330,6 +349,15 @@ class ProgramRun:
                     f" {stream.finish_reason!r}; raise sampling.max_tokens)"
                 ) from None
         await self.set_var(scope, s.path, s.var, value)
+
+    async def show(self, s: Gen, streams: list | None, text: str, last: bool) -> None:
+        """Emit a Gen's new text as a TextDelta, through the response plugins' streams."""
+        if streams is None:
+            return
+        for stream in streams:
+            text = stream.push(text) + (stream.flush() if last else "")
+        if text:
+            await self.emit(ev.TextDelta(s.path, s.var, text))
 
     async def select(self, s: Select, scope: Scope) -> None:
         model, tokenizer = self.deps.models.resolve(s.model or self.program.model)
