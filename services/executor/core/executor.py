@@ -66,10 +66,11 @@ from services.executor.core.sequence import SequenceState, check_finish
 from services.executor.core.spec import SpecStats, make_proposer
 from services.executor.core.spec.drafting import (
     DraftLimits,
+    check_not_verifying,
     expand_rows,
     plan_drafts,
-    verify_draft,
 )
+from services.executor.core.spec.verifier import Verifier
 from services.executor.core.warmup import warm_prefill
 
 log = get_logger(__name__)
@@ -218,6 +219,10 @@ class ExecutorCore:
         self._grammar = StepGrammar(
             grammar, config.max_num_seqs, spec.vocab_size, self.device, folder.eos_token_ids
         )
+        self._verifier = Verifier(
+            self.sampler, self._grammar, self._last_tokens, self.spec_stats,
+            self.info.eos_token_ids, self.info.max_model_len,
+        )  # fmt: skip
 
     @property
     def num_seqs(self) -> int:
@@ -261,7 +266,7 @@ class ExecutorCore:
             for req_id in plan.finished_req_ids:
                 self._drop(req_id)
             validate_plan(plan, self._seqs, self._limits)
-            _check_not_verifying(plan, self._seqs)
+            check_not_verifying(plan, self._seqs)
             grammars = self._admit_grammars(plan.new_seqs)  # may refuse: before changes
             seqs: list[SequenceState] = []
             num_tokens: list[int] = []
@@ -332,7 +337,9 @@ class ExecutorCore:
             verified: list[tuple[list[int], int] | None] = []
             sampled: list[tuple[int, TokenLogprobs | None] | None] = []
             if prepared.drafts is not None:
-                masks, verified = self._sample_drafts(prepared, logits, masks)
+                masks, verified = self._verifier.sample(
+                    prepared, logits, masks, self._sampling_inputs
+                )
             elif samplers:
                 live = [not s.finished and i not in masks.refused for i, s in enumerate(samplers)]
                 sampled = self._sample(prepared, batch, logits, live, masks)
@@ -345,7 +352,8 @@ class ExecutorCore:
                         continue
                     if verified and row >= 0 and (check := verified[row]) is not None:
                         assert prepared.drafts is not None
-                        outputs.append(self._finish_verified(seq, prepared.drafts[row], *check))
+                        draft = prepared.drafts[row]
+                        outputs.append(self._verifier.finish(seq, draft, *check, self._end))
                         continue
                     sample = sampled[row] if row >= 0 and sampled else None
                     outputs.append(
@@ -560,79 +568,6 @@ class ExecutorCore:
         logprobs = _logprobs_by_row(seqs, token_ids, result)
         return [(token_ids[i], logprobs[i]) if live[i] else None for i in range(len(seqs))]
 
-    def _sample_drafts(
-        self, prepared: PreparedStep, logits: torch.Tensor, masks: StepMasks
-    ) -> tuple[StepMasks, list[tuple[list[int], int] | None]]:
-        """A step that verifies drafts: every row sampled as without speculation (each
-        position with its own counter-based key, its own grammar row), then per sampler
-        (emitted tokens, draft tokens its grammar accepted), None where not live. The
-        masks come back with `refused` by sampler index."""
-        seqs, drafts = prepared.samplers, prepared.drafts
-        assert drafts is not None
-        firsts = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))[:-1]
-        groups = [
-            (firsts[i], s.grammar, d)
-            for i, (s, d) in enumerate(zip(seqs, drafts, strict=True))
-            if d and s.grammar is not None and not s.finished
-        ]
-        bitmask, cuts = self._grammar.fill_drafts(groups, masks)
-        cut_of = {first: cut for (first, _, _), cut in zip(groups, cuts, strict=True)}
-        row_seqs = [s for s, d in zip(seqs, drafts, strict=True) for _ in range(len(d) + 1)]
-        _, row_lens = expand_rows(seqs, prepared.output_lens, drafts)
-        inputs = self._sampling_inputs(row_seqs, row_lens, masks.lifted)
-        targets = self.sampler.sample(logits, inputs, bitmask).token_ids.tolist()
-        refused = frozenset(i for i, first in enumerate(firsts) if first in masks.refused)
-        out: list[tuple[list[int], int] | None] = []
-        rows, last = [], []
-        for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
-            if seq.finished or i in refused:
-                out.append(None)
-                continue
-            first = firsts[i]
-            cut = cut_of.get(first, len(draft))
-            emitted = verify_draft(draft, targets[first : first + len(draft) + 1], cut)
-            out.append((emitted, cut if seq.grammar is not None else 0))
-            rows.append(seq.row)
-            last.append(emitted[-1])
-        if rows:
-            index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            self._last_tokens[index] = torch.tensor(last, dtype=torch.int64, device=self.device)
-        return dataclasses.replace(masks, refused=refused), out
-
-    def _finish_verified(
-        self, seq: SequenceState, draft: list[int], emitted: list[int], grammar_accepted: int
-    ) -> SequenceOutput:
-        """Appends the verified run (accepted draft tokens, then the model's token) up to
-        the first stop, moves the sequence's position past what it kept (the KV of rejected
-        positions is written over later) and rolls its grammar back to the kept tokens."""
-        seq.verifying = False
-        reason = stop_id = None
-        kept: list[int] = []
-        for token_id in emitted:
-            seq.token_ids.append(token_id)
-            kept.append(token_id)
-            reason, stop_id = check_finish(
-                seq, token_id, self.info.eos_token_ids, self.info.max_model_len
-            )
-            if reason is not None:
-                break
-        extra = len(kept) - 1  # prepare advanced the sequence by one token
-        seq.num_computed_tokens += extra
-        seq.num_known_tokens += extra
-        num_accepted = len(emitted) - 1
-        if seq.draft_length is not None:
-            seq.draft_length.update(len(draft), num_accepted)
-        self.spec_stats.record(len(draft), num_accepted)
-        if seq.grammar is not None:
-            seq.grammar.matcher.rollback(grammar_accepted - min(extra, num_accepted))
-            seq.grammar.pending_token = kept[-1] if len(kept) == len(emitted) else None
-        if reason is not None:
-            self._end(seq)
-        return SequenceOutput(
-            seq.req_id, kept[-1], None, reason, stop_id,
-            accepted_token_ids=kept[:-1], num_draft_tokens=len(draft),
-        )  # fmt: skip
-
     def _refused(self, seq: SequenceState) -> SequenceOutput:
         """The grammar refused the token sampled last, which its bitmask allowed: an
         internal error that ends the sequence."""
@@ -652,18 +587,6 @@ class ExecutorCore:
         if reason is not None:
             self._end(seq)
         return SequenceOutput(seq.req_id, token_id, logprobs, reason, stop_id)
-
-
-def _check_not_verifying(plan: StepPlan, seqs: dict[str, SequenceState]) -> None:
-    """A sequence whose draft a prepared step verifies has no known position until that
-    step executes: speculation needs prepares between steps (overlap_prepare off)."""
-    for running in plan.running_seqs:
-        seq = seqs.get(running.req_id)
-        if seq is not None and seq.verifying and running.num_scheduled_tokens:
-            raise FailedPrecondition(
-                f"plan {plan.step_id}: running_seqs[{running.req_id!r}] verifies a draft in a "
-                "step not executed yet (speculative decoding prepares between steps)"
-            )
 
 
 def _has_penalties(params: SamplingParams) -> bool:

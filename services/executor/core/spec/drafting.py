@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from radixmesh.errors import FailedPrecondition
+from radixmesh.step import StepPlan
 from services.executor.core.spec.adaptive import DraftLength
 from services.executor.core.spec.proposers import Proposer
 from services.executor.core.spec.verify import accepted_length
@@ -24,6 +26,18 @@ class DraftLimits:
     page_size: int
     max_model_len: int
     max_num_batched_tokens: int
+
+
+def check_not_verifying(plan: StepPlan, seqs: dict[str, SequenceState]) -> None:
+    """A sequence whose draft a prepared step verifies has no known position until that
+    step executes: speculation needs prepares between steps (overlap_prepare off)."""
+    for running in plan.running_seqs:
+        seq = seqs.get(running.req_id)
+        if seq is not None and seq.verifying and running.num_scheduled_tokens:
+            raise FailedPrecondition(
+                f"plan {plan.step_id}: running_seqs[{running.req_id!r}] verifies a draft in a "
+                "step not executed yet (speculative decoding prepares between steps)"
+            )
 
 
 def can_draft(seq: SequenceState) -> bool:
