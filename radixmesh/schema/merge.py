@@ -88,7 +88,34 @@ def merge(a: Schema, b: Schema) -> Schema:
         out[key] = _merge_keyword(key, out[key], value)
     if "const" in out and "enum" in out:
         out["enum"] = _intersect_values([out.pop("const")], out["enum"])
+    _check_bounds(out)
     return out
+
+
+def _check_bounds(s: dict[str, Any]) -> None:
+    """Unsatisfiable when the merged bounds leave no value (e.g. minimum above maximum)."""
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"),
+                      ("minProperties", "maxProperties")):  # fmt: skip
+        if low in s and high in s and s[low] > s[high]:
+            raise Unsatisfiable(low)
+    numeric = [s.get(k) for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")]
+    if any(isinstance(v, bool) for v in numeric):
+        return  # draft 4's boolean exclusive bounds: left to the planner
+    lows = [(s["minimum"], False)] if "minimum" in s else []
+    lows += [(s["exclusiveMinimum"], True)] if "exclusiveMinimum" in s else []
+    highs = [(s["maximum"], False)] if "maximum" in s else []
+    highs += [(s["exclusiveMaximum"], True)] if "exclusiveMaximum" in s else []
+    if not lows or not highs:
+        return
+    low, low_open = max(lows, key=lambda b: (b[0], b[1]))
+    high, high_open = min(highs, key=lambda b: (b[0], not b[1]))
+    if low > high or (low == high and (low_open or high_open)):
+        raise Unsatisfiable("maximum")
+    if type_set(s) == frozenset({"integer"}):
+        first = math.floor(low) + 1 if low_open or low != math.floor(low) else low
+        last = math.ceil(high) - 1 if high_open or high != math.ceil(high) else high
+        if first > last:
+            raise Unsatisfiable("maximum")
 
 
 def _merge_keyword(key: str, x: Any, y: Any) -> Any:
