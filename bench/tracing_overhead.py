@@ -5,12 +5,19 @@
 Mesh "off" runs without --otlp-endpoint; mesh "on" exports every service's
 spans to an OTLP/gRPC receiver in this process (which counts them, so the
 traced run is known to have traced). Each round runs the same load against
-off, then on (the idle mesh costs nothing), so machine-wide drift hits both.
+both (off then on, the next round on then off; the idle mesh costs nothing),
+so machine-wide drift hits both.
 Every request of the "on" runs is traced (the gateway starts a trace when the
 caller sends no traceparent). Reported: output tokens/s per run, the mean of
 each side, and on/off; and, less sensitive to other load on a shared machine,
 the CPU time every service process spent per output token (user + system,
 from /proc/<pid>/stat around each run), per service and in total.
+
+The CPU-time verdict is paired by round: each round's on/off ratio of the
+mesh's total CPU ms per output token, their mean and a 95% Student-t
+confidence interval over the rounds; per service the same for on - off in ms.
+
+    python bench/tracing_overhead.py --rounds 10 --num-requests 128 --json tracing.json
 """
 
 from __future__ import annotations
@@ -46,6 +53,21 @@ class Counter(trace_service_pb2_grpc.TraceServiceServicer):
         with self._lock:
             self.num_spans += n
         return trace_service_pb2.ExportTraceServiceResponse()
+
+
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+"""Two-sided 95% Student-t quantiles for 1..30 degrees of freedom (past 30: the last)."""
+
+
+def mean_ci(values: list[float]) -> dict[str, float]:
+    """Mean and 95% confidence interval of the mean (Student t over len(values) - 1 df)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": len(values)}
+    half = T95[min(len(values) - 1, len(T95)) - 1] * statistics.stdev(values) / len(values) ** 0.5
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(values)}
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -107,7 +129,8 @@ def main() -> int:
     cpu: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     try:
         for i in range(args.rounds):
-            for side, port, pids in (("off", off_port, off_pids), ("on", on_port, on_pids)):
+            sides = [("off", off_port, off_pids), ("on", on_port, on_pids)]
+            for side, port, pids in sides if i % 2 == 0 else sides[::-1]:
                 before, cpu_before = counter.num_spans, cpu_seconds(pids)
                 report = bench(port, args, tmp / f"{side}-{i}.json")
                 time.sleep(1.0)  # the batch span processor exports every 0.5 s
@@ -136,6 +159,23 @@ def main() -> int:
     }
     on_cpu, off_cpu = (sum(result["cpu_ms_per_output_token"][k].values()) for k in ("on", "off"))
     result["cpu_on_over_off"] = on_cpu / off_cpu
+    result["cpu_ms_per_output_token_runs"] = cpu
+    ratios = [sum(a.values()) / sum(b.values()) for a, b in zip(cpu["on"], cpu["off"], strict=True)]
+    result["cpu_ratio_per_round"] = ratios
+    result["cpu_overhead_ci95"] = mean_ci([r - 1.0 for r in ratios])
+    result["cpu_ms_diff_ci95"] = {
+        k: mean_ci([a[k] - b[k] for a, b in zip(cpu["on"], cpu["off"], strict=True)])
+        for k in cpu["on"][0]
+    }
+    # the services whose CPU time is not dominated by the forward pass: their extra CPU
+    # ms per token, as a share of the whole mesh's with tracing off
+    light = [k for k in cpu["on"][0] if not k.startswith("executor")]
+    result["cpu_light_services_share_ci95"] = mean_ci([
+        sum(a[k] - b[k] for k in light) / sum(b.values())
+        for a, b in zip(cpu["on"], cpu["off"], strict=True)
+    ])  # fmt: skip
+    result["machine"] = {"cpus": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+                         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     result["on_over_off"] = result["mean_on"] / result["mean_off"]
     print(json.dumps(result, indent=2))
     if args.json:
