@@ -118,7 +118,9 @@ class FakeOpenAI:
                 "completion_tokens": len(pieces),
                 "prompt_tokens_details": {"cached_tokens": cached},
             }
-            final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+            # a JSON reply is a whole document (as the grammar ends it); the others run to length
+            finish = "stop" if "response_format" in body else "length"
+            final = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}
             await response.write(f"data: {json.dumps(final)}\n\n".encode())
             await response.write(
                 f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()
