@@ -228,3 +228,50 @@ async def test_grpc_schema_the_compiler_refuses_is_invalid_argument(stub):
         await _grpc_generate(stub, json_schema=json.dumps(UNRESOLVABLE_SCHEMA))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == f"constraint.json_schema: {reason}"
+
+
+# --- what the grammar cannot enforce, and the check of each output ---------------------------
+
+NOT_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9, "not": {"const": 3}}},
+    "required": ["a"],
+}
+
+
+def _strict_format(schema: dict, strict: bool = True) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": strict}}
+
+
+def test_a_strict_schema_with_an_unenforceable_keyword_is_400_naming_it(serve):
+    with pytest.raises(openai.BadRequestError) as info:
+        _texts(serve, False, response_format=_strict_format(NOT_SCHEMA))
+    assert info.value.status_code == 400
+    assert info.value.param == "response_format.json_schema.schema.properties.a.not"
+    assert info.value.body["message"] == (
+        'response_format.json_schema.schema.properties.a.not: keyword "not" cannot be enforced'
+        " (negation)"
+    )
+
+
+def test_each_finished_choice_carries_its_schema_check(serve):
+    reply = _chat(serve, n=2, response_format=_strict_format(ORDER_SCHEMA))
+    assert [c.model_extra["schema_check"] for c in reply.choices] == ["valid", "valid"]
+    best_effort = _chat(serve, max_tokens=24, response_format=_strict_format(NOT_SCHEMA, False))
+    [choice] = best_effort.choices
+    assert choice.model_extra["unenforced_keywords"] == ["properties.a.not"]
+    value = json.loads(choice.message.content)["a"] if choice.finish_reason == "stop" else None
+    expected = "truncated" if value is None else "invalid" if value == 3 else "valid"
+    assert choice.model_extra["schema_check"] == expected
+
+
+async def test_grpc_strict_and_best_effort_json_schema(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await _grpc_generate(stub, json_schema=json.dumps(NOT_SCHEMA))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith('constraint.json_schema.properties.a.not: keyword "not"')
+    _, complete = await _grpc_generate(stub, json_schema=json.dumps(ORDER_SCHEMA))
+    assert complete.schema_check == pb.SCHEMA_CHECK_VALID
+    _, complete = await _grpc_generate(stub, json_schema=json.dumps(NOT_SCHEMA), best_effort=True)
+    assert list(complete.unenforced_keywords) == ["properties.a.not"]
+    assert complete.schema_check in (pb.SCHEMA_CHECK_VALID, pb.SCHEMA_CHECK_INVALID)
