@@ -310,6 +310,8 @@ class Mesh:
 
     on_spawn: Callable[[str, int], None] | None = None
     """Called with (service name, pid) as each process starts."""
+    _envoy_exit: asyncio.Future[int | None] | None = field(default=None, init=False)
+    """Resolves with the running Envoy's exit code."""
 
     def __post_init__(self) -> None:
         report = self.on_spawn
@@ -356,6 +358,8 @@ class Mesh:
             raise ServiceFailed("envoy", str(exc), self.envoy.log_tail[-4000:]) from None
         if self.on_spawn is not None and self.envoy.pid is not None:
             self.on_spawn("envoy", self.envoy.pid)
+        # one waiting thread per Envoy process, ending with it (not one per wait_exit_info)
+        self._envoy_exit = asyncio.ensure_future(asyncio.to_thread(self.envoy.wait))
 
     async def wait_exit(self) -> str:
         """Wait until any service exits; returns a message naming it, its code and its log tail."""
@@ -365,19 +369,18 @@ class Mesh:
     async def wait_exit_info(self) -> ExitInfo:
         """Wait until any service (Envoy included) exits; which one, its code and log tail."""
         service_exit = asyncio.create_task(self.supervisor.wait_any_exit())
-        envoy = self.envoy
-        envoy_exit = asyncio.create_task(
-            asyncio.to_thread(envoy.wait) if envoy is not None else asyncio.Event().wait()
-        )
+        envoy, envoy_exit = self.envoy, self._envoy_exit
+        waits: set[asyncio.Future] = {service_exit}
+        if envoy_exit is not None:
+            waits.add(envoy_exit)
         try:
-            await asyncio.wait([service_exit, envoy_exit], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (service_exit, envoy_exit):
-                task.cancel()
+            service_exit.cancel()
         if service_exit.done() and not service_exit.cancelled():
             service = service_exit.result()
             return ExitInfo(service.spec.name, service.process.returncode, log_tail(service.log_path))
-        assert envoy is not None
+        assert envoy is not None and envoy_exit is not None
         return ExitInfo("envoy", envoy_exit.result(), envoy.log_tail[-4000:])
 
     async def restart(self, name: str) -> None:

@@ -97,6 +97,12 @@ async def test_a_dead_gateway_resets_its_connections_and_comes_back(mesh):
     await serves_again(mesh, "gateway", mark)
 
 
+async def test_a_dead_envoy_comes_back_on_its_port(mesh):
+    tally, mark = await kill_under_load(mesh, "envoy")
+    assert tally.counts["cut"] == tally.counts["hung"] == 0, tally
+    await serves_again(mesh, "envoy", mark)
+
+
 async def chat(mesh: ServeProcess, **extra) -> tuple[int, dict]:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
     async with (

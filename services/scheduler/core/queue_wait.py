@@ -107,7 +107,8 @@ def check_wait(
                     _retry_after_s(best - bound),
                 )
             )
-    if deadline is not None and now + best > deadline:
+    if deadline is not None and best > 0 and now < deadline < now + best:
+        # (a deadline already passed is the step loop's: it ends with DEADLINE_EXCEEDED)
         raise ResourceExhausted(
             with_retry_after(
                 f"overloaded: estimated queue wait {_seconds(best)} passes the request's "
