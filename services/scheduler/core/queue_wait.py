@@ -2,9 +2,10 @@
 
 Each executor's throughput is measured as the requests it finished per second
 over the last `window_s`. A new request would wait about as long as it takes the
-executor to finish the requests queued ahead of it in its class or a higher one:
-`(num_ahead + 1) / rate`. With nothing queued it waits for nothing (the step loop
-admits it at its next turn). When even the executor with the shortest estimate
+executor to finish the requests that overflow its batch ahead of it (queued in its
+class or a higher one, plus running, less the sequences it runs at once):
+`(num_ahead + 1) / rate`. While the batch has room it waits for nothing (the step
+loop admits it at its next turn). When even the executor with the shortest estimate
 makes it wait longer than its class's bound, or past its deadline, it is refused
 with ResourceExhausted naming the estimate and when to retry. Classes get
 shares of `max_queue_wait_s`: interactive all of it, batch half, sheddable a
@@ -72,6 +73,13 @@ class Throughput:
     def _trim(self, now: float) -> None:
         while self._finished and self._finished[0] <= now - self._config.window_s:
             self._finished.popleft()
+
+
+def num_ahead_past_capacity(num_queued_ahead: int, num_running: int, max_running: int) -> int:
+    """Requests that must finish before a new one can start: those queued ahead of it and
+    those running, less the sequences the executor runs at once (continuous batching admits
+    a request at once while a slot is free; only what overflows the slots waits)."""
+    return max(0, num_queued_ahead + num_running - max_running)
 
 
 def estimate_wait_s(num_ahead: int, rate: float | None) -> float | None:

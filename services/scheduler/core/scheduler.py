@@ -42,6 +42,7 @@ from services.scheduler.core.queue_wait import (
     Throughput,
     check_wait,
     estimate_wait_s,
+    num_ahead_past_capacity,
 )
 from services.scheduler.core.request import Request, RequestStatus, StepUpdates
 from services.scheduler.core.routing import choose_executor, executors_in_trouble, load_tokens
@@ -355,7 +356,8 @@ class SchedulerCore:
         estimates = []
         for ex in candidates:
             counts = ex.queue.count_by_priority()
-            num_ahead = sum(n for priority, n in counts.items() if priority <= req.priority)
+            queued = sum(n for priority, n in counts.items() if priority <= req.priority)
+            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self.config.max_num_seqs)
             rate = self._finished_on(ex.executor_id).rate(now)
             estimates.append(estimate_wait_s(num_ahead, rate))
         check_wait(self._queue_wait, req.priority, estimates, now, req.deadline)
@@ -374,7 +376,8 @@ class SchedulerCore:
             if not ex.alive:
                 continue
             counts = ex.queue.count_by_priority()
-            num_ahead = sum(n for p, n in counts.items() if p <= priority)
+            queued = sum(n for p, n in counts.items() if p <= priority)
+            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self.config.max_num_seqs)
             estimates.append(estimate_wait_s(num_ahead, self._finished_on(ex.executor_id).rate(now)))
         known = [e for e in estimates if e is not None]
         return min(known) if known and len(known) == len(estimates) else None

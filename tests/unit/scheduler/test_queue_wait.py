@@ -17,6 +17,7 @@ from services.scheduler.core.queue_wait import (
     Throughput,
     check_wait,
     estimate_wait_s,
+    num_ahead_past_capacity,
 )
 
 
@@ -99,3 +100,36 @@ async def test_an_overloaded_scheduler_refuses_at_once_and_loses_nothing_it_acce
     await rig.scheduler.stop()
     assert all(rig.sink.finished[r].error is None for r in accepted)
     assert all(len(rig.sink.tokens[r]) == 4 for r in accepted)
+
+
+def test_only_what_overflows_the_batch_waits():
+    # 64 queued on an idle executor that runs 256 at once: all start at the next step
+    assert num_ahead_past_capacity(64, 0, 256) == 0
+    assert num_ahead_past_capacity(200, 56, 256) == 0
+    # the batch is full: everything queued ahead waits, plus what runs past the slots
+    assert num_ahead_past_capacity(10, 256, 256) == 10
+    assert num_ahead_past_capacity(10, 250, 256) == 4
+
+
+async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
+    """An offline burst the batch holds is never refused on a queue-wait estimate, however
+    slow the measured rate (requests start together, they do not queue behind each other)."""
+    config = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=64, max_queue_wait_s=1.0)
+    rig = make_rig(config, manual_clock=True)
+    rig.port.step_seconds = 0.5
+    await rig.scheduler.start()
+    for i in range(8):  # a slow rate: eight requests of four steps each
+        await rig.scheduler.submit(f"warm{i}", [i + 1, 2], greedy(4))
+    await rig.sink.wait(*(f"warm{i}" for i in range(8)))
+    rig.port.gate = asyncio.Event()  # hold the executor: the burst queues up
+    burst = [f"b{i}" for i in range(64)]
+    for i, req_id in enumerate(burst):
+        await rig.scheduler.submit(req_id, [i + 1, 3], greedy(2))
+    assert rig.scheduler.estimated_queue_wait_s() == 0.0
+    with pytest.raises(ResourceExhausted, match="estimated queue wait"):
+        for i in range(64, 200):  # past the batch, the estimate counts again
+            await rig.scheduler.submit(f"b{i}", [i + 1, 3], greedy(2))
+    rig.port.gate.set()
+    await rig.sink.wait(*burst, timeout=30)
+    await rig.scheduler.stop()
+    assert all(rig.sink.finished[r].error is None for r in burst)
