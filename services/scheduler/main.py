@@ -30,6 +30,8 @@ from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
 from services.scheduler.core import SchedulerConfig, SchedulerCore, fit_to_executors
+from services.scheduler.core.ports import CachePort
+from services.scheduler.core.sharded_cache import ShardedCache
 from services.scheduler.drift import DriftConfig, DriftWatcher
 from services.scheduler.metrics import SchedulerMetricsCollector
 from services.scheduler.rejoin import Rejoin
@@ -45,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-address",
         default=os.environ.get("RADIXMESH_CACHE_ADDRESS"),
-        help="cache service HOST:PORT (default: $RADIXMESH_CACHE_ADDRESS)",
+        help="cache service HOST:PORT, or several comma-separated: shards, each holding the "
+        "pools of the executors registered with it (default: $RADIXMESH_CACHE_ADDRESS)",
     )
     p.add_argument(
         "--executor",
@@ -130,33 +133,62 @@ def executor_addresses(args: argparse.Namespace) -> list[str]:
     return addresses
 
 
+def cache_addresses(args: argparse.Namespace) -> list[str]:
+    addresses = [a.strip() for a in (args.cache_address or "").split(",") if a.strip()]
+    if not addresses:
+        raise InvalidArgument("--cache-address (or $RADIXMESH_CACHE_ADDRESS) is required")
+    return addresses
+
+
+async def pool_shards(caches: list[CacheClient], executor_ids: list[str]) -> dict[str, int]:
+    """Executor id -> the shard its pool is registered with (each executor registers
+    before it serves, so every one is found)."""
+    shards: dict[str, int] = {}
+    for index, stats in enumerate(await asyncio.gather(*(c.stats() for c in caches))):
+        for pool in stats:
+            shards[pool.executor_id] = index
+    missing = [e for e in executor_ids if e not in shards]
+    if missing:
+        raise InvalidArgument(
+            f"executors {missing} have a pool in none of the cache shards "
+            f"{[c.address for c in caches]}"
+        )
+    return shards
+
+
 async def connect(
     args: argparse.Namespace, config: SchedulerConfig, servicer: SchedulerServicer
-) -> tuple[SchedulerCore, CacheClient]:
-    """Wait for the cache and the executors, then build and start the core."""
+) -> tuple[SchedulerCore, list[CacheClient]]:
+    """Wait for the cache (every shard) and the executors, then build and start the core."""
     timeout = args.connect_timeout_seconds
-    await wait_for_serving(args.cache_address, timeout=timeout)
-    cache = CacheClient(args.cache_address)
+    addresses = cache_addresses(args)
+    await asyncio.gather(*(wait_for_serving(a, timeout=timeout) for a in addresses))
+    caches = [CacheClient(a) for a in addresses]
     executors = [RemoteExecutor(a, timeout) for a in executor_addresses(args)]
     await asyncio.gather(*(e.connect() for e in executors))
     config = fit_to_executors(config, (e.info for e in executors))
-    core = SchedulerCore(config, RemoteCache(cache), executors, servicer.deliver)
+    port: CachePort = RemoteCache(caches[0])
+    if len(caches) > 1:
+        shards = await pool_shards(caches, [e.info.executor_id for e in executors])
+        port = ShardedCache([RemoteCache(c) for c in caches], shards)
+    core = SchedulerCore(config, port, executors, servicer.deliver)
     await core.start()
-    return core, cache
+    return core, caches
 
 
-def rejoin_for(core: SchedulerCore, cache: CacheClient, args: argparse.Namespace) -> Rejoin:
+def rejoin_for(
+    core: SchedulerCore, caches: list[CacheClient], args: argparse.Namespace
+) -> Rejoin:
     """Failed executors and a restarted cache come back into `core` (see rejoin.py)."""
     addresses = {load.executor_id: address for load, address in zip(
         core.executor_loads(), executor_addresses(args), strict=True)}  # fmt: skip
-    return Rejoin(core, cache, addresses, args.cache_address, args.connect_timeout_seconds)
+    return Rejoin(core, caches, addresses, cache_addresses(args), args.connect_timeout_seconds)
 
 
 async def serve(args: argparse.Namespace) -> int:
     try:
         configure_logging("scheduler", args.log_level)
-        if not args.cache_address:
-            raise InvalidArgument("--cache-address (or $RADIXMESH_CACHE_ADDRESS) is required")
+        cache_addresses(args)
         executor_addresses(args)
         config = scheduler_config(args)
         drift = DriftConfig(window_s=args.baseline_window_s, tolerance=args.baseline_tolerance)
@@ -200,9 +232,10 @@ async def serve(args: argparse.Namespace) -> int:
         for part in rejoin:
             await part.close()
         if parts:
-            core, cache = parts
+            core, caches = parts
             await core.stop()
-            await cache.close()
+            for cache in caches:
+                await cache.close()
         REGISTRY.unregister(collector)
 
     startup = asyncio.create_task(start_up())

@@ -13,13 +13,16 @@ health-checked until a process serves there again (the supervisor restarts
 it on the same address, or an operator does); it is connected (GetInfo and a
 new Step stream) and readmitted. Meanwhile the cache service is watched:
 when it goes away every request holding a lease ends (`core.cache_lost`);
-the executors register their pools again when it is back.
+the executors register their pools again when it is back. With cache shards
+every shard is watched (losing any one ends the leased requests) and a dead
+executor's pool is unregistered from whichever shard holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 from radixmesh.errors import RadixmeshError
 from services.cache.client import CacheClient
@@ -48,25 +51,29 @@ class Rejoin:
     def __init__(
         self,
         core: SchedulerCore,
-        cache: CacheClient,
+        cache: CacheClient | Sequence[CacheClient],
         addresses: dict[str, str],
-        cache_address: str,
+        cache_address: str | Sequence[str],
         connect_timeout_s: float = 60.0,
     ) -> None:
+        """`cache` and `cache_address`: the cache service, or its shards (in the same order)."""
+        self._caches = [cache] if isinstance(cache, CacheClient) else list(cache)
         self._core = core
-        self._cache = cache
         self._addresses = dict(addresses)
         """Executor id -> its address."""
-        self._cache_address = cache_address
+        self._cache_addresses = (
+            [cache_address] if isinstance(cache_address, str) else list(cache_address)
+        )
         self._timeout = connect_timeout_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._watches: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         self._core.on_executor_lost = self.executor_lost
-        self._tasks["cache"] = asyncio.create_task(
-            follow_serving(self._cache_address, "", self._cache_changed), name="watch-cache"
-        )
+        for i, address in enumerate(self._cache_addresses):
+            self._tasks[f"cache-{i}"] = asyncio.create_task(
+                follow_serving(address, "", self._cache_watcher(address)), name=f"watch-cache-{i}"
+            )
         for executor_id, address in self._addresses.items():
             self._watches[executor_id] = asyncio.create_task(
                 self._watch(executor_id, address), name=f"watch-{executor_id}"
@@ -94,11 +101,14 @@ class Rejoin:
     async def _rejoin(self, executor_id: str) -> None:
         address = self._addresses[executor_id]
         if not await _serving(address):  # a new process registers its pool before serving
-            try:
-                num_leases = await self._cache.unregister_pool(executor_id)
-                log.info("dead_pool_unregistered", executor_id=executor_id, num_leases=num_leases)
-            except RadixmeshError as exc:  # gone already, or the cache is down too
-                log.warning("dead_pool_unregister_failed", executor_id=executor_id, error=str(exc))
+            for cache in self._caches:  # the shard holding the pool; NotFound on the others
+                try:
+                    num_leases = await cache.unregister_pool(executor_id)
+                    log.info("dead_pool_unregistered", executor_id=executor_id, num_leases=num_leases)
+                except RadixmeshError as exc:  # gone already, or the cache is down too
+                    if len(self._caches) == 1:
+                        log.warning("dead_pool_unregister_failed", executor_id=executor_id,
+                                    error=str(exc))  # fmt: skip
         while True:
             port = RemoteExecutor(address, self._timeout)
             try:
@@ -116,12 +126,15 @@ class Rejoin:
             self._core.readmit(port)
             return
 
-    def _cache_changed(self, serving: bool, reason: str) -> None:
-        if serving:
-            log.info("cache_serving", address=self._cache_address)
-        else:
-            log.error("cache_lost", address=self._cache_address, reason=reason)
-            self._core.cache_lost(reason)
+    def _cache_watcher(self, address: str):
+        def changed(serving: bool, reason: str) -> None:
+            if serving:
+                log.info("cache_serving", address=address)
+            else:
+                log.error("cache_lost", address=address, reason=reason)
+                self._core.cache_lost(reason)
+
+        return changed
 
     async def close(self) -> None:
         tasks = [*self._tasks.values(), *self._watches.values()]
