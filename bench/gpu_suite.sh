@@ -10,7 +10,8 @@
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
 #        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
 #        which need 2 GPUs; train_tiny and speculative: a small model trained on the standard
-#        library's source, then speculative decoding off / ngram / suffix on it)
+#        library's source, then speculative decoding off / ngram / suffix on it, in-process and, as
+#        speculative_serve, through radixmesh serve)
 # Named only as well: mesh (the offline workload through `radixmesh serve` with the gRPC and
 #        OpenAI APIs against the in-process engine) and rps (short requests at > 1,000/s
 #        on a 1B shape, then the seed's mix with its SLO gate).
@@ -411,6 +412,15 @@ step_speculative() {
     [ -f "$TRAINED/config.json" ] || step_train_tiny
     run_step speculative 480 $PY bench/speculative.py --model "$TRAINED" \
         --device "$(engine_device)" "${args[@]}" --json "$RESULTS/speculative.json"
+}
+
+# speculative_serve: the same through `radixmesh serve` (one mesh per mode).
+step_speculative_serve() {
+    local args=()
+    [ "$GPU" = 1 ] || args=(--smoke --workloads code_edit random)
+    [ -f "$TRAINED/config.json" ] || step_train_tiny
+    run_step speculative_serve 540 $PY bench/speculative.py --mode serve --model "$TRAINED" \
+        --device "$(engine_device)" "${args[@]}" --json "$RESULTS/speculative_serve.json"
 }
 
 # mesh_up NAME [SERVE ARGS...]: `radixmesh serve` on $MODEL in the background, its endpoints in

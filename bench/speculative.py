@@ -14,7 +14,8 @@ Workloads (text from the standard library's source, tokenized with the model's t
               repeats: drafts from the request itself and from the earlier request's output)
   random      random token ids (drafts cannot be right: the automatic switch must hold)
 Every request is greedy with exactly --output-len tokens; the outputs of every mode are
-compared token for token with speculation off ("identical" in the JSON).
+compared token for token with speculation off ("identical" in the JSON). `--mode serve`
+runs the same through `radixmesh serve` (bench/spec_serve.py), one mesh per mode.
 """
 
 from __future__ import annotations
@@ -154,6 +155,43 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
     return rows
 
 
+def bench_serve(args, mode: str, tokenizer) -> dict:
+    from bench.spec_serve import ServedMesh
+    from bench.spec_serve import run_batch as serve_batch
+
+    vocab = len(tokenizer)
+    mesh = ServedMesh(args.model, args.device, mode, args.port, ["--max-restarts", "0"])
+    rows = {}
+    try:
+        for batch in args.batch_sizes:  # warm-up
+            serve_batch(mesh.url, make_prompts("random", batch, tokenizer, vocab, 99, 64), 8)
+        for workload in args.workloads:
+            for batch in args.batch_sizes:
+                prompts = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)
+                if workload == "multi_turn":
+                    answers, _, _, _ = serve_batch(mesh.url, prompts, args.output_len)
+                    prompts = [
+                        p + tokenizer.encode(a, add_special_tokens=False) + p
+                        for p, a in zip(prompts, answers, strict=True)
+                    ]
+                texts, seconds, tpots, spec = serve_batch(mesh.url, prompts, args.output_len)
+                drafts = spec["num_drafts"]
+                rows[f"{workload}/b{batch}"] = {
+                    "output_tok_s": spec["num_tokens"] / seconds,
+                    "tpot_ms": 1e3 * sum(tpots) / max(1, len(tpots)),
+                    "num_drafts": drafts,
+                    "acceptance_rate": spec["num_accepted_tokens"] / max(1, spec["num_draft_tokens"]),
+                    "mean_acceptance_length": 1 + spec["num_accepted_tokens"] / drafts if drafts else None,
+                    "outputs": texts,
+                }
+                row = rows[f"{workload}/b{batch}"]
+                print(f"{mode:<7} {workload:<11} b{batch:<4} {row['output_tok_s']:10.1f} tok/s  "
+                      f"TPOT {row['tpot_ms']:7.2f} ms  drafts {drafts}", flush=True)
+    finally:
+        mesh.stop()
+    return rows
+
+
 def summarize(results: dict[str, dict]) -> dict:
     off = results["off"]
     summary = {}
@@ -180,6 +218,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-pages", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
+    p.add_argument("--mode", default="inprocess", choices=("inprocess", "serve"))
+    p.add_argument("--port", type=int, default=18080, help="--mode serve: the public port")
     p.add_argument("--smoke", action="store_true", help="batch 1 and 2, short outputs")
     args = p.parse_args(argv)
     if args.smoke:
@@ -198,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     if "off" not in args.modes:
         args.modes = ["off", *args.modes]
-    results = {mode: asyncio.run(bench_mode(args, mode, tokenizer)) for mode in args.modes}
+    if args.mode == "serve":
+        results = {mode: bench_serve(args, mode, tokenizer) for mode in args.modes}
+    else:
+        results = {mode: asyncio.run(bench_mode(args, mode, tokenizer)) for mode in args.modes}
     summary = summarize(results)
     for key, row in summary.items():
         print(f"{key:<28} x{row['speedup_vs_off']:.2f}  identical {row['identical']}  "

@@ -1,0 +1,97 @@
+"""bench/speculative.py's workloads through `radixmesh serve` (Envoy, gateway, scheduler,
+executor as processes): one mesh per speculation mode, OpenAI completions streamed with
+token-id prompts, greedy with ignore_eos."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+READY_LINE = "radixmesh: ready"
+START_TIMEOUT_S = 600
+
+
+class ServedMesh:
+    """`radixmesh serve` as a subprocess on a free port, until `stop`."""
+
+    def __init__(self, model: str, device: str, mode: str, port: int, extra: list[str]) -> None:
+        log_dir = tempfile.mkdtemp(prefix=f"spec-{mode}-")
+        argv = [
+            sys.executable, "-m", "mesh.cli", "serve", "--model", model, "--device", device,
+            "--port", str(port), "--speculative", mode, "--log-dir", log_dir, *extra,
+        ]  # fmt: skip
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+        self.process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if READY_LINE in line:
+                break
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"radixmesh serve did not start; logs in {log_dir}")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def stream_completion(url: str, prompt: list[int], output_len: int) -> dict:
+    """One streamed completion: tokens, first and last chunk times, usage."""
+    body = {
+        "model": "", "prompt": prompt, "max_tokens": output_len, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    text, first, last, usage = [], None, None, {}
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                if choice.get("text"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    text.append(choice["text"])
+    return {"text": "".join(text), "start": start, "first": first, "last": last, "usage": usage}
+
+
+def run_batch(url: str, prompts: list[list[int]], output_len: int) -> tuple[list[str], float, list[float], dict]:
+    """(texts, seconds, TPOT per request, summed speculation) of the prompts sent together."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        done = list(pool.map(lambda p: stream_completion(url, p, output_len), prompts))
+    seconds = time.perf_counter() - start
+    tpots, spec = [], {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_tokens": 0}
+    for d in done:
+        n = d["usage"].get("completion_tokens", 0)
+        spec["num_tokens"] += n
+        if d["first"] is not None and n > 1:
+            tpots.append((d["last"] - d["first"]) / (n - 1))
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            spec[key] += (d["usage"].get("speculation") or {}).get(key, 0)
+    return [d["text"] for d in done], seconds, tpots, spec
