@@ -474,6 +474,13 @@ class SchedulerCore:
                 continue  # a prefill chunk that did not reach the end of the prompt
             update = self._start_update(req)
             if out.token_id is not None:
+                if out.accepted_token_ids:  # verified draft tokens come first
+                    req.output_token_ids.extend(out.accepted_token_ids)
+                    update.token_ids.extend(out.accepted_token_ids)
+                    if req.on_executor:  # their KV is computed: the position moves past them
+                        req.num_computed_tokens += len(out.accepted_token_ids)
+                if out.num_draft_tokens:
+                    req.spec.record(out.num_draft_tokens, len(out.accepted_token_ids))
                 req.output_token_ids.append(out.token_id)
                 update.token_ids.append(out.token_id)
                 stats.token(req, now)
@@ -482,6 +489,8 @@ class SchedulerCore:
             if out.finish_reason is not None:
                 update.finish_reason = out.finish_reason
                 update.matched_stop_token_id = out.matched_stop_token_id
+                if req.spec.num_drafts:
+                    update.speculation = req.spec
                 finished.append(req)
                 self._finished_on(ex.executor_id).note_finished(now)
                 if req.hold_id is not None and out.finish_reason in ("stop", "length"):
