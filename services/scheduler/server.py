@@ -15,8 +15,10 @@ stream breaks or is cancelled, its requests still running are aborted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,21 +173,29 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             stream.req_ids.add(sub.req_id)
             if sub.hold_id:
                 stream.hold_ids.add(sub.hold_id)
+            # traced from before the submit, so the prefix match it does is a child too
+            trace = None
+            if msg.traceparent and tracing.enabled():
+                trace = RequestTrace.start(msg.traceparent, time.monotonic())
             try:
-                req = await core.submit(
-                    stream.core_id(sub.req_id),
-                    sub.token_ids,
-                    sub.sampling,
-                    constraint=sub.constraint,
-                    model=sub.model,
-                    priority=sub.priority,
-                    deadline=sub.deadline,
-                    hold_id=stream.core_id(sub.hold_id) if sub.hold_id else "",
-                )
-                if msg.traceparent and tracing.enabled():
-                    req.trace = RequestTrace.start(msg.traceparent, req.arrival_time)
-            except RadixmeshError:
+                with trace.active() if trace is not None else contextlib.nullcontext():
+                    req = await core.submit(
+                        stream.core_id(sub.req_id),
+                        sub.token_ids,
+                        sub.sampling,
+                        constraint=sub.constraint,
+                        model=sub.model,
+                        priority=sub.priority,
+                        deadline=sub.deadline,
+                        hold_id=stream.core_id(sub.hold_id) if sub.hold_id else "",
+                    )
+                if trace is not None:
+                    trace.arrived(req.arrival_time)
+                    req.trace = trace
+            except RadixmeshError as exc:
                 stream.req_ids.discard(sub.req_id)
+                if trace is not None:
+                    trace.refused(exc)
                 raise
         except RadixmeshError as exc:
             response = scheduler_pb2.StreamResponse()

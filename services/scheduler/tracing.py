@@ -11,10 +11,12 @@ request's events (`req.trace.<event>(...)`, guarded by `if req.trace`), and
       scheduler.queue_wait      submit -> first admission (again after each preemption)
       scheduler.prefill_chunk   one per chunk: scheduled -> the next event (tokens, step id)
       scheduler.decode          first token -> end, with its step count
-      cache.<verb>              the cache's span of each acquire, extend, commit, release
+      cache.<verb>              the cache's span of each match, acquire, extend, commit, release
     events on scheduler.request: preempted (tokens kept), first_token
 
-While the core awaits a cache verb for the request it holds `req.trace.active()`,
+The servicer starts the trace before the core's submit and holds it active over
+the submit (its prefix match); while the core awaits a later cache verb for the
+request it holds `req.trace.active()`,
 which makes the request's span current; the cache client puts its traceparent on
 the verb's op. Executor steps are batched over many requests: each `executor.step`
 span links to the request spans of the sequences in it (the traceparent the
@@ -75,6 +77,21 @@ class RequestTrace:
             start_time=epoch_ns(arrival_s),
         )  # fmt: skip
         return cls(root, traceparent_of(root), arrival_s, queued=[arrival_s])
+
+    def arrived(self, arrival_s: float) -> None:
+        """The core took the request at `arrival_s` (its arrival_time): the first queue
+        wait starts there (the span itself started before, with the submit's prefix match)."""
+        self.arrival_s = arrival_s
+        self.queued = [arrival_s]
+
+    def refused(self, error: Exception) -> None:
+        """The submit raised (overload, bad input): end the span with the error."""
+        self.root.set_attributes(
+            {"radixmesh.code": getattr(error, "code", "INTERNAL"),
+             "radixmesh.finish_reason": "error"}
+        )  # fmt: skip
+        self.root.set_status(trace.Status(trace.StatusCode.ERROR, str(error)))
+        self.root.end()
 
     def active(self) -> AbstractContextManager[Any]:
         """The request's span as the current one (a cache verb awaited inside is its child)."""

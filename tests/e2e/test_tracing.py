@@ -68,7 +68,7 @@ async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor
     def complete(spans) -> bool:
         names = set(tree(spans, trace_id))
         want = {"gateway.Generate", "scheduler.request", "scheduler.decode", "gateway.stream",
-                "cache.acquire", "cache.commit"}  # fmt: skip
+                "cache.match", "cache.acquire", "cache.commit"}  # fmt: skip
         linked = [s for s in spans if s.name == "executor.step" and
                   any(tid == trace_id for tid, _ in s.links)]  # fmt: skip
         return want <= names and len(linked) >= 6
@@ -117,7 +117,7 @@ async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor
     assert all(s.start_ns <= request_span.end_ns for i, s in steps.items() if i in linked)
 
     # the cache verbs the request caused are children of its span in its trace
-    for name in ("cache.acquire", "cache.commit"):
+    for name in ("cache.match", "cache.acquire", "cache.commit"):
         verb = one(t, name)
         assert verb.service == "radixmesh-cache"
         assert verb.parent_span_id == request_span.span_id

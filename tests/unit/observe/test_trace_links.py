@@ -146,3 +146,17 @@ def test_a_step_span_keeps_a_link_per_traced_sequence_past_the_sdks_default_limi
         assert len(span.links) == 300  # not ended: nothing is exported
     finally:
         tracing.shutdown_tracing()
+
+
+def test_a_refused_submit_ends_its_request_span_with_the_error(exported):
+    from opentelemetry.trace import StatusCode
+
+    from radixmesh.errors import ResourceExhausted
+
+    trace = RequestTrace.start(GATEWAY, 1.0)
+    assert trace is not None
+    trace.refused(ResourceExhausted("queue full"))
+    [span] = exported.get_finished_spans()
+    assert span.name == "scheduler.request" and span.status.status_code is StatusCode.ERROR
+    assert span.attributes["radixmesh.code"] == "RESOURCE_EXHAUSTED"
+    assert span.status.description == "queue full"
