@@ -127,8 +127,8 @@ async def test_redis_lost_gives_clear_errors_and_recovers_when_it_returns(mesh, 
 
 
 async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
-    num_streams = 120
-    warm = await stream_load(mesh.http, 8, max_tokens=4)  # the executors' rate is measured
+    num_streams = 160
+    warm = await stream_load(mesh.http, 16, max_tokens=4)  # both executors measure a rate
     assert {o.kind for o in warm} == {"completed"}
     outcomes = await stream_load(mesh.http, num_streams, MAX_TOKENS, deadline_s=150)
     tally = Tally.of(outcomes)

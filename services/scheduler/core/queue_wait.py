@@ -102,8 +102,10 @@ def check_wait(
     """Raise ResourceExhausted when the best of `estimates` (one per candidate executor)
     is over the class's bound or the deadline; else the best estimate (None: unknown)."""
     known = [e for e in estimates if e is not None]
-    if len(known) < len(estimates) or not known:
-        return None  # an executor without a measured rate: admit (it may be idle)
+    if not known:
+        return None  # no executor has a measured rate: admit
+    # (an unknown estimate is an executor with a queue that finished too little lately
+    # to be measured: not a better place than the measured ones; an idle one is 0.0)
     best = min(known)
     if config.max_queue_wait_s is not None:
         bound = config.max_queue_wait_s * CLASS_SHARE[priority]

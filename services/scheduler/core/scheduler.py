@@ -357,10 +357,19 @@ class SchedulerCore:
         for ex in candidates:
             counts = ex.queue.count_by_priority()
             queued = sum(n for priority, n in counts.items() if priority <= req.priority)
-            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self.config.max_num_seqs)
+            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self._capacity(ex))
             rate = self._finished_on(ex.executor_id).rate(now)
             estimates.append(estimate_wait_s(num_ahead, rate))
         check_wait(self._queue_wait, req.priority, estimates, now, req.deadline)
+
+    def _capacity(self, ex: ExecutorState) -> int:
+        """Sequences ex can run at once: its slots, or fewer when its pool holds fewer
+        sequences of the size it runs now (a batch bound by KV pages)."""
+        running = list(ex.running.values())
+        if not running:
+            return self.config.max_num_seqs
+        per_seq = max(1, -(-sum(len(r.page_table) for r in running) // len(running)))
+        return max(1, min(self.config.max_num_seqs, ex.info.num_pages // per_seq))
 
     def _finished_on(self, executor_id: str) -> Throughput:
         throughput = self._throughput.get(executor_id)
@@ -377,7 +386,7 @@ class SchedulerCore:
                 continue
             counts = ex.queue.count_by_priority()
             queued = sum(n for p, n in counts.items() if p <= priority)
-            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self.config.max_num_seqs)
+            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self._capacity(ex))
             estimates.append(estimate_wait_s(num_ahead, self._finished_on(ex.executor_id).rate(now)))
         known = [e for e in estimates if e is not None]
         return min(known) if known and len(known) == len(estimates) else None

@@ -58,9 +58,12 @@ def test_a_deadline_shorter_than_the_wait_is_refused_at_once():
         check_wait(QueueWaitConfig(None), Priority.INTERACTIVE, [8.0], now=100.0, deadline=105.0)
 
 
-def test_an_unmeasured_executor_admits():
+def test_only_measured_executors_are_judged():
     config = QueueWaitConfig(max_queue_wait_s=1)
-    assert check_wait(config, Priority.SHEDDABLE, [None, 50.0], 0.0, None) is None
+    assert check_wait(config, Priority.SHEDDABLE, [None, None], 0.0, None) is None
+    with pytest.raises(ResourceExhausted):  # a queue that finished nothing lately is no escape
+        check_wait(config, Priority.SHEDDABLE, [None, 50.0], 0.0, None)
+    assert check_wait(config, Priority.SHEDDABLE, [None, 0.0], 0.0, None) == 0.0
 
 
 def test_retry_after_travels_in_the_message():
