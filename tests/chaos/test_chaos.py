@@ -15,7 +15,7 @@ import time
 import aiohttp
 import pytest
 
-from mesh.faults import ServeProcess, Tally, stream_load
+from mesh.faults import ServeProcess, Tally, one_stream, stream_load
 from services.cache.client import CacheClient
 
 NUM_STREAMS = 16
@@ -59,6 +59,23 @@ async def whole_and_idle(mesh):
     [probe] = await stream_load(mesh.http, 1, max_tokens=4, deadline_s=30)
     assert probe.kind == "completed", (probe, mesh.text[-3000:])
     yield
+
+
+async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
+    num_streams = 160
+    async with aiohttp.ClientSession() as session:  # distinct prompts: spread by load, so
+        warm = await asyncio.gather(  # both executors measure a rate
+            *(one_stream(session, mesh.http, 4, 30, prompt=f"warm {i} " * 3) for i in range(16))
+        )
+    assert {o.kind for o in warm} == {"completed"}
+    outcomes = await stream_load(mesh.http, num_streams, MAX_TOKENS, deadline_s=150)
+    tally = Tally.of(outcomes)
+    assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
+    refused = [o for o in outcomes if o.status == 429]
+    assert refused, tally  # the queue wait passed the bound (conftest: 3 s)
+    assert all(o.error_code == "resource_exhausted" and o.retry_after for o in refused)
+    assert max(o.seconds for o in refused) < 10.0  # refused on arrival, not after waiting
+    assert tally.counts["completed"] + len(refused) == num_streams, tally
 
 
 async def test_a_dead_executor_cuts_nothing_and_comes_back(mesh):
@@ -124,20 +141,6 @@ async def test_redis_lost_gives_clear_errors_and_recovers_when_it_returns(mesh, 
     while (status := (await chat(mesh, session_id="chaos-2"))[0]) != 200:
         assert time.monotonic() < deadline, status
         await asyncio.sleep(0.5)
-
-
-async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
-    num_streams = 160
-    warm = await stream_load(mesh.http, 16, max_tokens=4)  # both executors measure a rate
-    assert {o.kind for o in warm} == {"completed"}
-    outcomes = await stream_load(mesh.http, num_streams, MAX_TOKENS, deadline_s=150)
-    tally = Tally.of(outcomes)
-    assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
-    refused = [o for o in outcomes if o.status == 429]
-    assert refused, tally  # the queue wait passed the bound (conftest: 3 s)
-    assert all(o.error_code == "resource_exhausted" and o.retry_after for o in refused)
-    assert max(o.seconds for o in refused) < 10.0  # refused on arrival, not after waiting
-    assert tally.counts["completed"] + len(refused) == num_streams, tally
 
 
 async def test_sigterm_drains_streams_in_flight(mesh):
