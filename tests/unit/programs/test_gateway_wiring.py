@@ -16,7 +16,7 @@ from radixmesh.errors import InvalidArgument
 from services.scheduler.client import SchedulerClient
 
 
-def test_tools_config_adds_tools_and_plugins(tmp_path, monkeypatch, tokenizer):
+async def test_tools_config_adds_tools_and_plugins(tmp_path, monkeypatch, tokenizer):
     (tmp_path / "site_tools_main.py").write_text(
         "def echo(text):\n    return text\n"
         "class Upper:\n    def pre_request(self, text):\n        return text.upper()\n"
@@ -44,7 +44,7 @@ def test_tools_config_adds_tools_and_plugins(tmp_path, monkeypatch, tokenizer):
     assert deps.limits == Limits()
 
 
-def test_program_limit_flags_set_the_servers_bounds(tokenizer):
+async def test_program_limit_flags_set_the_servers_bounds(tokenizer):
     flags = ["--program-max-total-tokens", "64", "--program-max-wall-time-s", "2.5"]
     args = build_parser().parse_args(["--model", "m", "--scheduler-address", "x:1", *flags])
     models = ModelRegistry({"tiny": tokenizer})
@@ -63,7 +63,7 @@ def test_program_limit_flags_set_the_servers_bounds(tokenizer):
         ("--program-max-depth", "max_depth", 2),
     ],
 )
-def test_structure_limit_flags_set_the_servers_bounds(tokenizer, flag, field, value):
+async def test_structure_limit_flags_set_the_servers_bounds(tokenizer, flag, field, value):
     args = build_parser().parse_args(["--model", "m", "--scheduler-address", "x:1", flag, str(value)])
     models = ModelRegistry({"tiny": tokenizer})
     servicer, _ = programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
@@ -74,7 +74,7 @@ def test_structure_limit_flags_set_the_servers_bounds(tokenizer, flag, field, va
         programs_servicer(args, models, SchedulerClient("127.0.0.1:1"), None, None)
 
 
-def test_structure_limit_flags_bound_what_a_program_may_ask(tokenizer):
+async def test_structure_limit_flags_bound_what_a_program_may_ask(tokenizer):
     flags = ["--program-max-fork-width", "2", "--program-max-depth", "1"]
     args = build_parser().parse_args(["--model", "m", "--scheduler-address", "x:1", *flags])
     servicer, _ = programs_servicer(

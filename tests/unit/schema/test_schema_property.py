@@ -14,7 +14,11 @@ from radixmesh.schema.formats import FORMAT_PATTERNS
 from tests.fixtures.grammar_sampler import GrammarSampler
 
 SAMPLER = GrammarSampler()
-UNSATISFIABLE = re.compile(r"^no (listed )?(value|branch) satisf")
+UNSATISFIABLE = re.compile(
+    r"^no (listed )?(value|branch) satisf|cannot be combined exactly"
+)
+"""What random allOf branches may make a plan report: they contradict each other, or name two
+values of a keyword (two patterns) that no one grammar expresses exactly."""
 NAMES = st.sampled_from(["id", "name", "x", "y", "tags", "kind", "a b", 'q"t', "é"])
 PATTERNS = st.sampled_from(
     [r"^[a-z]{1,5}$", r"^\d{2}-\d{2}$", r"^\\[a-c]+$", r'^"[0-9]"$', r"^(x|yz)*$", r"^v(\.[0-9]+)?$"]
