@@ -364,11 +364,18 @@ class SchedulerCore:
 
     def _capacity(self, ex: ExecutorState) -> int:
         """Sequences ex can run at once: its slots, or fewer when its pool holds fewer
-        sequences of the size it runs now (a batch bound by KV pages)."""
+        sequences of the size its running ones grow to (prompt plus max_tokens, within the
+        context: a batch bound by KV pages; the pages they hold when just admitted would
+        overcount the room)."""
         running = list(ex.running.values())
         if not running:
             return self.config.max_num_seqs
-        per_seq = max(1, -(-sum(len(r.page_table) for r in running) // len(running)))
+        page_size, limit = ex.info.page_size, ex.info.max_model_len
+        pages = 0
+        for r in running:
+            final = min(len(r.prompt_token_ids) + (r.sampling.max_tokens or limit), limit)
+            pages += max(len(r.page_table), -(-final // page_size))
+        per_seq = max(1, -(-pages // len(running)))
         return max(1, min(self.config.max_num_seqs, ex.info.num_pages // per_seq))
 
     def _finished_on(self, executor_id: str) -> Throughput:
