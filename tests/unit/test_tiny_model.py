@@ -10,9 +10,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mesh import tiny_model
 from mesh.cli import main as cli_main
 from mesh.tiny_model import ARCHS, MODEL_SIZES, ensure_default_model, write_tiny_model
-from mesh import tiny_model
 from radixmesh.errors import InvalidArgument
 
 FILES = (

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.fixtures.executor_driver import generate
 from radixmesh.errors import InvalidArgument
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.spec import read_rope
+from tests.fixtures.executor_driver import generate
 from tests.unit.executor.conftest import (
     LLAMA3_ROPE,
     TinyModel,

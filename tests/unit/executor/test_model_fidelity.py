@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.executor_driver import generate
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
+from tests.fixtures.executor_driver import generate
 from tests.unit.executor.conftest import (
     TinyModel,
     greedy,

@@ -11,11 +11,11 @@ import torch
 from kernels._triton import interpreting
 from kernels.paged_attention import paged_attention_triton
 from kernels.paged_decode_attention import paged_decode_attention_triton
-from tests.fixtures.executor_driver import generate
 from radixmesh.errors import InvalidArgument
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models import ARCHITECTURES, parse_spec
 from services.executor.core.models.decoder import Decoder
+from tests.fixtures.executor_driver import generate
 from tests.unit.executor.conftest import (
     COMMON,
     MISTRAL_WINDOW,

@@ -86,7 +86,7 @@ def test_without_strict_the_schema_compiles_and_its_unenforced_keywords_are_kept
 
 
 def test_strict_must_be_a_boolean():
-    with pytest.raises(InvalidArgument, match="response_format.json_schema.strict"):
+    with pytest.raises(InvalidArgument, match=r"response_format\.json_schema\.strict"):
         parse_chat_request(chat_body(POINT, strict="yes"))
 
 

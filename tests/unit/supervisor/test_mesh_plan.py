@@ -115,5 +115,5 @@ def test_drain_grace_and_queue_wait_reach_the_gateway_and_the_scheduler(model_di
 
 @pytest.mark.parametrize("grace", [-1.0, float("nan"), 4000.0])
 def test_a_bad_grace_names_the_flag(model_dir, tmp_path, grace):
-    with pytest.raises(InvalidArgument, match="^grace:"):
+    with pytest.raises(InvalidArgument, match=r"^grace:"):
         MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", grace_s=grace)
