@@ -150,11 +150,11 @@ def test_raw_bytes_never_get_a_5xx(gateway, raw):
 
 sampling = st.builds(
     inference_pb2.SamplingParams,
-    max_tokens=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+    max_tokens=st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
     temperature=st.one_of(st.none(), st.floats(width=32)),
     top_p=st.one_of(st.none(), st.floats(width=32)),
     top_k=st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
-    n=st.one_of(st.none(), st.integers(0, 2**32 - 1)),
+    n=st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
     stop=st.lists(st.text(max_size=8), max_size=3),
     stop_token_ids=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3),
 )
