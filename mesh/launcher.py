@@ -55,6 +55,9 @@ class MeshConfig:
     """Executor device: auto (CUDA when present), cpu, cuda or cuda:N. With "cuda" and
     several executors, executor i runs on cuda:i (one GPU each)."""
     num_executors: int = 1
+    num_gateways: int = 1
+    """Gateway replicas behind Envoy, each its own process and ports ("gateway" when one,
+    "gateway-0" ... otherwise); Envoy balances them and health-checks each."""
     redis_url: str = ""
     """Shared result cache, sessions and rate-limit buckets; empty keeps them in-process."""
     api_keys: tuple[str, ...] = ()
@@ -99,6 +102,8 @@ class MeshConfig:
             )
         if not 1 <= self.num_executors <= 64:
             raise InvalidArgument(f"executors: must be in [1, 64], got {self.num_executors}")
+        if not 1 <= self.num_gateways <= 64:
+            raise InvalidArgument(f"gateways: must be in [1, 64], got {self.num_gateways}")
         if not 1 <= self.tensor_parallel_size <= 64:
             raise InvalidArgument(
                 f"tensor_parallel_size: must be in [1, 64], got {self.tensor_parallel_size}"
@@ -130,13 +135,25 @@ class MeshPorts:
     """(gRPC port, metrics port) per executor."""
     scheduler: int
     scheduler_metrics: int
-    gateway: int
-    gateway_http: int
-    gateway_metrics: int
+    gateways: tuple[tuple[int, int, int], ...]
+    """(gRPC port, HTTP port, metrics port) per gateway replica."""
     admin: int
 
+    @property
+    def gateway(self) -> int:
+        """The first gateway's gRPC port."""
+        return self.gateways[0][0]
+
+    @property
+    def gateway_http(self) -> int:
+        return self.gateways[0][1]
+
+    @property
+    def gateway_metrics(self) -> int:
+        return self.gateways[0][2]
+
     @classmethod
-    def pick(cls, num_executors: int, admin_port: int = 0) -> MeshPorts:
+    def pick(cls, num_executors: int, admin_port: int = 0, num_gateways: int = 1) -> MeshPorts:
         taken: set[int] = set()
 
         def port() -> int:
@@ -151,9 +168,7 @@ class MeshPorts:
             executors=tuple((port(), port()) for _ in range(num_executors)),
             scheduler=port(),
             scheduler_metrics=port(),
-            gateway=port(),
-            gateway_http=port(),
-            gateway_metrics=port(),
+            gateways=tuple((port(), port(), port()) for _ in range(num_gateways)),
             admin=admin_port or port(),
         )
 
@@ -223,40 +238,62 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
         ports.scheduler_metrics,
         timeout,
     )
-    gateway_args = [
-        *common,
-        *("--port", str(ports.gateway), "--http-port", str(ports.gateway_http)),
-        *("--metrics-port", str(ports.gateway_metrics), "--model", str(config.model_dir)),
+    return [[cache], executors, [scheduler], gateway_specs(config, ports)]
+
+
+def gateway_name(index: int, num_gateways: int) -> str:
+    """"gateway" for a single replica, "gateway-<index>" among several."""
+    return "gateway" if num_gateways == 1 else f"gateway-{index}"
+
+
+def gateway_specs(config: MeshConfig, ports: MeshPorts) -> list[ServiceSpec]:
+    """One spec per gateway replica, all alike but for their ports."""
+    shared = [
+        *("--model", str(config.model_dir)),
         *("--scheduler-address", _address(ports.scheduler)),
         *("--cache-address", _address(ports.cache)),
         *("--grace-seconds", repr(float(config.grace_s))),
     ]
     if config.redis_url:
-        gateway_args += ["--redis-url", config.redis_url]
+        shared += ["--redis-url", config.redis_url]
     for key in config.api_keys:
-        gateway_args += ["--api-key", key]
+        shared += ["--api-key", key]
     if config.rate_limit_per_s:
-        gateway_args += ["--rate-limit-per-s", str(config.rate_limit_per_s)]
+        shared += ["--rate-limit-per-s", str(config.rate_limit_per_s)]
     if config.rate_limit_burst:
-        gateway_args += ["--rate-limit-burst", str(config.rate_limit_burst)]
+        shared += ["--rate-limit-burst", str(config.rate_limit_burst)]
     if config.result_cache:
-        gateway_args.append("--result-cache")
+        shared.append("--result-cache")
     if config.tools_config is not None:
-        gateway_args += ["--tools-config", str(config.tools_config)]
-    gateway = ServiceSpec(
-        "gateway",
-        _python("gateway.main", *gateway_args),
-        _address(ports.gateway),
-        "radixmesh.v1.Inference",
-        ports.gateway_metrics,
-        timeout,
-        extra={"http": _address(ports.gateway_http)},
-    )
-    return [[cache], executors, [scheduler], [gateway]]
+        shared += ["--tools-config", str(config.tools_config)]
+    specs = []
+    for i, (grpc_port, http_port, metrics_port) in enumerate(ports.gateways):
+        argv = _python(
+            "gateway.main",
+            *("--host", LOOPBACK, "--port", str(grpc_port), "--http-port", str(http_port)),
+            *("--metrics-port", str(metrics_port)),
+            *shared,
+        )
+        specs.append(
+            ServiceSpec(
+                gateway_name(i, len(ports.gateways)),
+                argv,
+                _address(grpc_port),
+                "radixmesh.v1.Inference",
+                metrics_port,
+                config.start_timeout_s,
+                extra={"http": _address(http_port)},
+            )
+        )
+    return specs
 
 
 def _queue_wait_args(seconds: float | None) -> tuple[str, ...]:
     return () if seconds is None else ("--max-queue-wait-s", repr(float(seconds)))
+
+
+def _is_gateway(name: str) -> bool:
+    return name.split("-")[0] == "gateway"
 
 
 def _kinds(names: list[str]) -> list[list[str]]:
@@ -328,7 +365,9 @@ class Mesh:
 
     async def start(self) -> None:
         """Start every stage, then Envoy. Raises ServiceFailed; the caller calls stop()."""
-        self.ports = self.ports or MeshPorts.pick(self.config.num_executors, self.config.admin_port)
+        self.ports = self.ports or MeshPorts.pick(
+            self.config.num_executors, self.config.admin_port, self.config.num_gateways
+        )
         for stage in plan_stages(self.config, self.ports):
             await self.supervisor.start_stage(stage)
         await self._start_envoy(self.ports)
@@ -340,7 +379,7 @@ class Mesh:
             render_envoy_config(
                 self.config.public_port,
                 ports.admin,
-                [GatewayAddress(LOOPBACK, ports.gateway, ports.gateway_http)],
+                [GatewayAddress(LOOPBACK, grpc, http) for grpc, http, _ in ports.gateways],
                 public_address=self.config.public_host,
             )
         )
@@ -394,8 +433,8 @@ class Mesh:
     async def drain(self, grace_s: float) -> dict[str, int | None]:
         """Stop from the edge inwards, letting in-flight requests finish. Name -> exit code.
 
-        Envoy drains its listeners (clients are told to close their connections); the
-        gateway turns NOT_SERVING, refuses new requests with UNAVAILABLE and gives those
+        Envoy drains its listeners (clients are told to close their connections); each
+        gateway replica (all at once) turns NOT_SERVING, refuses new requests with UNAVAILABLE and gives those
         in flight `grace_s` (its --grace-seconds), then ends the rest with an UNAVAILABLE
         error event and exits; then Envoy stops, then the scheduler, the executors (all
         at once) and the cache.
@@ -403,8 +442,11 @@ class Mesh:
         codes: dict[str, int | None] = {}
         if self.envoy is not None:
             await asyncio.to_thread(self.envoy.drain_listeners)
-        edge = [s.spec.name for s in self.supervisor.services if s.spec.name == "gateway"]
-        codes.update(await self.supervisor.stop(edge, timeout_s=grace_s + DRAIN_MARGIN_S))
+        edge = [s.spec.name for s in self.supervisor.services if _is_gateway(s.spec.name)]
+        for stopped in await asyncio.gather(  # the replicas drain together
+            *(self.supervisor.stop([name], timeout_s=grace_s + DRAIN_MARGIN_S) for name in edge)
+        ):
+            codes.update(stopped)
         if self.envoy is not None:
             codes["envoy"] = await asyncio.to_thread(self.envoy.stop, self.config.stop_timeout_s)
         inner = [s.spec.name for s in reversed(self.supervisor.services) if s.spec.name not in codes]

@@ -1,4 +1,4 @@
-"""Start the whole mesh on this machine (cache, executors, scheduler, gateway, Envoy) until Ctrl-C.
+"""Start the whole mesh on this machine (cache, executors, scheduler, gateways, Envoy) until Ctrl-C.
 
 Services start in order on free loopback ports, each SERVING before the next;
 the endpoints are printed once all are up. A service that dies later is started
@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto, cpu, cuda (executor i on cuda:i) or cuda:N (all on one GPU)",
     )
     parser.add_argument("--executors", type=int, default=1, help="number of executors")
+    parser.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="gateway replicas behind Envoy, each its own process (balanced, health-checked)",
+    )
     parser.add_argument("--redis-url", default="", help="share caches, sessions and limits")
     parser.add_argument(
         "--api-key", action="append", default=[], help="accepted API key (repeat; default: open)"
@@ -140,6 +146,7 @@ def _config(args: argparse.Namespace):
         admin_port=args.admin_port,
         device=args.device,
         num_executors=args.executors,
+        num_gateways=args.gateways,
         redis_url=args.redis_url,
         api_keys=tuple(args.api_key),
         rate_limit_per_s=args.rate_limit_per_s,

@@ -71,10 +71,32 @@ def test_services_are_wired_to_each_other(model_dir, tmp_path):
     assert len(set(every_port)) == len(every_port)
 
 
+def test_gateway_replicas_have_their_own_ports_and_share_the_rest(model_dir, tmp_path):
+    config = MeshConfig(
+        model_dir=model_dir, log_dir=tmp_path / "logs", num_gateways=3, api_keys=("k1",)
+    )
+    ports = MeshPorts.pick(1, num_gateways=3)
+    args = _parsed(config, ports)
+    names = [f"gateway-{i}" for i in range(3)]
+    assert list(args) == ["cache", "executor-0", "scheduler", *names]
+    for name, (grpc_port, http_port, metrics_port) in zip(names, ports.gateways, strict=True):
+        gateway = args[name]
+        assert (gateway.port, gateway.http_port, gateway.metrics_port) == (
+            grpc_port, http_port, metrics_port,
+        )  # fmt: skip
+        assert gateway.scheduler_address == f"127.0.0.1:{ports.scheduler}"
+        assert gateway.api_key == ["k1"]
+    every_port = [p for triple in ports.gateways for p in triple]
+    assert len(set(every_port)) == 9
+    assert ports.gateway == ports.gateways[0][0]
+
+
 @pytest.mark.parametrize(
     ("fields", "field"),
     [
         ({"num_executors": 0}, "executors"),
+        ({"num_gateways": 0}, "gateways"),
+        ({"num_gateways": 65}, "gateways"),
         ({"device": "tpu"}, "device"),
         ({"public_port": 0}, "port"),
         ({"redis_url": "localhost:6379"}, "redis_url"),
