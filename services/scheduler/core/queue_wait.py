@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.retry_after import with_retry_after
 from radixmesh.sampling import Priority
+from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.request import Request
 
 CLASS_SHARE = {Priority.INTERACTIVE: 1.0, Priority.BATCH: 0.5, Priority.SHEDDABLE: 0.25}
 """Each class's share of max_queue_wait_s."""
@@ -73,6 +76,67 @@ class Throughput:
     def _trim(self, now: float) -> None:
         while self._finished and self._finished[0] <= now - self._config.window_s:
             self._finished.popleft()
+
+
+class QueueWaits:
+    """The scheduler's queue-wait admission: each executor's measured throughput, the wait
+    estimate it gives a new request, and the refusal on arrival when that is too long."""
+
+    def __init__(self, config: QueueWaitConfig, max_num_seqs: int) -> None:
+        self.config = config
+        self._max_num_seqs = max_num_seqs
+        self._throughput: dict[str, Throughput] = {}
+        """Requests finished per second, per executor id."""
+
+    def note_finished(self, executor_id: str, now: float) -> None:
+        """Changes state: a request on `executor_id` finished at `now`."""
+        self._finished_on(executor_id).note_finished(now)
+
+    def check(self, req: Request, candidates: Iterable[ExecutorState], now: float) -> None:
+        """Raise ResourceExhausted when even the best candidate's estimated queue wait is
+        over req's class bound or its deadline."""
+        estimates = [self.estimate_s(ex, req.priority, now) for ex in candidates]
+        check_wait(self.config, req.priority, estimates, now, req.deadline)
+
+    def best_estimate_s(
+        self, executors: Iterable[ExecutorState], priority: Priority, now: float
+    ) -> float | None:
+        """Read-only: the shortest estimated queue wait over the live executors (None:
+        unknown, when any of them has no measured rate)."""
+        estimates = [self.estimate_s(ex, priority, now) for ex in executors if ex.alive]
+        known = [e for e in estimates if e is not None]
+        return min(known) if known and len(known) == len(estimates) else None
+
+    def estimate_s(self, ex: ExecutorState, priority: Priority, now: float) -> float | None:
+        """Read-only: how long a new request of `priority` would wait in ex's queue."""
+        counts = ex.queue.count_by_priority()
+        queued = sum(n for p, n in counts.items() if p <= priority)
+        capacity = batch_capacity(ex, self._max_num_seqs)
+        num_ahead = num_ahead_past_capacity(queued, len(ex.running), capacity)
+        return estimate_wait_s(num_ahead, self._finished_on(ex.executor_id).rate(now))
+
+    def _finished_on(self, executor_id: str) -> Throughput:
+        throughput = self._throughput.get(executor_id)
+        if throughput is None:
+            throughput = self._throughput[executor_id] = Throughput(self.config)
+        return throughput
+
+
+def batch_capacity(ex: ExecutorState, max_num_seqs: int) -> int:
+    """Sequences ex can run at once: its slots, or fewer when its pool holds fewer
+    sequences of the size its running ones grow to (prompt plus max_tokens, within the
+    context: a batch bound by KV pages; the pages they hold when just admitted would
+    overcount the room)."""
+    running = list(ex.running.values())
+    if not running:
+        return max_num_seqs
+    page_size, limit = ex.info.page_size, ex.info.max_model_len
+    pages = 0
+    for r in running:
+        final = min(len(r.prompt_token_ids) + (r.sampling.max_tokens or limit), limit)
+        pages += max(len(r.page_table), -(-final // page_size))
+    per_seq = max(1, -(-pages // len(running)))
+    return max(1, min(max_num_seqs, ex.info.num_pages // per_seq))
 
 
 def num_ahead_past_capacity(num_queued_ahead: int, num_running: int, max_running: int) -> int:

@@ -24,6 +24,7 @@ from radixmesh.step import DeviceHealth
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.request import Request
+from services.scheduler.core.sharing import InflightPrefixes, pending_matches, weigh_pending
 
 
 def load_tokens(waiting: Sequence[Request], running: Sequence[Request]) -> int:
@@ -81,3 +82,23 @@ def executors_in_trouble(
         if reason is not None:
             trouble[ex.executor_id] = reason
     return trouble
+
+
+def route(
+    req: Request,
+    candidates: Sequence[ExecutorState],
+    matches: Mapping[str, int],
+    inflight: InflightPrefixes,
+    now: float,
+    config: SchedulerConfig,
+) -> tuple[str, int]:
+    """Read-only: the executor id req goes to, and the prompt tokens it shares there with
+    work queued or prefilling (which counts as cached: see sharing.py)."""
+    loads = {
+        ex.executor_id: load_tokens([*ex.queue, *ex.preparing.values()], list(ex.running.values()))
+        for ex in candidates
+    }
+    avoid = executors_in_trouble(candidates, now, config)
+    shared = pending_matches(req, candidates, matches, inflight)
+    executor_id = choose_executor(req.num_tokens, loads, weigh_pending(shared, matches), avoid)
+    return executor_id, shared.get(executor_id, 0)

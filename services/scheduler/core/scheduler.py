@@ -26,7 +26,7 @@ from radixmesh.errors import (
     Unavailable,
 )
 from radixmesh.sampling import Constraint, Priority, SamplingParams
-from radixmesh.step import StepPlan, StepResult, TokenLogprobs
+from radixmesh.step import StepPlan, StepResult
 from radixmesh.updates import RequestUpdate
 from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
@@ -37,17 +37,12 @@ from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.ports import CachePort, ExecutorPort
 from services.scheduler.core.preemption import preempt_for_priority
-from services.scheduler.core.queue_wait import (
-    QueueWaitConfig,
-    Throughput,
-    check_wait,
-    estimate_wait_s,
-    num_ahead_past_capacity,
-)
+from services.scheduler.core.preparing import Preparations
+from services.scheduler.core.queue_wait import QueueWaitConfig, QueueWaits
 from services.scheduler.core.request import Request, RequestStatus, StepUpdates
-from services.scheduler.core.routing import choose_executor, executors_in_trouble, load_tokens
+from services.scheduler.core.results import read_outputs, start_update
+from services.scheduler.core.routing import route
 from services.scheduler.core.running import schedule_running
-from services.scheduler.core.sharing import pending_matches, weigh_pending
 from services.scheduler.core.stats import SchedulerStats
 
 log = structlog.get_logger(__name__)
@@ -87,12 +82,11 @@ class SchedulerCore:
         self._batch_ids = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._heartbeat_task: asyncio.Task[None] | None = None
-        self._prepare_tasks: dict[str, asyncio.Task[None]] = {}
-        """Constraint preparations in flight, by req_id."""
+        self._preparations = Preparations(self.stats, clock, self._enqueue, self._end_one)
+        """Constraint compiles in flight (see preparing.py)."""
         self._stopping = False
-        self._queue_wait = QueueWaitConfig(config.max_queue_wait_s)
-        self._throughput: dict[str, Throughput] = {}
-        """Requests finished per second, per executor id (see queue_wait.py)."""
+        self._queue_waits = QueueWaits(QueueWaitConfig(config.max_queue_wait_s), config.max_num_seqs)
+        """Throughput per executor and the refusal on arrival (see queue_wait.py)."""
         self.on_executor_lost: Callable[[str], None] | None = None
         """Called with an executor's id when its step stream fails (the service brings it
         back with `readmit`)."""
@@ -116,9 +110,7 @@ class SchedulerCore:
             ex.wake.set()
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
-        preparing = list(self._prepare_tasks.values())
-        for task in preparing:
-            task.cancel()
+        preparing = self._preparations.cancel_all()
         tasks = [t for t in (*self._tasks, self._heartbeat_task, *preparing) if t is not None]
         if self._tasks:
             _, late = await asyncio.wait(self._tasks, timeout=grace_s)
@@ -224,15 +216,15 @@ class SchedulerCore:
             deadline=deadline,
             hold_id=hold_id or None,
         )
-        self._admit_by_wait(req, candidates)  # before the cache round trip: refuse at once
+        # before the cache round trip: refuse at once (see queue_wait.py)
+        self._queue_waits.check(req, candidates, self._clock())
         matches = await self._match(tokens, model)
         if req_id in self._requests:
             raise InvalidArgument(f"req_id {req_id!r} is already in use")
         shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
         if shed is not None:
             self._executors[shed.executor_id or ""].queue.remove(shed.req_id)
-            err = ResourceExhausted(f"request {shed.req_id} shed for interactive traffic")
-            self._deliver([self._end(shed, error=err)])
+            self._end_one(shed, ResourceExhausted(f"request {shed.req_id} shed for interactive traffic"))
         self._route(req, candidates, matches)
         self._requests[req_id] = req
         return req
@@ -297,27 +289,17 @@ class SchedulerCore:
     def _route(
         self, req: Request, candidates: list[ExecutorState], matches: dict[str, int]
     ) -> None:
-        loads = {
-            ex.executor_id: load_tokens(
-                [*ex.queue, *ex.preparing.values()], list(ex.running.values())
-            )
-            for ex in candidates
-        }
-        avoid = executors_in_trouble(candidates, self._clock(), self.config)
-        # pages queued or prefilling on an executor count as cached there (sharing.py)
-        shared = pending_matches(req, candidates, matches, self._leases.inflight)
-        weighed = weigh_pending(shared, matches)
-        ex = self._executors[choose_executor(req.num_tokens, loads, weighed, avoid)]
+        executor_id, num_shared = route(
+            req, candidates, matches, self._leases.inflight, self._clock(), self.config
+        )
+        ex = self._executors[executor_id]
         req.executor_id = ex.executor_id
-        req.num_routed_shared_tokens = shared.get(ex.executor_id, 0)
+        req.num_routed_shared_tokens = num_shared
         req.match_tokens = matches.get(ex.executor_id, 0)
         if (cap := req.max_cached_tokens) is not None:
             req.match_tokens = min(req.match_tokens, cap)
         if req.constraint is not None and req.prepared_on != ex.executor_id:
-            req.status = RequestStatus.PREPARING
-            ex.preparing[req.req_id] = req
-            task = asyncio.create_task(self._prepare(ex, req), name=f"prepare-{req.req_id}")
-            self._prepare_tasks[req.req_id] = task
+            self._preparations.start(ex, req)
         else:
             self._enqueue(ex, req)
 
@@ -327,76 +309,9 @@ class SchedulerCore:
         ex.queue.push(req)
         ex.wake.set()
 
-    async def _prepare(self, ex: ExecutorState, req: Request) -> None:
-        """Compile req's constraint on its executor, then queue it there (or end it)."""
-        assert req.constraint is not None
-        start = self._clock()
-        err: RadixmeshError | None = None
-        try:
-            await ex.port.prepare_constraint(req.constraint)
-        except RadixmeshError as exc:
-            err = exc
-        except Exception as exc:  # a transport failure the port did not translate
-            err = Unavailable(f"executor {ex.executor_id}: preparing the constraint failed: {exc}")
-        finally:
-            self._prepare_tasks.pop(req.req_id, None)
-        if ex.preparing.pop(req.req_id, None) is None:
-            return  # aborted, expired or moved meanwhile
-        self.stats.constraint_prepare.observe(self._clock() - start)
-        if err is not None:
-            self._deliver([self._end(req, error=err)])
-            return
-        req.prepared_on = ex.executor_id
-        self._enqueue(ex, req)
-
-    def _admit_by_wait(self, req: Request, candidates: list[ExecutorState]) -> None:
-        """Raise ResourceExhausted at once when even the best candidate's estimated queue
-        wait is over req's class bound or its deadline (see queue_wait.py)."""
-        now = self._clock()
-        estimates = []
-        for ex in candidates:
-            counts = ex.queue.count_by_priority()
-            queued = sum(n for priority, n in counts.items() if priority <= req.priority)
-            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self._capacity(ex))
-            rate = self._finished_on(ex.executor_id).rate(now)
-            estimates.append(estimate_wait_s(num_ahead, rate))
-        check_wait(self._queue_wait, req.priority, estimates, now, req.deadline)
-
-    def _capacity(self, ex: ExecutorState) -> int:
-        """Sequences ex can run at once: its slots, or fewer when its pool holds fewer
-        sequences of the size its running ones grow to (prompt plus max_tokens, within the
-        context: a batch bound by KV pages; the pages they hold when just admitted would
-        overcount the room)."""
-        running = list(ex.running.values())
-        if not running:
-            return self.config.max_num_seqs
-        page_size, limit = ex.info.page_size, ex.info.max_model_len
-        pages = 0
-        for r in running:
-            final = min(len(r.prompt_token_ids) + (r.sampling.max_tokens or limit), limit)
-            pages += max(len(r.page_table), -(-final // page_size))
-        per_seq = max(1, -(-pages // len(running)))
-        return max(1, min(self.config.max_num_seqs, ex.info.num_pages // per_seq))
-
-    def _finished_on(self, executor_id: str) -> Throughput:
-        throughput = self._throughput.get(executor_id)
-        if throughput is None:
-            throughput = self._throughput[executor_id] = Throughput(self._queue_wait)
-        return throughput
-
     def estimated_queue_wait_s(self, priority: Priority = Priority.INTERACTIVE) -> float | None:
         """Read-only: the shortest estimated queue wait over the executors (None: unknown)."""
-        now = self._clock()
-        estimates = []
-        for ex in self._executors.values():
-            if not ex.alive:
-                continue
-            counts = ex.queue.count_by_priority()
-            queued = sum(n for p, n in counts.items() if p <= priority)
-            num_ahead = num_ahead_past_capacity(queued, len(ex.running), self._capacity(ex))
-            estimates.append(estimate_wait_s(num_ahead, self._finished_on(ex.executor_id).rate(now)))
-        known = [e for e in estimates if e is not None]
-        return min(known) if known and len(known) == len(estimates) else None
+        return self._queue_waits.best_estimate_s(self._executors.values(), priority, self._clock())
 
     # -- the step loop ---------------------------------------------------------------------
 
@@ -475,45 +390,11 @@ class SchedulerCore:
         return plan
 
     async def _process(self, ex: ExecutorState, result: StepResult) -> None:
-        updates: list[RequestUpdate] = []
-        finished: list[Request] = []
-        holding: list[Request] = []
         now = self._clock()
-        stats = self.stats
-        for out in result.outputs:
-            req = self._requests.get(out.req_id)
-            if req is None or req.executor_id != ex.executor_id:
-                continue  # aborted meanwhile
-            if out.prompt_logprobs:
-                take_prompt_logprobs(req, out.prompt_logprobs, out.prompt_logprobs_position)
-            if out.token_id is None and out.finish_reason is None:
-                continue  # a prefill chunk that did not reach the end of the prompt
-            update = self._start_update(req)
-            if out.token_id is not None:
-                if out.accepted_token_ids:  # verified draft tokens come first
-                    req.output_token_ids.extend(out.accepted_token_ids)
-                    update.token_ids.extend(out.accepted_token_ids)
-                    if req.on_executor:  # their KV is computed: the position moves past them
-                        req.num_computed_tokens += len(out.accepted_token_ids)
-                if out.num_draft_tokens:
-                    req.spec.record(out.num_draft_tokens, len(out.accepted_token_ids))
-                req.output_token_ids.append(out.token_id)
-                update.token_ids.append(out.token_id)
-                stats.token(req, now)
-                if out.logprobs is not None:
-                    update.logprobs.append(out.logprobs)
-            if out.finish_reason is not None:
-                update.finish_reason = out.finish_reason
-                update.matched_stop_token_id = out.matched_stop_token_id
-                if req.spec.num_drafts:
-                    update.speculation = req.spec
-                finished.append(req)
-                self._finished_on(ex.executor_id).note_finished(now)
-                if req.hold_id is not None and out.finish_reason in ("stop", "length"):
-                    holding.append(req)
-                stats.finished(req, now, out.finish_reason, "OK")
-            updates.append(update)
+        outcome = read_outputs(ex, result, self._requests, now, self.stats)
+        finished, holding, updates = outcome.finished, outcome.holding, outcome.updates
         for req in finished:
+            self._queue_waits.note_finished(ex.executor_id, now)
             req.on_executor = False  # the executor dropped it itself
             ex.running.pop(req.req_id, None)
             ex.queue.remove(req.req_id)
@@ -528,9 +409,9 @@ class SchedulerCore:
                 await self.holds.keep(req, kept[0], kept[1], ex.page_size)
         self._deliver(updates)
         for update in updates:
-            req = ex.running.get(update.req_id)
-            if req is not None and req.followers and not req.prefilling:
-                await self._checkpoint(ex, req)
+            leader = ex.running.get(update.req_id)
+            if leader is not None and leader.followers and not leader.prefilling:
+                await self._checkpoint(ex, leader)
 
     async def _checkpoint(self, ex: ExecutorState, leader: Request) -> None:
         """The leader's prompt is computed: put it in the tree for the requests waiting on
@@ -573,9 +454,7 @@ class SchedulerCore:
     async def _forget(self, ex: ExecutorState, req: Request) -> None:
         """Take req out of this executor: preparation, queue, batch, executor state, lease."""
         if ex.preparing.pop(req.req_id, None) is not None:
-            task = self._prepare_tasks.pop(req.req_id, None)
-            if task is not None:
-                task.cancel()  # a compile already running finishes into the grammar cache
+            self._preparations.cancel(req.req_id)
         ex.queue.remove(req.req_id)
         ex.running.pop(req.req_id, None)
         self._leases.forget_on_executor(ex, req)
@@ -607,27 +486,17 @@ class SchedulerCore:
         """After `cache_lost`: requests with a lease end (see there)."""
         reason, ex.reset_reason = ex.reset_reason, None
         leased = [r for r in (*ex.running.values(), *ex.queue) if r.lease_id is not None]
-        updates = []
-        for req in leased:
-            await self._forget(ex, req)
-            updates.append(self._end(req, error=Unavailable(f"cache service lost: {reason}")))
-        self._deliver(updates)
+        await self._fail_requests(ex, Unavailable(f"cache service lost: {reason}"), leased)
 
-    async def _fail_requests(self, ex: ExecutorState, err: RadixmeshError) -> None:
+    async def _fail_requests(
+        self, ex: ExecutorState, err: RadixmeshError, reqs: list[Request] | None = None
+    ) -> None:
+        """End reqs (default: every request queued or running on ex) with err."""
         updates = []
-        for req in [*ex.running.values(), *ex.queue]:
+        for req in [*ex.running.values(), *ex.queue] if reqs is None else reqs:
             await self._forget(ex, req)
             updates.append(self._end(req, error=err))
         self._deliver(updates)
-
-    def _start_update(self, req: Request) -> RequestUpdate:
-        update = RequestUpdate(req.req_id)
-        if not req.reported:
-            req.reported = True
-            update.num_prompt_tokens = len(req.prompt_token_ids)
-            update.num_cached_tokens = req.num_cached_tokens or 0
-            update.prompt_logprobs = req.prompt_logprobs
-        return update
 
     def _end(
         self, req: Request, *, finish_reason: str | None = None, error: RadixmeshError | None = None
@@ -637,10 +506,14 @@ class SchedulerCore:
         self.stats.finished(
             req, self._clock(), finish_reason, "OK" if error is None else error.code
         )
-        update = self._start_update(req)
+        update = start_update(req)
         update.finish_reason = finish_reason
         update.error = error
         return update
+
+    def _end_one(self, req: Request, error: RadixmeshError) -> None:
+        """End req with error and deliver its update at once."""
+        self._deliver([self._end(req, error=error)])
 
     def _deliver(self, updates: list[RequestUpdate]) -> None:
         if updates:
@@ -654,16 +527,3 @@ class SchedulerCore:
             except RadixmeshError as exc:
                 log.warning("lease heartbeat failed", error=str(exc))
 
-
-def take_prompt_logprobs(req: Request, entries: list[TokenLogprobs], position: int) -> None:
-    """Append a step's prompt log probabilities (for positions position, +1, ...) to req's,
-    skipping positions it has already (a resumed request recomputes some)."""
-    start = req.sampling.prompt_logprobs_start
-    if start is None:
-        return
-    skip = start + len(req.prompt_logprobs) - position
-    if skip < 0:
-        log.error("prompt logprobs out of order", req_id=req.req_id, position=position)
-        return
-    room = req.num_wanted_prompt_logprobs - len(req.prompt_logprobs)
-    req.prompt_logprobs += entries[skip : skip + max(0, room)]
