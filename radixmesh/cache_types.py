@@ -36,6 +36,22 @@ class CommitResult:
     """Lease pages returned to the free list (duplicates, the partial tail, unused pages)."""
 
 
+MAX_CONTINUATION_TOKENS = 4096
+"""Most tokens one `continuation` lookup returns."""
+
+
+@dataclass(slots=True)
+class Continuation:
+    """The cached tokens that follow a prefix (result of `continuation`; read-only)."""
+
+    executor_id: str
+    """The pool whose tree matched longest ("" when none matched)."""
+    num_matched_tokens: int
+    """Leading tokens of the request found in that tree (any count, not only whole pages)."""
+    token_ids: list[int]
+    """The tokens cached after them, along the most recently used branch."""
+
+
 @dataclass(slots=True)
 class PoolStats:
     """Page and prefix counters of one pool (read-only snapshot)."""

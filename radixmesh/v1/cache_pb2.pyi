@@ -214,6 +214,26 @@ class GetStatsResponse(_message.Message):
     pools: _containers.RepeatedCompositeFieldContainer[PoolStats]
     def __init__(self, pools: _Optional[_Iterable[_Union[PoolStats, _Mapping]]] = ...) -> None: ...
 
+class GetContinuationRequest(_message.Message):
+    __slots__ = ("token_ids", "model", "max_tokens")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    model: str
+    max_tokens: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class GetContinuationResponse(_message.Message):
+    __slots__ = ("executor_id", "num_matched_tokens", "token_ids")
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    executor_id: str
+    num_matched_tokens: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, executor_id: _Optional[str] = ..., num_matched_tokens: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class GetResultRequest(_message.Message):
     __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]

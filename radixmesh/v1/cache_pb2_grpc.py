@@ -84,6 +84,11 @@ class CacheStub:
                 request_serializer=radixmesh_dot_v1_dot_cache__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_cache__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.GetContinuation = channel.unary_unary(
+                '/radixmesh.v1.Cache/GetContinuation',
+                request_serializer=radixmesh_dot_v1_dot_cache__pb2.GetContinuationRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_cache__pb2.GetContinuationResponse.FromString,
+                _registered_method=True)
         self.GetResult = channel.unary_unary(
                 '/radixmesh.v1.Cache/GetResult',
                 request_serializer=radixmesh_dot_v1_dot_cache__pb2.GetResultRequest.SerializeToString,
@@ -187,6 +192,15 @@ class CacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetContinuation(self, request, context):
+        """Read-only (touches no access time): the cached tokens that follow the
+        longest match of these tokens in any pool's tree, along the most
+        recently used branch. Executors draft speculative tokens from it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetResult(self, request, context):
         """Result cache for deterministic requests. Read-only.
         """
@@ -267,6 +281,11 @@ def add_CacheServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=radixmesh_dot_v1_dot_cache__pb2.GetStatsRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_cache__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'GetContinuation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetContinuation,
+                    request_deserializer=radixmesh_dot_v1_dot_cache__pb2.GetContinuationRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_cache__pb2.GetContinuationResponse.SerializeToString,
             ),
             'GetResult': grpc.unary_unary_rpc_method_handler(
                     servicer.GetResult,
@@ -559,6 +578,33 @@ class Cache:
             '/radixmesh.v1.Cache/GetStats',
             radixmesh_dot_v1_dot_cache__pb2.GetStatsRequest.SerializeToString,
             radixmesh_dot_v1_dot_cache__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetContinuation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Cache/GetContinuation',
+            radixmesh_dot_v1_dot_cache__pb2.GetContinuationRequest.SerializeToString,
+            radixmesh_dot_v1_dot_cache__pb2.GetContinuationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import grpc
 
-from radixmesh.cache_types import CommitResult, Lease, PoolStats
+from radixmesh.cache_types import CommitResult, Continuation, Lease, PoolStats
 from radixmesh.errors import RadixmeshError, Unavailable, error_for_code
 from radixmesh.status import status_of_number
 from radixmesh.v1 import cache_pb2 as pb
@@ -229,6 +229,21 @@ class CacheClient:
             self._stub.GetStats, pb.GetStatsRequest(executor_id=executor_id or "")
         )
         return stats_from_pb(response)
+
+    async def continuation(
+        self, token_ids: Sequence[int], model: str | None, max_tokens: int
+    ) -> Continuation:
+        """Read-only: the cached tokens after the longest match of `token_ids` (see
+        `CacheCore.continuation`)."""
+        response = await self._call(
+            self._stub.GetContinuation,
+            pb.GetContinuationRequest(
+                token_ids=token_ids, model=model or "", max_tokens=max_tokens
+            ),
+        )
+        return Continuation(
+            response.executor_id, response.num_matched_tokens, list(response.token_ids)
+        )
 
     # ---- result cache and sessions ----
 

@@ -132,6 +132,16 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     async def GetStats(self, request, context) -> pb.GetStatsResponse:
         return convert.stats_to_pb(self._core.stats(request.executor_id or None))
 
+    async def GetContinuation(self, request, context) -> pb.GetContinuationResponse:
+        found = self._core.continuation(
+            list(request.token_ids), request.model or None, request.max_tokens
+        )
+        return pb.GetContinuationResponse(
+            executor_id=found.executor_id,
+            num_matched_tokens=found.num_matched_tokens,
+            token_ids=found.token_ids,
+        )
+
     async def GetResult(self, request, context) -> pb.GetResultResponse:
         value = await self._store.get_result(request.key)
         return pb.GetResultResponse(found=value is not None, value=value or b"")

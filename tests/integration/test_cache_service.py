@@ -223,3 +223,20 @@ async def test_batch_stream_to_a_dead_service_raises_unavailable():
                 await asyncio.wait_for(cache.batch([MatchOp(seq(0, 8))]), timeout=10)
     finally:
         service.stop()
+
+
+async def test_continuation_over_the_wire(client, request):
+    pool = request.node.name
+    earlier = seq(300, 14)
+    lease = await client.acquire(pool, earlier, len(earlier), "sched")
+    await client.commit(lease.lease_id, earlier)
+    found = await client.continuation(earlier[:5], "m", 4)
+    assert (found.executor_id, found.num_matched_tokens, found.token_ids) == (
+        pool,
+        5,
+        earlier[5:9],
+    )
+    missing = await client.continuation(seq(900, 6), "m", 4)
+    assert (missing.executor_id, missing.token_ids) == ("", [])
+    with pytest.raises(InvalidArgument, match="max_tokens"):
+        await client.continuation(earlier, "m", 0)

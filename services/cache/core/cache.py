@@ -12,9 +12,16 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 
-from radixmesh.cache_types import CommitResult, Lease, PoolStats
+from radixmesh.cache_types import (
+    MAX_CONTINUATION_TOKENS,
+    CommitResult,
+    Continuation,
+    Lease,
+    PoolStats,
+)
 from radixmesh.errors import InvalidArgument, NotFound
 from services.cache.core.config import CacheConfig
+from services.cache.core.continuation import continuation
 from services.cache.core.eviction import EVICTION_POLICIES
 from services.cache.core.pool import LeaseState, Pool
 from services.cache.core.radix import pack_tokens
@@ -94,6 +101,29 @@ class CacheCore:
             for executor_id, pool in self._pools.items()
             if not model or pool.model == model
         }
+
+    def continuation(
+        self, tokens: Sequence[int], model: str | None, max_tokens: int
+    ) -> Continuation:
+        """Read-only (touches no access time and counts no query): the cached tokens that
+        follow the longest match of `tokens` in any pool (of `model`, if given), at most
+        `max_tokens`, along the most recently used branch; the longest match wins, then the
+        longest continuation, then the pool registered first. Empty when no pool holds a prefix of `tokens`."""
+        if not 1 <= max_tokens <= MAX_CONTINUATION_TOKENS:
+            raise InvalidArgument(
+                f"max_tokens must be in [1, {MAX_CONTINUATION_TOKENS}], got {max_tokens}"
+            )
+        tokens = _as_tokens(tokens)
+        best = Continuation("", 0, [])
+        for executor_id, pool in self._pools.items():
+            if model and pool.model != model:
+                continue
+            found = continuation(pool.tree, tokens, max_tokens)
+            if (found.num_matched_tokens, len(found.token_ids)) > (
+                best.num_matched_tokens, len(best.token_ids)
+            ):
+                best = Continuation(executor_id, found.num_matched_tokens, found.token_ids)
+        return best
 
     def stats(self, executor_id: str | None = None) -> list[PoolStats]:
         """Read-only: counters of one pool, or of every pool when `executor_id` is empty."""
