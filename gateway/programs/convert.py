@@ -182,7 +182,9 @@ def event_to_proto(event: ev.Event, statement_prefix: str = "") -> program_pb2.P
     elif isinstance(event, ev.VarSet):
         out.var_set.CopyFrom(program_pb2.VarSet(var=event.var, value_json=_json(event.value)))
     elif isinstance(event, ev.BranchTaken):
-        out.branch.CopyFrom(program_pb2.BranchTaken(then=event.then))
+        out.branch.CopyFrom(
+            program_pb2.BranchTaken(then=event.then, prediction=event.prediction.value)  # type: ignore[arg-type]
+        )
     elif isinstance(event, ev.ToolStarted):
         out.tool_started.CopyFrom(program_pb2.ToolStarted(tool=event.tool, args_json=_json(event.args)))
     elif isinstance(event, ev.ToolFinished):

@@ -26,6 +26,12 @@ class OnError(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ON_ERROR_FAIL: _ClassVar[OnError]
     ON_ERROR_FALLBACK: _ClassVar[OnError]
+
+class BranchPrediction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BRANCH_PREDICTION_NONE: _ClassVar[BranchPrediction]
+    BRANCH_PREDICTION_HIT: _ClassVar[BranchPrediction]
+    BRANCH_PREDICTION_MISS: _ClassVar[BranchPrediction]
 ROLE_PART_WHOLE: RolePart
 ROLE_PART_BEGIN: RolePart
 ROLE_PART_END: RolePart
@@ -34,6 +40,9 @@ SELECT_METHOD_GREEDY_TOKEN: SelectMethod
 SELECT_METHOD_UNCONDITIONAL_LIKELIHOOD_NORMALIZED: SelectMethod
 ON_ERROR_FAIL: OnError
 ON_ERROR_FALLBACK: OnError
+BRANCH_PREDICTION_NONE: BranchPrediction
+BRANCH_PREDICTION_HIT: BranchPrediction
+BRANCH_PREDICTION_MISS: BranchPrediction
 
 class RunProgramRequest(_message.Message):
     __slots__ = ("program", "inputs", "request_id", "priority")
@@ -287,10 +296,12 @@ class VarSet(_message.Message):
     def __init__(self, var: _Optional[str] = ..., value_json: _Optional[str] = ...) -> None: ...
 
 class BranchTaken(_message.Message):
-    __slots__ = ("then",)
+    __slots__ = ("then", "prediction")
     THEN_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FIELD_NUMBER: _ClassVar[int]
     then: bool
-    def __init__(self, then: _Optional[bool] = ...) -> None: ...
+    prediction: BranchPrediction
+    def __init__(self, then: _Optional[bool] = ..., prediction: _Optional[_Union[BranchPrediction, str]] = ...) -> None: ...
 
 class ToolStarted(_message.Message):
     __slots__ = ("tool", "args_json")

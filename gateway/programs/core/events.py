@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 
@@ -34,10 +35,19 @@ class VarSet:
     value: Any
 
 
+class Prediction(Enum):
+    """What became of an If's branch prediction (`program.proto`'s BranchPrediction)."""
+
+    NONE = 0
+    HIT = 1
+    MISS = 2
+
+
 @dataclass(frozen=True, slots=True)
 class BranchTaken:
     statement: str
     then: bool
+    prediction: Prediction = Prediction.NONE
 
 
 @dataclass(frozen=True, slots=True)

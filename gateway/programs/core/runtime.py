@@ -42,6 +42,7 @@ from gateway.programs.core.model import (
 )
 from gateway.programs.core.plugins import PluginChain
 from gateway.programs.core.port import ContextRequest, ProgramBackend
+from gateway.programs.core.predict import BranchPredictor, Speculation, lookahead
 from gateway.programs.core.scoring import score_choices
 from gateway.programs.core.tools import ToolRegistry
 from gateway.programs.core.validate import Checker
@@ -67,6 +68,8 @@ class RuntimeDeps:
     plugins: PluginChain = field(default_factory=PluginChain)
     limits: Limits = field(default_factory=Limits)
     """The server's limits: a program may only lower them."""
+    predictor: BranchPredictor | None = None
+    """Branch prediction (None or disabled: Ifs are not predicted)."""
 
     def checker(self, limits: Limits) -> Checker:
         def check_model(model: str, where: str) -> None:
@@ -85,6 +88,8 @@ class Scope:
     variables: dict[str, Any]
     context: Context
     assigned: list[str] = field(default_factory=list)
+    speculations: dict[str, Speculation] = field(default_factory=dict)
+    """Ifs ahead (by path) whose likely branch is being prefilled."""
 
     def set(self, name: str, value: Any) -> None:
         self.variables[name] = value
@@ -117,6 +122,7 @@ class ProgramRun:
         self.usage: list[ev.StatementUsage] = []
         self._queue: asyncio.Queue[ev.Event | BaseException | None] = asyncio.Queue()
         self._holds: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._req_ids = itertools.count()
         self._num_statements = 0
         self.num_tokens = 0
@@ -138,6 +144,7 @@ class ProgramRun:
             with contextlib.suppress(BaseException):
                 await task
             await asyncio.shield(self.release_holds())
+            await self.settle_background()
 
     async def _main(self) -> None:
         try:
@@ -236,12 +243,53 @@ class ProgramRun:
             with contextlib.suppress(Exception):
                 await self.deps.backend.release_hold(hold_id)
 
+    def hold(self, hold_id: str) -> None:
+        """Count a hold the run made, to release it when the run ends at the latest."""
+        self._holds.add(hold_id)
+
+    async def release(self, hold_id: str) -> None:
+        if hold_id in self._holds:
+            self._holds.discard(hold_id)
+            await self.deps.backend.release_hold(hold_id)
+
+    def background(self, work: Any) -> None:
+        """Run a coroutine beside the program (a statistics update); awaited at its end."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def settle_background(self) -> None:
+        """Wait for background work; a failure there never fails the program."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
     # --- statements ----------------------------------------------------------------------
 
     async def body(self, body: tuple[Statement, ...], scope: Scope) -> None:
-        for statement in body:
-            with phase(f"program.{type(statement).__name__.lower()}", path=statement.path):
-                await self.statement(statement, scope)
+        try:
+            for index, statement in enumerate(body):
+                self.predict_ahead(body, index, scope)
+                with phase(f"program.{type(statement).__name__.lower()}", path=statement.path):
+                    await self.statement(statement, scope)
+        finally:  # a body that failed or was cancelled before its If: stop that prefill
+            for spec in scope.speculations.values():
+                if spec.task is not None:
+                    spec.task.cancel()
+
+    def predict_ahead(self, body: tuple[Statement, ...], index: int, scope: Scope) -> None:
+        """Before a Gen/Select that an If right after it waits on, start prefilling the
+        branch that If will likely take (gateway.programs.core.predict)."""
+        predictor = self.deps.predictor
+        if predictor is None or not predictor.config.enabled:
+            return
+        ahead = lookahead(body, index)
+        if ahead is None:
+            return
+        s = body[index]
+        assert isinstance(s, (Gen, Select))
+        model, tokenizer = self.deps.models.resolve(s.model or self.program.model)
+        scope.context.on_model(model, tokenizer)
+        scope.speculations[ahead.branch.path] = predictor.speculate(self, scope, ahead, model)
 
     async def statement(self, s: Statement, scope: Scope) -> None:
         if isinstance(s, Append):
@@ -255,13 +303,25 @@ class ProgramRun:
         elif isinstance(s, Call):
             await self.call(s, scope)
         elif isinstance(s, If):
-            taken = holds(s.condition, scope.variables, f"{s.path}.condition")
-            await self.emit(ev.BranchTaken(s.path, taken))
-            await self.body(s.then if taken else s.otherwise, scope)
+            await self.branch(s, scope)
         elif isinstance(s, Fork):
             await self.fork(s, scope)
         else:
             raise _Returned(self.return_value(s, scope))
+
+    async def branch(self, s: If, scope: Scope) -> None:
+        taken = holds(s.condition, scope.variables, f"{s.path}.condition")
+        spec = scope.speculations.pop(s.path, None)
+        prediction = ev.Prediction.NONE
+        if spec is not None:
+            value = resolve(s.condition.var, scope.variables, f"{s.path}.condition")
+            prediction = await spec.settle(taken, value, scope.context.tokens)
+        await self.emit(ev.BranchTaken(s.path, taken, prediction))
+        try:
+            await self.body(s.then if taken else s.otherwise, scope)
+        finally:  # a kept prefill is held until the branch has used it
+            if spec is not None:
+                await spec.release()
 
     async def set_var(self, scope: Scope, path: str, name: str, value: Any) -> None:
         scope.set(name, value)
