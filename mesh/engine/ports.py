@@ -13,9 +13,10 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from radixmesh.cache_types import Lease
+from radixmesh.cache_types import Continuation, Lease
 from radixmesh.errors import Unavailable
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
@@ -53,6 +54,11 @@ class InProcessCache:
 
     async def heartbeat(self, holder: str) -> int:
         return self.core.heartbeat(holder)
+
+    async def continuation(
+        self, token_ids: Sequence[int], model: str | None, max_tokens: int
+    ) -> Continuation:
+        return self.core.continuation(token_ids, model or None, max_tokens)
 
 
 class InProcessExecutor:

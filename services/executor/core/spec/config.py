@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from radixmesh.errors import InvalidArgument
 
-SPECULATIVE_METHODS = ("off", "ngram", "suffix")
+SPECULATIVE_METHODS = ("off", "ngram", "suffix", "radix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,7 +14,9 @@ class SpeculativeConfig:
     method: str = "off"
     """"off"; "ngram": prompt lookup over the sequence's own prompt and output;
     "suffix": prompt lookup, else the continuation of the longest match among recent
-    outputs of every sequence of this executor."""
+    outputs of every sequence of this executor; "radix": "suffix" plus the continuations
+    of each new sequence's prompt in the cache service's radix tree (every executor's
+    finished sequences), looked up once per sequence while it prefills (spec/radix.py)."""
     max_draft_tokens: int = 4
     """Most draft tokens verified per sequence and step (the draft length adapts below it)."""
     min_match_len: int = 2
@@ -27,6 +29,8 @@ class SpeculativeConfig:
     The default is a placeholder until measured on the GPU (bench/speculative.py)."""
     max_suffix_tokens: int = 1 << 18
     """"suffix": tokens of recent outputs the cross-request index keeps (oldest dropped)."""
+    max_tree_tokens: int = 256
+    """"radix": most tokens of a prompt's continuation read from the cache's tree."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgument:
@@ -45,6 +49,8 @@ class SpeculativeConfig:
             )
         if self.max_batch_size < 1:
             raise bad("max_batch_size", f"must be >= 1, got {self.max_batch_size}")
+        if not 1 <= self.max_tree_tokens <= 4096:
+            raise bad("max_tree_tokens", f"must be in [1, 4096], got {self.max_tree_tokens}")
         if self.max_suffix_tokens < 1:
             raise bad("max_suffix_tokens", f"must be >= 1, got {self.max_suffix_tokens}")
 

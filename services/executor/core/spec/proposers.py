@@ -151,7 +151,12 @@ def make_proposer(config: SpeculativeConfig) -> Proposer | None:
     lookup = PromptLookup(config.min_match_len, config.max_match_len)
     if config.method == "ngram":
         return lookup
+    index = SuffixIndex(config.min_match_len, config.max_match_len, config.max_suffix_tokens)
     if config.method == "suffix":
-        index = SuffixIndex(config.min_match_len, config.max_match_len, config.max_suffix_tokens)
         return SuffixProposer(lookup, index)
+    if config.method == "radix":
+        from services.executor.core.spec.radix import RadixProposer
+
+        tree = SuffixIndex(config.min_match_len, config.max_match_len, config.max_suffix_tokens)
+        return RadixProposer(lookup, tree, index)
     return None
