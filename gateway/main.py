@@ -30,6 +30,7 @@ from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.programs.backend import SchedulerBackend
 from gateway.programs.core.model import Limits
 from gateway.programs.core.plugins import PluginChain
+from gateway.programs.core.predict import BranchPredictor, PredictionConfig
 from gateway.programs.core.runtime import RuntimeDeps
 from gateway.programs.registry import load_registry
 from gateway.programs.server import ProgramsServicer
@@ -115,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=Limits().max_wall_time_s,
         help="longest a program may run",
     )
+    parser.add_argument(
+        "--program-branch-prediction",
+        choices=("on", "off"),
+        default="on",
+        help="prefill an If's likely branch (from its history in the result store) while its"
+        " condition is computed",
+    )
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -188,7 +196,10 @@ def programs_servicer(
         max_total_tokens=args.program_max_total_tokens,
         max_wall_time_s=args.program_max_wall_time_s,
     )
-    deps = RuntimeDeps(SchedulerBackend(upstream), models, tools, plugins, limits)
+    predictor = BranchPredictor(
+        tools.store, PredictionConfig(enabled=args.program_branch_prediction == "on")
+    )
+    deps = RuntimeDeps(SchedulerBackend(upstream), models, tools, plugins, limits, predictor)
     return ProgramsServicer(deps, admission), plugins
 
 
