@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from gateway.compression import ResponseCompressionInterceptor
 from gateway.core.auth import Admission
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ExecutorCounts, ModelRegistry
@@ -205,7 +206,9 @@ def programs_servicer(
 
 async def serve(args: argparse.Namespace) -> int:
     configure_logging("gateway", args.log_level)
-    runtime = ServiceRuntime(ServerConfig.from_args("gateway", args))
+    runtime = ServiceRuntime(
+        ServerConfig.from_args("gateway", args), (ResponseCompressionInterceptor(),)
+    )
     tokenizer = await asyncio.to_thread(Tokenizer.from_folder, args.model, None, args.model_name)
     models = ModelRegistry({tokenizer.name: tokenizer})
     channel = grpc.aio.insecure_channel(args.scheduler_address, options=RECONNECT_OPTIONS)

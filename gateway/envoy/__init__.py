@@ -144,11 +144,14 @@ def render_envoy_config(
     stream_idle_timeout_s: int = 600,
     health_check_interval_s: float = 2.0,
     num_retries: int = 2,
+    compress_min_bytes: int = 256,
 ) -> str:
     """The Envoy YAML for the public listener in front of the given gateway replicas.
 
     rate_limit: a RateLimit or (max_tokens, fill_interval_s); None turns the local limit off.
     descriptor_path: the proto descriptor set for JSON transcoding; default the packaged one.
+    compress_min_bytes: JSON bodies shorter than this (by Content-Length) are sent as they are
+    to a client asking for gzip.
     """
     _check_port("public_port", public_port)
     _check_port("admin_port", admin_port)
@@ -166,6 +169,8 @@ def render_envoy_config(
         raise InvalidArgument(f"descriptor_path: {descriptor} is not a file")
     if stream_idle_timeout_s < 1:
         raise InvalidArgument(f"stream_idle_timeout_s must be >= 1, got {stream_idle_timeout_s}")
+    if compress_min_bytes < 0:
+        raise InvalidArgument(f"compress_min_bytes must be >= 0, got {compress_min_bytes}")
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     template = environment.from_string(TEMPLATE.read_text())
     return template.render(
@@ -183,4 +188,5 @@ def render_envoy_config(
         stream_idle_timeout_s=int(stream_idle_timeout_s),
         health_check_interval=duration(health_check_interval_s),
         num_retries=num_retries,
+        compress_min_bytes=int(compress_min_bytes),
     )
