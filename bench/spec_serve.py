@@ -30,19 +30,30 @@ class ServedMesh:
         ]  # fmt: skip
         root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-        self.process = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
+        self.log_dir = Path(log_dir)
+        self.log_path = self.log_dir / "serve.out"
+        with self.log_path.open("w") as out:  # a file, not a pipe: nobody has to drain it
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + START_TIMEOUT_S
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if READY_LINE in line:
-                break
+        while READY_LINE not in self.log_path.read_text(errors="replace"):
             if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError(f"radixmesh serve did not start; logs in {log_dir}")
+                raise RuntimeError(f"radixmesh serve did not start:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The tail of serve's output and of each service's log, for a failure report."""
+        parts = []
+        for path in sorted(self.log_dir.rglob("*")):
+            if path.is_file() and path.suffix in (".out", ".log"):
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"== {path.name}\n" + "\n".join(tail))
+        return "\n".join(parts)
 
     def stop(self) -> None:
+        if self.process.poll() is not None:  # it died under the benchmark: say why
+            print(f"radixmesh serve exited with {self.process.returncode}:\n{self.log_tail()}", file=sys.stderr)
+            return
         self.process.send_signal(signal.SIGINT)
         try:
             self.process.wait(timeout=60)

@@ -64,6 +64,12 @@ def docstrings(sources: list[str]) -> list[str]:
     return [m.group(1) for t in sources if (m := re.match(r'\s*"""(.{200,1500}?)"""', t, re.S))]
 
 
+def json_value(rng: random.Random, sources: list[str]) -> str | int:
+    """A word from a random source (or a number half the time, or when the pick has none)."""
+    words = rng.choice(sources)[rng.randrange(1000) :][:12].split()
+    return words[0] if words and rng.random() < 0.5 else rng.randrange(10**6)
+
+
 def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) -> list[str]:
     if workload == "code_edit":
         funcs = functions(sources)
@@ -77,7 +83,7 @@ def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) ->
         out = []
         for _ in range(n):
             keys = rng.sample(["name", "path", "mode", "size", "owner", "group", "kind", "level", "count", "label"], 6)
-            lines = "\n".join(f"{k}: {rng.choice(sources)[rng.randrange(1000):][:12].split()[0] if rng.random() < 0.5 else rng.randrange(10**6)}" for k in keys)
+            lines = "\n".join(f"{k}: {json_value(rng, sources)}" for k in keys)
             out.append(f"{lines}\n\nAs JSON: {{\"{keys[0]}\": ")
         return out
     raise ValueError(workload)
