@@ -3,7 +3,8 @@
 
 Verbs: match (a prompt's tokens), acquire + extend + commit (the lifecycle of one request's
 lease: acquire for the prompt, one page more, commit the whole prompt, which ends the
-lease) and heartbeat. Each is run unary (one call at a time, then `--concurrency` calls
+lease), heartbeat, and (unary only) continuation: the 256 cached tokens after a prompt's
+match, the lookup `--speculative radix` makes once per request. Each is run unary (one call at a time, then `--concurrency` calls
 in flight) and over the Batch stream (batches of 1, 16 and 64 ops, `--concurrency`
 batches in flight). Reported per mode: verbs/s by the wall clock, latency of one call
 (or one batch) at p50/p99, and the cache process's own CPU seconds per verb (read from
@@ -117,7 +118,12 @@ def unary_calls(client: CacheClient, work: Workload) -> dict[str, Callable[[], A
         await client.heartbeat(HOLDER)
         return 1
 
-    return {"match": match, "acquire+extend+commit": lease, "heartbeat": heartbeat}
+    async def continuation() -> int:  # after the leases' commits: the prefixes are cached
+        await client.continuation(work.prompt(), None, 256)
+        return 1
+
+    return {"match": match, "acquire+extend+commit": lease, "heartbeat": heartbeat,
+            "continuation(256)": continuation}  # fmt: skip
 
 
 def batch_calls(

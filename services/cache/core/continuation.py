@@ -2,7 +2,8 @@
 
 Read-only. A walk matches whole pages (`RadixTree.walk`); the tokens of the request after
 that (at most a page short of a full one, or where it diverged) are then compared token by
-token with the edge the walk stopped in, or with the children of the node it ended at, so
+token with the edge the walk stopped in, or with the children of the node it ended at (where less than a page
+of the request is left), so
 the match reaches as far into the cached text as the request agrees with it. From there
 the continuation follows the tree downwards, at each branch the child used most recently
 (`last_access`), until `max_tokens` tokens are taken or a leaf ends.
@@ -15,13 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from services.cache.core.radix import RadixNode, RadixTree
 
-MAX_SCANNED_CHILDREN = 256
-"""Children compared token by token at a node where the request's page does not match a
-child's key exactly; past this many the match stops at the node (a bound on the cost of a
-read-only lookup at a wide root)."""
+MAX_SCANNED_CHILDREN = 4096
+"""Children whose first token is compared at a node where less than a page of the request
+is left; past this many the match stops at the node (a bound on the cost of a read-only
+lookup at a wide root)."""
+
+_LAST_ACCESS = attrgetter("last_access")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,20 +44,20 @@ def continuation(tree: RadixTree, tokens: Sequence[int], max_tokens: int) -> Tre
         node, offset = match.partial, match.partial_pages * tree.page_size
     else:
         node, offset = match.node, len(match.node.tokens)
-    node, offset, pos = _match_tail(node, offset, tokens, pos)
+    node, offset, pos = _match_tail(node, offset, tokens, pos, tree.page_size)
     if not pos:
         return TreeContinuation(0, [])  # nothing matched: no text continues this one
     return TreeContinuation(pos, _follow(node, offset, max_tokens))
 
 
 def _match_tail(
-    node: RadixNode, offset: int, tokens: Sequence[int], pos: int
+    node: RadixNode, offset: int, tokens: Sequence[int], pos: int, page_size: int
 ) -> tuple[RadixNode, int, int]:
     """Token-wise match of tokens[pos:] from `offset` into `node`'s edge (or, at its end,
     into the child that agrees longest): where it stops, as (node, offset, pos)."""
     while pos < len(tokens):
         if offset == len(node.tokens):
-            child = _best_child(node, tokens, pos)
+            child = _best_child(node, tokens, pos, page_size)
             if child is None:
                 break
             node, offset = child, 0
@@ -67,22 +71,23 @@ def _match_tail(
     return node, offset, pos
 
 
-def _best_child(node: RadixNode, tokens: Sequence[int], pos: int) -> RadixNode | None:
-    """The child whose edge starts with the most of tokens[pos:] (at least one token);
-    ties go to the most recently used one."""
+def _best_child(node: RadixNode, tokens: Sequence[int], pos: int, ps: int) -> RadixNode | None:
+    """The child whose edge starts with the most of tokens[pos:] (at least one token; ties
+    to the most recently used), looked for only where fewer than a page of tokens is left
+    (a whole page would have matched a child's key in the walk)."""
     children = node.children
-    if not children or len(children) > MAX_SCANNED_CHILDREN:
+    if not children or len(tokens) - pos >= ps or len(children) > MAX_SCANNED_CHILDREN:
         return None
+    first = tokens[pos]
     best, best_len = None, 0
-    for child in children.values():
+    for key, child in children.items():
+        if key[0] != first:
+            continue
         edge = child.tokens
-        n = 0
-        limit = min(len(edge), len(tokens) - pos)
+        n, limit = 1, min(len(edge), len(tokens) - pos)
         while n < limit and edge[n] == tokens[pos + n]:
             n += 1
-        if n > best_len or (
-            n and n == best_len and best is not None and child.last_access > best.last_access
-        ):
+        if n > best_len or (n == best_len and best is not None and child.last_access > best.last_access):
             best, best_len = child, n
     return best
 
@@ -95,6 +100,6 @@ def _follow(node: RadixNode, offset: int, max_tokens: int) -> list[int]:
         out += node.tokens[offset : offset + max_tokens - len(out)].tolist()
         if len(out) >= max_tokens or not node.children:
             break
-        node = max(node.children.values(), key=lambda child: child.last_access)
+        node = max(node.children.values(), key=_LAST_ACCESS)
         offset = 0
     return out
