@@ -404,22 +404,23 @@ step_train_tiny() {
         "${args[@]}" --json "$RESULTS/train_tiny.json"
 }
 
-# speculative: off / ngram / suffix on code editing, quoting, JSON, multi-turn and random
-# prompts at batch 1, 8, 32, 128 (bench/speculative.py), on the trained model.
+# speculative: off / ngram / suffix / radix on code editing, quoting, JSON, multi-turn,
+# repeated and random prompts at batch 1, 8, 32, 128 (bench/speculative.py), on the trained
+# model.
 step_speculative() {
     local args=()
     [ "$GPU" = 1 ] || args=(--smoke)
     [ -f "$TRAINED/config.json" ] || step_train_tiny
-    run_step speculative 480 $PY bench/speculative.py --model "$TRAINED" \
+    run_step speculative 600 $PY bench/speculative.py --model "$TRAINED" \
         --device "$(engine_device)" "${args[@]}" --json "$RESULTS/speculative.json"
 }
 
 # speculative_serve: the same through `radixmesh serve` (one mesh per mode).
 step_speculative_serve() {
     local args=()
-    [ "$GPU" = 1 ] || args=(--smoke --workloads code_edit random)
+    [ "$GPU" = 1 ] || args=(--smoke --workloads code_edit repeat random)
     [ -f "$TRAINED/config.json" ] || step_train_tiny
-    run_step speculative_serve 540 $PY bench/speculative.py --mode serve --model "$TRAINED" \
+    run_step speculative_serve 600 $PY bench/speculative.py --mode serve --model "$TRAINED" \
         --device "$(engine_device)" "${args[@]}" --json "$RESULTS/speculative_serve.json"
 }
 

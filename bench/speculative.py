@@ -1,5 +1,6 @@
 """Speculative decoding: output tok/s, TPOT and acceptance with speculation off, prompt
-lookup (ngram) and cross-request suffix drafts, on workloads where drafts can be right and
+lookup (ngram), cross-request suffix drafts and drafts from the cache's radix tree
+(radix), on workloads where drafts can be right and
 one where they cannot, at batch 1, 8, 32 and 128, through the in-process engine.
 
     python bench/train_tiny.py --out /tmp/tiny-trained          # a model that has learned
@@ -12,6 +13,8 @@ Workloads (text from the standard library's source, tokenized with the model's t
   json        key: value lines, then a JSON object of them begun
   multi_turn  an earlier turn's prompt and answer, then the same prompt again (the answer
               repeats: drafts from the request itself and from the earlier request's output)
+  repeat      random token ids sent twice, the second round measured: only an earlier
+              request's output can draft (radix: the cache's tree; suffix: recent outputs)
   random      random token ids (drafts cannot be right: the automatic switch must hold)
 Every request is greedy with exactly --output-len tokens; the outputs of every mode are
 compared token for token with speculation off ("identical" in the JSON). `--mode serve`
@@ -37,8 +40,8 @@ from radixmesh.sampling import SamplingParams
 from services.executor.core.spec import SpeculativeConfig
 from services.scheduler.core import SchedulerConfig
 
-WORKLOADS = ("code_edit", "quote", "json", "multi_turn", "random")
-MODES = ("off", "ngram", "suffix")
+WORKLOADS = ("code_edit", "quote", "json", "multi_turn", "repeat", "random")
+MODES = ("off", "ngram", "suffix", "radix")
 
 
 def stdlib_sources(limit: int = 200) -> list[str]:
@@ -91,7 +94,7 @@ def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) ->
 
 def make_prompts(workload: str, n: int, tokenizer, vocab: int, seed: int, prompt_len: int) -> list[list[int]]:
     rng = random.Random(seed)
-    if workload == "random":
+    if workload in ("random", "repeat"):
         return [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(n)]
     texts = make_texts("code_edit" if workload == "multi_turn" else workload, n, rng, stdlib_sources())
     return [tokenizer.encode(t, add_special_tokens=False)[-prompt_len:] for t in texts]
@@ -143,6 +146,8 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
                 if workload == "multi_turn":  # turn 1, then its prompt + answer + the prompt again
                     answers, _, _ = await run_batch(engine, prompts, args.output_len)
                     prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
+                if workload == "repeat":  # the first round, unmeasured
+                    await run_batch(engine, prompts, args.output_len)
                 before = engine.executors[0].spec_stats.snapshot()
                 outputs, seconds, tpots = await run_batch(engine, prompts, args.output_len)
                 after = engine.executors[0].spec_stats.snapshot()
@@ -155,10 +160,21 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
                     "acceptance_rate": accepted / max(1, after.num_draft_tokens - before.num_draft_tokens),
                     "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
                     "outputs": outputs,
+                    **tree_lookups(engine),
                 }
                 print(f"{mode:<7} {workload:<11} b{batch:<4} {rows[f'{workload}/b{batch}']['output_tok_s']:10.1f} tok/s  "
                       f"TPOT {rows[f'{workload}/b{batch}']['tpot_ms']:7.2f} ms  drafts {drafts}", flush=True)
     return rows
+
+
+def tree_lookups(engine) -> dict:
+    """radix: the tree lookups so far (count, found, mean wall time on the loop)."""
+    if not engine.prefetches:
+        return {}
+    p = engine.prefetches[0]
+    return {"tree_lookups": p.num_lookups, "tree_found": p.num_found,
+            "tree_lookup_ms": 1e3 * p.lookup_seconds / max(1, p.num_lookups),
+            "tree_drafts": p.proposer.num_tree_drafts}
 
 
 def bench_serve(args, mode: str, tokenizer) -> dict:
@@ -180,6 +196,8 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
                         p + tokenizer.encode(a, add_special_tokens=False) + p
                         for p, a in zip(prompts, answers, strict=True)
                     ]
+                if workload == "repeat":  # the first round, unmeasured
+                    serve_batch(mesh.url, prompts, args.output_len)
                 texts, seconds, tpots, spec = serve_batch(mesh.url, prompts, args.output_len)
                 drafts = spec["num_drafts"]
                 rows[f"{workload}/b{batch}"] = {

@@ -73,7 +73,7 @@ class MeshConfig:
     num_pages: int | None = None
     """KV pages per executor; None lets the executor size its pool."""
     speculative: str = "off"
-    """Every executor's --speculative: "off", "ngram" or "suffix"."""
+    """Every executor's --speculative: "off", "ngram", "suffix" or "radix"."""
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""

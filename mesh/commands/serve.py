@@ -64,9 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speculative",
         default="off",
-        choices=("off", "ngram", "suffix"),
+        choices=("off", "ngram", "suffix", "radix"),
         help="speculative decoding in every executor: ngram (prompt lookup), suffix (prompt "
-        "lookup, else recent outputs of other requests), off (default, until measured)",
+        "lookup, else recent outputs of other requests), radix (suffix, and what followed "
+        "the prompt in the cache's radix tree, from every executor), off (default, until "
+        "measured)",
     )
     parser.add_argument(
         "--kv-memory-fraction",

@@ -36,6 +36,7 @@ import grpc
 
 from radixmesh.errors import InvalidArgument, NotFound, RadixmeshError
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2_grpc
+from services.cache.client import CacheClient
 from services.common.config import ServerConfig, add_server_arguments
 from services.common.health import follow_serving
 from services.common.interceptor import error_from_rpc_error
@@ -59,6 +60,7 @@ from services.executor.tensor_parallel_group import (
     stop_followers,
     wait_any_exit,
 )
+from services.executor.tree_drafts import start_tree_prefetch
 
 if TYPE_CHECKING:
     from radixmesh.executor_info import ExecutorInfo
@@ -182,8 +184,8 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
         default="off",
         choices=SPECULATIVE_METHODS,
         help="draft tokens without a draft model: ngram (prompt lookup over the request's "
-        "prompt and output), suffix (that, else recent outputs of other requests), off "
-        "(default)",
+        "prompt and output), suffix (that, else recent outputs of other requests), radix "
+        "(suffix, and what followed the prompt in the cache's radix tree), off (default)",
     )
     parser.add_argument(
         "--num-speculative-tokens",
@@ -345,12 +347,16 @@ async def serve(args: argparse.Namespace) -> int:
     executor_id = args.executor_id or f"{socket.gethostname()}:{runtime.port}"
     loaded = False
     watch: list[asyncio.Task[None]] = []
+    clients: list[CacheClient] = []  # --speculative radix: the tree lookups' channel
 
     async def start_up() -> int:
         nonlocal loaded
         try:
             core = await _load(args, config, servicer, executor_id, init_method)
             loaded = True
+            tree_cache = start_tree_prefetch(servicer, core, args.cache_address)
+            if tree_cache is not None:
+                clients.append(tree_cache)
             health.attach(await asyncio.to_thread(_open_device, core.info.device))
             await _register(args, executor_id, core.info)
         except Exception as exc:
@@ -372,6 +378,8 @@ async def serve(args: argparse.Namespace) -> int:
                 await unregister_pool(args.cache_address, executor_id)
         finally:
             await servicer.close()
+            for client in clients:
+                await client.close()
             health.close()
             REGISTRY.unregister(collector)
             if followers:

@@ -52,6 +52,7 @@ from services.executor.metrics import StepMetrics
 if TYPE_CHECKING:
     from services.executor.core.executor import ExecutorCore
     from services.executor.core.grammar import GrammarService
+    from services.executor.core.spec.radix import TreePrefetch
 
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 DEFAULT_MAX_INFLIGHT_PLANS = 4
@@ -119,6 +120,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._stream: _Stream | None = None
         self._stream_released = asyncio.Event()
         self._release: asyncio.Task | None = None
+        self._prefetch: TreePrefetch | None = None
 
     def attach(
         self, core: ExecutorCore, executor_id: str, grammar: GrammarService | None = None
@@ -126,6 +128,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """Start serving `core`; `grammar` compiles constraints ahead of the step threads."""
         self._core, self._executor_id, self._grammar = core, executor_id, grammar
         self._pipeline.attach(core)
+
+    def set_prefetch(self, prefetch: TreePrefetch | None) -> None:
+        """`--speculative radix`: each received plan's new sequences are looked up in the
+        cache's tree (`prefetch.on_plan`, a task on this loop) before the plan is queued."""
+        self._prefetch = prefetch
 
     def bind_device(self, device: torch.device | str) -> None:
         """Make `device` the current CUDA device of both worker threads, before any job
@@ -140,6 +147,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     async def close(self) -> None:
         """Shut the core down after every queued prepare and step, then stop the threads."""
         core, self._core = self._core, None
+        if self._prefetch is not None:
+            self._prefetch.close()
         try:
             await self._pipeline.close(core.shutdown if core is not None else None)
         finally:
@@ -255,6 +264,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     )
                 expected += 1
                 plan = plan_from_proto(msg)
+                if self._prefetch is not None and plan.new_seqs:
+                    self._prefetch.on_plan(plan)
                 if self._grammar is not None:
                     await self._compile_constraints(plan)
                 queue.put_nowait(asyncio.wrap_future(stream.run.submit(plan)))
