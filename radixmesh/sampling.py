@@ -135,6 +135,16 @@ class SamplingParams:
         """Same input, same output: greedy, or sampled with a fixed seed."""
         return self.greedy or self.seed is not None
 
+    @property
+    def has_penalties(self) -> bool:
+        """A repetition, frequency or presence penalty applies (sampling reads the token
+        history)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
 
 class ConstraintKind(Enum):
     JSON_SCHEMA = "json_schema"

@@ -16,7 +16,6 @@ sampling, finish detection). `step(plan)` is `execute(prepare(plan))`.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 import threading
@@ -27,20 +26,12 @@ import numpy as np
 import torch
 
 from radixmesh.errors import FailedPrecondition, InvalidArgument
-from radixmesh.executor_info import ExecutorInfo
-from radixmesh.sampling import SamplingParams
-from radixmesh.step import (
-    NewSequence,
-    SequenceOutput,
-    StepPlan,
-    StepResult,
-    TokenLogprobs,
-)
+from radixmesh.step import NewSequence, SequenceOutput, StepPlan, StepResult, TokenLogprobs
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import DecodeGraphs
 from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch
-from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar, StepMasks
+from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.decoder import Decoder
@@ -55,26 +46,28 @@ from services.executor.core.models.tensor_parallel import (
 from services.executor.core.plan_checks import PlanLimits, validate_plan
 from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
+    describe_executor,
     resolve_device,
     resolve_dtype,
     resolve_max_model_len,
     resolve_ops,
     size_num_pages,
 )
-from services.executor.core.sampling import Sampler, SampleResult, SamplingInputs
+from services.executor.core.sampling import Sampler, SamplingInputs
 from services.executor.core.sequence import SequenceState, check_finish
 from services.executor.core.spec import SpecStats, make_proposer
-from services.executor.core.spec.drafting import (
-    DraftLimits,
-    check_not_verifying,
-    expand_rows,
-    plan_drafts,
+from services.executor.core.spec.drafting import DraftLimits, check_not_verifying
+from services.executor.core.spec.step import (
+    drafted_lengths,
+    rows_over_drafts,
+    start_verifying,
+    step_drafts,
 )
 from services.executor.core.spec.verifier import Verifier
+from services.executor.core.step_sampling import StepSampler
 from services.executor.core.warmup import warm_prefill
 
 log = get_logger(__name__)
-_NONE: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -171,42 +164,18 @@ class ExecutorCore:
         self.sampler = Sampler(
             spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
         )
-        self.info = ExecutorInfo(
-            executor_id="",  # named by the process or engine that runs this core
-            model=config.model_name or folder.path.resolve().name,
-            architecture=spec.architecture,
-            vocab_size=spec.vocab_size,
-            max_model_len=max_model_len,
-            eos_token_ids=tuple(folder.eos_token_ids),
-            page_size=config.page_size,
-            num_pages=num_pages,
-            device=str(self.device),
-            dtype=str(dtype).removeprefix("torch."),
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_draft_tokens=config.speculative.max_draft_tokens if config.speculative.enabled else 0,
-            max_speculative_batch_size=(
-                config.speculative.max_batch_size if config.speculative.enabled else 0
-            ),
-        )
+        self.info = describe_executor(config, folder, spec, max_model_len, num_pages, self.device, dtype)
         self._proposer = make_proposer(config.speculative)
         self.spec_stats = SpecStats()
         """Speculative decoding counters of every step executed (read by tests and bench)."""
         self._limits = PlanLimits(
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=max_model_len,
-            vocab_size=spec.vocab_size,
-            page_size=config.page_size,
-            num_pages=num_pages,
-            has_grammar=grammar is not None,
-        )
+            config.max_num_batched_tokens, config.max_num_seqs, max_model_len, spec.vocab_size,
+            config.page_size, num_pages, has_grammar=grammar is not None,
+        )  # fmt: skip
         self._draft_limits = DraftLimits(
-            max_batch_size=config.speculative.max_batch_size,
-            page_size=config.page_size,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-        )
+            config.speculative.max_batch_size, config.page_size, max_model_len,
+            config.max_num_batched_tokens,
+        )  # fmt: skip
         self._lock = threading.Lock()
         """Guards held sequences, free rows and the step counters between prepare and execute."""
         self._num_prepared = 0
@@ -216,6 +185,7 @@ class ExecutorCore:
         self._free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self._last_tokens = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self._seed_rng = random.Random(config.seed)
+        self._step_sampler = StepSampler(self.sampler, self._last_tokens, self.info.eos_token_ids)
         self._grammar = StepGrammar(
             grammar, config.max_num_seqs, spec.vocab_size, self.device, folder.eos_token_ids
         )
@@ -287,9 +257,10 @@ class ExecutorCore:
                     num_tokens.append(running.num_scheduled_tokens)
                     allowed.append(running.num_draft_tokens)
             prepared = PreparedStep(plan.step_id, self._num_prepared)
-            drafts = None
-            if self._proposer is not None and self._num_executed == self._num_prepared:
-                drafts = plan_drafts(self._proposer, seqs, num_tokens, allowed, self._draft_limits)
+            all_executed = self._num_executed == self._num_prepared
+            drafts = step_drafts(
+                self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits
+            )
             self._num_prepared += 1
             if seqs:
                 self._prepare_batch(prepared, seqs, num_tokens, drafts)
@@ -318,10 +289,11 @@ class ExecutorCore:
         if batch is not None:
             batch.load_device_tokens(self._last_tokens)
             samplers = prepared.samplers
-            grammar_rows = [None if s.finished else s.grammar for s in samplers]
-            grammar_lens = prepared.output_lens
-            if prepared.drafts is not None:  # k + 1 rows a draft; the grammar on the first
-                grammar_rows, grammar_lens = expand_rows(grammar_rows, grammar_lens, prepared.drafts)
+            grammar_rows, grammar_lens = rows_over_drafts(  # the grammar on a draft's first row
+                [None if s.finished else s.grammar for s in samplers],
+                prepared.output_lens,
+                prepared.drafts,
+            )
             pending = self._grammar.start(grammar_rows, grammar_lens)
             scoring, scored = prepared.scoring, {}
             if scoring is not None:  # an extend that scores prompt tokens: never a graph
@@ -338,11 +310,15 @@ class ExecutorCore:
             sampled: list[tuple[int, TokenLogprobs | None] | None] = []
             if prepared.drafts is not None:
                 masks, verified = self._verifier.sample(
-                    prepared, logits, masks, self._sampling_inputs
+                    prepared, logits, masks, self._step_sampler.inputs
                 )
             elif samplers:
                 live = [not s.finished and i not in masks.refused for i, s in enumerate(samplers)]
-                sampled = self._sample(prepared, batch, logits, live, masks)
+                assert batch.sample_rows is not None
+                sampled = self._step_sampler.sample(
+                    samplers, prepared.output_lens, prepared.sampling_inputs,
+                    batch.sample_rows, logits, live, masks,
+                )  # fmt: skip
             with self._lock:
                 for seq, row in zip(prepared.seqs, prepared.sampler_rows, strict=True):
                     if seq.finished:
@@ -447,8 +423,9 @@ class ExecutorCore:
         positions join the batch; their state advances when the step executes)."""
         n = len(seqs)
         planned = np.array(num_tokens, dtype=np.int64)  # the plan's tokens, without drafts
-        if drafts is not None:
-            num_tokens = [q + len(d) for q, d in zip(num_tokens, drafts, strict=True)]
+        num_logits = None
+        if drafts is not None:  # a drafted decode runs its last token from the host
+            num_tokens, num_logits = drafted_lengths(num_tokens, drafts)
         rows = np.fromiter((s.row for s in seqs), dtype=np.int64, count=n)
         starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
         known = np.fromiter((s.num_known_tokens for s in seqs), dtype=np.int64, count=n)
@@ -462,9 +439,7 @@ class ExecutorCore:
             samples &= ~ends
             prepared.scoring = plan_scoring(seqs, starts.tolist(), num_tokens, self.device)
         from_device = samples & on_device  # then q_len is 1: the decode of the last sample
-        num_logits = None
-        if drafts is not None:  # a drafted decode runs its last token from the host
-            num_logits = np.fromiter((len(d) + 1 for d in drafts), dtype=np.int64, count=n)
+        if num_logits is not None:
             from_device &= num_logits == 1
         if from_device.all():
             token_ids = np.zeros(n, dtype=np.int64)
@@ -494,9 +469,7 @@ class ExecutorCore:
         ]
         if drafts is not None:
             prepared.drafts = [drafts[i] for i in sample_idx]
-            for seq, draft in zip(seqs, drafts, strict=True):
-                seq.verifying = bool(draft)
-                seq.num_computed_tokens -= len(draft)  # the verify adds the accepted ones
+            start_verifying(seqs, drafts)
         for seq, q in zip(seqs, num_tokens, strict=True):
             seq.num_computed_tokens += q
         for seq in prepared.samplers:
@@ -505,68 +478,14 @@ class ExecutorCore:
         if drafts is not None:
             return  # sampling inputs cover every verified row: built at execute time
         if all(
-            len(s.token_ids) + 1 == s.num_known_tokens or not _has_penalties(s.sampling)
+            len(s.token_ids) + 1 == s.num_known_tokens or not s.sampling.has_penalties
             for s in prepared.samplers
         ):  # penalties read token histories: complete unless a step before is unexecuted
-            prepared.sampling_inputs = self._sampling_inputs(
+            prepared.sampling_inputs = self._step_sampler.inputs(
                 prepared.samplers, prepared.output_lens
             )
 
-    def _sampling_inputs(
-        self,
-        seqs: list[SequenceState],
-        output_lens: list[int],
-        grammar_ends: frozenset[int] = _NONE,
-    ) -> SamplingInputs:
-        """`grammar_ends`: rows whose grammar allows only stop tokens; min_tokens is lifted
-        there (the grammar wins: it ends the sequence with "stop")."""
-        # Token histories matter only to penalties: other rows pass empty lists (no copies).
-        penalised = [_has_penalties(s.sampling) for s in seqs]
-        num_prompt = [s.num_prompt_tokens for s in seqs]
-        return self.sampler.prepare(
-            [
-                dataclasses.replace(s.sampling, min_tokens=0) if i in grammar_ends else s.sampling
-                for i, s in enumerate(seqs)
-            ],
-            [s.seed for s in seqs],
-            output_lens,
-            [
-                s.token_ids[:k] if p else []
-                for s, k, p in zip(seqs, num_prompt, penalised, strict=True)
-            ],
-            [
-                s.token_ids[k : k + o] if p else []
-                for s, k, o, p in zip(seqs, num_prompt, output_lens, penalised, strict=True)
-            ],
-            self.info.eos_token_ids,
-        )
-
     # -- execute -------------------------------------------------------------
-
-    def _sample(
-        self,
-        prepared: PreparedStep,
-        batch: ForwardBatch,
-        logits: torch.Tensor,
-        live: list[bool],
-        masks: StepMasks,
-    ) -> list[tuple[int, TokenLogprobs | None] | None]:
-        """(token_id, logprobs) per sampler row; None where the row is not live."""
-        seqs = prepared.samplers
-        inputs = prepared.sampling_inputs
-        if inputs is None or masks.lifted:
-            inputs = self._sampling_inputs(seqs, prepared.output_lens, masks.lifted)
-        result = self.sampler.sample(logits, inputs, masks.bitmask)
-        assert batch.sample_rows is not None
-        if all(live):
-            self._last_tokens[batch.sample_rows] = result.token_ids
-        else:  # a finished sequence's row may have a new owner already
-            kept = [i for i, ok in enumerate(live) if ok]
-            keep = torch.tensor(kept, dtype=torch.int64, device=self.device)
-            self._last_tokens[batch.sample_rows[keep]] = result.token_ids[keep]
-        token_ids = result.token_ids.tolist()
-        logprobs = _logprobs_by_row(seqs, token_ids, result)
-        return [(token_ids[i], logprobs[i]) if live[i] else None for i in range(len(seqs))]
 
     def _refused(self, seq: SequenceState) -> SequenceOutput:
         """The grammar refused the token sampled last, which its bitmask allowed: an
@@ -588,30 +507,3 @@ class ExecutorCore:
             self._end(seq)
         return SequenceOutput(seq.req_id, token_id, logprobs, reason, stop_id)
 
-
-def _has_penalties(params: SamplingParams) -> bool:
-    return (
-        params.repetition_penalty != 1.0
-        or params.frequency_penalty != 0.0
-        or params.presence_penalty != 0.0
-    )
-
-
-def _logprobs_by_row(
-    seqs: list[SequenceState], token_ids: list[int], result: SampleResult
-) -> list[TokenLogprobs | None]:
-    wanted = [s.sampling.logprobs or s.sampling.top_logprobs > 0 for s in seqs]
-    if not any(wanted) or result.logprobs is None:
-        return [None] * len(seqs)
-    chosen = result.logprobs.tolist()
-    top_ids = result.top_ids.tolist() if result.top_ids is not None else None
-    top_lps = result.top_logprobs.tolist() if result.top_logprobs is not None else None
-    out: list[TokenLogprobs | None] = []
-    for i, seq in enumerate(seqs):
-        if not wanted[i]:
-            out.append(None)
-            continue
-        k = seq.sampling.top_logprobs
-        top = list(zip(top_ids[i][:k], top_lps[i][:k], strict=True)) if top_ids and top_lps else []
-        out.append(TokenLogprobs(token_ids[i], chosen[i], top))
-    return out

@@ -1,4 +1,5 @@
-"""Where the executor runs: device and dtype choice, its ops, context limit, KV pool sizing."""
+"""Where the executor runs: device and dtype choice, its ops, context limit, KV pool sizing,
+and the ExecutorInfo they add up to."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import torch
 from kernels import Ops, get_ops
 from kernels.backends import KernelBackendError, discover, load_spec, with_overrides
 from radixmesh.errors import InvalidArgument
+from radixmesh.executor_info import ExecutorInfo
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.kv_pool import num_pages_for_budget, page_bytes
-from services.executor.core.loader import DTYPES
+from services.executor.core.loader import DTYPES, ModelFolder
 from services.executor.core.models import ModelSpec
 
 ACTIVATION_SLACK_BYTES = 512 << 20
@@ -93,3 +95,33 @@ def size_num_pages(
         budget = max(int((free - reserve) * config.kv_memory_fraction), 0)
     budget -= num_scratch_pages * bytes_per_page
     return num_pages_for_budget(budget, bytes_per_page)
+
+
+def describe_executor(
+    config: ExecutorConfig,
+    folder: ModelFolder,
+    spec: ModelSpec,
+    max_model_len: int,
+    num_pages: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> ExecutorInfo:
+    """What the core tells the scheduler about itself (its executor_id is left empty: the
+    process or engine that runs the core names it)."""
+    speculative = config.speculative
+    return ExecutorInfo(
+        executor_id="",
+        model=config.model_name or folder.path.resolve().name,
+        architecture=spec.architecture,
+        vocab_size=spec.vocab_size,
+        max_model_len=max_model_len,
+        eos_token_ids=tuple(folder.eos_token_ids),
+        page_size=config.page_size,
+        num_pages=num_pages,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_draft_tokens=speculative.max_draft_tokens if speculative.enabled else 0,
+        max_speculative_batch_size=speculative.max_batch_size if speculative.enabled else 0,
+    )

@@ -34,6 +34,7 @@ import torch
 from kernels import get_ops
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import SamplingParams
+from radixmesh.step import TokenLogprobs
 from services.common.logging import get_logger
 
 log = get_logger(__name__)
@@ -210,6 +211,28 @@ class SampleResult:
     """[B, k] int64 (k = max top_logprobs in the batch)."""
     top_logprobs: torch.Tensor | None
     """[B, k] float32."""
+
+    def logprobs_by_row(
+        self, params: Sequence[SamplingParams], token_ids: list[int]
+    ) -> list[TokenLogprobs | None]:
+        """Each row's sampled token (`token_ids`: `self.token_ids` read to the host) with its
+        log probability and top_logprobs alternatives, for the rows whose `params` ask for
+        them (None elsewhere)."""
+        wanted = [p.logprobs or p.top_logprobs > 0 for p in params]
+        if not any(wanted) or self.logprobs is None:
+            return [None] * len(params)
+        chosen = self.logprobs.tolist()
+        top_ids = self.top_ids.tolist() if self.top_ids is not None else None
+        top_lps = self.top_logprobs.tolist() if self.top_logprobs is not None else None
+        out: list[TokenLogprobs | None] = []
+        for i, p in enumerate(params):
+            if not wanted[i]:
+                out.append(None)
+                continue
+            k = p.top_logprobs
+            top = list(zip(top_ids[i][:k], top_lps[i][:k], strict=True)) if top_ids and top_lps else []
+            out.append(TokenLogprobs(token_ids[i], chosen[i], top))
+        return out
 
 
 def _pairs(

@@ -1,0 +1,68 @@
+"""The speculative path through an executor step, beside the plain one.
+
+At prepare: the step drafts only when every step prepared before has executed
+(a draft continues the sequence's known tokens), each drafted decode runs its
+token and its draft as one extend of k + 1 positions with k + 1 logits rows,
+and the sequence is marked verifying. At execute: the grammar rows and output
+lengths are spread over those rows, and the verifier (verifier.py) samples and
+keeps what the model agrees with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+from services.executor.core.spec.drafting import DraftLimits, expand_rows, plan_drafts
+from services.executor.core.spec.proposers import Proposer
+
+if TYPE_CHECKING:
+    from services.executor.core.sequence import SequenceState
+
+T = TypeVar("T")
+
+
+def step_drafts(
+    proposer: Proposer | None,
+    all_executed: bool,
+    seqs: Sequence[SequenceState],
+    num_tokens: Sequence[int],
+    allowed: Sequence[int],
+    limits: DraftLimits,
+) -> list[list[int]] | None:
+    """Each scheduled sequence's draft (most empty); None when the step drafts nothing:
+    speculation off, a prepared step not executed yet, or no decode drafts."""
+    if proposer is None or not all_executed:
+        return None
+    return plan_drafts(proposer, seqs, num_tokens, allowed, limits)
+
+
+def drafted_lengths(
+    num_tokens: Sequence[int], drafts: Sequence[Sequence[int]]
+) -> tuple[list[int], np.ndarray]:
+    """A drafted step's query length per sequence (its planned tokens plus its draft) and
+    its number of logits rows (k + 1 for a draft of k, else 1)."""
+    q_lens = [q + len(d) for q, d in zip(num_tokens, drafts, strict=True)]
+    num_logits = np.fromiter((len(d) + 1 for d in drafts), dtype=np.int64, count=len(drafts))
+    return q_lens, num_logits
+
+
+def start_verifying(seqs: Sequence[SequenceState], drafts: Sequence[Sequence[int]]) -> None:
+    """Changes state: a sequence with a draft is verifying until the step executes, and
+    its position leaves the draft out (prepare adds the query length, draft included; the
+    verification adds back the accepted tokens)."""
+    for seq, draft in zip(seqs, drafts, strict=True):
+        seq.verifying = bool(draft)
+        seq.num_computed_tokens -= len(draft)
+
+
+def rows_over_drafts(
+    rows: Sequence[T | None], output_lens: Sequence[int], drafts: Sequence[Sequence[int]] | None
+) -> tuple[list[T | None], list[int]]:
+    """Per-sampler values (grammar rows) and output lengths over the step's logits rows:
+    as they are without drafts, else spread over each draft's k + 1 rows."""
+    if drafts is None:
+        return list(rows), list(output_lens)
+    return expand_rows(rows, output_lens, drafts)
