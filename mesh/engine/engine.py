@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,10 +28,11 @@ if TYPE_CHECKING:  # the executor core imports torch; loading waits for start()
 from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
 from radixmesh.sampling import Constraint, Priority, SamplingParams
 from radixmesh.speculation import SpecUsage
-from radixmesh.step import TokenLogprobs
+from radixmesh.step import StepPlan, TokenLogprobs
 from radixmesh.updates import RequestUpdate
 from services.cache.core import CacheConfig, CacheCore, PoolStats
 from services.executor.core.config import ExecutorConfig
+from services.executor.core.spec.radix import RadixProposer, TreePrefetch
 from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates, fit_to_executors
 
 
@@ -141,6 +142,8 @@ class Engine:
         self.grammar = grammar
         self.cache = CacheCore(config.cache)
         self.executors: list[ExecutorCore] = []
+        self.prefetches: list[TreePrefetch] = []
+        """`--speculative radix`: each executor's tree lookups (read by tests and benches)."""
         self._scheduler: SchedulerCore | None = None
         self._streams: dict[str, RequestStream] = {}
         self._req_ids = itertools.count()
@@ -169,6 +172,7 @@ class Engine:
                 core,
                 self.grammar,
                 overlap_prepare=self.config.overlap_prepare,
+                on_plan=self._tree_prefetch(core),
             )
             info = port.info
             self.cache.register_pool(info.executor_id, info.model, info.num_pages, info.page_size)
@@ -177,6 +181,21 @@ class Engine:
         config = fit_to_executors(self.config.scheduler, (port.info for port in ports))
         self._scheduler = SchedulerCore(config, InProcessCache(self.cache), ports, self._fan_out)
         await self._scheduler.start()
+
+    def _tree_prefetch(self, core: ExecutorCore) -> Callable[[StepPlan], None] | None:
+        """`--speculative radix`: the tree lookups of each plan's new sequences, inline on
+        this engine's cache core (as tasks on the loop, like the service's over gRPC)."""
+        proposer = getattr(core, "proposer", None)
+        if not isinstance(proposer, RadixProposer):
+            return None
+        prefetch = TreePrefetch(
+            proposer,
+            InProcessCache(self.cache),
+            core.info.model,
+            core.config.speculative.max_tree_tokens,
+        )
+        self.prefetches.append(prefetch)
+        return prefetch.on_plan
 
     async def stop(self) -> None:
         if self._scheduler is not None:
@@ -205,10 +224,12 @@ class Engine:
         timeout_s: float | None = None,
         req_id: str | None = None,
         hold_id: str = "",
+        group_id: str = "",
     ) -> RequestStream:
         """Queue a request and return its stream. Raises InvalidArgument, ResourceExhausted
         or Unavailable at once when it cannot be queued. With `hold_id`, a normal finish
-        keeps its context locked in the cache until `release_hold(hold_id)`."""
+        keeps its context locked in the cache until `release_hold(hold_id)`; requests with
+        one `group_id` are scheduled as one program group."""
         scheduler = self._running()
         if timeout_s is not None and not timeout_s > 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
@@ -228,6 +249,7 @@ class Engine:
                 priority=priority,
                 deadline=deadline,
                 hold_id=hold_id,
+                group_id=group_id,
             )
         except RadixmeshError:
             self._streams.pop(req_id, None)

@@ -13,7 +13,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from radixmesh.cache_types import Continuation, Lease
@@ -80,8 +80,12 @@ class InProcessExecutor:
         grammar: GrammarService | None = None,
         *,
         overlap_prepare: bool | None = None,
+        on_plan: Callable[[StepPlan], None] | None = None,
     ) -> None:
+        """`on_plan`: called with each plan before it is queued (on the event loop), e.g.
+        the tree lookups of `--speculative radix` (`spec.radix.TreePrefetch.on_plan`)."""
         self.grammar = grammar
+        self._on_plan = on_plan
         self._info = dataclasses.replace(core.info, executor_id=executor_id)
         self._pipeline = StepPipeline(executor_id, overlap_prepare=overlap_prepare)
         self._pipeline.attach(core)
@@ -99,6 +103,8 @@ class InProcessExecutor:
     def submit(self, plan: StepPlan) -> None:
         if self._closed:
             raise Unavailable(f"executor {self._info.executor_id} is closed")
+        if self._on_plan is not None:
+            self._on_plan(plan)
         self._pending.append((plan.step_id, asyncio.wrap_future(self._run.submit(plan))))
 
     async def next_result(self) -> StepResult:
