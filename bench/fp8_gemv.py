@@ -2,8 +2,11 @@
 
 For each projection shape and row count: time per call (CUDA events, weights rotated over
 enough copies that none stays in L2), the weight bytes it reads per second against the
-device's copy bandwidth, and the same product in bf16 through F.linear. With --sweep the
-GEMV's block shape, warps and stages are swept and the best setting per shape printed.
+device's copy bandwidth, and the same product in bf16 through F.linear. Rows 1-2 run in
+two modes: `onepass` (the one-pass GEMV alone) and `auto` (the per-shape choice of
+kernels/fp8_gemv.py, whose tuning timings per candidate are printed after the table).
+With --sweep the one-pass GEMV's block shape, warps and stages are swept and the best
+setting per shape printed.
 
     python bench/fp8_gemv.py --copy-gbps 4266 [--sweep] [--json out.json]
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from kernels import fp8_gemv
 from kernels import fp8_linear as op
 
 SHAPES = {  # name -> (out_features, in_features) of Llama-3.1-8B
@@ -70,6 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     if args.sweep:
+        fp8_gemv.MODE = "legacy"
         settings = list(itertools.product((16, 32, 64), (2048, 4096, 8192), (4, 8), (4,)))
         for name, (out_f, in_f) in SHAPES.items():
             for rows in (1, 4):
@@ -87,14 +92,25 @@ def main() -> None:
         op.GEMV_BLOCK_N, op.GEMV_BLOCK_PRODUCTS, op.GEMV_NUM_WARPS, op.GEMV_NUM_STAGES = (
             return_settings
         )
-    print("| shape | rows | FP8 us | FP8 GB/s | of copy | bf16 us | bf16 GB/s | speed-up |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | rows | mode | FP8 us | FP8 GB/s | of copy | bf16 us | bf16 GB/s | speed-up |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, (out_f, in_f) in SHAPES.items():
         for rows in args.rows:
-            r = measure(rows, out_f, in_f, args.copy_gbps)
-            results.append({"shape": name, **r})
-            print(f"| {name} | {rows} | {r['fp8_us']} | {r['fp8_gbps']} | {r['fp8_of_copy']} | "
-                  f"{r['bf16_us']} | {r['bf16_gbps']} | {r['speedup']} |", flush=True)  # fmt: skip
+            modes = ("legacy", "auto") if rows <= fp8_gemv.MAX_ROWS else ("auto",)
+            for mode in modes:
+                fp8_gemv.MODE = mode
+                r = measure(rows, out_f, in_f, args.copy_gbps)
+                label = "onepass" if mode == "legacy" else mode
+                results.append({"shape": name, "mode": label, **r})
+                print(f"| {name} | {rows} | {label} | {r['fp8_us']} | {r['fp8_gbps']} | "
+                      f"{r['fp8_of_copy']} | {r['bf16_us']} | {r['bf16_gbps']} | "
+                      f"{r['speedup']} |", flush=True)  # fmt: skip
+    fp8_gemv.MODE = "auto"
+    plans = fp8_gemv.chosen_plans()
+    for plan in plans:
+        print(f"plan rows={plan['rows']} {plan['out']}x{plan['in']}: {plan['chosen']} "
+              f"(tuning, us, cold L2: {json.dumps(plan['timings_us'])})", flush=True)  # fmt: skip
+    results.append({"plans": plans})
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 

@@ -6,15 +6,17 @@
 #
 # Steps: setup ceilings model engine_b1 profile kernels engine_offline peer structured
 #        structured_compile unit_tests_gpu kernel_tests summary (and, named: engine_b1_fp8, engine_offline_fp8,
-#        profile_fp8, fp8_quality: the same with FP8 projections; kernel_tests_gpu, the GPU-only
+#        profile_fp8, fp8_quality: the same with FP8 projections; fp8_gemv, the FP8 GEMV per
+#        8B projection against copy bandwidth and bf16 cuBLAS; kernel_tests_gpu, the GPU-only
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
 #        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
 #        which need 2 GPUs; train_tiny and speculative: a small model trained on the standard
 #        library's source, then speculative decoding off / ngram / suffix on it, in-process and, as
 #        speculative_serve, through radixmesh serve)
 # Named only as well: mesh (the offline workload through `radixmesh serve` with the gRPC and
-#        OpenAI APIs against the in-process engine) and rps (short requests at > 1,000/s
-#        on a 1B shape, then the seed's mix with its SLO gate).
+#        OpenAI APIs against the in-process engine), rps (short requests at > 1,000/s
+#        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
+#        workload at batch 1 and 64 with jump-forward off and on).
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -164,6 +166,15 @@ step_profile_fp8() {
         --batch-sizes "${sizes[@]}" "${args[@]}" --json "$RESULTS/profile_fp8.json"
 }
 
+step_fp8_gemv() {  # the FP8 GEMV per 8B projection: one-pass kernel vs the per-shape choice
+    [ "$GPU" = 1 ] || { echo "== fp8_gemv: skipped (no CUDA)"; return 0; }
+    local copy args=()
+    copy=$($PY -c "import json; print(json.load(open('$RESULTS/ceilings.json'))['copy_gbps'])" \
+        2>/dev/null) && args=(--copy-gbps "$copy")
+    run_step fp8_gemv 150 $PY bench/fp8_gemv.py --rows 1 2 4 16 "${args[@]}" \
+        --json "$RESULTS/fp8_gemv.json"
+}
+
 step_fp8_quality() {
     local args=()
     [ "$GPU" = 1 ] || args=(--device cpu --num-prompts 2 --prompt-len 32)
@@ -192,6 +203,15 @@ step_structured_compile() {
     run_step structured_host 240 $PY -m bench.structured --model "$MODEL" --batch-size 64
     run_step structured_compile 300 $PY -m bench.structured --mode corpus --model "$MODEL" \
         --batch-size 64
+}
+
+# Jump-forward on the JSON workload: output tok/s and TPOT at batch 1 and 64, off and on
+# (bench/jump_forward.py; the same greedy outputs in both modes, checked there).
+step_jump_forward() {
+    local args=(--device "$(engine_device)" --batch-sizes 1 64)
+    [ "$GPU" = 1 ] || args=(--device cpu --batch-sizes 1 4 --output-len 8 --rounds 1)
+    run_step jump_forward 300 $PY -m bench.jump_forward --model "$MODEL" "${args[@]}" \
+        --json "$RESULTS/jump_forward.json"
 }
 
 step_peer() {
@@ -327,6 +347,10 @@ if off_fp8:
 for b, prof in sorted(prof_fp8.items()):
     row(f"batch-{b} step, FP8, core alone", prof["step_wall_ms_p50"], "ms",
         prof["device_busy_ms_per_step"], note="reference: device busy")
+for r in load("fp8_gemv.json") or []:
+    if r.get("mode") == "auto" and r["rows"] <= 2:
+        row(f"FP8 GEMV {r['shape']} x{r['rows']}", r["fp8_gbps"], "GB/s", copy,
+            r["fp8_of_copy"], note=f"{r['fp8_us']} us; bf16 cuBLAS {r['bf16_us']} us")
 if q := load("fp8_quality.json"):
     for kind in ("w8a8", "weight_only"):
         if r := q.get(kind):

@@ -5,10 +5,11 @@ row-major, scale [out] float32 (one per output row), bias [out] or None; y is
 [num_tokens, out] in x's dtype.
 
 `fp8_linear_triton` picks the kernel by the number of rows:
-- up to GEMV_MAX_ROWS (decode at batch 1 or 2): `_fp8_gemv_kernel` reads each FP8
-  weight once, widens it in registers and accumulates in fp32 with the activations as
-  they are (weight-only quantization: no activation rounding), one program per BLOCK_N
-  output rows (on the H200 it still reads well below copy bandwidth: bench/RESULTS.md);
+- up to GEMV_MAX_ROWS (decode at batch 1 or 2): a weight-only GEMV (FP8 weights widened
+  in registers, fp32 accumulation with the activations as they are: no activation
+  rounding). `kernels/fp8_gemv.py` holds the split-K kernel and the per-shape choice
+  among its configs, the one-pass `_fp8_gemv_kernel` here (one program per BLOCK_N
+  output rows, the whole K) and the tensor-core path, timed on the device;
 - above it: the activations are quantized per token by `_quantize_rows_kernel` (one
   program per row: the row's largest magnitude maps to 448) and the product runs on the
   FP8 tensor cores through `torch._scaled_mm` with row-wise scales.
@@ -20,10 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import check, tl, triton
+from kernels.fp8_gemv import MAX_ROWS, gemv_plan
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-GEMV_MAX_ROWS = 2
+GEMV_MAX_ROWS = MAX_ROWS
 _MIN_SCALE = 1e-12
 # torch._scaled_mm wants both dimensions of the activation matrix divisible by 16.
 _ROW_MULTIPLE = 16
@@ -154,13 +156,11 @@ def fp8_gemv_triton(
     return out
 
 
-def fp8_linear_triton(
+def fp8_scaled_mm_triton(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    _check_layout(x, weight, scale)
+    """The tensor-core path: per-token FP8 activations, `torch._scaled_mm` with row scales."""
     num_rows = x.shape[0]
-    if num_rows <= GEMV_MAX_ROWS:
-        return fp8_gemv_triton(x, weight, scale, bias)
     padded = num_rows + (-num_rows % _ROW_MULTIPLE)
     x_fp8, x_scale = quantize_rows_triton(x, padded)
     out = torch._scaled_mm(
@@ -173,6 +173,23 @@ def fp8_linear_triton(
     if padded != num_rows:
         out = out[:num_rows]
     return out if bias is None else out + bias
+
+
+GEMV_FALLBACKS = {"onepass": fp8_gemv_triton, "tensor-core": fp8_scaled_mm_triton}
+"""What the split-K GEMV's configs are timed against per shape; the first is the reference
+their outputs must agree with."""
+
+
+def fp8_linear_triton(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    _check_layout(x, weight, scale)
+    num_rows = x.shape[0]
+    if num_rows == 0:
+        return torch.empty((0, weight.shape[0]), dtype=x.dtype, device=x.device)
+    if num_rows <= GEMV_MAX_ROWS:
+        return gemv_plan(x, weight, scale, bias, GEMV_FALLBACKS).fn(x, weight, scale, bias)
+    return fp8_scaled_mm_triton(x, weight, scale, bias)
 
 
 def _check_layout(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> None:

@@ -30,6 +30,7 @@ from triton.compiler import compile as triton_compile
 
 from kernels import (
     bitmask,
+    fp8_gemv,
     kv_store,
     paged_attention,
     paged_decode_attention,
@@ -150,6 +151,18 @@ def cases(sweep: bool):
         4,
         1,
     )
+    gemv_types = {"x_ptr": bf16, "w_ptr": "*fp8e4nv", "out_ptr": bf16, "counter_ptr": "*i32"}
+    gemv_types |= dict.fromkeys(("scale_ptr", "bias_ptr", "partial_ptr"), "*fp32")
+    for rows, cfg in product((1, 2), fp8_gemv.CANDIDATES if sweep else fp8_gemv.CANDIDATES[1:2]):
+        yield (
+            f"fp8 gemv rows {rows} {cfg.describe()}",
+            fp8_gemv._fp8_gemv_splitk_kernel,
+            gemv_types,
+            dict(NUM_ROWS=rows, HAS_BIAS=True, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n,
+                 BLOCK_K=cfg.block_k, EVEN=True, VEC=fp8_gemv.VEC),
+            cfg.num_warps,
+            1,
+        )  # fmt: skip
     yield (
         "apply_bitmask",
         bitmask._apply_bitmask_kernel,

@@ -6,6 +6,7 @@ import pytest
 import torch
 from kernel_factories import DEVICE
 
+from kernels import fp8_gemv, fp8_linear
 from kernels.fp8_linear import (
     FP8,
     GEMV_MAX_ROWS,
@@ -109,3 +110,101 @@ def test_tensor_core_path_matches_the_reference(num_rows, with_bias):
     assert ours.shape == (num_rows, 1024)
     # the activations are rounded to FP8 per token: about 2^-4 relative per element
     assert float((ours - ref).norm() / ref.norm()) < 0.04
+
+
+SPLITK_CONFIGS = [
+    fp8_gemv.DEFAULT_CONFIG,
+    fp8_gemv.GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4),
+    fp8_gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2),
+    fp8_gemv.GemvConfig(block_n=32, block_k=128, split_k=3, num_warps=4),
+]
+
+
+@pytest.mark.parametrize("cfg", SPLITK_CONFIGS, ids=lambda c: c.describe())
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("num_rows", [1, 2])
+@pytest.mark.parametrize(
+    ("out_features", "in_features"),
+    [(40, 72), (96, 512), (64, 768), (16, 1030)],  # odd, even for some configs, ragged K
+)
+def test_splitk_gemv_matches_the_dequantized_reference(
+    cfg, num_rows, with_bias, out_features, in_features
+):
+    weight, scale = _fp8_weight(out_features, in_features, seed=in_features)
+    x = _randn(num_rows, in_features, dtype=torch.float32, seed=num_rows + 10)
+    bias = _randn(out_features, dtype=torch.float32, seed=8) if with_bias else None
+    ours = fp8_gemv.gemv_splitk(x, weight, scale, bias, cfg)
+    ref = fp8_linear_ref(x, weight, scale, bias)
+    assert ours.shape == (num_rows, out_features)
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_splitk_gemv_counters_are_zero_after_each_call_so_calls_repeat():
+    """The last program of a tile resets its ticket: a second call (as a graph replay
+    would make) gives the same output, and the counters read zero between calls."""
+    cfg = fp8_gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2)
+    weight, scale = _fp8_weight(24, 256, seed=4)
+    x = _randn(2, 256, dtype=torch.float32, seed=4)
+    first = fp8_gemv.gemv_splitk(x, weight, scale, None, cfg)
+    _, counters = fp8_gemv._Workspace.get(x.device, 24, cfg)
+    assert counters.shape == (3,) and bool((counters == 0).all())
+    x2 = _randn(2, 256, dtype=torch.float32, seed=5)
+    second = fp8_gemv.gemv_splitk(x2, weight, scale, None, cfg)
+    torch.testing.assert_close(second, fp8_linear_ref(x2, weight, scale), atol=1e-4, rtol=1e-4)
+    assert not torch.equal(first, second)
+    assert bool((counters == 0).all())
+
+
+def test_splitk_gemv_in_bfloat16_rounds_once():
+    weight, scale = _fp8_weight(48, 1024, seed=11)
+    x = _randn(2, 1024, dtype=torch.bfloat16, seed=12)
+    cfg = fp8_gemv.GemvConfig(block_n=16, block_k=128, split_k=4, num_warps=4)
+    ours = fp8_gemv.gemv_splitk(x, weight, scale, None, cfg)
+    exact = fp8_linear_ref(x.float(), weight, scale)
+    assert ours.dtype == torch.bfloat16
+    # one rounding of the fp32 sum to bf16: within one bf16 ulp (2^-7 relative; the
+    # interpreter's float -> bf16 cast may truncate where the device rounds to nearest)
+    torch.testing.assert_close(ours.float(), exact, atol=1e-3, rtol=2**-7)
+
+
+def test_splitk_gemv_refuses_more_than_two_rows():
+    weight, scale = _fp8_weight(16, 64, seed=1)
+    with pytest.raises(ValueError, match="1 to 2 rows"):
+        fp8_gemv.gemv_splitk(_randn(3, 64, dtype=torch.float32, seed=1), weight, scale, None)
+
+
+def test_plan_off_the_gpu_is_the_default_config_and_legacy_mode_the_reference():
+    weight, scale = _fp8_weight(40, 72, seed=9)
+    x = _randn(1, 72, dtype=torch.float32, seed=9)
+    fallbacks = fp8_linear.GEMV_FALLBACKS
+    if not torch.cuda.is_available():
+        plan = fp8_gemv.gemv_plan(x, weight, scale, None, fallbacks)
+        assert plan.name == fp8_gemv.DEFAULT_CONFIG.describe()
+    previous, fp8_gemv.MODE = fp8_gemv.MODE, "legacy"
+    try:
+        assert fp8_gemv.gemv_plan(x, weight, scale, None, fallbacks).name == "onepass"
+    finally:
+        fp8_gemv.MODE = previous
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_rows", [1, 2])
+@pytest.mark.parametrize(("out_features", "in_features"), [(6144, 4096), (4096, 14336)])
+def test_tuned_plan_on_the_gpu_agrees_and_is_no_slower_than_the_one_pass_kernel(
+    num_rows, out_features, in_features
+):
+    fp8_gemv.reset_plans()
+    weight, scale = _fp8_weight(out_features, in_features, seed=2)
+    x = _randn(num_rows, in_features, dtype=torch.bfloat16, seed=3)
+    out = fp8_linear_triton(x, weight, scale)
+    (plan,) = fp8_gemv.chosen_plans()
+    timings = plan["timings_us"]
+    assert "onepass" in timings and timings[plan["chosen"]] <= timings["onepass"]
+    ref = fp8_linear_ref(x.float(), weight, scale)
+    assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fp8_linear_triton(x, weight, scale)
+    for _ in range(3):
+        graph.replay()
+    torch.testing.assert_close(captured, out)

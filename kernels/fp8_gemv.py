@@ -1,0 +1,348 @@
+"""Weight-only FP8 GEMV for decode at batch 1-2, split over K, chosen per shape on the device.
+
+y[m] = (x[m] @ weight.T) * scale + bias for m < 2 rows, weight [out, in] float8_e4m3fn
+row-major, scale [out] float32, fp32 accumulation (the layout contract of `fp8_linear`).
+
+`_fp8_gemv_splitk_kernel` runs a (out tiles, SPLIT_K) grid. Each program streams a
+BLOCK_N x BLOCK_K tile of FP8 weight per iteration (16 contiguous bytes per thread: one
+vector load each, several per thread in flight), widens it in registers and multiplies
+it with one or two activation rows, keeping per-lane fp32 partial sums that are reduced
+once after the loop; the row scales are applied once per output tile. With SPLIT_K > 1
+each program covers a 1/SPLIT_K slice of K, writes its partial row sums to a workspace,
+and the last program of a tile to arrive (a per-tile ticket counter, reset by that
+program) adds the slices in a fixed order and writes the output: one launch, and the
+same sum whatever the arrival order.
+
+`gemv_plan` picks the launch for a shape: on a CUDA device, the first call of a shape
+(outside graph capture) times each candidate config, the previous one-pass kernel and
+the tensor-core path with cold L2, checks each against the one-pass kernel's output, and
+keeps the fastest that agrees; so a config slower than what it replaces is never used.
+Without CUDA (the interpreter) the default config is used, untimed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from kernels._triton import interpreting, tl, triton
+
+MAX_ROWS = 2
+VEC = 16
+"""FP8 weights per thread and load (16 bytes), summed in the thread each iteration."""
+
+
+@triton.jit
+def _fp8_gemv_splitk_kernel(
+    x_ptr,
+    w_ptr,
+    scale_ptr,
+    bias_ptr,
+    out_ptr,
+    partial_ptr,
+    counter_ptr,
+    out_features,
+    in_features,
+    k_per_split,
+    stride_x,
+    stride_w,
+    stride_out,
+    NUM_ROWS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < out_features
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
+    k_begin = pid_k * k_per_split
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    for k0 in range(k_begin, k_begin + k_per_split, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN:
+            w = tl.load(w_rows + offs_k[None, :]).to(tl.float32)
+            x0 = tl.load(x_ptr + offs_k).to(tl.float32)
+        else:
+            mask_k = offs_k < in_features
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            w = w.to(tl.float32)
+            x0 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        acc0 += tl.sum(tl.reshape(w * x0[None, :], (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+        if NUM_ROWS == 2:
+            if EVEN:
+                x1 = tl.load(x_ptr + stride_x + offs_k).to(tl.float32)
+            else:
+                x1 = tl.load(x_ptr + stride_x + offs_k, mask=offs_k < in_features, other=0.0)
+                x1 = x1.to(tl.float32)
+            acc1 += tl.sum(tl.reshape(w * x1[None, :], (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+    scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+    out0 = tl.sum(acc0, axis=1) * scale
+    out1 = tl.sum(acc1, axis=1) * scale
+    if SPLIT_K == 1:
+        _store_rows(out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n, NUM_ROWS, HAS_BIAS)
+    else:
+        part = partial_ptr + offs_n
+        tl.store(part + (pid_k * NUM_ROWS) * out_features, out0, mask=mask_n)
+        if NUM_ROWS == 2:
+            tl.store(part + (pid_k * NUM_ROWS + 1) * out_features, out1, mask=mask_n)
+        # every thread's partial is written before the ticket is taken (release), and the
+        # last program reads the others' partials after its ticket (acquire), from L2
+        tl.debug_barrier()
+        ticket = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            out0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            out1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                out0 += tl.load(
+                    part + (s * NUM_ROWS) * out_features, mask=mask_n, other=0.0,
+                    cache_modifier=".cg",
+                )  # fmt: skip
+                if NUM_ROWS == 2:
+                    out1 += tl.load(
+                        part + (s * NUM_ROWS + 1) * out_features, mask=mask_n, other=0.0,
+                        cache_modifier=".cg",
+                    )  # fmt: skip
+            _store_rows(
+                out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n, NUM_ROWS, HAS_BIAS
+            )
+            tl.atomic_xchg(counter_ptr + pid_n, 0)
+
+
+@triton.jit
+def _store_rows(
+    out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n,
+    NUM_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        out0 += bias
+        out1 += bias
+    tl.store(out_ptr + offs_n, out0.to(out_ptr.dtype.element_ty), mask=mask_n)
+    if NUM_ROWS == 2:
+        tl.store(out_ptr + stride_out + offs_n, out1.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    """One launch of the split-K kernel."""
+
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+
+    def describe(self) -> str:
+        return f"splitk n{self.block_n} k{self.block_k} s{self.split_k} w{self.num_warps}"
+
+
+DEFAULT_CONFIG = GemvConfig(block_n=16, block_k=512, split_k=1, num_warps=4)
+CANDIDATES: tuple[GemvConfig, ...] = (
+    DEFAULT_CONFIG,
+    GemvConfig(16, 512, 2, 4),
+    GemvConfig(16, 512, 4, 4),
+    GemvConfig(32, 512, 1, 4),
+    GemvConfig(32, 512, 2, 4),
+    GemvConfig(8, 512, 2, 2),
+    GemvConfig(8, 512, 4, 2),
+    GemvConfig(64, 512, 1, 8),
+    GemvConfig(16, 1024, 2, 8),
+    GemvConfig(32, 256, 2, 4),
+)
+"""Timed on the device for each shape: 64 or 128 bytes of weight per thread and iteration,
+in 16-byte loads; split-K gives the narrow shapes (o_proj, down) several programs per SM."""
+
+
+class _Workspace:
+    """Per (device, thread, out_features, tiling): fp32 partials and the tiles' ticket
+    counters (zero between launches: the last program of a tile resets its counter).
+
+    One per thread, so two executors stepping on one device from their own threads never
+    share counters; created at the eager warm-up call that tunes the shape, so a graph
+    captured after it in the same thread needs no allocation, and kept for the process's
+    life, so captured pointers stay valid."""
+
+    _lock = threading.Lock()
+    _buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def get(cls, device: torch.device, out_features: int, cfg: GemvConfig):
+        key = (device, threading.get_ident(), out_features, cfg.split_k, cfg.block_n)
+        with cls._lock:
+            found = cls._buffers.get(key)
+            if found is None:
+                tiles = triton.cdiv(out_features, cfg.block_n)
+                partial = torch.empty(cfg.split_k * MAX_ROWS * out_features, device=device)
+                counters = torch.zeros(tiles, dtype=torch.int32, device=device)
+                found = cls._buffers[key] = (partial, counters)
+        return found
+
+
+def gemv_splitk(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    cfg: GemvConfig = DEFAULT_CONFIG,
+) -> torch.Tensor:
+    """The split-K kernel with `cfg`, for 1 or 2 rows (layout checked by the caller)."""
+    num_rows, in_features = x.shape
+    out_features = weight.shape[0]
+    if not 1 <= num_rows <= MAX_ROWS:
+        raise ValueError(f"fp8 gemv: 1 to {MAX_ROWS} rows, got {num_rows}")
+    out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
+    step = cfg.block_k * cfg.split_k
+    k_per_split = triton.cdiv(in_features, step) * cfg.block_k
+    even = k_per_split * cfg.split_k == in_features and out_features % cfg.block_n == 0
+    if cfg.split_k > 1:
+        partial, counters = _Workspace.get(x.device, out_features, cfg)
+    else:
+        partial, counters = scale, scale  # unused
+    grid = (triton.cdiv(out_features, cfg.block_n), cfg.split_k)
+    _fp8_gemv_splitk_kernel[grid](
+        x, weight, scale, bias if bias is not None else scale, out, partial, counters,
+        out_features, in_features, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
+        NUM_ROWS=num_rows, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even, VEC=VEC, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return out
+
+
+GemvFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class GemvPlan:
+    """What serves one shape: `fn(x, weight, scale, bias)`, named by `name`, with the
+    timings (us, cold L2) that chose it."""
+
+    name: str
+    fn: GemvFn
+    timings_us: tuple[tuple[str, float], ...] = ()
+
+
+_L2_FLUSH_BYTES = 256 << 20
+_TUNE_ITERS = 9
+_plans: dict[tuple, GemvPlan] = {}
+_plans_lock = threading.Lock()
+MODE = "auto"
+""""auto" (time and choose per shape), "legacy" (the one-pass kernel), or "splitk"
+(the default split-K config, untimed): set by benchmarks for A/B runs."""
+
+
+def _time_us(fn: Callable[[], object], flush: torch.Tensor) -> float:
+    fn()
+    fn()
+    times = []
+    for _ in range(_TUNE_ITERS):
+        flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def _bound(
+    fn: GemvFn, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None
+) -> Callable[[], object]:
+    return lambda: fn(x, w, s, b)
+
+
+def _splitk_fn(cfg: GemvConfig) -> GemvFn:
+    return lambda x, w, s, b: gemv_splitk(x, w, s, b, cfg)
+
+
+def _tune(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    fallbacks: Mapping[str, GemvFn],
+) -> GemvPlan:
+    """Times every candidate (and the fallbacks) on this call's own inputs; the fastest
+    whose output agrees with the first fallback's wins (the first fallback otherwise)."""
+    reference_name, reference_fn = next(iter(fallbacks.items()))
+    expected = reference_fn(x, weight, scale, bias).float()
+    tolerance = 1e-2 * float(expected.abs().max()) + 1e-6
+    options: dict[str, GemvFn] = dict(fallbacks)
+    for cfg in CANDIDATES:
+        options[cfg.describe()] = _splitk_fn(cfg)
+    try:
+        flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=x.device)
+    except torch.OutOfMemoryError:  # timed with warm L2 then: still a ranking
+        flush = torch.empty(1, dtype=torch.uint8, device=x.device)
+    timings: list[tuple[str, float]] = []
+    for name, fn in options.items():
+        try:
+            got = fn(x, weight, scale, bias).float()
+        except Exception:  # a config the device cannot run (resources): not a candidate
+            continue
+        if name != reference_name and not float((got - expected).abs().max()) <= tolerance:
+            continue
+        timings.append((name, round(_time_us(_bound(fn, x, weight, scale, bias), flush), 2)))
+    del flush
+    best = min(timings, key=lambda t: t[1]) if timings else (reference_name, 0.0)
+    return GemvPlan(best[0], options[best[0]], tuple(timings))
+
+
+def gemv_plan(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    fallbacks: Mapping[str, GemvFn],
+) -> GemvPlan:
+    """The plan for this call's shape (tuned on the first call of the shape on CUDA).
+
+    `fallbacks`: name -> function, the first being the reference a candidate must agree with.
+    """
+    if MODE == "legacy":
+        name, fn = next(iter(fallbacks.items()))
+        return GemvPlan(name, fn)
+    if MODE == "splitk" or x.device.type != "cuda" or interpreting():
+        return GemvPlan(DEFAULT_CONFIG.describe(), _splitk_fn(DEFAULT_CONFIG))
+    key = (x.device, x.shape[0], weight.shape[0], weight.shape[1], x.dtype, bias is not None)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    if torch.cuda.is_current_stream_capturing():  # no timing inside a capture
+        return GemvPlan(DEFAULT_CONFIG.describe(), _splitk_fn(DEFAULT_CONFIG))
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is None:
+            try:
+                plan = _tune(x, weight, scale, bias, fallbacks)
+            except Exception as exc:  # never worse than the reference kernel
+                name, fn = next(iter(fallbacks.items()))
+                plan = GemvPlan(f"{name} (tuning failed: {type(exc).__name__})", fn)
+            _plans[key] = plan
+    return plan
+
+
+def chosen_plans() -> list[dict]:
+    """Every shape tuned so far: its key, the plan's name, and the timings it chose from."""
+    return [
+        {
+            "rows": key[1], "out": key[2], "in": key[3], "dtype": str(key[4]).removeprefix("torch."),
+            "bias": key[5], "chosen": plan.name, "timings_us": dict(plan.timings_us),
+        }
+        for key, plan in _plans.items()
+    ]  # fmt: skip
+
+
+def reset_plans() -> None:
+    with _plans_lock:
+        _plans.clear()
