@@ -62,11 +62,28 @@ def test_no_gateway_is_a_json_503_on_the_openai_routes(envoy_alone, path):
     }
 
 
-def test_no_gateway_is_a_503_on_the_transcoded_routes(envoy_alone):
-    # a transcoded call is gRPC inside Envoy: its local reply is the gRPC status, which
-    # the transcoder turns into HTTP 503 with the status message as plain text
-    status, _, body = post(f"http://127.0.0.1:{envoy_alone.public_port}/v1/generate", {})
-    assert status == 503 and body.startswith((b"no healthy upstream", b"upstream connect error"))
+@pytest.mark.parametrize("path", ["/v1/generate", "/v1/tokenize"])
+def test_no_gateway_is_a_json_503_on_the_transcoded_routes(envoy_alone, path):
+    # a transcoded call is gRPC inside Envoy (te: trailers): its own mapper keeps the
+    # gateway's JSON error shape, where the transcoder used to answer the bare reason
+    status, content_type, body = post(f"http://127.0.0.1:{envoy_alone.public_port}{path}", {})
+    assert (status, content_type) == (503, "application/json")
+    assert json.loads(body)["error"] == {
+        "message": "no gateway is serving right now; retry later",
+        "type": "server_error",
+        "param": None,
+        "code": "unavailable",
+    }
+
+
+def test_no_gateway_is_a_json_503_on_a_transcoded_get(envoy_alone):
+    url = f"http://127.0.0.1:{envoy_alone.public_port}/v1/list_models"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    assert status == 503 and json.loads(body)["error"]["code"] == "unavailable"
 
 
 def test_no_gateway_is_unavailable_on_grpc(envoy_alone):
