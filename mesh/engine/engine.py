@@ -185,7 +185,7 @@ class Engine:
     def _tree_prefetch(self, core: ExecutorCore) -> Callable[[StepPlan], None] | None:
         """`--speculative radix`: the tree lookups of each plan's new sequences, inline on
         this engine's cache core (as tasks on the loop, like the service's over gRPC)."""
-        proposer = getattr(core, "proposer", None)
+        proposer = core.proposer
         if not isinstance(proposer, RadixProposer):
             return None
         prefetch = TreePrefetch(

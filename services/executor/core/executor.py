@@ -55,7 +55,7 @@ from services.executor.core.resources import (
 )
 from services.executor.core.sampling import Sampler, SamplingInputs
 from services.executor.core.sequence import SequenceState, check_finish
-from services.executor.core.spec import SpecStats, make_proposer
+from services.executor.core.spec import Proposer, SpecStats, make_proposer
 from services.executor.core.spec.drafting import DraftLimits, check_not_verifying
 from services.executor.core.spec.step import (
     drafted_lengths,
@@ -205,6 +205,12 @@ class ExecutorCore:
     def speculates(self) -> bool:
         """Speculative decoding is on: prepares must run after the step before executed."""
         return self._proposer is not None
+
+    @property
+    def proposer(self) -> Proposer | None:
+        """The draft proposer (None with speculation off); `--speculative radix` feeds its
+        tree references from the event loop (spec/radix.py)."""
+        return self._proposer
 
     def step(self, plan: StepPlan) -> StepResult:
         """Runs one plan; a refused plan (InvalidArgument, ResourceExhausted) changes nothing."""
