@@ -22,7 +22,8 @@ from radixmesh.sampling import Constraint, Priority, SamplingParams
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
-    """One scheduler submission (the fields of SubmitRequest)."""
+    """One scheduler submission (the fields of SubmitRequest): a gateway request's choice,
+    or a program runtime's request continuing a context (gateway/programs)."""
 
     req_id: str
     model: str
@@ -35,6 +36,9 @@ class PreparedRequest:
     """Absolute deadline; 0 means none."""
     schema: SchemaSpec | None = None
     """A JSON-schema constraint as outputs are checked against it (set by prepare_request)."""
+    hold_id: str = ""
+    """Keep this request's tokens (prompt + output) held in the prefix cache under this name
+    when it finishes normally ("": no hold; see gateway/programs/core/port.py)."""
 
 
 def prepare_request(

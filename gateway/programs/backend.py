@@ -11,7 +11,7 @@ import inspect
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.programs.core.port import ContextRequest
+from gateway.core.prepare import PreparedRequest
 from radixmesh.updates import RequestUpdate
 
 
@@ -31,11 +31,11 @@ class SchedulerBackend:
     def supports_prompt_logprobs(self) -> bool:
         return True
 
-    def submit(self, request: ContextRequest) -> AsyncIterator[RequestUpdate]:
+    def submit(self, request: PreparedRequest) -> AsyncIterator[RequestUpdate]:
         extra = {"hold_id": request.hold_id} if self._holds and request.hold_id else {}
         return self._client.generate(
             request.req_id,
-            request.token_ids,
+            request.prompt_token_ids,
             request.sampling,
             constraint=request.constraint,
             model=request.model,

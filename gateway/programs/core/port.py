@@ -1,5 +1,6 @@
 """The runtime's port to the scheduler: submit one request that continues a context, release holds.
 
+A request is the gateway's one submission type, `PreparedRequest`. Its
 `hold_id` names a context hold: when the request finishes normally the scheduler keeps
 its tokens (prompt + output) committed and locked in the radix tree under that name,
 replacing an earlier hold of the same name; `release_hold` ends it. Closing the
@@ -10,28 +11,14 @@ connection ends every hold made on it. Implementations: `gateway.programs.backen
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Protocol
 
-from radixmesh.sampling import Constraint, Priority, SamplingParams
+from gateway.core.prepare import PreparedRequest
 from radixmesh.updates import RequestUpdate
 
 
-@dataclass(frozen=True, slots=True)
-class ContextRequest:
-    req_id: str
-    model: str
-    token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    constraint: Constraint | None = None
-    hold_id: str = ""
-    """Keep this request's tokens held under this name when it finishes ("" : no hold)."""
-    priority: Priority = Priority.INTERACTIVE
-    deadline_unix_ms: int = 0
-
-
 class ProgramBackend(Protocol):
-    def submit(self, request: ContextRequest) -> AsyncIterator[RequestUpdate]:
+    def submit(self, request: PreparedRequest) -> AsyncIterator[RequestUpdate]:
         """The request's updates until its finish or error; leaving early aborts it."""
         ...
 

@@ -29,10 +29,10 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.core.prepare import PreparedRequest
 from gateway.programs.core import events as ev
 from gateway.programs.core.context import role_text
 from gateway.programs.core.model import Append, Gen, If, Program, Select, Statement
-from gateway.programs.core.port import ContextRequest
 from gateway.programs.core.tools import ResultStore
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import ConstraintKind, Priority, SamplingParams
@@ -231,10 +231,10 @@ class Speculation:
         self.tokens = self.base + self.tokenizer.encode_text(guess[1]) + self._encode(self.ahead.between)
         self.tokens += self._encode(lead)
         sampling = SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs_start=len(self.tokens) - 1)
-        request = ContextRequest(
+        request = PreparedRequest(
             req_id=f"{self.run.run_id}/predict/{branch.path}",
             model=self.model,
-            token_ids=tuple(self.tokens),
+            prompt_token_ids=tuple(self.tokens),
             sampling=sampling,
             hold_id=self.hold_id if self.run.deps.backend.supports_holds else "",
             priority=Priority.SHEDDABLE,  # the lowest class: never ahead of the program's own work

@@ -25,6 +25,7 @@ from typing import Any
 
 from gateway.core.models import ModelRegistry
 from gateway.core.output import ChoiceStream
+from gateway.core.prepare import PreparedRequest
 from gateway.programs.core import events as ev
 from gateway.programs.core.context import Context, role_text
 from gateway.programs.core.model import (
@@ -41,7 +42,7 @@ from gateway.programs.core.model import (
     Statement,
 )
 from gateway.programs.core.plugins import PluginChain
-from gateway.programs.core.port import ContextRequest, ProgramBackend
+from gateway.programs.core.port import ProgramBackend
 from gateway.programs.core.predict import BranchPredictor, Speculation, lookahead
 from gateway.programs.core.scoring import score_choices
 from gateway.programs.core.tools import ToolRegistry
@@ -335,16 +336,16 @@ class ProgramRun:
         sampling: SamplingParams,
         constraint: Constraint | None = None,
         hold: bool = True,
-    ) -> ContextRequest:
+    ) -> PreparedRequest:
         """A request continuing scope's context; with hold, it holds the result under the
         context's hold_id."""
         hold_id = scope.context.hold_id if hold and self.deps.backend.supports_holds else ""
         if hold_id:
             self._holds.add(hold_id)
-        return ContextRequest(
+        return PreparedRequest(
             req_id=f"{self.run_id}/{next(self._req_ids)}",
             model=model,
-            token_ids=tuple(token_ids),
+            prompt_token_ids=tuple(token_ids),
             sampling=sampling,
             constraint=constraint,
             hold_id=hold_id,

@@ -15,11 +15,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.core.prepare import PreparedRequest
 from gateway.core.tokenizer import Tokenizer
 from gateway.programs.core import events as ev
 from gateway.programs.core.context import start_tokens
 from gateway.programs.core.model import Select, SelectMethod
-from gateway.programs.core.port import ContextRequest, ProgramBackend
+from gateway.programs.core.port import ProgramBackend
 from radixmesh.errors import FailedPrecondition, InvalidArgument
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import TokenLogprobs
@@ -45,7 +46,7 @@ def scoring_sampling(start: int, top_logprobs: int) -> SamplingParams:
 
 
 async def prompt_logprobs(
-    backend: ProgramBackend, request: ContextRequest, start: int
+    backend: ProgramBackend, request: PreparedRequest, start: int
 ) -> tuple[list[TokenLogprobs], ev.Usage]:
     found: list[TokenLogprobs] = []
     usage = ev.Usage()
@@ -55,7 +56,7 @@ async def prompt_logprobs(
         found += getattr(update, "prompt_logprobs", None) or []
         if update.num_prompt_tokens is not None:
             usage = ev.Usage(update.num_prompt_tokens, 0, update.num_cached_tokens or 0)
-    expected = len(request.token_ids) - start
+    expected = len(request.prompt_token_ids) - start
     if len(found) != expected:
         raise FailedPrecondition(
             f"the scheduler returned {len(found)} prompt logprobs for {expected} scored tokens"

@@ -89,10 +89,10 @@ async def test_a_predicted_branch_starts_its_first_gen_from_the_prefilled_cache(
     (spec,) = [r for r in backend.requests if r.priority is Priority.SHEDDABLE]
     assert spec.sampling.max_tokens == 0 and spec.hold_id == "t2/ctx/predict/body[4].branch"
     gen_request = backend.requests[-1]
-    assert gen_request.token_ids == spec.token_ids  # the branch's prompt is what was prefilled
+    assert gen_request.prompt_token_ids == spec.prompt_token_ids  # the branch's prompt is what was prefilled
     lead_tokens = len(tokenizer.encode_text(LEAD))
     cold, warm = answer_usage(second), answer_usage(third)
-    assert warm.prompt_tokens == len(spec.token_ids)
+    assert warm.prompt_tokens == len(spec.prompt_token_ids)
     assert warm.cached_tokens >= (warm.prompt_tokens - 1) // PAGE_SIZE * PAGE_SIZE
     assert cold.cached_tokens < cold.prompt_tokens - lead_tokens + PAGE_SIZE  # without: prefilled
     assert any(u.statement == "body[4].branch.prediction" for u in third[-1].usage)

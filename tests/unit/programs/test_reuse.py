@@ -46,7 +46,7 @@ async def test_a_later_program_reuses_the_tool_result_and_the_kv_of_its_text(dep
     assert [e.cached for e in second if isinstance(e, ev.ToolFinished)] == [True]
     assert first[-1].variables["docs"] == second[-1].variables["docs"]
     first_gen, second_gen = [r for r in backend.requests if r.sampling.max_tokens == 3]
-    shared = common_prefix(first_gen.token_ids, second_gen.token_ids)
+    shared = common_prefix(first_gen.prompt_token_ids, second_gen.prompt_token_ids)
     docs_text = json.dumps(first[-1].variables["docs"], ensure_ascii=False)
     assert shared > len(tokenizer.encode_text(docs_text))  # the tool's text is in the shared part
     (cold,) = [u.usage for u in first[-1].usage if u.statement.endswith(".gen")]

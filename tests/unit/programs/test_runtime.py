@@ -104,7 +104,7 @@ async def test_fork_branches_equal_the_branches_run_separately(deps, engine, tok
     # the branches ran on the parent's tokens: their prompts share them
     branch_requests = [r for r in deps.backend.requests if r.hold_id.startswith("p/body[1].fork/")]
     assert len({r.hold_id for r in branch_requests}) == 3
-    assert all(r.token_ids[: len(context)] == tuple(context) for r in branch_requests)
+    assert all(r.prompt_token_ids[: len(context)] == tuple(context) for r in branch_requests)
 
 
 async def test_fixed_branches_join_every_variable_as_a_list(deps):

@@ -45,7 +45,7 @@ async def select_steps(engine, backend, deps, choices: list[str]) -> tuple[list[
     started = [p for p in plans if ids & {s.req_id for s in p.new_seqs}]
     later = [p for p in plans if started and p.step_id > started[-1].step_id]
     assert not any(ids & {s.req_id for s in p.running_seqs} for p in later)  # one step each
-    held = len(next(r for r in backend.requests if r.sampling.max_tokens == 5).token_ids)
+    held = len(next(r for r in backend.requests if r.sampling.max_tokens == 5).prompt_token_ids)
     for plan in started:
         for seq in plan.new_seqs:
             if seq.req_id in ids:
@@ -54,7 +54,7 @@ async def select_steps(engine, backend, deps, choices: list[str]) -> tuple[list[
                 # prompt (the Gen's output and the choice) runs in this one step
                 assert seq.num_computed_tokens >= (held // PAGE_SIZE) * PAGE_SIZE > 0
                 assert seq.num_computed_tokens < request.sampling.prompt_logprobs_start
-                assert seq.num_computed_tokens + seq.num_scheduled_tokens == len(request.token_ids)
+                assert seq.num_computed_tokens + seq.num_scheduled_tokens == len(request.prompt_token_ids)
     return started, ids, held
 
 
