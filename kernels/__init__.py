@@ -19,6 +19,7 @@ from kernels.paged_attention import paged_attention_ref
 from kernels.paged_decode_attention import paged_decode_attention_ref
 from kernels.rmsnorm import rmsnorm_ref
 from kernels.rotary import rotary_ref
+from kernels.rotary_kv_store import rotary_kv_store_ref
 from kernels.silu_and_mul import silu_and_mul_ref
 
 
@@ -39,6 +40,10 @@ class Ops:
     paged_decode_attention: Callable
     apply_bitmask: Callable
     fp8_linear: Callable
+    rotary_kv_store: Callable | None = None
+    """`rotary` then `kv_store` of the rotated keys in one op (returns the rotated q); None
+    when the set has no fused form, or a backend replaced `rotary` or `kv_store` (the model
+    then calls those two)."""
 
 
 REFERENCE_OPS = Ops(
@@ -51,6 +56,7 @@ REFERENCE_OPS = Ops(
     paged_decode_attention=paged_decode_attention_ref,
     apply_bitmask=apply_bitmask_ref,
     fp8_linear=fp8_linear_ref,
+    rotary_kv_store=rotary_kv_store_ref,
 )
 
 _BACKENDS: dict[str, Callable[[], Ops]] = {"cpu": lambda: REFERENCE_OPS}

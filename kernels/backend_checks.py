@@ -72,6 +72,20 @@ def _kv_store(device: torch.device, gen: torch.Generator) -> list[Case]:
     return [Case((k, v, k_cache, v_cache, slots), written=(2, 3))]
 
 
+def _rotary_kv_store(device: torch.device, gen: torch.Generator) -> list[Case]:
+    dt = _dtype(device)
+    k_cache, v_cache = _paged_kv(device, gen)
+    positions = torch.randint(0, 40, (5,), generator=gen).to(device)
+    cache = rope_cos_sin_cache(80, 48, 10000.0).to(device)
+    q = torch.randn(5, 4, 80, generator=gen).to(device, dt)
+    k = torch.randn(5, 2, 80, generator=gen).to(device, dt)
+    v = torch.randn(5, 2, 80, generator=gen).to(device, dt)
+    slots = torch.randperm(k_cache.shape[0] * 4, generator=gen)[:5].to(device)
+    slots[3] = -1  # a padding row: not stored
+    args = (q, k, v, positions, cache, k_cache, v_cache, slots)
+    return [Case(args, written=(5, 6))]
+
+
 def _page_table(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).to(device)
@@ -117,6 +131,7 @@ CASES: dict[str, Callable[[torch.device, torch.Generator], list[Case]]] = {
     "rotary": _rotary,
     "silu_and_mul": _silu_and_mul,
     "kv_store": _kv_store,
+    "rotary_kv_store": _rotary_kv_store,
     "paged_attention": _paged_attention,
     "paged_decode_attention": _paged_decode_attention,
     "apply_bitmask": _apply_bitmask,

@@ -127,4 +127,7 @@ def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.devic
     if not chosen:
         return ops
     name = ops.name + "".join(f"+{op}" for op in sorted(chosen))
-    return dataclasses.replace(ops, name=name, **{op: o.fn for op, o in chosen.items()})
+    replaced: dict[str, object] = {op: o.fn for op, o in chosen.items()}
+    if {"rotary", "kv_store"} & chosen.keys() and "rotary_kv_store" not in chosen:
+        replaced["rotary_kv_store"] = None  # the fused op would bypass the replaced one
+    return dataclasses.replace(ops, name=name, **replaced)

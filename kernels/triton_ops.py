@@ -10,6 +10,7 @@ from kernels.paged_attention import paged_attention_triton
 from kernels.paged_decode_attention import paged_decode_attention_triton
 from kernels.rmsnorm import rmsnorm_triton
 from kernels.rotary import rotary_triton
+from kernels.rotary_kv_store import rotary_kv_store_triton
 from kernels.silu_and_mul import silu_and_mul_triton
 
 TRITON_OPS = Ops(
@@ -22,6 +23,7 @@ TRITON_OPS = Ops(
     paged_decode_attention=paged_decode_attention_triton,
     apply_bitmask=apply_bitmask_triton,
     fp8_linear=fp8_linear_triton,
+    rotary_kv_store=rotary_kv_store_triton,
 )
 
 register_backend("cuda", lambda: TRITON_OPS)

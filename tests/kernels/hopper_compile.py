@@ -36,6 +36,7 @@ from kernels import (
     paged_decode_attention,
     rmsnorm,
     rotary,
+    rotary_kv_store,
     silu_and_mul,
 )
 
@@ -130,6 +131,17 @@ def cases(sweep: bool):
         "rotary",
         rotary._rotary_kernel,
         rotary_types | {"positions_ptr": "*i64", "cos_sin_ptr": "*fp32"},
+        dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64),
+        4,
+        1,
+    )
+    fused_types = dict.fromkeys(
+        ("q_ptr", "k_ptr", "v_ptr", "q_out_ptr", "k_cache_ptr", "v_cache_ptr"), bf16
+    )
+    yield (
+        "rotary_kv_store",
+        rotary_kv_store._rotary_kv_store_kernel,
+        fused_types | {"positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64"},
         dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=64),
         4,
         1,

@@ -21,6 +21,7 @@ KERNELS = {
     "kv_store",
     "apply_bitmask",
     "fp8 gemv",
+    "rotary_kv_store",
 }
 
 

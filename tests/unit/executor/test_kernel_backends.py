@@ -112,6 +112,28 @@ def test_an_entry_point_backend_that_matches_is_used(toy, model_path):
     assert got == greedy_tokens(reference, prompt)
 
 
+def test_replacing_rotary_or_kv_store_turns_the_fused_op_off():
+    for op in ("rotary", "kv_store"):
+        override = KernelOverride(op, getattr(REFERENCE_OPS, op), "toy")
+        assert with_overrides(get_ops(CPU), [override], CPU).rotary_kv_store is None
+    other = KernelOverride("rmsnorm", REFERENCE_OPS.rmsnorm, "toy")
+    kept = with_overrides(get_ops(CPU), [other], CPU).rotary_kv_store
+    assert kept is REFERENCE_OPS.rotary_kv_store is not None
+
+
+def test_the_fused_rotary_kv_store_path_gives_the_two_ops_tokens(model_path):
+    fused = make_core(model_path, kernel_entry_points=False)
+    assert fused.model.ops.rotary_kv_store is not None
+    separate = make_core(model_path, kernel_backends=("rotary=kernels.rotary:rotary_ref",))
+    assert separate.model.ops.rotary_kv_store is None
+    prompt = [5, 9, 17, 33, 8, 2, 40]
+    assert greedy_tokens(fused, prompt) == greedy_tokens(separate, prompt)
+    # the same rotated keys and values landed in the same slots of every layer
+    for a, b in zip(fused.kv_pool.k_caches + fused.kv_pool.v_caches,
+                    separate.kv_pool.k_caches + separate.kv_pool.v_caches, strict=True):
+        assert torch.equal(a[:2], b[:2]) and bool(a[:2].abs().sum() > 0)
+
+
 def test_an_entry_point_backend_that_disagrees_is_refused_naming_the_op(toy, model_path):
     toy("rmsnorm = toy_kernels:wrong_rmsnorm")
     with pytest.raises(InvalidArgument, match=r"op 'rmsnorm'.*disagrees with the torch reference"):

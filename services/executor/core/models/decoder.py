@@ -242,8 +242,13 @@ class Decoder:
         if layer.q_norm is not None and layer.k_norm is not None:
             q = self._head_norm(q, layer.q_norm)
             k = self._head_norm(k, layer.k_norm)
-        q, k = ops.rotary(q, k, batch.positions, self.cos_sin_cache)
-        ops.kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
+        if ops.rotary_kv_store is not None:  # the rotated keys go straight to the cache
+            q = ops.rotary_kv_store(
+                q, k, v, batch.positions, self.cos_sin_cache, k_cache, v_cache, batch.slot_mapping
+            )
+        else:
+            q, k = ops.rotary(q, k, batch.positions, self.cos_sin_cache)
+            ops.kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
         window = spec.sliding_window
         if batch.is_decode:
             out = ops.paged_decode_attention(
