@@ -47,7 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group("load shape")
     load.add_argument("--concurrency", type=int, default=8, help="conversations in flight")
     load.add_argument(
-        "--request-rate", type=float, default=math.inf, help="Poisson arrivals/s (inf: no wait)"
+        "--request-rate",
+        default="inf",
+        help="Poisson arrivals/s (inf: no wait); a rising list (10,20,40) sweeps the rates, "
+        "one run each, and reports goodput per rate",
+    )
+    load.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="spread the load over this many client processes (their reports merged)",
     )
     load.add_argument("--duration", type=float, default=None, help="seconds to send for")
     load.add_argument("--num-requests", type=int, default=None, help="requests to send (64)")
@@ -156,12 +165,14 @@ def build_configs(args: argparse.Namespace):
         json_max_tokens=args.json_max_tokens,
         session_prefix=f"bench-{int(time.time() * 1000) % 10**9}",
     )
+    from mesh.loadgen.goodput import parse_rates
+
     num_requests = args.num_requests
     if num_requests is None and args.duration is None:
         num_requests = 64
     load = LoadConfig(
         concurrency=args.concurrency,
-        request_rate=args.request_rate,
+        request_rate=parse_rates(args.request_rate)[0],
         num_requests=num_requests,
         duration_s=args.duration,
         warmup=args.warmup,
@@ -169,6 +180,10 @@ def build_configs(args: argparse.Namespace):
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
     )
+    if args.client_processes != 1:
+        from mesh.loadgen.processes import shard_load
+
+        shard_load(load, 0, args.client_processes)  # a load too small to split is refused
     return workload, load
 
 
@@ -199,26 +214,25 @@ async def _resolve_model(args: argparse.Namespace) -> str:
 
 
 async def bench(
-    args: argparse.Namespace, workload, load, endpoints, selection=()
+    args: argparse.Namespace, workload, load, endpoints, selection=(), bounds=None
 ) -> dict[str, Any]:
-    from mesh.loadgen.client import make_client
+    """One measured run. bounds: per-request latency bounds of the goodput (goodput.py)."""
+    from mesh.loadgen.goodput import goodput
     from mesh.loadgen.progress import Progress
     from mesh.loadgen.report import build_report
-    from mesh.loadgen.runner import run_load
     from mesh.loadgen.scrape import MetricsScraper
-    from mesh.loadgen.workloads import iter_scripts
 
     model = await _resolve_model(args)
     scraper = MetricsScraper(endpoints)
     samples: list = []
+    processes = args.client_processes
     progress = Progress(
         load.num_requests,
         load.duration_s,
-        enabled=False if args.quiet else None,
+        enabled=False if args.quiet or processes > 1 else None,  # results come at the end
         selection=selection,
         samples=samples,
     )
-    client = make_client(args.api, args.target, model, args.api_key)
     marks: dict[str, Any] = {}
 
     async def measure_start() -> None:
@@ -231,12 +245,11 @@ async def bench(
             )
 
     try:
-        run = await run_load(iter_scripts(workload), client, load, progress.update, measure_start)
+        run = await _run(args, model, workload, load, progress.update, measure_start)
     finally:
         sampler = marks.get("sampler")
         if sampler is not None:
             sampler.cancel()
-        await client.close()
     progress.finish()
     after = await scraper.snapshot()
     config = {
@@ -245,10 +258,12 @@ async def bench(
         "model": model,
         "workload": _plain(workload),
         "load": _plain(load),
+        "client_processes": processes,
         "metrics_endpoints": {e.name: e.url for e in endpoints},
         "metrics_errors": dict(scraper.errors),
     }
     report = build_report(run, marks.get("before", {}), after, samples, config)
+    report["goodput"] = goodput(run.results, run.duration_s, bounds or {})
     if args.plot:
         from mesh.loadgen.plot import write_plots
 
@@ -258,6 +273,30 @@ async def bench(
     return report
 
 
+async def _run(args: argparse.Namespace, model: str, workload, load, on_result, measure_start):
+    """The load from this process, or spread over --client-processes (merged)."""
+    from mesh.loadgen.workloads import iter_scripts
+
+    if args.client_processes > 1:
+        from mesh.loadgen.processes import ClientProcessFailed, ClientSpec, run_load_processes
+
+        spec = ClientSpec(args.api, args.target, model, args.api_key)
+        try:
+            return await run_load_processes(
+                spec, workload, load, args.client_processes, measure_start
+            )
+        except ClientProcessFailed as exc:
+            raise TargetError(str(exc)) from None
+    from mesh.loadgen.client import make_client
+    from mesh.loadgen.runner import run_load
+
+    client = make_client(args.api, args.target, model, args.api_key)
+    try:
+        return await run_load(iter_scripts(workload), client, load, on_result, measure_start)
+    finally:
+        await client.close()
+
+
 def _plain(config) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -265,7 +304,9 @@ def _plain(config) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in out.items()}
 
 
-async def bench_repeated(args: argparse.Namespace, workload, load, endpoints, selection):
+async def bench_repeated(
+    args: argparse.Namespace, workload, load, endpoints, selection, bounds=None
+):
     """`--repeat` runs of the load; the last run's report, with every run's metrics."""
     from mesh.loadgen.baseline import summarize
     from mesh.loadgen.twelve import values
@@ -274,11 +315,37 @@ async def bench_repeated(args: argparse.Namespace, workload, load, endpoints, se
     for i in range(args.repeat):
         if args.repeat > 1 and not args.quiet:
             print(f"radixmesh bench: run {i + 1} of {args.repeat}", file=sys.stderr, flush=True)
-        reports.append(await bench(args, workload, load, endpoints, selection))
+        reports.append(await bench(args, workload, load, endpoints, selection, bounds))
     report = reports[-1]
     if args.repeat > 1:
         report["repeats"] = [values(r) for r in reports]
         report["repeats_summary"] = summarize(report["repeats"])
+    return report
+
+
+async def bench_rates(args: argparse.Namespace, workload, load, endpoints, selection, targets):
+    """One rate: `bench_repeated`. A rising list of rates: one run per rate, the last run's
+    report with `sweep` (mesh/loadgen/goodput.py: goodput and the SLO per offered rate)."""
+    from dataclasses import replace
+
+    from mesh.loadgen.goodput import parse_rates, request_bounds, summarize_sweep, sweep_point
+    from mesh.loadgen.report import flat_metrics
+    from mesh.loadgen.slo import evaluate
+
+    rates = parse_rates(args.request_rate)
+    bounds = request_bounds(targets)
+    if len(rates) == 1:
+        return await bench_repeated(args, workload, load, endpoints, selection, bounds)
+    points, report = [], {}
+    for rate in rates:
+        if not args.quiet:
+            print(f"radixmesh bench: offering {rate:g} requests/s", file=sys.stderr, flush=True)
+        report = await bench_repeated(
+            args, workload, replace(load, request_rate=rate), endpoints, selection, bounds
+        )
+        passed = all(r.passed for r in evaluate(targets, flat_metrics(report))) if targets else None
+        points.append(sweep_point(rate, report, report["goodput"], passed))
+    report["sweep"] = summarize_sweep(points, bounds)
     return report
 
 
@@ -318,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         report = asyncio.run(
-            bench_repeated(args, workload, load, endpoints, selection if args.metrics else ())
+            bench_rates(args, workload, load, endpoints, selection if args.metrics else (), targets)
         )
     except TargetError as exc:
         print(f"radixmesh bench: {exc}", file=sys.stderr)
@@ -336,9 +403,15 @@ def run(args: argparse.Namespace) -> int:
             for r in results
         ]
         code = 0 if all(r.passed for r in results) else 1
+        if "sweep" in report:  # a sweep passes when some rate met every target
+            code = 0 if any(p["slo_met"] for p in report["sweep"]["points"]) else 1
     print(format_selection(report, selection) if args.metrics else format_table(report))
     if targets:
         print(format_results(results))
+    if "sweep" in report:
+        from mesh.loadgen.goodput import format_sweep
+
+        print(format_sweep(report["sweep"]))
     if baseline is not None:
         rows = compare(baseline, report, args.baseline_alpha)
         report["baseline"] = {

@@ -1,0 +1,133 @@
+"""Goodput and the Poisson-rate sweep: `--request-rate 20,40,80 --slo ttft_p99=500ms,...`.
+
+Goodput is the requests per second that met the per-request objectives: a request
+counts when it succeeded and its TTFT, end-to-end time and time per output token are
+within the bounds the --slo targets put on them (a target on any statistic of a
+latency, `ttft_p99=500ms` or `ttft_p50=200ms`, bounds each request's own latency by
+its value; the tightest one wins). With no latency target every successful request
+counts. A sweep runs the same load once per offered rate (Poisson arrivals) and
+reports, per rate, what was offered and achieved, the goodput and whether every
+--slo target held on that run; `max_rate_meeting_slo` is the highest offered rate
+whose run met them all (None when none did).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from mesh.loadgen.client import RequestResult
+from mesh.loadgen.slo import SloTarget
+from radixmesh.errors import InvalidArgument
+
+BOUNDED = ("ttft", "e2e", "tpot")
+"""Latencies a request's own value is held to."""
+
+
+def parse_rates(text: str) -> tuple[float, ...]:
+    """`inf`, `12.5` or a list `10,20,40` -> offered request rates (each > 0)."""
+    rates = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            rate = float(part)
+        except ValueError:
+            raise InvalidArgument(f"request_rate: expected numbers or inf, got {part!r}") from None
+        if not rate > 0 or math.isnan(rate):
+            raise InvalidArgument(f"request_rate: must be > 0 or inf, got {part!r}")
+        rates.append(rate)
+    if not rates:
+        raise InvalidArgument("request_rate: no rate given")
+    if len(rates) > 1 and sorted(rates) != rates:
+        raise InvalidArgument(f"request_rate: a sweep's rates go up, got {text!r}")
+    return tuple(rates)
+
+
+def request_bounds(targets: Sequence[SloTarget]) -> dict[str, float]:
+    """Per-request bounds from the latency targets: {"ttft": 0.5, ...} (tightest wins)."""
+    bounds: dict[str, float] = {}
+    for target in targets:
+        latency = target.metric.rsplit("_", 1)[0]
+        if latency in BOUNDED and not target.lower_bound:
+            bounds[latency] = min(bounds.get(latency, math.inf), target.threshold)
+    return bounds
+
+
+def _tpot(result: RequestResult) -> float | None:
+    tokens = result.completion_tokens
+    if result.ttft_s is None or tokens is None or tokens < 2:
+        return None
+    return (result.e2e_s - result.ttft_s) / (tokens - 1)
+
+
+def meets(result: RequestResult, bounds: dict[str, float]) -> bool:
+    """Whether one request succeeded within every bound (an unmeasured bounded latency fails,
+    except TPOT of a request of one token, which has none)."""
+    if not result.ok:
+        return False
+    values = {"ttft": result.ttft_s, "e2e": result.e2e_s}
+    for name, bound in bounds.items():
+        if name == "tpot":
+            tpot = _tpot(result)
+            if tpot is not None and tpot > bound:
+                return False
+            continue
+        value = values[name]
+        if value is None or value > bound:
+            return False
+    return True
+
+
+def goodput(results: Sequence[RequestResult], duration_s: float, bounds: dict[str, float]) -> float:
+    """Requests per second that met the bounds."""
+    return sum(1 for r in results if meets(r, bounds)) / max(duration_s, 1e-9)
+
+
+def sweep_point(rate: float, report: dict[str, Any], good: float, passed: bool | None) -> dict:
+    """One rate of the sweep (None for an unbounded rate in JSON)."""
+    e2e = report.get("e2e_s") or {}
+    ttft = report.get("ttft_s") or {}
+    return {
+        "offered_rate": None if math.isinf(rate) else rate,
+        "request_throughput": report["request_throughput"],
+        "goodput": good,
+        "num_requests": report["num_requests"],
+        "error_rate": report["error_rate"],
+        "ttft_p99_s": ttft.get("p99"),
+        "e2e_p50_s": e2e.get("p50"),
+        "e2e_p99_s": e2e.get("p99"),
+        "p99_p50_ratio": report.get("p99_p50_ratio"),
+        "slo_met": passed,
+    }
+
+
+def summarize_sweep(points: list[dict], bounds: dict[str, float]) -> dict[str, Any]:
+    met = [p["offered_rate"] for p in points if p["slo_met"]]
+    rated = [r for r in met if r is not None]
+    return {
+        "request_bounds_s": bounds,
+        "points": points,
+        "max_rate_meeting_slo": max(rated) if rated else None,
+        "max_goodput": max((p["goodput"] for p in points), default=None),
+    }
+
+
+def format_sweep(sweep: dict[str, Any]) -> str:
+    lines = [
+        f"{'offered/s':>10}{'achieved/s':>12}{'goodput/s':>11}{'TTFT p99 ms':>13}"
+        f"{'p99/p50':>9}{'errors':>8}  SLO"
+    ]
+    for p in sweep["points"]:
+        rate = "inf" if p["offered_rate"] is None else f"{p['offered_rate']:.1f}"
+        ttft = "-" if p["ttft_p99_s"] is None else f"{p['ttft_p99_s'] * 1e3:.1f}"
+        ratio = "-" if p["p99_p50_ratio"] is None else f"{p['p99_p50_ratio']:.2f}"
+        verdict = {True: "met", False: "missed", None: "-"}[p["slo_met"]]
+        lines.append(
+            f"{rate:>10}{p['request_throughput']:>12.1f}{p['goodput']:>11.1f}{ttft:>13}"
+            f"{ratio:>9}{p['error_rate'] or 0:>8.3f}  {verdict}"
+        )
+    best = sweep["max_rate_meeting_slo"]
+    lines.append(f"highest offered rate meeting the SLO: {'none' if best is None else best}")
+    return "\n".join(lines)
