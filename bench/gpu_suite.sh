@@ -16,7 +16,8 @@
 # Named only as well: mesh (the offline workload through `radixmesh serve` with the gRPC and
 #        OpenAI APIs against the in-process engine), rps (short requests at > 1,000/s
 #        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
-#        workload at batch 1 and 64 with jump-forward off and on).
+#        workload at batch 1 and 64 with jump-forward off and on), programs and programs_trained
+#        (bench/programs.py: programs server-side against client-driven, 8B shape / trained model).
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -550,6 +551,30 @@ step_rps() {
         --concurrency "$conc" --duration "$mix_secs" --client-processes "$procs" \
         --slo "ttft_p99=500ms,e2e_p99=1.2s,p99_p50_ratio=2.5,error_rate=0.1%"
     mesh_down
+}
+
+# programs: the five programs of bench/programs.py, server-side (one Programs.Run call) against
+# client-driven (one plain request per statement), at concurrency 1, 16 and 64, through
+# `radixmesh serve` on the 8B shape; programs_trained: the same on the trained tiny model
+# (real text, so its selects and branches mean something), when train_tiny has made it.
+programs_bench() {
+    local name=$1 model=$2
+    shift 2
+    local args=(--concurrency 1,16,64 --num-programs 16 --max-tokens 32)
+    [ "$GPU" = 1 ] || args=(--smoke)
+    run_step "$name" 560 $PY bench/programs.py --model "$model" --device "$(engine_device)" \
+        --num-pages "${PROGRAM_NUM_PAGES:-8192}" "${args[@]}" "$@" --json "$RESULTS/$name.json"
+}
+
+step_programs() {
+    [ -f "$MODEL/config.json" ] || step_model
+    programs_bench programs "$MODEL"
+}
+
+step_programs_trained() {
+    [ -f "$TRAINED/config.json" ] || { echo "== programs_trained: skipped, no $TRAINED"; return 0; }
+    programs_bench programs_trained "$TRAINED"
+    programs_bench programs_trained_rtt20 "$TRAINED" --programs fork,select,triage --rtt-ms 20
 }
 
 STEPS=("$@")

@@ -121,7 +121,7 @@ def _if(i: program_pb2.If, path: str) -> m.If:
 
 
 def _call(c: program_pb2.Call, path: str) -> m.Call:
-    json_args = _integral(json_format.MessageToDict(c.json_args)) if c.HasField("json_args") else {}
+    json_args = integral_json(json_format.MessageToDict(c.json_args)) if c.HasField("json_args") else {}
     return m.Call(
         path,
         c.tool,
@@ -134,14 +134,14 @@ def _call(c: program_pb2.Call, path: str) -> m.Call:
     )
 
 
-def _integral(value: Any) -> Any:
+def integral_json(value: Any) -> Any:
     """protobuf's Struct carries every number as a double: 2.0 back to 2."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
+        return {k: integral_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_integral(v) for v in value]
+        return [integral_json(v) for v in value]
     return value
 
 

@@ -64,7 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--seed", type=int, default=0)
     w = parser.add_argument_group("workload")
     w.add_argument(
-        "--workload", choices=sorted(WORKLOADS), default=None, help="random (mix with --mix)"
+        "--workload",
+        choices=sorted([*WORKLOADS, "program"]),
+        default=None,
+        help="random (mix with --mix); program: mesh/loadgen/program_bench.py",
     )
     w.add_argument(
         "--mix", default=None, help="profile weights (default 70%%short,30%%long); implies mix"
@@ -88,6 +91,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--batch-fraction", type=float, default=0.0, help='priority "batch" share')
     w.add_argument("--ignore-eos", action="store_true", help="generate max_tokens (extension)")
     w.add_argument("--temperature", type=float, default=None)
+    p = parser.add_argument_group("workload program (gRPC to --target's host:port)")
+    p.add_argument("--programs", default="", help="comma-separated (default: all five)")
+    p.add_argument(
+        "--program-modes", default="server,client", help="server (Programs.Run), client (plain)"
+    )
+    p.add_argument("--rtt-ms", type=float, default=0.0, help="injected round trip per call")
     out = parser.add_argument_group("metrics and output")
     out.add_argument(
         "--metrics-url", action="append", default=[], help="name=URL of a /metrics (repeat)"
@@ -358,7 +367,40 @@ def _load_baseline(path: str | None) -> dict[str, Any] | None:
         raise InvalidArgument(f"baseline: cannot read {path}: {exc}") from None
 
 
+def run_programs(args: argparse.Namespace) -> int:
+    """--workload program: the program suite, server-side against client-driven."""
+    from mesh.loadgen.program_bench import ProgramBenchConfig, format_rows, run_suite
+    from mesh.loadgen.program_suite import PROGRAMS, Shape
+    from mesh.loadgen.scrape import MetricsScraper
+
+    try:
+        config = ProgramBenchConfig(
+            programs=tuple(p for p in args.programs.split(",") if p) or tuple(PROGRAMS),
+            modes=tuple(m for m in args.program_modes.split(",") if m),
+            concurrencies=(args.concurrency,),
+            num_programs=args.num_requests or 32,
+            warmup=args.warmup,
+            rtt_ms=args.rtt_ms,
+            shape=Shape(max_tokens=args.output_len),
+        )
+        endpoints = _endpoints(args)
+    except InvalidArgument as exc:
+        print(f"radixmesh bench: {exc}", file=sys.stderr)
+        return 2
+    target = args.target.split("://", 1)[-1].rstrip("/")
+    scraper = MetricsScraper(endpoints) if endpoints else None
+    report = asyncio.run(run_suite(target, args.api_key, config, scraper))
+    print(format_rows(report))
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2))
+    if all(r["num_errors"] == r["num_programs"] for r in report["rows"]):
+        return 3
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.workload == "program":
+        return run_programs(args)
     from mesh.loadgen.baseline import compare, format_comparison, repeat_values
     from mesh.loadgen.report import flat_metrics, format_table
     from mesh.loadgen.slo import evaluate, format_results, parse_slo

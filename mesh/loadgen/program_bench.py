@@ -1,0 +1,241 @@
+"""The program benchmark: every program of `program_suite`, server-side and client-driven,
+at each concurrency, against one running mesh (`radixmesh bench --workload program`,
+`bench/programs.py`).
+
+Per (program, concurrency, mode) point: programs/s, latency p50/p99, prompt tokens the
+server computed per program (prompt - cached) against the program's unique tokens,
+requests per program, errors; the select program at concurrency 1 also counts the
+executors' forward passes per select (their `steps_total`, with the mesh's metrics
+endpoints); the triage program reports branch prediction (made, accuracy) and the time
+from the If to its branch's first text with and without a kept prediction.
+
+Unique tokens of a program: the distinct token positions of every prompt its
+client-driven run sent (a trie over their token ids, tokenized by the server), less the
+tokens it generated that a later prompt carries again (decoded, not prefilled). Every
+point runs its own instances (no two points share an instance's text); what instances
+share by design (a few-shot prefix, instructions) is cached after each point's warm-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from mesh.loadgen.program_client import ClientDriven, Outcome, ServerSide
+from mesh.loadgen.program_suite import PROGRAMS, Shape, instance
+from mesh.loadgen.scrape import MetricsScraper, delta
+from radixmesh.errors import InvalidArgument
+from radixmesh.v1 import inference_pb2 as ipb
+from radixmesh.v1 import inference_pb2_grpc
+
+MODES = ("server", "client")
+STEPS = "radixmesh_executor_steps_total"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramBenchConfig:
+    programs: tuple[str, ...] = tuple(PROGRAMS)
+    modes: tuple[str, ...] = MODES
+    concurrencies: tuple[int, ...] = (1, 16, 64)
+    num_programs: int = 32
+    """Programs run (and timed) per point; at least the point's concurrency."""
+    warmup: int = 2
+    """Programs run first at each point, not counted."""
+    rtt_ms: float = 0.0
+    """Injected client-server round trip, before every call the client sends."""
+    shape: Shape = field(default_factory=Shape)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in self.programs:
+            if name not in PROGRAMS:
+                raise InvalidArgument(f"programs: unknown program {name!r} (known: {', '.join(PROGRAMS)})")
+        for mode in self.modes:
+            if mode not in MODES:
+                raise InvalidArgument(f"modes: {mode!r} is not one of {', '.join(MODES)}")
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise InvalidArgument(f"concurrencies: each must be >= 1, got {self.concurrencies}")
+        if self.num_programs < 1:
+            raise InvalidArgument(f"num_programs: must be >= 1, got {self.num_programs}")
+        if self.warmup < 0:
+            raise InvalidArgument(f"warmup: must be >= 0, got {self.warmup}")
+        if self.rtt_ms < 0:
+            raise InvalidArgument(f"rtt_ms: must be >= 0, got {self.rtt_ms}")
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _warm(runner: Any, name: str, first: int, config: ProgramBenchConfig) -> None:
+    for i in range(config.warmup):
+        await runner.run(*instance(name, first + i, config.shape, config.seed))
+
+
+async def _run_point(runner: Any, name: str, first: int, config: ProgramBenchConfig, concurrency: int) -> tuple[list[Outcome], float]:
+    """The point's timed programs (after its warm-up ones), at most `concurrency` at once."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> Outcome:
+        async with slots:
+            return await runner.run(*instance(name, first + config.warmup + i, config.shape, config.seed))
+
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(*(one(i) for i in range(max(config.num_programs, concurrency))))
+    return list(outcomes), time.perf_counter() - started
+
+
+async def unique_tokens(stub: inference_pb2_grpc.InferenceStub, metadata: tuple, outcome: Outcome) -> int:
+    """The distinct token positions of a client-driven run's prompts, less re-carried output."""
+    trie: dict = {}
+    size = 0
+    for prompt in outcome.prompts:
+        response = await stub.Tokenize(ipb.TokenizeRequest(prompt=prompt), metadata=metadata)
+        node = trie
+        for token in response.token_ids:
+            if token not in node:
+                node[token] = {}
+                size += 1
+            node = node[token]
+    return size - outcome.consumed_generated
+
+
+def summarize(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
+    ok = [o for o in outcomes if not o.error]
+    latencies = [o.latency_s for o in ok]
+    errors: dict[str, int] = {}
+    messages: dict[str, str] = {}
+    for o in outcomes:
+        if o.error:
+            errors[o.error] = errors.get(o.error, 0) + 1
+            messages.setdefault(o.error, o.error_message)
+    n = max(1, len(ok))
+    return {
+        "num_programs": len(outcomes),
+        "num_errors": len(outcomes) - len(ok),
+        "errors": errors,
+        "error_messages": messages,
+        "programs_per_s": len(ok) / wall_s if wall_s > 0 else None,
+        "latency_p50_s": _quantile(latencies, 0.5),
+        "latency_p99_s": _quantile(latencies, 0.99),
+        "computed_prompt_tokens_per_program": sum(o.computed_tokens for o in ok) / n,
+        "prompt_tokens_per_program": sum(o.prompt_tokens for o in ok) / n,
+        "completion_tokens_per_program": sum(o.completion_tokens for o in ok) / n,
+        "requests_per_program": sum(o.num_requests for o in ok) / n,
+        "selects_per_program": sum(o.num_selects for o in ok) / n,
+    }
+
+
+def _predictions(outcomes: list[Outcome]) -> dict[str, Any]:
+    counts = {k: sum(o.predictions.get(k, 0) for o in outcomes) for k in ("NONE", "HIT", "MISS")}
+    made = counts["HIT"] + counts["MISS"]
+    ttft: dict[str, list[float]] = {"kept": [], "not_kept": []}
+    for o in outcomes:
+        for prediction, seconds in o.branch_ttft_s:
+            ttft["kept" if prediction == "HIT" else "not_kept"].append(seconds)
+    return {
+        **{k.lower(): v for k, v in counts.items()},
+        "accuracy": counts["HIT"] / made if made else None,
+        "branch_ttft_s": {k: statistics.fmean(v) if v else None for k, v in ttft.items()},
+    }
+
+
+async def run_suite(
+    target: str, api_key: str, config: ProgramBenchConfig, scraper: MetricsScraper | None = None
+) -> dict[str, Any]:
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+    rows: list[dict[str, Any]] = []
+    unique: dict[str, float] = {}
+    options = [("grpc.max_concurrent_streams", 1024)]
+    async with grpc.aio.insecure_channel(target, options=options) as channel:
+        runners = {
+            "server": ServerSide(channel, metadata, config.rtt_ms / 1000),
+            "client": ClientDriven(channel, metadata, config.rtt_ms / 1000),
+        }
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        point = 0
+        for name in config.programs:
+            for concurrency in config.concurrencies:
+                for mode in config.modes:
+                    first = point * (config.num_programs + max(config.concurrencies) + config.warmup)
+                    point += 1
+                    await _warm(runners[mode], name, first, config)
+                    before = await scraper.snapshot() if scraper is not None and concurrency == 1 else None
+                    outcomes, wall_s = await _run_point(runners[mode], name, first, config, concurrency)
+                    row = {"program": name, "mode": mode, "concurrency": concurrency, **summarize(outcomes, wall_s)}
+                    if before is not None and scraper is not None:
+                        steps = delta(before, await scraper.snapshot(), "executor", STEPS)
+                        selects = sum(o.num_selects for o in outcomes)
+                        row["forwards_per_select"] = steps / selects if steps is not None and selects and name == "select" else None
+                    if mode == "server" and name == "triage":
+                        row["branch_prediction"] = _predictions(outcomes)
+                    if mode == "client" and name not in unique:
+                        ok = [o for o in outcomes if not o.error]
+                        counts = [await unique_tokens(stub, metadata, o) for o in ok[:8]]
+                        unique[name] = statistics.fmean(counts) if counts else 0.0
+                    rows.append(row)
+    for row in rows:
+        u = unique.get(row["program"])
+        row["unique_tokens_per_program"] = u
+        row["computed_over_unique"] = row["computed_prompt_tokens_per_program"] / u if u else None
+    return {"config": _config(config), "rows": rows, "targets": targets(rows)}
+
+
+def _config(config: ProgramBenchConfig) -> dict[str, Any]:
+    return {
+        "programs": list(config.programs),
+        "modes": list(config.modes),
+        "concurrencies": list(config.concurrencies),
+        "num_programs": config.num_programs,
+        "warmup": config.warmup,
+        "rtt_ms": config.rtt_ms,
+        "shape": {k: getattr(config.shape, k) for k in Shape.__slots__},  # type: ignore[attr-defined]
+    }
+
+
+def _row(rows: list[dict], program: str, mode: str, concurrency: int) -> dict | None:
+    return next((r for r in rows if (r["program"], r["mode"], r["concurrency"]) == (program, mode, concurrency)), None)
+
+
+def targets(rows: list[dict]) -> dict[str, Any]:
+    """The issue's targets, read off the rows (None where a row is missing)."""
+    out: dict[str, Any] = {}
+    for program in ("fork", "select"):
+        server, client = _row(rows, program, "server", 16), _row(rows, program, "client", 16)
+        ratio = None
+        if server and client and server["programs_per_s"] and client["programs_per_s"]:
+            ratio = server["programs_per_s"] / client["programs_per_s"]
+        out[f"{program}_speedup_c16"] = ratio
+    server_rows = [r for r in rows if r["mode"] == "server" and r.get("computed_over_unique") is not None]
+    out["max_server_computed_over_unique"] = max((r["computed_over_unique"] for r in server_rows), default=None)
+    select = _row(rows, "select", "server", 1)
+    out["server_forwards_per_select"] = select.get("forwards_per_select") if select else None
+    return out
+
+
+def format_rows(report: dict[str, Any]) -> str:
+    head = "program  mode    conc  prog/s   p50 s   p99 s  computed  unique  req/prog  fwd/select  errors"
+    lines = [head]
+    for r in report["rows"]:
+        def f(v: Any, spec: str) -> str:
+            return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+        lines.append(
+            f"{r['program']:<8} {r['mode']:<7} {r['concurrency']:>4} {f(r['programs_per_s'], '7.2f')} "
+            f"{f(r['latency_p50_s'], '7.3f')} {f(r['latency_p99_s'], '7.3f')} "
+            f"{f(r['computed_prompt_tokens_per_program'], '9.1f')} {f(r['unique_tokens_per_program'], '7.1f')} "
+            f"{f(r['requests_per_program'], '9.1f')} {f(r.get('forwards_per_select'), '11.2f')} {r['num_errors']:>7}"
+        )
+    for r in report["rows"]:
+        if "branch_prediction" in r:
+            lines.append(f"triage c={r['concurrency']} branch prediction: {r['branch_prediction']}")
+    lines.append(f"targets: {report['targets']}")
+    return "\n".join(lines)
