@@ -67,24 +67,28 @@ def _fp8_gemv_splitk_kernel(
     k_begin = pid_k * k_per_split
     acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+    # the activations are read through a [BLOCK_N, BLOCK_K] pointer tile (every row the
+    # same, from L1), so each thread loads the VEC values of its own weights: no layout
+    # conversion through shared memory in the loop
+    zero_n = tl.zeros((BLOCK_N, 1), dtype=tl.int32)
     for k0 in range(k_begin, k_begin + k_per_split, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_k = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
         if EVEN:
-            w = tl.load(w_rows + offs_k[None, :]).to(tl.float32)
+            w = tl.load(w_rows + offs_k).to(tl.float32)
             x0 = tl.load(x_ptr + offs_k).to(tl.float32)
         else:
             mask_k = offs_k < in_features
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_rows + offs_k, mask=mask_n[:, None] & mask_k, other=0.0)
             w = w.to(tl.float32)
             x0 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        acc0 += tl.sum(tl.reshape(w * x0[None, :], (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+        acc0 += tl.sum(tl.reshape(w * x0, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
         if NUM_ROWS == 2:
             if EVEN:
                 x1 = tl.load(x_ptr + stride_x + offs_k).to(tl.float32)
             else:
                 x1 = tl.load(x_ptr + stride_x + offs_k, mask=offs_k < in_features, other=0.0)
                 x1 = x1.to(tl.float32)
-            acc1 += tl.sum(tl.reshape(w * x1[None, :], (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+            acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
     scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
     out0 = tl.sum(acc0, axis=1) * scale
     out1 = tl.sum(acc1, axis=1) * scale
