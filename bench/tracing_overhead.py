@@ -8,7 +8,7 @@ traced run is known to have traced). Each round runs the same load against
 both (off then on, the next round on then off; the idle mesh costs nothing),
 so machine-wide drift hits both.
 Every request of the "on" runs is traced (the gateway starts a trace when the
-caller sends no traceparent). Reported: output tokens/s per run, the mean of
+caller sends no traceparent), unless `--sample-rate` below 1 samples them. Reported: output tokens/s per run, the mean of
 each side, and on/off; and, less sensitive to other load on a shared machine,
 the CPU time every service process spent per output token (user + system,
 from /proc/<pid>/stat around each run), per service and in total.
@@ -113,6 +113,8 @@ def main() -> int:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sample-rate", type=float, default=1.0,
+                   help="the traced mesh's --otlp-sample-rate (default 1: every request)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -124,7 +126,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tracing-overhead-"))
     off, off_port, off_pids = start_mesh(tmp, "off")
     endpoint = f"http://127.0.0.1:{receiver_port}"
-    on, on_port, on_pids = start_mesh(tmp, "on", "--otlp-endpoint", endpoint)
+    on, on_port, on_pids = start_mesh(
+        tmp, "on", "--otlp-endpoint", endpoint, "--otlp-sample-rate", str(args.sample_rate)
+    )
     runs: dict[str, list[float]] = {"off": [], "on": []}
     cpu: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     try:
@@ -133,7 +137,7 @@ def main() -> int:
             for side, port, pids in sides if i % 2 == 0 else sides[::-1]:
                 before, cpu_before = counter.num_spans, cpu_seconds(pids)
                 report = bench(port, args, tmp / f"{side}-{i}.json")
-                time.sleep(1.0)  # the batch span processor exports every 0.5 s
+                time.sleep(2.5)  # the batch span processor exports every second: count it
                 used = cpu_seconds(pids)
                 tokens = report["total_output_tokens"]
                 cpu[side].append({k: (used[k] - cpu_before[k]) / tokens * 1e3 for k in used})

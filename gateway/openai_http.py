@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gateway.core import openai_responses as resp
 from gateway.core.auth import Admission, client_address
+from gateway.core.capacity import CapacityGate
 from gateway.core.generate import ChoiceEvent, Upstream, collect, total_usage
 from gateway.core.limits import OFF_LOOP_BODY_BYTES, OFF_LOOP_CHARS, input_chars, off_loop
 from gateway.core.memory import GatewayMemory
@@ -32,7 +33,7 @@ from gateway.core.structured import schema_fields
 from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import HTTP_HEALTH_PATH
 from gateway.programs.core.plugins import PluginChain
-from gateway.tracing import phase, request_trace
+from gateway.tracing import request_trace, timed_event
 from radixmesh.errors import Unavailable
 from radixmesh.retry_after import retry_after_of
 from services.common.logging import get_logger
@@ -53,8 +54,11 @@ class OpenAIHttpServer:
         ready: Callable[[], bool] = lambda: True,
         memory: GatewayMemory | None = None,
         plugins: PluginChain | None = None,
+        capacity: CapacityGate | None = None,
     ) -> None:
         self._memory = memory or GatewayMemory()
+        self._capacity = capacity
+        """The scheduler's published headroom: a request over it is refused on arrival."""
         self._plugins = plugins or PluginChain()
         """Their pre_request rewrites prompts and message texts, their post_response the
         output (whole, or streamed: `PluginChain.apply_to_events`)."""
@@ -141,11 +145,14 @@ class OpenAIHttpServer:
             body = await off_loop(len(raw) > OFF_LOOP_BODY_BYTES, parse_json_body, raw)
             gateway_request = self._plugins.apply_to_request(parse(body))
             model_id, tokenizer = self._models.resolve(gateway_request.model)
+            if self._capacity is not None:  # over the published headroom: refused at once
+                self._capacity.admit(model_id, gateway_request.priority, gateway_request.sampling.n)
+                await asyncio.sleep(0)  # and before the admitted ones of a burst tokenize
             response_id = resp.new_response_id(gateway_request.chat)
             session_id = gateway_request.session_id
             history = await self._memory.history(session_id)
             large = input_chars(gateway_request.input) > OFF_LOOP_CHARS
-            with phase("gateway.prepare"):
+            with timed_event("gateway.prepare"):
                 prepared = await off_loop(
                     large, prepare_request, gateway_request, tokenizer, response_id, 0, history
                 )

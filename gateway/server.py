@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 
 from gateway import convert
 from gateway.core.auth import Admission, client_address
+from gateway.core.capacity import CapacityGate
 from gateway.core.generate import Upstream
 from gateway.core.limits import OFF_LOOP_CHARS, check_input_size, input_chars, off_loop
 from gateway.core.memory import GatewayMemory
@@ -23,7 +24,7 @@ from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import prepare_request
 from gateway.core.request import ChatMessage, GenerateInput
 from gateway.programs.core.plugins import PluginChain
-from gateway.tracing import phase, request_trace
+from gateway.tracing import request_trace, timed_event
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.tracing import traceparent_from_metadata
@@ -38,10 +39,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         memory: GatewayMemory | None = None,
         executor_counts: ExecutorCounts | None = None,
         plugins: PluginChain | None = None,
+        capacity: CapacityGate | None = None,
     ) -> None:
         """executor_counts: fills ListModels' num_executors (None: reported as 0).
         plugins: their pre_request rewrites prompts and message texts, their post_response
-        the streamed output (`PluginChain.apply_to_events`)."""
+        the streamed output (`PluginChain.apply_to_events`).
+        capacity: the scheduler's published headroom; a request over it is refused on
+        arrival (None: every request goes to the scheduler)."""
+        self._capacity = capacity
         self._plugins = plugins or PluginChain()
         self._models = models
         self._executor_counts = executor_counts
@@ -69,15 +74,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         )
         traceparent = traceparent_from_metadata(context.invocation_metadata())
         with request_trace("gateway.Generate", traceparent, request_id):
-            with phase("gateway.validate"):
+            with timed_event("gateway.validate"):
                 await self._admit(context)
                 gateway_request = convert.generate_request_from_proto(request)
                 gateway_request = self._plugins.apply_to_request(gateway_request)
-                _, tokenizer = self._models.resolve(gateway_request.model)
+                model_id, tokenizer = self._models.resolve(gateway_request.model)
+                if self._capacity is not None:  # over the published headroom: refused at once
+                    self._capacity.admit(
+                        model_id, gateway_request.priority, gateway_request.sampling.n
+                    )
             session_id = gateway_request.session_id
             history = await self._memory.history(session_id)
             large = input_chars(gateway_request.input) > OFF_LOOP_CHARS
-            with phase("gateway.prepare"):
+            with timed_event("gateway.prepare"):
                 prepared = await off_loop(
                     large,
                     prepare_request,
@@ -91,7 +100,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 self._memory.generate(prepared, tokenizer, self._upstream, session_id),
                 streamed=True,  # Generate always streams its chunks
             )
-            with phase("gateway.stream"):
+            with timed_event("gateway.stream"):
                 async with contextlib.aclosing(events):
                     async for event in events:
                         for response in convert.event_to_responses(request_id, event):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.request import CHAT_ROLES, ChatMessage
-from gateway.tracing import phase
+from gateway.tracing import timed_event
 from radixmesh.errors import FailedPrecondition, InvalidArgument
 
 # config.json keys that hold the context length, most specific first.
@@ -105,7 +105,7 @@ class Tokenizer:
             raise InvalidArgument(f"{field}: must be a string, got {type(prompt).__name__}")
         if not prompt:
             raise InvalidArgument(f"{field}: must not be empty")
-        with phase("gateway.tokenize"):
+        with timed_event("gateway.tokenize"):
             return list(self._hf.encode(prompt, add_special_tokens=True))
 
     def encode_text(self, text: str) -> list[int]:
@@ -136,9 +136,9 @@ class Tokenizer:
         self, messages: Sequence[ChatMessage], field: str = "messages"
     ) -> list[int]:
         """Token ids of a conversation; the template writes its own special tokens."""
-        with phase("gateway.template", num_messages=len(messages)):
+        with timed_event("gateway.template", num_messages=len(messages)):
             text = self.render_chat(messages, field)
-        with phase("gateway.tokenize"):
+        with timed_event("gateway.tokenize"):
             return list(self._hf.encode(text, add_special_tokens=False))
 
     @staticmethod

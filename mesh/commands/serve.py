@@ -102,6 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="OTLP/gRPC collector for every service's trace spans (default off)",
     )
     parser.add_argument(
+        "--otlp-sample-rate",
+        type=float,
+        default=None,
+        help="share of requests traced, in [0, 1], decided once per trace where it starts "
+        "(a caller's traceparent keeps its own sampled flag; default 1: every request)",
+    )
+    parser.add_argument(
         "--status-port", type=int, default=0, help="status page port on loopback (0: free, -1: off)"
     )
     parser.add_argument(
@@ -196,6 +203,12 @@ async def serve(args: argparse.Namespace) -> int:
 
     if args.otlp_endpoint:  # every service's --otlp-endpoint defaults to this variable
         os.environ["RADIXMESH_OTLP_ENDPOINT"] = args.otlp_endpoint
+    if args.otlp_sample_rate is not None:
+        if not 0.0 <= args.otlp_sample_rate <= 1.0:
+            print("radixmesh serve: --otlp-sample-rate must be in [0, 1], got "
+                  f"{args.otlp_sample_rate}", file=sys.stderr)  # fmt: skip
+            return 2
+        os.environ["RADIXMESH_OTLP_SAMPLE_RATE"] = repr(args.otlp_sample_rate)
     try:
         mesh = Mesh(_config(args), on_spawn=lambda name, pid: _say(f"started {name} (pid {pid})"))
     except InvalidArgument as exc:

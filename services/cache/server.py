@@ -51,9 +51,11 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
     # ---- verbs on the core (each a plain function of one request message) ----
 
     def _run_verb(self, name: str, request: Any, traceparent: str = "") -> Any:
-        """One verb, under a `cache.<verb>` span while tracing is on: a child of the span
-        that `traceparent` names (the request that caused it), else of the current one."""
-        if not tracing.enabled():
+        """One verb, under a `cache.<verb>` span when a sampled traced request caused it: a
+        child of the span that `traceparent` names. A verb nothing traced caused (a
+        heartbeat, an untraced or unsampled request's verb) makes no span; a unary call
+        with a traceparent in its metadata is the RPC's server span (trace_interceptor)."""
+        if not tracing.sampled(traceparent) or not tracing.enabled():
             return self._ops[name](request)
         attributes = {"radixmesh.verb": name}
         for field_name in ("executor_id", "lease_id", "holder"):

@@ -39,6 +39,9 @@ class ServerConfig:
     max_message_mb: int = 64
     # OTLP/gRPC collector for this service's trace spans; empty turns tracing off.
     otlp_endpoint: str = ""
+    # Share of traces this service starts that are recorded, in [0, 1] (head sampling by
+    # trace id); a trace continued from a traceparent follows its sampled flag.
+    otlp_sample_rate: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -59,6 +62,13 @@ class ServerConfig:
         mb = self.max_message_mb
         if isinstance(mb, bool) or not isinstance(mb, int) or not 1 <= mb <= 2047:
             raise InvalidArgument(f"max_message_mb: must be an int in [1, 2047], got {mb!r}")
+        rate = self.otlp_sample_rate
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, int | float)
+            or not 0.0 <= rate <= 1.0  # NaN fails too
+        ):
+            raise InvalidArgument(f"otlp_sample_rate: must be a number in [0, 1], got {rate!r}")
 
     @property
     def max_message_bytes(self) -> int:
@@ -75,11 +85,13 @@ class ServerConfig:
             grace_seconds=args.grace_seconds,
             max_message_mb=args.max_message_mb,
             otlp_endpoint=getattr(args, "otlp_endpoint", "") or "",
+            otlp_sample_rate=getattr(args, "otlp_sample_rate", 1.0),
         )
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int = 0) -> None:
-    """--host, --port, --metrics-port, --grace-seconds, --max-message-mb, --otlp-endpoint."""
+    """--host, --port, --metrics-port, --grace-seconds, --max-message-mb, --otlp-endpoint,
+    --otlp-sample-rate."""
     group = parser.add_argument_group("server")
     group.add_argument(
         "--host", default="127.0.0.1", help="interface to bind (default %(default)s)"
@@ -113,6 +125,25 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int =
         default=os.environ.get("RADIXMESH_OTLP_ENDPOINT", ""),
         help="OTLP/gRPC collector for trace spans (default $RADIXMESH_OTLP_ENDPOINT, else off)",
     )
+    group.add_argument(
+        "--otlp-sample-rate",
+        type=float,
+        default=_env_float("RADIXMESH_OTLP_SAMPLE_RATE", 1.0),
+        help="share of the traces this service starts that are recorded, in [0, 1]; a "
+        "trace continued from a caller's traceparent follows its sampled flag (default "
+        "$RADIXMESH_OTLP_SAMPLE_RATE, else 1)",
+    )
+
+
+def _env_float(name: str, default: float) -> float:
+    """A float environment variable; InvalidArgument naming it when it is not a number."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidArgument(f"${name} must be a number, got {value!r}") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -124,7 +124,7 @@ class ServiceRuntime:
             raise OSError(f"port: {cfg.name} cannot bind {target}")
         await server.start()
         self._server, self._port = server, port
-        configure_tracing(cfg.name, cfg.otlp_endpoint)
+        configure_tracing(cfg.name, cfg.otlp_endpoint, cfg.otlp_sample_rate)
         if cfg.metrics_port is not None:
             metrics = MetricsServer(cfg.host, cfg.metrics_port)
             try:

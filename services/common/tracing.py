@@ -2,7 +2,9 @@
 
     --otlp-endpoint http://collector:4317   (or $RADIXMESH_OTLP_ENDPOINT; empty: off)
 
-`ServiceRuntime` calls `configure_tracing(name, endpoint)` at start and
+    --otlp-sample-rate 0.1                  (or $RADIXMESH_OTLP_SAMPLE_RATE; default 1)
+
+`ServiceRuntime` calls `configure_tracing(name, endpoint, sample_rate)` at start and
 `shutdown_tracing()` on shutdown (which flushes what is queued). Until then,
 or with tracing off, `tracer()` returns OpenTelemetry's no-op tracer, so a
 traced code path costs a function call when nobody listens.
@@ -32,6 +34,13 @@ TRACEPARENT = "traceparent"
 MAX_LINKS = 4096
 """Links one span may carry: an executor step links to every traced sequence in it (the
 SDK's default of 128 would drop links past batch 128)."""
+EXPORT_QUEUE_SPANS = 16384
+"""Finished spans the batch processor holds before it drops new ones (the SDK's 2048
+overflows in a second at batch 64 with every request traced)."""
+EXPORT_BATCH_SPANS = 2048
+"""Spans per OTLP export call: one call per second at about that rate, not four."""
+EXPORT_DELAY_MS = 1000
+"""Longest a finished span waits for its export (the queue filling sends sooner)."""
 _PROPAGATOR = TraceContextTextMapPropagator()
 _STATE: dict[str, Any] = {"provider": None, "service": None}
 """The process's tracer provider once configured (one per process, like the registry)."""
@@ -49,6 +58,7 @@ __all__ = [
     "epoch_ns",
     "link_to",
     "record_span",
+    "sampled",
     "shutdown_tracing",
     "traceparent_from_metadata",
     "traceparent_of",
@@ -56,8 +66,13 @@ __all__ = [
 ]
 
 
-def configure_tracing(service: str, endpoint: str | None) -> bool:
-    """Export this process's spans over OTLP/gRPC to `endpoint`; False (and nothing) when empty."""
+def configure_tracing(service: str, endpoint: str | None, sample_rate: float = 1.0) -> bool:
+    """Export this process's spans over OTLP/gRPC to `endpoint`; False (and nothing) when empty.
+
+    `sample_rate`: head sampling of the traces this process starts (by trace id, so every
+    service that starts one decides alike); a span continued from a remote parent follows
+    the parent's sampled flag (W3C traceparent's `01`), so a trace is recorded whole or not
+    at all. An unsampled span is a no-op that still carries the trace id downstream."""
     endpoint = (endpoint or "").strip()
     if not endpoint or _STATE["provider"] is not None:
         return _STATE["provider"] is not None
@@ -65,16 +80,45 @@ def configure_tracing(service: str, endpoint: str | None) -> bool:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased
 
     insecure = not endpoint.startswith("https://")
     exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=5)
     provider = TracerProvider(
         resource=Resource.create({"service.name": f"radixmesh-{service}"}),
         span_limits=SpanLimits(max_links=MAX_LINKS),
+        sampler=ParentBased(_linked_or_ratio(sample_rate)),
     )
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            exporter,
+            max_queue_size=EXPORT_QUEUE_SPANS,
+            schedule_delay_millis=EXPORT_DELAY_MS,
+            max_export_batch_size=EXPORT_BATCH_SPANS,
+        )
+    )
     _STATE.update(provider=provider, service=service)
     return True
+
+
+def _linked_or_ratio(rate: float) -> Any:
+    """The sampler of root spans: a span linked to a sampled span is sampled (an
+    `executor.step` is recorded when a request it ran is), any other by trace id at `rate`."""
+    from opentelemetry.sdk.trace.sampling import Decision, SamplingResult, TraceIdRatioBased
+
+    class LinkedOrRatio(TraceIdRatioBased):
+        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None,
+                          links=None, trace_state=None) -> SamplingResult:  # fmt: skip
+            if any(link.context.trace_flags.sampled for link in links or ()):
+                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+            return super().should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"LinkedOrRatio{{{self.rate}}}"
+
+    return LinkedOrRatio(rate)
 
 
 def shutdown_tracing() -> None:
@@ -105,10 +149,27 @@ def context_from_traceparent(value: str | None) -> otel_context.Context | None:
     return ctx if span.get_span_context().is_valid else None
 
 
+def sampled(traceparent: str | None) -> bool:
+    """Whether a W3C traceparent's flags say its trace is recorded (the low bit of its last
+    field); False for none. A cheap test before parsing: it does not check the rest."""
+    if not traceparent or len(traceparent) < 2:
+        return False
+    try:
+        return bool(int(traceparent[-2:], 16) & 1)
+    except ValueError:
+        return False
+
+
 def link_to(traceparent: str | None) -> Link | None:
-    """A span link to the (remote) span a W3C traceparent names; None for none or a bad one."""
+    """A span link to the (remote) span a W3C traceparent names; None for none, a bad one,
+    or one whose trace is not sampled (nothing records it, a link would lead nowhere)."""
+    if not sampled(traceparent):
+        return None
     ctx = context_from_traceparent(traceparent)
-    return None if ctx is None else Link(trace.get_current_span(ctx).get_span_context())
+    if ctx is None:
+        return None
+    context = trace.get_current_span(ctx).get_span_context()
+    return Link(context) if context.trace_flags.sampled else None
 
 
 def traceparent_of(span: trace.Span) -> str:

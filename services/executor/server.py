@@ -336,7 +336,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self, plan: StepPlan, result: StepResult, links: list[tracing.Link]
     ) -> None:
         """One `executor.step` span (never one per token), linked to the request span of
-        every traced sequence in it; the request spans name the executor and step ids."""
+        every traced sequence in it; the request spans name the executor and step ids. A
+        step that ran no traced sequence makes no span (nothing it would explain is
+        recorded)."""
+        if not links:
+            return
         num_tokens = sum(n.num_scheduled_tokens for n in plan.new_seqs)
         num_tokens += sum(r.num_scheduled_tokens for r in plan.running_seqs)
         if num_tokens == 0:

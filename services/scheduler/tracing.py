@@ -68,9 +68,10 @@ class RequestTrace:
 
     @classmethod
     def start(cls, traceparent: str, arrival_s: float) -> RequestTrace | None:
-        """A trace for a request whose gateway sent a valid traceparent, else None."""
+        """A trace for a request whose gateway sent a valid traceparent of a sampled trace,
+        else None (an unsampled request costs the scheduler nothing more)."""
         parent = context_from_traceparent(traceparent)
-        if parent is None:
+        if parent is None or not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
             return None
         root = tracer(_TRACER_NAME).start_span(
             "scheduler.request", context=parent, kind=SpanKind.SERVER,
