@@ -93,7 +93,7 @@ def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) ->
 
 
 def make_prompts(workload: str, n: int, tokenizer, vocab: int, seed: int, prompt_len: int) -> list[list[int]]:
-    rng = random.Random(seed)
+    rng = random.Random(seed + 7919 if workload == "repeat" else seed)  # not random's prompts
     if workload in ("random", "repeat"):
         return [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(n)]
     texts = make_texts("code_edit" if workload == "multi_turn" else workload, n, rng, stdlib_sources())
