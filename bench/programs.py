@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
         port = free_port()
         mesh_info = str(Path(tempfile.mkdtemp(prefix="programs-bench-")) / "endpoints.json")
-        extra = ["--num-pages", str(args.num_pages), "--endpoints-json", mesh_info, "--max-queue-wait-s", "600"]
+        extra = ["--num-pages", str(args.num_pages), "--endpoints-json", mesh_info, "--max-queue-wait-s", "0"]
         model = args.model or str(ensure_default_model())
         mesh = ServedMesh(model, args.device, "off", port, extra)
         target = f"127.0.0.1:{port}"

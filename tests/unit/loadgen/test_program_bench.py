@@ -1,0 +1,88 @@
+"""The program benchmark's pieces that need no mesh: the suite's programs compile and pass
+the runtime's checks, a config names its bad field, a point's summary, and the targets
+read off the rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.programs import convert
+from gateway.programs.core.model import Fork, If, Limits, Select
+from mesh.loadgen.program_bench import ProgramBenchConfig, summarize, targets
+from mesh.loadgen.program_client import Outcome
+from mesh.loadgen.program_suite import PROGRAMS, SMOKE, Shape, instance
+from radixmesh.errors import InvalidArgument
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_every_program_compiles_and_its_instances_differ_only_in_inputs(name):
+    first, inputs = instance(name, 0, SMOKE)
+    second, other = instance(name, 1, SMOKE)
+    compiled = convert.program_from_proto(first, Limits())
+    assert compiled.name == f"bench-{name}"
+    assert inputs and inputs != other
+    if name != "select":  # a select's endings are part of its statements
+        assert first == second
+    kinds = {type(s) for s in compiled.body}
+    expected = {"select": Select, "fork": Fork, "triage": If}.get(name)
+    assert expected is None or expected in kinds
+
+
+def test_the_select_programs_share_their_few_shot_prefix():
+    a, _ = instance("select", 0, Shape())
+    b, _ = instance("select", 5, Shape())
+    assert a.body[: Shape().num_shots + 1] == b.body[: Shape().num_shots + 1]
+    assert len(a.body) == Shape().num_shots + 3
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"programs": ("nope",)}, "programs"),
+        ({"modes": ("both",)}, "modes"),
+        ({"concurrencies": (0,)}, "concurrencies"),
+        ({"num_programs": 0}, "num_programs"),
+        ({"warmup": -1}, "warmup"),
+        ({"rtt_ms": -5.0}, "rtt_ms"),
+    ],
+)
+def test_a_bad_config_names_its_field(kw, field):
+    with pytest.raises(InvalidArgument, match=field):
+        ProgramBenchConfig(**kw)
+
+
+def test_a_shape_refuses_empty_lengths():
+    with pytest.raises(InvalidArgument, match="max_tokens"):
+        Shape(max_tokens=0)
+
+
+def test_a_points_summary_counts_only_finished_programs():
+    ok = [Outcome(latency_s=s, prompt_tokens=100, cached_tokens=60, num_requests=5, num_selects=1) for s in (1.0, 2.0, 3.0)]
+    failed = Outcome(latency_s=9.0, error="RESOURCE_EXHAUSTED", error_message="overloaded")
+    row = summarize([*ok, failed], wall_s=2.0)
+    assert row["num_programs"] == 4 and row["num_errors"] == 1
+    assert row["errors"] == {"RESOURCE_EXHAUSTED": 1}
+    assert row["error_messages"] == {"RESOURCE_EXHAUSTED": "overloaded"}
+    assert row["programs_per_s"] == 1.5
+    assert (row["latency_p50_s"], row["latency_p99_s"]) == (2.0, 3.0)
+    assert row["computed_prompt_tokens_per_program"] == 40
+    assert row["requests_per_program"] == 5
+
+
+def test_the_targets_compare_the_two_ways_at_concurrency_16():
+    def row(program, mode, concurrency, rate, **kw):
+        return {"program": program, "mode": mode, "concurrency": concurrency, "programs_per_s": rate, **kw}
+
+    rows = [
+        row("fork", "server", 16, 30.0, computed_over_unique=1.02),
+        row("fork", "client", 16, 10.0),
+        row("select", "server", 16, 50.0, computed_over_unique=0.5),
+        row("select", "client", 16, 20.0),
+        row("select", "server", 1, 5.0, forwards_per_select=1.0, computed_over_unique=0.9),
+    ]
+    found = targets(rows)
+    assert found["fork_speedup_c16"] == 3.0
+    assert found["select_speedup_c16"] == 2.5
+    assert found["max_server_computed_over_unique"] == 1.02
+    assert found["server_forwards_per_select"] == 1.0
+    assert targets(rows[:1])["fork_speedup_c16"] is None  # no client row
