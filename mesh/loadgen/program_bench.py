@@ -175,7 +175,7 @@ async def run_suite(
                         steps = delta(before, await scraper.snapshot(), "executor", STEPS)
                         selects = sum(o.num_selects for o in outcomes)
                         row["forwards_per_select"] = steps / selects if steps is not None and selects and name == "select" else None
-                    if mode == "server" and name == "triage":
+                    if mode == "server" and name.startswith("triage"):
                         row["branch_prediction"] = _predictions(outcomes)
                     if mode == "client" and name not in unique:
                         ok = [o for o in outcomes if not o.error]

@@ -48,7 +48,8 @@ class Outcome:
     predictions: dict[str, int] = field(default_factory=dict)
     """Server-side: BranchTaken.prediction names -> count (NONE, HIT, MISS)."""
     branch_ttft_s: list[tuple[str, float]] = field(default_factory=list)
-    """Server-side: (prediction, seconds from BranchTaken to the branch's first text)."""
+    """Server-side: (prediction, seconds from the event before an If's BranchTaken, the
+    condition's VarSet, to the branch's first text)."""
     prompts: list[str] = field(default_factory=list)
     """Client-driven: every prompt sent, in order."""
     consumed_generated: int = 0
@@ -75,22 +76,25 @@ class ServerSide:
         started = time.perf_counter()
         await asyncio.sleep(self._rtt_s)
         branch_at: tuple[str, float] | None = None
+        last_at = started
         try:
             request = pb.RunProgramRequest(program=program, inputs=inputs)
             async for event in self._stub.Run(request, metadata=self._metadata):
                 kind = event.WhichOneof("event")
+                now = time.perf_counter()
                 if kind == "branch":
                     name = pb.BranchPrediction.Name(event.branch.prediction).removeprefix("BRANCH_PREDICTION_")
                     out.predictions[name] = out.predictions.get(name, 0) + 1
-                    branch_at = (name, time.perf_counter())
+                    branch_at = (name, last_at)
                 elif kind == "text" and branch_at is not None and ".branch." in event.statement:
-                    out.branch_ttft_s.append((branch_at[0], time.perf_counter() - branch_at[1]))
+                    out.branch_ttft_s.append((branch_at[0], now - branch_at[1]))
                     branch_at = None
                 elif kind == "select":
                     out.num_selects += 1
                 elif kind == "result":
                     for entry in event.result.usage:
                         out.add_usage(entry.usage)
+                last_at = now
         except grpc.aio.AioRpcError as exc:
             out.error, out.error_message = exc.code().name, str(exc.details())[:300]
         out.latency_s = time.perf_counter() - started

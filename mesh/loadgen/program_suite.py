@@ -4,9 +4,12 @@ SGLang's benchmark programs and the seed's scenarios:
 - `select`: HellaSwag-style 4-way multiple choice after a shared few-shot prefix;
 - `fork`: tree of thought: fork 4, a thought each, join, select the best;
 - `triage`: the seed's RAG/agent router: a select picks retrieve or chat, an If on it runs
-  the retrieval branch (a search Gen, the `retrieve` tool, an answer) or the chat answer;
+  the retrieval branch (its rules, a search Gen, the `retrieve` tool, an answer) or the
+  chat answer (its rules): each branch starts with static text, which branch prediction
+  prefills while the select runs;
 - `chat`: a conversation of 4 turns;
-- `json`: extraction of a support ticket under a JSON schema.
+- `json`: extraction of a support ticket under a JSON schema;
+- `triage_unseen`: triage under a new name per instance, so never predicted (the control).
 
 `instance(name, i)` is the i-th instance: the same statements with its own inputs (so
 instances share what a real workload shares: the few-shot prefix, the instructions).
@@ -93,14 +96,15 @@ def fork_program(shape: Shape, rng: random.Random) -> tuple[pb.Program, dict[str
 
 
 def triage_program(shape: Shape, rng: random.Random) -> tuple[pb.Program, dict[str, str]]:
+    rules = _words(random.Random("triage-rules"), 4 * shape.words)  # the same in every instance
     retrieve = [
-        _text("Search the knowledge base first, then answer from the documents it returns.\nSearch query: "),
+        _text(f"Search the knowledge base first, then answer from the documents it returns. {rules}\nSearch query: "),
         _gen("search", min(8, shape.max_tokens), stop=("\n",)),
         pb.Statement(call=pb.Call(tool="retrieve", var="docs", args={"query": "{query}"}, json_args={"k": 2})),
         _template("\nDocuments: {docs}\nAnswer: "),
         _gen("answer", shape.max_tokens),
     ]
-    chat = [_text("Reply kindly and briefly, without looking anything up.\nAnswer: "), _gen("answer", shape.max_tokens)]
+    chat = [_text(f"Reply kindly and briefly, without looking anything up. {rules}\nAnswer: "), _gen("answer", shape.max_tokens)]
     condition = pb.Condition(equals=pb.VarValue(var="route", value="retrieve"))
     body = [
         _text("You route support requests: retrieve looks the answer up, chat replies directly.\n"),
@@ -111,6 +115,14 @@ def triage_program(shape: Shape, rng: random.Random) -> tuple[pb.Program, dict[s
     ]
     topic = rng.choice(("refund policy", "shipping times", "reset my password", "退款政策"))
     return pb.Program(name="bench-triage", body=body), {"query": f"{topic}: {_words(rng, shape.words // 2)}"}
+
+
+def triage_unseen_program(shape: Shape, rng: random.Random) -> tuple[pb.Program, dict[str, str]]:
+    """The triage program under a name of its own per instance: its If has no history, so it
+    is never predicted (the control for branch prediction's time saved)."""
+    program, inputs = triage_program(shape, rng)
+    program.name = f"bench-triage-unseen-{rng.getrandbits(64):016x}"
+    return program, inputs
 
 
 def chat_program(shape: Shape, rng: random.Random) -> tuple[pb.Program, dict[str, str]]:
@@ -136,6 +148,7 @@ PROGRAMS: dict[str, Callable[[Shape, random.Random], tuple[pb.Program, dict[str,
     "select": select_program,
     "fork": fork_program,
     "triage": triage_program,
+    "triage_unseen": triage_unseen_program,
     "chat": chat_program,
     "json": json_program,
 }
