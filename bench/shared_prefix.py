@@ -14,7 +14,10 @@ the real cache core. Per run it prints:
 - best: the same if each group's shared full pages were computed once in the
   whole fleet;
 - lookups: the cache's hit tokens / looked-up tokens (kv_cache_lookup_hit_rate),
-  which counts routing's match on every pool at arrival as a lookup.
+  which counts routing's match on every pool at arrival as a lookup;
+- TTFT p50 / p90 from submit to the first token, over every request and over the
+  followers (the requests of a group after its first): what the issue's shared-prefix
+  TTFT p90 measures, in the timed executor's milliseconds.
 """
 
 from __future__ import annotations
@@ -65,6 +68,13 @@ async def run(args: argparse.Namespace, concurrency: int, num_executors: int) ->
     questions = [[draw(args.question_len) for _ in range(args.prompts_per_group)] for _ in systems]
     prompts = [s + q for s, qs in zip(systems, questions, strict=True) for q in qs]
     rng.shuffle(prompts)
+    seen: set[int] = set()  # a group's first prompt in send order leads, the rest follow
+    followers = set()
+    for i, prompt in enumerate(prompts):
+        group = next(g for g, system in enumerate(systems) if prompt[: len(system)] == system)
+        if group in seen:
+            followers.add(f"r{i}")
+        seen.add(group)
     page_size = args.page_size
     cache = CacheCore()
     executors = []
@@ -74,9 +84,14 @@ async def run(args: argparse.Namespace, concurrency: int, num_executors: int) ->
         executors.append(TimedExecutor(info, args.step_ms / 1e3, args.token_us / 1e6))
     done: dict[str, asyncio.Event] = {}
     cached: dict[str, int] = {}
+    sent: dict[str, float] = {}
+    ttft: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
 
     def sink(batch: StepUpdates) -> None:
         for update in batch.updates:
+            if update.token_ids and update.req_id not in ttft:
+                ttft[update.req_id] = loop.time() - sent[update.req_id]
             if update.num_cached_tokens is not None:
                 cached[update.req_id] = update.num_cached_tokens
             if update.finished:
@@ -91,6 +106,7 @@ async def run(args: argparse.Namespace, concurrency: int, num_executors: int) ->
         for i, prompt in todo:
             req_id = f"r{i}"
             done[req_id] = asyncio.Event()
+            sent[req_id] = loop.time()
             await core.submit(req_id, prompt, sampling)
             await done[req_id].wait()
 
@@ -105,17 +121,33 @@ async def run(args: argparse.Namespace, concurrency: int, num_executors: int) ->
         "lookups": sum(p.num_prefix_hit_tokens for p in pools)
         / max(1, sum(p.num_query_tokens for p in pools)),
         "preemptions": core.num_preemptions,
+        "ttft_p50": _quantile(list(ttft.values()), 0.5),
+        "ttft_p90": _quantile(list(ttft.values()), 0.9),
+        "follower_ttft_p90": _quantile([t for r, t in ttft.items() if r in followers], 0.9),
     }
 
 
+def _quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (NaN for none)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
 async def main_async(args: argparse.Namespace) -> None:
-    print(f"{'executors':>9} {'in flight':>9} {'served':>7} {'best':>7} {'lookups':>7}")
+    print(f"{'executors':>9} {'in flight':>9} {'served':>7} {'best':>7} {'lookups':>7} "
+          f"{'TTFT p50 ms':>11} {'p90':>7} {'followers p90':>13}")  # fmt: skip
     for num_executors in args.executors:
         for concurrency in args.concurrency:
             r = await run(args, concurrency, num_executors)
             print(
                 f"{num_executors:>9} {concurrency:>9} {r['served']:>7.3f} {r['best']:>7.3f} "
-                f"{r['lookups']:>7.3f}"
+                f"{r['lookups']:>7.3f} {r['ttft_p50'] * 1e3:>11.1f} {r['ttft_p90'] * 1e3:>7.1f} "
+                f"{r['follower_ttft_p90'] * 1e3:>13.1f}"
             )
 
 
