@@ -19,12 +19,20 @@ from typing import Any
 
 import grpc
 
+from gateway.capacity_watch import watch_capacity
 from gateway.compression import ResponseCompressionInterceptor
 from gateway.core.auth import Admission
+from gateway.core.capacity import CapacityGate
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ExecutorCounts, ModelRegistry
 from gateway.core.prepare import PreparedRequest
-from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig, RedisRateLimiter
+from gateway.core.ratelimit import (
+    AdaptiveRate,
+    AdaptiveRateConfig,
+    LocalRateLimiter,
+    RateLimitConfig,
+    RedisRateLimiter,
+)
 from gateway.core.tokenizer import Tokenizer
 from gateway.drain import edge_tasks, finish
 from gateway.openai_http import OpenAIHttpServer, start_http_server
@@ -83,6 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate-limit-burst", type=float, default=0.0, help="bucket size (default: 2 s of rate)"
     )
     parser.add_argument(
+        "--rate-limit",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="fixed: --rate-limit-per-s per key; adaptive: each key's rate is "
+        "--rate-limit-share of the scheduler's measured requests/s, at least "
+        "--rate-limit-per-s (1 when 0), recomputed every second",
+    )
+    parser.add_argument(
+        "--rate-limit-share",
+        type=float,
+        default=AdaptiveRateConfig().share,
+        help="adaptive: each key's share of the measured capacity, in (0, 1]",
+    )
+    parser.add_argument(
         "--tools-config",
         default=os.environ.get("RADIXMESH_TOOLS_CONFIG", ""),
         help="JSON file of program tools and plugins (docs/programs.md); built-ins always load",
@@ -128,16 +150,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _admission(args: argparse.Namespace) -> tuple[Admission, Any]:
-    """The API keys and rate limiter, and the Redis client to close (None without Redis)."""
+def _admission(
+    args: argparse.Namespace, capacity: CapacityGate | None = None
+) -> tuple[Admission, Any]:
+    """The API keys and rate limiter, and the Redis client to close (None without Redis).
+    capacity: where an adaptive limit reads the measured requests/s."""
     env_keys = [k.strip() for k in os.environ.get("RADIXMESH_API_KEYS", "").split(",") if k.strip()]
     api_keys = frozenset([*args.api_key, *env_keys])
-    if args.rate_limit_per_s <= 0:
+    config: RateLimitConfig | AdaptiveRate
+    if args.rate_limit == "adaptive":
+        adaptive = AdaptiveRateConfig(
+            share=args.rate_limit_share,
+            floor_per_s=args.rate_limit_per_s or 1.0,
+            burst=args.rate_limit_burst or None,
+        )
+        gate = capacity or CapacityGate()
+        config = AdaptiveRate(adaptive, gate.requests_per_s)
+    elif args.rate_limit_per_s <= 0:
         return Admission(api_keys), None
-    config = RateLimitConfig(
-        capacity=args.rate_limit_burst or max(1.0, 2 * args.rate_limit_per_s),
-        refill_per_s=args.rate_limit_per_s,
-    )
+    else:
+        config = RateLimitConfig(
+            capacity=args.rate_limit_burst or max(1.0, 2 * args.rate_limit_per_s),
+            refill_per_s=args.rate_limit_per_s,
+        )
     if not args.redis_url:
         return Admission(api_keys, LocalRateLimiter(config)), None
     client = rate_limit_redis(args.redis_url)
@@ -213,11 +248,12 @@ async def serve(args: argparse.Namespace) -> int:
     models = ModelRegistry({tokenizer.name: tokenizer})
     channel = grpc.aio.insecure_channel(args.scheduler_address, options=RECONNECT_OPTIONS)
     upstream = SchedulerClient(channel)
-    admission, redis_client = _admission(args)
+    capacity = CapacityGate()  # the scheduler's published headroom (capacity_watch.py)
+    admission, redis_client = _admission(args, capacity)
     memory, cache_client = _memory(args, models)
     counts = ExecutorCounts(upstream.executors_per_model, ttl_s=EXECUTOR_COUNTS_TTL_S)
     programs, plugins = programs_servicer(args, models, upstream, admission, cache_client)
-    servicer = InferenceServicer(models, upstream, admission, memory, counts, plugins)
+    servicer = InferenceServicer(models, upstream, admission, memory, counts, plugins, capacity)
 
     def add_servicers(server: grpc.aio.Server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
@@ -233,6 +269,7 @@ async def serve(args: argparse.Namespace) -> int:
         ready=lambda: serving and not runtime.stopping,
         memory=memory,
         plugins=plugins,
+        capacity=capacity,
     )
     runner = await start_http_server(http.build_app(), args.host, args.http_port)
 
@@ -264,6 +301,8 @@ async def serve(args: argparse.Namespace) -> int:
 
     grace = runtime.config.grace_seconds
     edge = edge_tasks(runtime, http, args.scheduler_address, grace, upstream.close, set_ready)
+    watch = asyncio.create_task(watch_capacity(upstream, capacity), name="capacity-watch")
+    edge.append(watch)
     log.info("gateway_ready", model=tokenizer.name, http_port=args.http_port, grpc=runtime.address)
     await runtime.serve_until_signal(on_shutdown)
     return 0

@@ -66,6 +66,11 @@ class MeshConfig:
     """Requests per second per API key at the gateway; 0 turns the limit off."""
     rate_limit_burst: float = 0.0
     """Bucket size of that limit; 0 means two seconds' worth."""
+    rate_limit: str = "fixed"
+    """The gateway's --rate-limit: "fixed" (rate_limit_per_s per key) or "adaptive" (each
+    key a share of the scheduler's measured requests/s, at least rate_limit_per_s)."""
+    rate_limit_share: float = 0.25
+    """Adaptive: each key's share of the measured capacity, in (0, 1]."""
     result_cache: bool = False
     """Serve repeated deterministic requests from the cache service's result cache."""
     tools_config: Path | None = None
@@ -114,6 +119,14 @@ class MeshConfig:
             raise InvalidArgument(f"admin_port: must be in [0, 65535], got {self.admin_port}")
         if self.rate_limit_per_s < 0 or self.rate_limit_burst < 0:
             raise InvalidArgument("rate_limit_per_s and rate_limit_burst: must be >= 0")
+        if self.rate_limit not in ("fixed", "adaptive"):
+            raise InvalidArgument(
+                f"rate_limit: must be 'fixed' or 'adaptive', got {self.rate_limit!r}"
+            )
+        if not 0 < self.rate_limit_share <= 1:
+            raise InvalidArgument(
+                f"rate_limit_share: must be in (0, 1], got {self.rate_limit_share}"
+            )
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise InvalidArgument(f"redis_url: must start with redis://, got {self.redis_url!r}")
         if self.num_pages is not None and self.num_pages < 1:
@@ -262,6 +275,8 @@ def gateway_specs(config: MeshConfig, ports: MeshPorts) -> list[ServiceSpec]:
         shared += ["--rate-limit-per-s", str(config.rate_limit_per_s)]
     if config.rate_limit_burst:
         shared += ["--rate-limit-burst", str(config.rate_limit_burst)]
+    if config.rate_limit == "adaptive":
+        shared += ["--rate-limit", "adaptive", "--rate-limit-share", repr(config.rate_limit_share)]
     if config.result_cache:
         shared.append("--result-cache")
     if config.tools_config is not None:

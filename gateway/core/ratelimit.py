@@ -6,6 +6,13 @@ the same clock (seconds, `time.time` by default) so tests can drive time, and
 both answer with a `RateDecision`. `check()` raises `ResourceExhausted` with
 the wait before a retry can succeed.
 
+With an `AdaptiveRate` the bucket's refill follows the scheduler's measured capacity
+(`--rate-limit adaptive`): each key may sustain a share of the requests per second the
+executors finish, never less than a floor, recomputed at most once per interval; the
+bucket size is a few seconds of that rate. Both limiters read it on every request (the
+Redis script takes the rate as an argument), so replicas that read the same capacity
+refill the shared buckets alike.
+
 The Redis limiter runs one Lua script per request: read the bucket, refill
 it for the time passed, take the cost, write it back, all atomically, so
 concurrent replicas never hand out more than the bucket holds. Keys expire
@@ -47,6 +54,62 @@ class RateLimitConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdaptiveRateConfig:
+    share: float = 0.25
+    """Each key's refill: this share of the measured capacity in requests/s, in (0, 1]."""
+    floor_per_s: float = 1.0
+    """The least refill per key, also while the capacity is not measured."""
+    burst_s: float = 2.0
+    """Bucket size in seconds of the current refill (at least one request)."""
+    burst: float | None = None
+    """A fixed bucket size instead of burst_s of the rate."""
+    interval_s: float = 1.0
+    """The rate is recomputed at most this often."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.share) and 0 < self.share <= 1):
+            raise InvalidArgument(f"rate_limit.share must be in (0, 1], got {self.share}")
+        for name in ("floor_per_s", "burst_s", "interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InvalidArgument(f"rate_limit.{name} must be > 0, got {value}")
+        if self.burst is not None and not (math.isfinite(self.burst) and self.burst >= 1):
+            raise InvalidArgument(f"rate_limit.burst must be >= 1, got {self.burst}")
+
+
+class AdaptiveRate:
+    """The bucket configuration that follows a measured capacity (requests/s, None while
+    unknown), recomputed at most every `interval_s` of `clock`."""
+
+    def __init__(
+        self,
+        config: AdaptiveRateConfig,
+        measured: Callable[[], float | None],
+        clock: Clock = time.time,
+    ) -> None:
+        self.config = config
+        self._measured = measured
+        self._clock = clock
+        self._current = self._compute()
+        self._at = clock()
+
+    def current(self) -> RateLimitConfig:
+        """The bucket configuration now (recomputed when the interval has passed)."""
+        now = self._clock()
+        if not 0 <= now - self._at < self.config.interval_s:
+            self._current, self._at = self._compute(), now
+        return self._current
+
+    def _compute(self) -> RateLimitConfig:
+        capacity_per_s = self._measured()
+        refill = self.config.floor_per_s
+        if capacity_per_s is not None and math.isfinite(capacity_per_s):
+            refill = max(refill, self.config.share * capacity_per_s)
+        size = self.config.burst or max(1.0, self.config.burst_s * refill)
+        return RateLimitConfig(capacity=size, refill_per_s=refill)
+
+
+@dataclass(frozen=True, slots=True)
 class RateDecision:
     allowed: bool
     remaining: float
@@ -79,6 +142,10 @@ def _take(
     return tokens, RateDecision(False, tokens, (cost - tokens) / config.refill_per_s)
 
 
+def _current(source: RateLimitConfig | AdaptiveRate) -> RateLimitConfig:
+    return source.current() if isinstance(source, AdaptiveRate) else source
+
+
 def _check_cost(config: RateLimitConfig, cost: float) -> None:
     if not (0 < cost <= config.capacity):
         raise InvalidArgument(f"cost must be in (0, {config.capacity}], got {cost}")
@@ -87,24 +154,35 @@ def _check_cost(config: RateLimitConfig, cost: float) -> None:
 class LocalRateLimiter:
     """Buckets in this process's memory (one gateway replica)."""
 
-    def __init__(self, config: RateLimitConfig, clock: Clock = time.time) -> None:
-        self.config = config
+    def __init__(
+        self,
+        config: RateLimitConfig | AdaptiveRate,
+        clock: Clock = time.time,
+    ) -> None:
+        """config: a fixed bucket, or an AdaptiveRate read on every request."""
+        self._source = config
         self._clock = clock
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last refill time)
 
+    @property
+    def config(self) -> RateLimitConfig:
+        """The bucket configuration now."""
+        return _current(self._source)
+
     async def acquire(self, key: str, cost: float = 1.0) -> RateDecision:
-        _check_cost(self.config, cost)
+        config = self.config
+        _check_cost(config, cost)
         now = self._clock()
-        tokens, last = self._buckets.get(key, (self.config.capacity, now))
-        tokens, decision = _take(self.config, tokens, last, now, cost)
+        tokens, last = self._buckets.get(key, (config.capacity, now))
+        tokens, decision = _take(config, tokens, last, now, cost)
         self._buckets[key] = (tokens, max(now, last))
         if len(self._buckets) > 4096:
-            self._drop_full_buckets(now)
+            self._drop_full_buckets(config, now)
         return decision
 
-    def _drop_full_buckets(self, now: float) -> None:
+    def _drop_full_buckets(self, config: RateLimitConfig, now: float) -> None:
         """Forget buckets that have refilled: they behave exactly like absent ones."""
-        full_after = self.config.capacity / self.config.refill_per_s
+        full_after = config.capacity / config.refill_per_s
         for key in [k for k, (_, last) in self._buckets.items() if now - last >= full_after]:
             del self._buckets[key]
 
@@ -144,26 +222,33 @@ class RedisRateLimiter:
     def __init__(
         self,
         redis: Any,
-        config: RateLimitConfig,
+        config: RateLimitConfig | AdaptiveRate,
         clock: Clock = time.time,
         prefix: str = "radixmesh:ratelimit:",
     ) -> None:
-        """redis: a `redis.asyncio.Redis` client."""
-        self.config = config
+        """redis: a `redis.asyncio.Redis` client; config: a fixed bucket, or an
+        AdaptiveRate read on every request."""
+        self._source = config
         self._redis = redis
         self._clock = clock
         self._prefix = prefix
         self._script = redis.register_script(_TAKE_SCRIPT)
+
+    @property
+    def config(self) -> RateLimitConfig:
+        """The bucket configuration now."""
+        return _current(self._source)
 
     def redis_key(self, key: str) -> str:
         """API keys are secrets: Redis sees only a digest of them."""
         return self._prefix + hashlib.sha256(key.encode()).hexdigest()[:32]
 
     async def acquire(self, key: str, cost: float = 1.0) -> RateDecision:
-        _check_cost(self.config, cost)
+        config = self.config
+        _check_cost(config, cost)
         args = [
-            repr(self.config.capacity),
-            repr(self.config.refill_per_s),
+            repr(config.capacity),
+            repr(config.refill_per_s),
             repr(self._clock()),
             repr(cost),
         ]

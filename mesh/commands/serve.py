@@ -55,6 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rate-limit-burst", type=float, default=0.0, help="bucket size")
     parser.add_argument(
+        "--rate-limit",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="fixed: --rate-limit-per-s per key; adaptive: each key may sustain "
+        "--rate-limit-share of the scheduler's measured requests/s, at least "
+        "--rate-limit-per-s (1 when 0)",
+    )
+    parser.add_argument(
+        "--rate-limit-share", type=float, default=0.25, help="adaptive: each key's share"
+    )
+    parser.add_argument(
         "--result-cache", action="store_true", help="cache results of deterministic requests"
     )
     parser.add_argument(
@@ -160,6 +171,8 @@ def _config(args: argparse.Namespace):
         api_keys=tuple(args.api_key),
         rate_limit_per_s=args.rate_limit_per_s,
         rate_limit_burst=args.rate_limit_burst,
+        rate_limit=args.rate_limit,
+        rate_limit_share=args.rate_limit_share,
         result_cache=args.result_cache,
         tools_config=Path(args.tools_config) if args.tools_config else None,
         num_pages=args.num_pages,

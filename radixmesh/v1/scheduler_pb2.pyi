@@ -105,8 +105,25 @@ class ExecutorLoad(_message.Message):
     healthy: bool
     def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., healthy: _Optional[bool] = ...) -> None: ...
 
+class ModelCapacity(_message.Message):
+    __slots__ = ("model", "requests_per_s", "headroom")
+    class HeadroomEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    requests_per_s: float
+    headroom: _containers.ScalarMap[str, int]
+    def __init__(self, model: _Optional[str] = ..., requests_per_s: _Optional[float] = ..., headroom: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class GetLoadResponse(_message.Message):
-    __slots__ = ("executors", "num_waiting")
+    __slots__ = ("executors", "num_waiting", "capacity")
     class NumWaitingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +133,8 @@ class GetLoadResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     executors: _containers.RepeatedCompositeFieldContainer[ExecutorLoad]
     num_waiting: _containers.ScalarMap[str, int]
-    def __init__(self, executors: _Optional[_Iterable[_Union[ExecutorLoad, _Mapping]]] = ..., num_waiting: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    capacity: _containers.RepeatedCompositeFieldContainer[ModelCapacity]
+    def __init__(self, executors: _Optional[_Iterable[_Union[ExecutorLoad, _Mapping]]] = ..., num_waiting: _Optional[_Mapping[str, int]] = ..., capacity: _Optional[_Iterable[_Union[ModelCapacity, _Mapping]]] = ...) -> None: ...

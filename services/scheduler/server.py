@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixmesh import wire
+from radixmesh.capacity import capacity_to_proto
 from radixmesh.errors import InvalidArgument, RadixmeshError, Unavailable
 from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -129,6 +130,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             response.executors.add(**{k: v for k, v in fields.items() if k in _LOAD_FIELDS})
         for priority, count in core.num_waiting().items():
             response.num_waiting[priority.name.lower()] = count
+        for capacity in core.capacity():
+            capacity_to_proto(capacity, response.capacity.add())
         return response
 
     async def _read(

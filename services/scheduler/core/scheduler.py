@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from radixmesh.capacity import ModelCapacity
 from radixmesh.errors import (
     Aborted,
     DeadlineExceeded,
@@ -309,6 +310,10 @@ class SchedulerCore:
         ex.queue.push(req)
         ex.wake.set()
 
+    def capacity(self) -> list[ModelCapacity]:
+        """Read-only: per model, the measured rate and each class's admission headroom."""
+        return self._queue_waits.capacity(self._executors.values(), self._clock())
+
     def estimated_queue_wait_s(self, priority: Priority = Priority.INTERACTIVE) -> float | None:
         """Read-only: the shortest estimated queue wait over the executors (None: unknown)."""
         return self._queue_waits.best_estimate_s(self._executors.values(), priority, self._clock())
@@ -399,6 +404,7 @@ class SchedulerCore:
             ex.running.pop(req.req_id, None)
             ex.queue.remove(req.req_id)
             del self._requests[req.req_id]
+        self._queue_waits.note_step(ex, now, result)
         # commits first (together: one round trip to a remote cache), so a follow-up
         # request sent on seeing the last update finds this sequence in the tree
         held = await asyncio.gather(

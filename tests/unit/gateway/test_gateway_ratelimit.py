@@ -7,6 +7,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.core.ratelimit import (
+    AdaptiveRate,
+    AdaptiveRateConfig,
     LocalRateLimiter,
     RateLimitConfig,
     RedisRateLimiter,
@@ -120,3 +122,68 @@ async def test_redis_keys_hide_the_api_key_and_expire(redis_client):
     ttl_ms = await redis_client.pttl(key)
     # Empty by 3 tokens at 2/s: full again after 1.5 s, plus one second of slack.
     assert 2000 <= ttl_ms <= 2500
+
+
+class Capacity:
+    """The scheduler's measured requests/s, as the gateway's capacity gate reads it."""
+
+    def __init__(self, value: float | None) -> None:
+        self.value = value
+
+    def __call__(self) -> float | None:
+        return self.value
+
+
+async def drain_bucket(limiter, key: str) -> int:
+    taken = 0
+    while (await limiter.acquire(key)).allowed:
+        taken += 1
+    return taken
+
+
+async def test_an_adaptive_bucket_follows_the_measured_capacity(make_limiter):
+    clock, capacity = FakeClock(), Capacity(None)
+    config = AdaptiveRateConfig(share=0.25, floor_per_s=1.0, burst_s=2.0, interval_s=1.0)
+    limiter = make_limiter(AdaptiveRate(config, capacity, clock), clock)
+    assert await drain_bucket(limiter, "k") == 2  # unmeasured: the floor, 2 s of it
+    capacity.value = 40.0  # the executors now finish 40 requests/s: 10/s for one key
+    clock.now += 0.5  # within the interval: not recomputed yet (0.5 s at 1/s)
+    assert await drain_bucket(limiter, "k") == 0
+    clock.now += 0.5
+    assert limiter.config == RateLimitConfig(capacity=20.0, refill_per_s=10.0)
+    assert await drain_bucket(limiter, "k") == 5  # half a second at 10/s, half a token left
+    clock.now += 1.0  # one second at 10/s
+    assert await drain_bucket(limiter, "k") == 10
+    capacity.value = 8.0  # capacity dropped: 2/s, yet never below the floor
+    clock.now += 1.0
+    assert await drain_bucket(limiter, "k") == 2
+    capacity.value = 1.0
+    clock.now += 1.0
+    assert limiter.config.refill_per_s == 1.0
+    assert await drain_bucket(limiter, "k") == 1
+
+
+async def test_an_adaptive_bucket_can_keep_a_fixed_size(make_limiter):
+    clock, capacity = FakeClock(), Capacity(100.0)
+    config = AdaptiveRateConfig(share=0.5, floor_per_s=1.0, burst=3.0)
+    limiter = make_limiter(AdaptiveRate(config, capacity, clock), clock)
+    assert limiter.config == RateLimitConfig(capacity=3.0, refill_per_s=50.0)
+    assert await drain_bucket(limiter, "k") == 3
+    clock.now += 0.05  # two and a half requests at 50/s
+    assert await drain_bucket(limiter, "k") == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("share", {"share": 0.0}),
+        ("share", {"share": 1.5}),
+        ("floor_per_s", {"floor_per_s": 0.0}),
+        ("burst_s", {"burst_s": float("inf")}),
+        ("interval_s", {"interval_s": -1.0}),
+        ("burst", {"burst": 0.5}),
+    ],
+)
+def test_bad_adaptive_settings_name_the_field(field, kwargs):
+    with pytest.raises(InvalidArgument, match=f"rate_limit.{field}"):
+        AdaptiveRateConfig(**kwargs)
