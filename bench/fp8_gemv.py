@@ -4,7 +4,7 @@ For each projection shape and row count: time per call (CUDA events, weights rot
 enough copies that none stays in L2), the weight bytes it reads per second against the
 device's copy bandwidth, and the same product in bf16 through F.linear. Rows 1-2 run in
 two modes: `onepass` (the one-pass GEMV alone) and `auto` (the per-shape choice of
-kernels/fp8_gemv.py, whose tuning timings per candidate are printed after the table).
+kernels/gemv.py, whose tuning timings per candidate are printed after the table).
 With --sweep the one-pass GEMV's block shape, warps and stages are swept and the best
 setting per shape printed.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels import fp8_gemv
 from kernels import fp8_linear as op
+from kernels import gemv
 
 SHAPES = {  # name -> (out_features, in_features) of Llama-3.1-8B
     "qkv": (6144, 4096),
@@ -54,6 +54,8 @@ def measure(rows: int, out_f: int, in_f: int, copy_gbps: float) -> dict:
     x = torch.randn(rows, in_f, device="cuda", dtype=torch.bfloat16)
     fp8_ms = time_ms(lambda i: op.fp8_linear_triton(x, w_fp8[i], scale[i]), copies)
     bf16_ms = time_ms(lambda i: F.linear(x, w_bf16[i]), copies)
+    # bf16 through the `linear` op: cuBLAS or the split-K GEMV, per shape, at 1-2 rows
+    bf16_op_ms = time_ms(lambda i: gemv.dense_linear_triton(x, w_bf16[i]), copies)
     fp8_gbps = out_f * in_f / (fp8_ms * 1e-3) / 1e9
     bf16_gbps = 2 * out_f * in_f / (bf16_ms * 1e-3) / 1e9
     return {
@@ -62,6 +64,9 @@ def measure(rows: int, out_f: int, in_f: int, copy_gbps: float) -> dict:
         "fp8_of_copy": round(fp8_gbps / copy_gbps, 3) if copy_gbps else None,
         "bf16_us": round(bf16_ms * 1e3, 2), "bf16_gbps": round(bf16_gbps, 1),
         "speedup": round(bf16_ms / fp8_ms, 3),
+        "bf16_op_us": round(bf16_op_ms * 1e3, 2),
+        "bf16_op_of_copy": round(2 * out_f * in_f / (bf16_op_ms * 1e-3) / 1e9 / copy_gbps, 3)
+        if copy_gbps else None,
     }  # fmt: skip
 
 
@@ -74,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     if args.sweep:
-        fp8_gemv.MODE = "legacy"
+        gemv.MODE = "legacy"
         settings = list(itertools.product((16, 32, 64), (2048, 4096, 8192), (4, 8), (4,)))
         for name, (out_f, in_f) in SHAPES.items():
             for rows in (1, 4):
@@ -92,23 +97,25 @@ def main() -> None:
         op.GEMV_BLOCK_N, op.GEMV_BLOCK_PRODUCTS, op.GEMV_NUM_WARPS, op.GEMV_NUM_STAGES = (
             return_settings
         )
-    print("| shape | rows | mode | FP8 us | FP8 GB/s | of copy | bf16 us | bf16 GB/s | speed-up |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | rows | mode | FP8 us | FP8 GB/s | of copy | bf16 us | bf16 GB/s | speed-up "
+          "| bf16 op us | bf16 op of copy |")  # fmt: skip
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, (out_f, in_f) in SHAPES.items():
         for rows in args.rows:
-            modes = ("legacy", "auto") if rows <= fp8_gemv.MAX_ROWS else ("auto",)
+            modes = ("legacy", "auto") if rows <= gemv.MAX_ROWS else ("auto",)
             for mode in modes:
-                fp8_gemv.MODE = mode
+                gemv.MODE = mode
                 r = measure(rows, out_f, in_f, args.copy_gbps)
                 label = "onepass" if mode == "legacy" else mode
                 results.append({"shape": name, "mode": label, **r})
                 print(f"| {name} | {rows} | {label} | {r['fp8_us']} | {r['fp8_gbps']} | "
                       f"{r['fp8_of_copy']} | {r['bf16_us']} | {r['bf16_gbps']} | "
-                      f"{r['speedup']} |", flush=True)  # fmt: skip
-    fp8_gemv.MODE = "auto"
-    plans = fp8_gemv.chosen_plans()
+                      f"{r['speedup']} | {r['bf16_op_us']} | {r['bf16_op_of_copy']} |",
+                      flush=True)  # fmt: skip
+    gemv.MODE = "auto"
+    plans = gemv.chosen_plans()
     for plan in plans:
-        print(f"plan rows={plan['rows']} {plan['out']}x{plan['in']}: {plan['chosen']} "
+        print(f"plan {plan['weight']} rows={plan['rows']} {plan['out']}x{plan['in']}: {plan['chosen']} "
               f"(tuning, us, cold L2: {json.dumps(plan['timings_us'])})", flush=True)  # fmt: skip
     results.append({"plans": plans})
     if args.json:

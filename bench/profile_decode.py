@@ -232,10 +232,10 @@ def main() -> None:
         print_report(report)
         reports.append(report)
     core.shutdown()
-    from kernels import fp8_gemv
+    from kernels import gemv
 
-    for plan in fp8_gemv.chosen_plans():  # the FP8 GEMV's choice per shape, when FP8 ran
-        print(f"fp8 gemv rows={plan['rows']} {plan['out']}x{plan['in']}: {plan['chosen']} "
+    for plan in gemv.chosen_plans():  # the GEMV's choice per shape at batch 1-2
+        print(f"gemv {plan['weight']} rows={plan['rows']} {plan['out']}x{plan['in']}: {plan['chosen']} "
               f"(us, cold L2: {json.dumps(plan['timings_us'])})")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=2) + "\n")

@@ -14,6 +14,7 @@ import torch
 
 from kernels.bitmask import apply_bitmask_ref
 from kernels.fp8_linear import fp8_linear_ref
+from kernels.gemv import dense_linear_ref
 from kernels.kv_store import kv_store_ref
 from kernels.paged_attention import paged_attention_ref
 from kernels.paged_decode_attention import paged_decode_attention_ref
@@ -40,6 +41,9 @@ class Ops:
     paged_decode_attention: Callable
     apply_bitmask: Callable
     fp8_linear: Callable
+    linear: Callable = dense_linear_ref
+    """x @ weight.T + bias for plain (not FP8) weights: `F.linear`, or on CUDA the per-shape
+    choice between cuBLAS and a split-K GEMV for one or two rows (kernels/gemv.py)."""
     rotary_kv_store: Callable | None = None
     """`rotary` then `kv_store` of the rotated keys in one op (returns the rotated q); None
     when the set has no fused form, or a backend replaced `rotary` or `kv_store` (the model
@@ -56,6 +60,7 @@ REFERENCE_OPS = Ops(
     paged_decode_attention=paged_decode_attention_ref,
     apply_bitmask=apply_bitmask_ref,
     fp8_linear=fp8_linear_ref,
+    linear=dense_linear_ref,
     rotary_kv_store=rotary_kv_store_ref,
 )
 

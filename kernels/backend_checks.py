@@ -126,6 +126,14 @@ def _fp8_linear(device: torch.device, gen: torch.Generator) -> list[Case]:
     return [Case((x, weight, scale)), Case((x, weight, scale, bias))]
 
 
+def _linear(device: torch.device, gen: torch.Generator) -> list[Case]:
+    dt = _dtype(device)
+    weight = torch.randn(48, 64, generator=gen).to(device, dt)
+    bias = torch.randn(48, generator=gen).to(device, dt)
+    cases = [Case((torch.randn(rows, 64, generator=gen).to(device, dt), weight)) for rows in (1, 2, 5)]
+    return [*cases, Case((torch.randn(2, 64, generator=gen).to(device, dt), weight, bias))]
+
+
 CASES: dict[str, Callable[[torch.device, torch.Generator], list[Case]]] = {
     "rmsnorm": _rmsnorm,
     "rotary": _rotary,
@@ -136,6 +144,7 @@ CASES: dict[str, Callable[[torch.device, torch.Generator], list[Case]]] = {
     "paged_decode_attention": _paged_decode_attention,
     "apply_bitmask": _apply_bitmask,
     "fp8_linear": _fp8_linear,
+    "linear": _linear,
 }
 """Op name -> its input cases: the ops a backend may replace."""
 

@@ -7,7 +7,7 @@ row-major, scale [out] float32 (one per output row), bias [out] or None; y is
 `fp8_linear_triton` picks the kernel by the number of rows:
 - up to GEMV_MAX_ROWS (decode at batch 1 or 2): a weight-only GEMV (FP8 weights widened
   in registers, fp32 accumulation with the activations as they are: no activation
-  rounding). `kernels/fp8_gemv.py` holds the split-K kernel and the per-shape choice
+  rounding). `kernels/gemv.py` holds the split-K kernel and the per-shape choice
   among its configs, the one-pass `_fp8_gemv_kernel` here (one program per BLOCK_N
   output rows, the whole K) and the tensor-core path, timed on the device;
 - above it: the activations are quantized per token by `_quantize_rows_kernel` (one
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import check, tl, triton
-from kernels.fp8_gemv import MAX_ROWS, gemv_plan
+from kernels.gemv import MAX_ROWS, GemvFn, gemv_plan
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -175,7 +175,10 @@ def fp8_scaled_mm_triton(
     return out if bias is None else out + bias
 
 
-GEMV_FALLBACKS = {"onepass": fp8_gemv_triton, "tensor-core": fp8_scaled_mm_triton}
+GEMV_FALLBACKS: dict[str, GemvFn] = {
+    "onepass": fp8_gemv_triton,  # type: ignore[dict-item]  # always given a scale
+    "tensor-core": fp8_scaled_mm_triton,  # type: ignore[dict-item]
+}
 """What the split-K GEMV's configs are timed against per shape; the first is the reference
 their outputs must agree with."""
 

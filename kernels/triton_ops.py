@@ -5,6 +5,7 @@ from __future__ import annotations
 from kernels import Ops, register_backend
 from kernels.bitmask import apply_bitmask_triton
 from kernels.fp8_linear import fp8_linear_triton
+from kernels.gemv import dense_linear_triton
 from kernels.kv_store import kv_store_triton
 from kernels.paged_attention import paged_attention_triton
 from kernels.paged_decode_attention import paged_decode_attention_triton
@@ -23,6 +24,7 @@ TRITON_OPS = Ops(
     paged_decode_attention=paged_decode_attention_triton,
     apply_bitmask=apply_bitmask_triton,
     fp8_linear=fp8_linear_triton,
+    linear=dense_linear_triton,
     rotary_kv_store=rotary_kv_store_triton,
 )
 

@@ -30,7 +30,7 @@ from triton.compiler import compile as triton_compile
 
 from kernels import (
     bitmask,
-    fp8_gemv,
+    gemv,
     kv_store,
     paged_attention,
     paged_decode_attention,
@@ -165,16 +165,19 @@ def cases(sweep: bool):
     )
     gemv_types = {"x_ptr": bf16, "w_ptr": "*fp8e4nv", "out_ptr": bf16, "counter_ptr": "*i32"}
     gemv_types |= dict.fromkeys(("scale_ptr", "bias_ptr", "partial_ptr"), "*fp32")
-    for rows, cfg in product((1, 2), fp8_gemv.CANDIDATES if sweep else fp8_gemv.CANDIDATES[1:2]):
-        yield (
-            f"fp8 gemv rows {rows} {cfg.describe()}",
-            fp8_gemv._fp8_gemv_splitk_kernel,
-            gemv_types,
-            dict(NUM_ROWS=rows, HAS_BIAS=True, SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n,
-                 BLOCK_K=cfg.block_k, EVEN=True, VEC=fp8_gemv.VEC),
-            cfg.num_warps,
-            1,
-        )  # fmt: skip
+    for size, candidates in gemv.CANDIDATES.items():
+        weight, scaled = ("*fp8e4nv", True) if size == 1 else (bf16, False)
+        for rows, cfg in product((1, 2), candidates if sweep else candidates[1:2]):
+            yield (
+                f"gemv {weight[1:]} rows {rows} {cfg.describe()}",
+                gemv._gemv_splitk_kernel,
+                gemv_types | {"w_ptr": weight},
+                dict(NUM_ROWS=rows, HAS_SCALE=scaled, HAS_BIAS=True, SPLIT_K=cfg.split_k,
+                     BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
+                     VEC=gemv.VEC_BYTES // size),
+                cfg.num_warps,
+                1,
+            )  # fmt: skip
     yield (
         "apply_bitmask",
         bitmask._apply_bitmask_kernel,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_factories import DEVICE
 
-from kernels import fp8_gemv, fp8_linear
+from kernels import fp8_linear, gemv
 from kernels.fp8_linear import (
     FP8,
     GEMV_MAX_ROWS,
@@ -113,10 +113,10 @@ def test_tensor_core_path_matches_the_reference(num_rows, with_bias):
 
 
 SPLITK_CONFIGS = [
-    fp8_gemv.DEFAULT_CONFIG,
-    fp8_gemv.GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4),
-    fp8_gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2),
-    fp8_gemv.GemvConfig(block_n=32, block_k=128, split_k=3, num_warps=4),
+    gemv.DEFAULT_CONFIG,
+    gemv.GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4),
+    gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2),
+    gemv.GemvConfig(block_n=32, block_k=128, split_k=3, num_warps=4),
 ]
 
 
@@ -133,7 +133,7 @@ def test_splitk_gemv_matches_the_dequantized_reference(
     weight, scale = _fp8_weight(out_features, in_features, seed=in_features)
     x = _randn(num_rows, in_features, dtype=torch.float32, seed=num_rows + 10)
     bias = _randn(out_features, dtype=torch.float32, seed=8) if with_bias else None
-    ours = fp8_gemv.gemv_splitk(x, weight, scale, bias, cfg)
+    ours = gemv.gemv_splitk(x, weight, scale, bias, cfg)
     ref = fp8_linear_ref(x, weight, scale, bias)
     assert ours.shape == (num_rows, out_features)
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
@@ -142,14 +142,14 @@ def test_splitk_gemv_matches_the_dequantized_reference(
 def test_splitk_gemv_counters_are_zero_after_each_call_so_calls_repeat():
     """The last program of a tile resets its ticket: a second call (as a graph replay
     would make) gives the same output, and the counters read zero between calls."""
-    cfg = fp8_gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2)
+    cfg = gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2)
     weight, scale = _fp8_weight(24, 256, seed=4)
     x = _randn(2, 256, dtype=torch.float32, seed=4)
-    first = fp8_gemv.gemv_splitk(x, weight, scale, None, cfg)
-    _, counters = fp8_gemv._Workspace.get(x.device, 24, cfg)
+    first = gemv.gemv_splitk(x, weight, scale, None, cfg)
+    _, counters = gemv._Workspace.get(x.device, 24, cfg)
     assert counters.shape == (3,) and bool((counters == 0).all())
     x2 = _randn(2, 256, dtype=torch.float32, seed=5)
-    second = fp8_gemv.gemv_splitk(x2, weight, scale, None, cfg)
+    second = gemv.gemv_splitk(x2, weight, scale, None, cfg)
     torch.testing.assert_close(second, fp8_linear_ref(x2, weight, scale), atol=1e-4, rtol=1e-4)
     assert not torch.equal(first, second)
     assert bool((counters == 0).all())
@@ -158,8 +158,8 @@ def test_splitk_gemv_counters_are_zero_after_each_call_so_calls_repeat():
 def test_splitk_gemv_in_bfloat16_rounds_once():
     weight, scale = _fp8_weight(48, 1024, seed=11)
     x = _randn(2, 1024, dtype=torch.bfloat16, seed=12)
-    cfg = fp8_gemv.GemvConfig(block_n=16, block_k=128, split_k=4, num_warps=4)
-    ours = fp8_gemv.gemv_splitk(x, weight, scale, None, cfg)
+    cfg = gemv.GemvConfig(block_n=16, block_k=128, split_k=4, num_warps=4)
+    ours = gemv.gemv_splitk(x, weight, scale, None, cfg)
     exact = fp8_linear_ref(x.float(), weight, scale)
     assert ours.dtype == torch.bfloat16
     # one rounding of the fp32 sum to bf16: within one bf16 ulp (2^-7 relative; the
@@ -170,7 +170,7 @@ def test_splitk_gemv_in_bfloat16_rounds_once():
 def test_splitk_gemv_refuses_more_than_two_rows():
     weight, scale = _fp8_weight(16, 64, seed=1)
     with pytest.raises(ValueError, match="1 to 2 rows"):
-        fp8_gemv.gemv_splitk(_randn(3, 64, dtype=torch.float32, seed=1), weight, scale, None)
+        gemv.gemv_splitk(_randn(3, 64, dtype=torch.float32, seed=1), weight, scale, None)
 
 
 def test_plan_off_the_gpu_is_the_default_config_and_legacy_mode_the_reference():
@@ -178,13 +178,13 @@ def test_plan_off_the_gpu_is_the_default_config_and_legacy_mode_the_reference():
     x = _randn(1, 72, dtype=torch.float32, seed=9)
     fallbacks = fp8_linear.GEMV_FALLBACKS
     if not torch.cuda.is_available():
-        plan = fp8_gemv.gemv_plan(x, weight, scale, None, fallbacks)
-        assert plan.name == fp8_gemv.DEFAULT_CONFIG.describe()
-    previous, fp8_gemv.MODE = fp8_gemv.MODE, "legacy"
+        plan = gemv.gemv_plan(x, weight, scale, None, fallbacks)
+        assert plan.name == gemv.DEFAULT_CONFIG.describe()
+    previous, gemv.MODE = gemv.MODE, "legacy"
     try:
-        assert fp8_gemv.gemv_plan(x, weight, scale, None, fallbacks).name == "onepass"
+        assert gemv.gemv_plan(x, weight, scale, None, fallbacks).name == "onepass"
     finally:
-        fp8_gemv.MODE = previous
+        gemv.MODE = previous
 
 
 @pytest.mark.gpu
@@ -193,11 +193,11 @@ def test_plan_off_the_gpu_is_the_default_config_and_legacy_mode_the_reference():
 def test_tuned_plan_on_the_gpu_agrees_and_is_no_slower_than_the_one_pass_kernel(
     num_rows, out_features, in_features
 ):
-    fp8_gemv.reset_plans()
+    gemv.reset_plans()
     weight, scale = _fp8_weight(out_features, in_features, seed=2)
     x = _randn(num_rows, in_features, dtype=torch.bfloat16, seed=3)
     out = fp8_linear_triton(x, weight, scale)
-    (plan,) = fp8_gemv.chosen_plans()
+    (plan,) = gemv.chosen_plans()
     timings = plan["timings_us"]
     assert "onepass" in timings and timings[plan["chosen"]] <= timings["onepass"]
     ref = fp8_linear_ref(x.float(), weight, scale)
@@ -208,3 +208,45 @@ def test_tuned_plan_on_the_gpu_agrees_and_is_no_slower_than_the_one_pass_kernel(
     for _ in range(3):
         graph.replay()
     torch.testing.assert_close(captured, out)
+
+
+@pytest.mark.parametrize("cfg", (*gemv.BF16_CANDIDATES[:1], gemv.GemvConfig(8, 64, 3, 2)), ids=str)
+@pytest.mark.parametrize("num_rows", [1, 2])
+@pytest.mark.parametrize(("out_features", "in_features"), [(40, 72), (64, 768)])
+def test_splitk_gemv_of_a_plain_weight_matches_f_linear(cfg, num_rows, out_features, in_features):
+    """No scale: the kernel streams 2-byte weights in the activations' dtype."""
+    gen = torch.Generator().manual_seed(out_features)
+    weight = torch.randn(out_features, in_features, generator=gen).to(DEVICE)
+    x = _randn(num_rows, in_features, dtype=torch.float32, seed=num_rows)
+    bias = _randn(out_features, dtype=torch.float32, seed=2)
+    ours = gemv.gemv_splitk(x, weight.to(torch.bfloat16).float(), None, bias, cfg)
+    ref = torch.nn.functional.linear(x, weight.to(torch.bfloat16).float(), bias)
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+    x16, w16 = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+    ours16 = gemv.gemv_splitk(x16, w16, None, None, cfg)
+    exact = torch.nn.functional.linear(x16.float(), w16.float())
+    torch.testing.assert_close(ours16.float(), exact, atol=1e-3, rtol=2**-7)
+
+
+def test_dense_linear_op_is_f_linear_off_the_gpu_and_for_wider_batches():
+    weight = _randn(24, 32, dtype=torch.float32, seed=3)
+    for rows in (1, 2, 5):
+        x = _randn(rows, 32, dtype=torch.float32, seed=rows)
+        torch.testing.assert_close(
+            gemv.dense_linear_triton(x, weight), torch.nn.functional.linear(x, weight)
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_rows", [1, 2])
+def test_dense_linear_op_on_the_gpu_is_tuned_and_agrees_with_cublas(num_rows):
+    gemv.reset_plans()
+    gen = torch.Generator().manual_seed(1)
+    weight = (0.02 * torch.randn(6144, 4096, generator=gen)).to(DEVICE, torch.bfloat16)
+    x = _randn(num_rows, 4096, dtype=torch.bfloat16, seed=4)
+    out = gemv.dense_linear_triton(x, weight)
+    (plan,) = gemv.chosen_plans()
+    assert plan["weight"] == "bfloat16" and "cublas" in plan["timings_us"]
+    assert plan["timings_us"][plan["chosen"]] <= plan["timings_us"]["cublas"]
+    ref = torch.nn.functional.linear(x.float(), weight.float())
+    assert float((out.float() - ref).norm() / ref.norm()) < 1e-2

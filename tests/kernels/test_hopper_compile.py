@@ -20,7 +20,7 @@ KERNELS = {
     "silu_and_mul",
     "kv_store",
     "apply_bitmask",
-    "fp8 gemv",
+    "gemv",
     "rotary_kv_store",
 }
 

@@ -190,7 +190,7 @@ class Decoder:
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden rows -> float32 logits."""
-        logits = F.linear(hidden, self.weights.lm_head).float()
+        logits = self.ops.linear(hidden, self.weights.lm_head).float()
         if self.tp is None:
             return logits
         return self.tp.all_gather_last(logits)[:, : self.spec.vocab_size]

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from kernels import Ops
 from radixmesh.errors import InvalidArgument
@@ -70,9 +69,10 @@ def dequantize(weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
 def linear(
     x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, ops: Ops
 ) -> torch.Tensor:
-    """x @ weight.T (+ bias), for a plain weight or an FP8 one (through `ops.fp8_linear`)."""
+    """x @ weight.T (+ bias), for a plain weight (`ops.linear`) or an FP8 one
+    (`ops.fp8_linear`)."""
     if isinstance(weight, torch.Tensor):
-        return F.linear(x, weight, bias)
+        return ops.linear(x, weight, bias)
     return ops.fp8_linear(x, weight.weight, weight.scale, bias)
 
 

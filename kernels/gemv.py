@@ -1,23 +1,25 @@
-"""Weight-only FP8 GEMV for decode at batch 1-2, split over K, chosen per shape on the device.
+"""GEMV for decode at batch 1-2, split over K, chosen per shape on the device.
 
-y[m] = (x[m] @ weight.T) * scale + bias for m < 2 rows, weight [out, in] float8_e4m3fn
-row-major, scale [out] float32, fp32 accumulation (the layout contract of `fp8_linear`).
+y[m] = (x[m] @ weight.T) [* scale] + bias for m < 2 rows, weight [out, in] row-major,
+either float8_e4m3fn with scale [out] float32 (the layout contract of `fp8_linear`:
+weight-only quantization, the activations as they are) or in the activations' dtype
+with no scale (the bf16 projections); fp32 accumulation.
 
-`_fp8_gemv_splitk_kernel` runs a (out tiles, SPLIT_K) grid. Each program streams a
-BLOCK_N x BLOCK_K tile of FP8 weight per iteration (16 contiguous bytes per thread: one
-vector load each, several per thread in flight), widens it in registers and multiplies
-it with one or two activation rows, keeping per-lane fp32 partial sums that are reduced
-once after the loop; the row scales are applied once per output tile. With SPLIT_K > 1
-each program covers a 1/SPLIT_K slice of K, writes its partial row sums to a workspace,
-and the last program of a tile to arrive (a per-tile ticket counter, reset by that
-program) adds the slices in a fixed order and writes the output: one launch, and the
-same sum whatever the arrival order.
+`_gemv_splitk_kernel` runs a (out tiles, SPLIT_K) grid. Each program streams a BLOCK_N x
+BLOCK_K tile of weight per iteration (16 contiguous bytes per thread and load, several
+loads per thread in flight), widens it in registers and multiplies it with one or two
+activation rows, keeping per-lane fp32 partial sums that are reduced once after the loop;
+the row scales are applied once per output tile. With SPLIT_K > 1 each program covers a
+1/SPLIT_K slice of K, writes its partial row sums to a workspace, and the last program of
+a tile to arrive (a per-tile ticket counter, reset by that program) adds the slices in a
+fixed order and writes the output: one launch, and the same sum whatever the arrival order.
 
 `gemv_plan` picks the launch for a shape: on a CUDA device, the first call of a shape
-(outside graph capture) times each candidate config, the previous one-pass kernel and
-the tensor-core path with cold L2, checks each against the one-pass kernel's output, and
-keeps the fastest that agrees; so a config slower than what it replaces is never used.
-Without CUDA (the interpreter) the default config is used, untimed.
+(outside graph capture) times each candidate config and the fallbacks it is given (for
+FP8 the one-pass kernel and the tensor-core path, for bf16 cuBLAS) with cold L2, checks
+each against the first fallback's output, and keeps the fastest that agrees; so a config
+slower than what it replaces is never used. Without CUDA (the interpreter) the default
+config is used, untimed (`dense_gemv` keeps F.linear there).
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from kernels._triton import interpreting, tl, triton
 
 MAX_ROWS = 2
-VEC = 16
-"""FP8 weights per thread and load (16 bytes), summed in the thread each iteration."""
+VEC_BYTES = 16
+"""Bytes of weight per thread and load; the VEC = 16 / element size values are summed in
+the thread each iteration."""
 
 
 @triton.jit
-def _fp8_gemv_splitk_kernel(
+def _gemv_splitk_kernel(
     x_ptr,
     w_ptr,
     scale_ptr,
@@ -52,6 +56,7 @@ def _fp8_gemv_splitk_kernel(
     stride_w,
     stride_out,
     NUM_ROWS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -89,9 +94,12 @@ def _fp8_gemv_splitk_kernel(
                 x1 = tl.load(x_ptr + stride_x + offs_k, mask=offs_k < in_features, other=0.0)
                 x1 = x1.to(tl.float32)
             acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
-    scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
-    out0 = tl.sum(acc0, axis=1) * scale
-    out1 = tl.sum(acc1, axis=1) * scale
+    out0 = tl.sum(acc0, axis=1)
+    out1 = tl.sum(acc1, axis=1)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
+        out0 *= scale
+        out1 *= scale
     if SPLIT_K == 1:
         _store_rows(out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n, NUM_ROWS, HAS_BIAS)
     else:
@@ -149,9 +157,8 @@ class GemvConfig:
         return f"splitk n{self.block_n} k{self.block_k} s{self.split_k} w{self.num_warps}"
 
 
-DEFAULT_CONFIG = GemvConfig(block_n=16, block_k=512, split_k=1, num_warps=4)
-CANDIDATES: tuple[GemvConfig, ...] = (
-    DEFAULT_CONFIG,
+FP8_CANDIDATES: tuple[GemvConfig, ...] = (
+    GemvConfig(16, 512, 1, 4),
     GemvConfig(16, 512, 2, 4),
     GemvConfig(16, 512, 4, 4),
     GemvConfig(32, 512, 1, 4),
@@ -162,8 +169,24 @@ CANDIDATES: tuple[GemvConfig, ...] = (
     GemvConfig(16, 1024, 2, 8),
     GemvConfig(32, 256, 2, 4),
 )
-"""Timed on the device for each shape: 64 or 128 bytes of weight per thread and iteration,
-in 16-byte loads; split-K gives the narrow shapes (o_proj, down) several programs per SM."""
+"""Timed on the device for each FP8 shape: 64 or 128 bytes of weight per thread and
+iteration, in 16-byte loads; split-K gives the narrow shapes (o_proj, down) several
+programs per SM."""
+BF16_CANDIDATES: tuple[GemvConfig, ...] = (
+    GemvConfig(16, 256, 1, 4),
+    GemvConfig(16, 256, 2, 4),
+    GemvConfig(16, 256, 4, 4),
+    GemvConfig(16, 512, 2, 8),
+    GemvConfig(32, 256, 1, 4),
+    GemvConfig(32, 256, 2, 4),
+    GemvConfig(8, 256, 2, 2),
+    GemvConfig(8, 256, 4, 2),
+    GemvConfig(64, 256, 1, 8),
+)
+"""The same per-thread bytes for 2-byte weights (8 values per 16-byte load)."""
+CANDIDATES = {1: FP8_CANDIDATES, 2: BF16_CANDIDATES}
+"""Weight element size -> configs timed per shape; the first is the untimed default."""
+DEFAULT_CONFIG = FP8_CANDIDATES[0]
 
 
 class _Workspace:
@@ -194,11 +217,14 @@ class _Workspace:
 def gemv_splitk(
     x: torch.Tensor,
     weight: torch.Tensor,
-    scale: torch.Tensor,
+    scale: torch.Tensor | None,
     bias: torch.Tensor | None,
-    cfg: GemvConfig = DEFAULT_CONFIG,
+    cfg: GemvConfig | None = None,
 ) -> torch.Tensor:
-    """The split-K kernel with `cfg`, for 1 or 2 rows (layout checked by the caller)."""
+    """The split-K kernel with `cfg` (default: the first candidate for the weight's element
+    size), for 1 or 2 rows; scale None for a plain weight (layout checked by the caller)."""
+    if cfg is None:
+        cfg = CANDIDATES[weight.element_size()][0]
     num_rows, in_features = x.shape
     out_features = weight.shape[0]
     if not 1 <= num_rows <= MAX_ROWS:
@@ -210,18 +236,22 @@ def gemv_splitk(
     if cfg.split_k > 1:
         partial, counters = _Workspace.get(x.device, out_features, cfg)
     else:
-        partial, counters = scale, scale  # unused
+        partial, counters = out, out  # unused
     grid = (triton.cdiv(out_features, cfg.block_n), cfg.split_k)
-    _fp8_gemv_splitk_kernel[grid](
-        x, weight, scale, bias if bias is not None else scale, out, partial, counters,
+    _gemv_splitk_kernel[grid](
+        x, weight, scale if scale is not None else out, bias if bias is not None else out, out,
+        partial, counters,
         out_features, in_features, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
-        NUM_ROWS=num_rows, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even, VEC=VEC, num_warps=cfg.num_warps,
+        NUM_ROWS=num_rows, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None,
+        SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
+        VEC=VEC_BYTES // weight.element_size(), num_warps=cfg.num_warps,
     )  # fmt: skip
     return out
 
 
-GemvFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+GemvFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +290,7 @@ def _time_us(fn: Callable[[], object], flush: torch.Tensor) -> float:
 
 
 def _bound(
-    fn: GemvFn, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor | None
+    fn: GemvFn, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, b: torch.Tensor | None
 ) -> Callable[[], object]:
     return lambda: fn(x, w, s, b)
 
@@ -272,7 +302,7 @@ def _splitk_fn(cfg: GemvConfig) -> GemvFn:
 def _tune(
     x: torch.Tensor,
     weight: torch.Tensor,
-    scale: torch.Tensor,
+    scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     fallbacks: Mapping[str, GemvFn],
 ) -> GemvPlan:
@@ -282,7 +312,7 @@ def _tune(
     expected = reference_fn(x, weight, scale, bias).float()
     tolerance = 1e-2 * float(expected.abs().max()) + 1e-6
     options: dict[str, GemvFn] = dict(fallbacks)
-    for cfg in CANDIDATES:
+    for cfg in CANDIDATES[weight.element_size()]:
         options[cfg.describe()] = _splitk_fn(cfg)
     try:
         flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=x.device)
@@ -305,35 +335,71 @@ def _tune(
 def gemv_plan(
     x: torch.Tensor,
     weight: torch.Tensor,
-    scale: torch.Tensor,
+    scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     fallbacks: Mapping[str, GemvFn],
 ) -> GemvPlan:
     """The plan for this call's shape (tuned on the first call of the shape on CUDA).
 
-    `fallbacks`: name -> function, the first being the reference a candidate must agree with.
+    `fallbacks`: name -> function, the first being the reference a candidate must agree
+    with, and what a shape first seen inside a graph capture (no timing there) gets.
     """
+    reference = next(iter(fallbacks.items()))
     if MODE == "legacy":
-        name, fn = next(iter(fallbacks.items()))
-        return GemvPlan(name, fn)
+        return GemvPlan(*reference)
     if MODE == "splitk" or x.device.type != "cuda" or interpreting():
-        return GemvPlan(DEFAULT_CONFIG.describe(), _splitk_fn(DEFAULT_CONFIG))
-    key = (x.device, x.shape[0], weight.shape[0], weight.shape[1], x.dtype, bias is not None)
+        cfg = CANDIDATES[weight.element_size()][0]
+        return GemvPlan(cfg.describe(), _splitk_fn(cfg))
+    key = (
+        x.device, x.shape[0], weight.shape[0], weight.shape[1], x.dtype, weight.dtype,
+        bias is not None,
+    )  # fmt: skip
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    if torch.cuda.is_current_stream_capturing():  # no timing inside a capture
-        return GemvPlan(DEFAULT_CONFIG.describe(), _splitk_fn(DEFAULT_CONFIG))
+    if torch.cuda.is_current_stream_capturing():
+        return GemvPlan(*reference)
     with _plans_lock:
         plan = _plans.get(key)
         if plan is None:
             try:
                 plan = _tune(x, weight, scale, bias, fallbacks)
             except Exception as exc:  # never worse than the reference kernel
-                name, fn = next(iter(fallbacks.items()))
-                plan = GemvPlan(f"{name} (tuning failed: {type(exc).__name__})", fn)
+                plan = GemvPlan(f"{reference[0]} (tuning failed: {type(exc).__name__})", reference[1])
             _plans[key] = plan
     return plan
+
+
+def _cublas(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+DENSE_FALLBACKS: dict[str, GemvFn] = {"cublas": _cublas}
+
+
+def dense_linear_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight.T + bias for a plain weight: the `linear` op's reference."""
+    return F.linear(x, weight, bias)
+
+
+def dense_linear_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.linear`, except 1-2 contiguous rows on CUDA go through the per-shape choice
+    between cuBLAS and the split-K GEMV (cuBLAS wherever it is as fast)."""
+    gemv = (
+        x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.stride(-1) == 1
+        and weight.dim() == 2 and weight.stride(-1) == 1 and weight.dtype == x.dtype
+        and x.shape[1] == weight.shape[1] and weight.element_size() in CANDIDATES
+        and not interpreting()
+    )  # fmt: skip
+    if not gemv:
+        return F.linear(x, weight, bias)
+    return gemv_plan(x, weight, None, bias, DENSE_FALLBACKS).fn(x, weight, None, bias)
 
 
 def chosen_plans() -> list[dict]:
@@ -341,7 +407,8 @@ def chosen_plans() -> list[dict]:
     return [
         {
             "rows": key[1], "out": key[2], "in": key[3], "dtype": str(key[4]).removeprefix("torch."),
-            "bias": key[5], "chosen": plan.name, "timings_us": dict(plan.timings_us),
+            "weight": str(key[5]).removeprefix("torch."), "bias": key[6], "chosen": plan.name,
+            "timings_us": dict(plan.timings_us),
         }
         for key, plan in _plans.items()
     ]  # fmt: skip
