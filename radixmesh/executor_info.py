@@ -42,3 +42,7 @@ class ExecutorInfo:
     step (0: it does not speculate; the scheduler then plans no draft tokens)."""
     max_speculative_batch_size: int = 0
     """Speculation pays up to this many decodes in a step; larger steps plan no drafts."""
+    max_forced_tokens: int = 0
+    """Jump-forward: most draft tokens a constrained decode may verify per step, at any
+    batch size, for the tokens its grammar forces (0: off; the scheduler then plans draft
+    tokens for constrained decodes only as for any other)."""

@@ -86,6 +86,9 @@ class SequenceOutput:
     computed KV for as many positions)."""
     num_draft_tokens: int = 0
     """Draft tokens the step verified for this sequence (0: no draft)."""
+    num_forced_tokens: int = 0
+    """Jump-forward: the leading draft tokens the sequence's constraint forced (the only
+    token its mask allowed), of those kept in accepted_token_ids."""
 
 
 @dataclass(frozen=True, slots=True)

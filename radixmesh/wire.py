@@ -285,6 +285,7 @@ def result_to_proto(result: StepResult) -> executor_pb2.StepResult:
                 logprobs_to_proto(entry, add_prompt())
         if output.num_draft_tokens:
             out.num_draft_tokens = output.num_draft_tokens
+            out.num_forced_tokens = output.num_forced_tokens
             out.accepted_token_ids.extend(output.accepted_token_ids)
     if result.health is not None:
         health_to_proto(result.health, msg.health)
@@ -337,6 +338,7 @@ def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
                 prompt_logprobs_position=out.prompt_logprobs_position,
                 accepted_token_ids=list(out.accepted_token_ids),
                 num_draft_tokens=out.num_draft_tokens,
+                num_forced_tokens=out.num_forced_tokens,
             )
         )
     health = health_from_proto(msg.health) if msg.HasField("health") else None

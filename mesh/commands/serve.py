@@ -82,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "measured)",
     )
     parser.add_argument(
+        "--jump-forward",
+        default="on",
+        choices=("on", "off"),
+        help="every executor verifies the tokens a constraint forces as a draft (default on)",
+    )
+    parser.add_argument(
         "--kv-memory-fraction",
         type=float,
         default=None,
@@ -177,6 +183,7 @@ def _config(args: argparse.Namespace):
         tools_config=Path(args.tools_config) if args.tools_config else None,
         num_pages=args.num_pages,
         speculative=args.speculative,
+        jump_forward=args.jump_forward == "on",
         kv_memory_fraction=args.kv_memory_fraction,
         quantization=args.quantization,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -54,7 +54,7 @@ class StepPlan(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running_seqs: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
-    __slots__ = ("req_id", "token_id", "logprobs", "finish_reason", "matched_stop_token_id", "prompt_logprobs", "prompt_logprobs_position", "accepted_token_ids", "num_draft_tokens")
+    __slots__ = ("req_id", "token_id", "logprobs", "finish_reason", "matched_stop_token_id", "prompt_logprobs", "prompt_logprobs_position", "accepted_token_ids", "num_draft_tokens", "num_forced_tokens")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class SequenceOutput(_message.Message):
     PROMPT_LOGPROBS_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     token_id: int
     logprobs: _inference_pb2.PositionLogprobs
@@ -73,7 +74,8 @@ class SequenceOutput(_message.Message):
     prompt_logprobs_position: int
     accepted_token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_draft_tokens: int
-    def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_inference_pb2.PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., prompt_logprobs_position: _Optional[int] = ..., accepted_token_ids: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
+    num_forced_tokens: int
+    def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_inference_pb2.PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., prompt_logprobs_position: _Optional[int] = ..., accepted_token_ids: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
     __slots__ = ("step_id", "outputs", "step_seconds", "health")
@@ -116,7 +118,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("executor_id", "model", "max_model_len", "vocab_size", "num_pages", "page_size", "eos_token_ids", "device", "max_num_seqs", "max_num_batched_tokens", "architecture", "dtype", "max_draft_tokens", "max_speculative_batch_size")
+    __slots__ = ("executor_id", "model", "max_model_len", "vocab_size", "num_pages", "page_size", "eos_token_ids", "device", "max_num_seqs", "max_num_batched_tokens", "architecture", "dtype", "max_draft_tokens", "max_speculative_batch_size", "max_forced_tokens")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +133,7 @@ class GetInfoResponse(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_SPECULATIVE_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     model: str
     max_model_len: int
@@ -145,4 +148,5 @@ class GetInfoResponse(_message.Message):
     dtype: str
     max_draft_tokens: int
     max_speculative_batch_size: int
-    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_draft_tokens: _Optional[int] = ..., max_speculative_batch_size: _Optional[int] = ...) -> None: ...
+    max_forced_tokens: int
+    def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., num_pages: _Optional[int] = ..., page_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., dtype: _Optional[str] = ..., max_draft_tokens: _Optional[int] = ..., max_speculative_batch_size: _Optional[int] = ..., max_forced_tokens: _Optional[int] = ...) -> None: ...

@@ -199,6 +199,20 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
         default=SpeculativeConfig().max_batch_size,
         help="no drafts in a step with more decodes than this (default %(default)s)",
     )
+    parser.add_argument(
+        "--jump-forward",
+        default="on",
+        choices=("on", "off"),
+        help="constrained decodes verify the tokens their grammar forces as a draft, at any "
+        "batch size and with --speculative off too; same output in fewer steps (default on)",
+    )
+    parser.add_argument(
+        "--max-forced-tokens",
+        type=int,
+        default=SpeculativeConfig().max_forced_tokens,
+        help="jump-forward: most forced tokens per constrained decode and step "
+        "(default %(default)s)",
+    )
 
 
 def speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
@@ -206,6 +220,8 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
         method=args.speculative,
         max_draft_tokens=args.num_speculative_tokens,
         max_batch_size=args.speculative_max_batch_size,
+        jump_forward=args.jump_forward == "on",
+        max_forced_tokens=args.max_forced_tokens,
     )
 
 

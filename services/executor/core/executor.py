@@ -57,6 +57,7 @@ from services.executor.core.sampling import Sampler, SamplingInputs
 from services.executor.core.sequence import SequenceState, check_finish
 from services.executor.core.spec import Proposer, SpecStats, make_proposer
 from services.executor.core.spec.drafting import DraftLimits, check_not_verifying
+from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
     drafted_lengths,
     rows_over_drafts,
@@ -164,8 +165,16 @@ class ExecutorCore:
         self.sampler = Sampler(
             spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
         )
-        self.info = describe_executor(config, folder, spec, max_model_len, num_pages, self.device, dtype)
+        self.info = describe_executor(
+            config, folder, spec, max_model_len, num_pages, self.device, dtype, grammar is not None
+        )
         self._proposer = make_proposer(config.speculative)
+        self._forced = (
+            ForcedTokens(spec.vocab_size, self.info.max_forced_tokens)
+            if self.info.max_forced_tokens
+            else None
+        )
+        """Jump-forward: the runs constrained decodes' grammars force (None: off)."""
         self.spec_stats = SpecStats()
         """Speculative decoding counters of every step executed (read by tests and bench)."""
         self._limits = PlanLimits(
@@ -265,8 +274,9 @@ class ExecutorCore:
             prepared = PreparedStep(plan.step_id, self._num_prepared)
             all_executed = self._num_executed == self._num_prepared
             drafts = step_drafts(
-                self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits
-            )
+                self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits,
+                self._forced,
+            )  # fmt: skip
             self._num_prepared += 1
             if seqs:
                 self._prepare_batch(prepared, seqs, num_tokens, drafts)

@@ -5,7 +5,8 @@ prepare thread runs `ExecutorCore.prepare` (checks, state, host arrays,
 upload), the execute thread `ExecutorCore.execute` (forward, sampling, finish
 detection). Plan N + 1 is prepared while step N executes (on CUDA, while
 execute waits for the sampled tokens), and no further ahead: its prepare
-starts once step N - 1 has executed. With `overlap_prepare` off (by default
+starts once step N - 1 has executed; a plan that allows draft tokens (or
+follows one) is prepared once step N has executed. With `overlap_prepare` off (by default
 on CPU, where there is no device time to hide and two threads only contend
 for the interpreter) prepares run on the execute thread, between steps. On a
 device "cuda:N" both threads make it their current device (`bind_device`,
@@ -66,6 +67,8 @@ class PlanRun(Generic[R]):
         self._on_error = on_error
         self._executes: deque[Future[R | None]] = deque(maxlen=2)
         """Loop thread: the last two plans' executes; plan N + 1's prepare waits for the older."""
+        self._drafts_before = False
+        """Loop thread: the plan submitted last allowed draft tokens."""
         self.last_prepare: Future[PreparedStep | None] | None = None
         """Loop thread: the last prepare queued (`StepPipeline.run_after` waits for it)."""
         self.closed = False
@@ -76,9 +79,16 @@ class PlanRun(Generic[R]):
         """Execute thread: a step raised (or a failed prepare surfaced); later ones are skipped."""
 
     def submit(self, plan: StepPlan) -> Future[R | None]:
-        """Queue the plan's prepare and execute; the prepare waits for the execute two plans back."""
+        """Queue the plan's prepare and execute; the prepare waits for the execute two plans
+        back, or the one just before when this plan or that one may verify drafts (a draft
+        is proposed from the token sampled last, and a verified one moves the position)."""
         executes = self._executes
-        gate = executes[0] if len(executes) == executes.maxlen else None
+        drafts = any(r.num_draft_tokens for r in plan.running_seqs)
+        if executes and (drafts or self._drafts_before):
+            gate: Future[R | None] | None = executes[-1]
+        else:
+            gate = executes[0] if len(executes) == executes.maxlen else None
+        self._drafts_before = drafts
         prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, gate)
         self.last_prepare = prepare
         execute = self._pipeline.step_thread.submit(self._execute, plan, prepare)

@@ -105,9 +105,10 @@ def describe_executor(
     num_pages: int,
     device: torch.device,
     dtype: torch.dtype,
+    has_grammar: bool = False,
 ) -> ExecutorInfo:
     """What the core tells the scheduler about itself (its executor_id is left empty: the
-    process or engine that runs the core names it)."""
+    process or engine that runs the core names it). Jump-forward needs a grammar backend."""
     speculative = config.speculative
     return ExecutorInfo(
         executor_id="",
@@ -124,4 +125,7 @@ def describe_executor(
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_draft_tokens=speculative.max_draft_tokens if speculative.enabled else 0,
         max_speculative_batch_size=speculative.max_batch_size if speculative.enabled else 0,
+        max_forced_tokens=(
+            speculative.max_forced_tokens if speculative.jump_forward and has_grammar else 0
+        ),
     )

@@ -41,6 +41,9 @@ class SequenceState:
     """Its buffer row went back to the free list (when dropped or finished)."""
     draft_length: DraftLength | None = None
     """Speculative decoding: its adaptive draft length (made at its first draft)."""
+    num_forced_tokens: int = 0
+    """Jump-forward: leading tokens of the draft a prepared step verifies that its grammar
+    forced (spec/forced.py; set with the draft, read when the step executes)."""
     verifying: bool = False
     """A prepared step verifies a draft of it and has not executed: until then its
     position is unknown, so no later step may be prepared with it."""

@@ -75,7 +75,7 @@ def _take_tokens(req: Request, out: SequenceOutput, update: RequestUpdate) -> No
         if req.on_executor:  # their KV is computed: the position moves past them
             req.num_computed_tokens += len(out.accepted_token_ids)
     if out.num_draft_tokens:
-        req.spec.record(out.num_draft_tokens, len(out.accepted_token_ids))
+        req.spec.record(out.num_draft_tokens, len(out.accepted_token_ids), out.num_forced_tokens)
     req.output_token_ids.append(out.token_id)
     update.token_ids.append(out.token_id)
     if out.logprobs is not None:

@@ -4,7 +4,9 @@ A running sequence costs one token per decode, or a chunk of its prompt while
 it prefills. With an executor that speculates (`ExecutorInfo.max_draft_tokens`)
 and no more decodes than its `max_speculative_batch_size`, a decode may also
 verify that many draft tokens: they take from the step's token budget, and
-the pages cover them where the pool has them to spare. A verifying step may
+the pages cover them where the pool has them to spare. With jump-forward
+(`ExecutorInfo.max_forced_tokens`) a constrained decode may verify that many at
+any batch size (the tokens its grammar forces). A verifying step may
 produce up to 1 + k tokens, which the scheduler learns from the result; until
 then every plan's pages also cover k more tokens per step in flight. When its page table needs to grow and the pool is short, the
 lowest-priority, latest-arrived running request not yet in this step gives its
@@ -43,19 +45,28 @@ async def schedule_running(
     # pages ahead for every decode that needs them, asked for at once (one round trip
     # over gRPC); one that is refused retries below, where preemption makes room
     page_size, max_model_len = ex.page_size, ex.info.max_model_len
-    slack = ex.info.max_draft_tokens * ex.num_in_flight  # tokens unverified steps may add
+    max_draft = ex.info.max_draft_tokens
+    if len(decodes) > ex.info.max_speculative_batch_size:
+        max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
+
+    def draft_cap(r: Request) -> int:
+        # forced tokens are always accepted: they pay at any batch size
+        forced = ex.info.max_forced_tokens if r.constraint is not None else 0
+        return max(max_draft, forced)
+
+    def slack(r: Request) -> int:  # tokens unverified steps may add
+        drafted = ex.info.max_forced_tokens if r.constraint is not None else 0
+        return max(ex.info.max_draft_tokens, drafted) * ex.num_in_flight
+
     growing = [
         r
         for r in decodes
         if wants_decode(r, max_model_len)
-        and r.num_computed_tokens + slack >= len(r.page_table) * page_size
+        and r.num_computed_tokens + slack(r) >= len(r.page_table) * page_size
     ]
     await asyncio.gather(
-        *(leases.grow(ex, r, r.num_computed_tokens + 1 + slack) for r in growing)
+        *(leases.grow(ex, r, r.num_computed_tokens + 1 + slack(r)) for r in growing)
     )
-    max_draft = ex.info.max_draft_tokens
-    if len(decodes) > ex.info.max_speculative_batch_size:
-        max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
     scheduled: list[RunningSequence] = []
     while pending and budget.num_tokens > 0 and budget.num_seqs > 0:
         req = pending.pop(0)
@@ -65,12 +76,12 @@ async def schedule_running(
             num_tokens = 1
         else:
             continue
-        needed = num_tokens + (0 if req.prefilling else slack)
+        needed = num_tokens + (0 if req.prefilling else slack(req))
         if not await _make_room(ex, leases, budget, req, pending, needed):
             continue
         num_draft = 0
-        if not req.prefilling and max_draft:
-            num_draft = min(max_draft, budget.num_tokens - num_tokens)
+        if not req.prefilling and (cap := draft_cap(req)):
+            num_draft = min(cap, budget.num_tokens - num_tokens)
             if num_draft > 0 and not await leases.grow(
                 ex, req, req.num_computed_tokens + needed + num_draft
             ):

@@ -7,11 +7,11 @@ can be rebuilt by replaying them. `accept_batch` accepts one token per
 matcher in one call into the grammar library; `fill_batch_bitmask` fills the
 rows of a batch (unconstrained rows all ones).
 
-Jump-forward (emitting a continuation the grammar forces without sampling it)
-is not done: the tokens xgrammar finds for the forced text are not the
-tokenizer's own encoding of it. Its place is a `ConstraintMatcher` method
-beside `fill_bitmask`, read by `StepGrammar` (step.py) when it fills the step's
-rows.
+Jump-forward (spec/forced.py) reads the tokens the grammar forces through
+`fill_bitmask`, `accept` and `rollback`: a row with one allowed token is a
+forced one. xgrammar's `find_jump_forward_tokens` is not used: it spells the
+forced text with the longest vocabulary tokens, which need not be the tokens
+sampling would produce.
 """
 
 from __future__ import annotations

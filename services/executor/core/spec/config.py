@@ -31,6 +31,13 @@ class SpeculativeConfig:
     """"suffix": tokens of recent outputs the cross-request index keeps (oldest dropped)."""
     max_tree_tokens: int = 256
     """"radix": most tokens of a prompt's continuation read from the cache's tree."""
+    jump_forward: bool = True
+    """Jump-forward: a constrained decode's draft starts with the tokens its grammar forces
+    (the only token its mask allows, spec/forced.py), at any batch size, with the method
+    off too. The output is the same as without it, in fewer steps."""
+    max_forced_tokens: int = 8
+    """Jump-forward: most forced tokens verified per constrained decode and step (the
+    scheduler leases pages and takes step budget for this many)."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgument:
@@ -53,6 +60,8 @@ class SpeculativeConfig:
             raise bad("max_tree_tokens", f"must be in [1, 4096], got {self.max_tree_tokens}")
         if self.max_suffix_tokens < 1:
             raise bad("max_suffix_tokens", f"must be >= 1, got {self.max_suffix_tokens}")
+        if not 1 <= self.max_forced_tokens <= 64:
+            raise bad("max_forced_tokens", f"must be in [1, 64], got {self.max_forced_tokens}")
 
     @property
     def enabled(self) -> bool:

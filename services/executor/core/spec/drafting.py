@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 from radixmesh.errors import FailedPrecondition
 from radixmesh.step import StepPlan
 from services.executor.core.spec.adaptive import DraftLength
+from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
 from services.executor.core.spec.verify import accepted_length
 
@@ -75,33 +76,44 @@ def max_draft_len(seq: SequenceState, allowed: int, limits: DraftLimits) -> int:
 
 
 def plan_drafts(
-    proposer: Proposer,
+    proposer: Proposer | None,
     seqs: Sequence[SequenceState],
     num_tokens: Sequence[int],
     allowed: Sequence[int],
     limits: DraftLimits,
+    forced: ForcedTokens | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing.
 
     `allowed`: the plan's num_draft_tokens per sequence. Only decodes draft, and none in
-    a step with more decodes than limits.max_batch_size or with prompt scoring.
+    a step with prompt scoring. A constrained decode's draft starts with the tokens its
+    grammar forces (`forced`: jump-forward, at any batch size); the proposer's guess
+    follows them, in a step with at most limits.max_batch_size decodes. Each sequence's
+    `num_forced_tokens` is set to the length of its forced head.
     """
     if not any(allowed) or any(s.sampling.prompt_logprobs_start is not None for s in seqs):
         return None
     num_decodes = sum(1 for q in num_tokens if q == 1)
     if num_decodes > limits.max_batch_size:
+        proposer = None
+    if proposer is None and forced is None:
         return None
     room = limits.max_num_batched_tokens - sum(num_tokens)
     drafts: list[list[int]] = []
     for seq, q, cap in zip(seqs, num_tokens, allowed, strict=True):
+        seq.num_forced_tokens = 0
         k = max_draft_len(seq, min(cap, room), limits) if cap and q == 1 else 0
         if k <= 0 or not can_draft(seq):
             drafts.append([])
             continue
-        if seq.draft_length is None:
-            seq.draft_length = DraftLength(cap)
-        draft = proposer.propose(seq.token_ids, k)
-        tokens = draft.token_ids[: seq.draft_length.limit(draft.match_len)]
+        tokens = forced.propose(seq.grammar, k) if forced and seq.grammar is not None else []
+        seq.num_forced_tokens = len(tokens)
+        if proposer is not None and len(tokens) < k:
+            if seq.draft_length is None:
+                seq.draft_length = DraftLength(cap)
+            context = [*seq.token_ids, *tokens] if tokens else seq.token_ids
+            draft = proposer.propose(context, k - len(tokens))
+            tokens += draft.token_ids[: seq.draft_length.limit(draft.match_len)]
         room -= len(tokens)
         drafts.append(tokens)
     return drafts if any(drafts) else None

@@ -15,9 +15,9 @@ class SpecStats:
         self._usage = SpecUsage()
         self._lock = threading.Lock()
 
-    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def record(self, num_draft_tokens: int, num_accepted: int, num_forced: int = 0) -> None:
         with self._lock:
-            self._usage.record(num_draft_tokens, num_accepted)
+            self._usage.record(num_draft_tokens, num_accepted, num_forced)
 
     def snapshot(self) -> SpecUsage:
         with self._lock:
@@ -27,4 +27,5 @@ class SpecStats:
                 usage.num_draft_tokens,
                 usage.num_accepted_tokens,
                 list(usage.accepted_by_position),
+                usage.num_forced_tokens,
             )

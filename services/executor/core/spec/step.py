@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from services.executor.core.spec.drafting import DraftLimits, expand_rows, plan_drafts
+from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
 
 if TYPE_CHECKING:
@@ -31,12 +32,14 @@ def step_drafts(
     num_tokens: Sequence[int],
     allowed: Sequence[int],
     limits: DraftLimits,
+    forced: ForcedTokens | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing:
-    speculation off, a prepared step not executed yet, or no decode drafts."""
-    if proposer is None or not all_executed:
+    speculation and jump-forward (`forced`) off, a prepared step not executed yet, or no
+    decode drafts."""
+    if (proposer is None and forced is None) or not all_executed:
         return None
-    return plan_drafts(proposer, seqs, num_tokens, allowed, limits)
+    return plan_drafts(proposer, seqs, num_tokens, allowed, limits, forced)
 
 
 def drafted_lengths(

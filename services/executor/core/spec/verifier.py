@@ -104,9 +104,11 @@ class Verifier:
         seq.num_computed_tokens += extra
         seq.num_known_tokens += extra
         num_accepted = len(emitted) - 1
-        if seq.draft_length is not None:
-            seq.draft_length.update(len(draft), num_accepted)
-        self.stats.record(len(draft), num_accepted)
+        num_forced, seq.num_forced_tokens = min(seq.num_forced_tokens, len(draft)), 0
+        if seq.draft_length is not None and len(draft) > num_forced:  # the proposer's part
+            seq.draft_length.update(len(draft) - num_forced, max(0, num_accepted - num_forced))
+        num_forced = min(num_forced, num_accepted, len(kept) - 1)  # a stop or length cuts it
+        self.stats.record(len(draft), num_accepted, num_forced)
         if seq.grammar is not None:
             seq.grammar.matcher.rollback(grammar_accepted - min(extra, num_accepted))
             seq.grammar.pending_token = kept[-1] if len(kept) == len(emitted) else None
@@ -115,4 +117,5 @@ class Verifier:
         return SequenceOutput(
             seq.req_id, kept[-1], None, reason, stop_id,
             accepted_token_ids=kept[:-1], num_draft_tokens=len(draft),
+            num_forced_tokens=num_forced,
         )  # fmt: skip

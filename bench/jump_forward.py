@@ -1,0 +1,191 @@
+"""Jump-forward on the JSON workload: output tokens/s and TPOT with it off and on.
+
+The in-process Engine, greedy, `--batch-sizes` requests at once under the PEOPLE
+schema of bench/structured.py (long enough that every request runs to
+--output-len), speculation off. One engine per mode (jump-forward off, then on), each
+warmed up, then `--rounds` rounds per batch size. Greedy outputs are the same in both
+modes (checked here), so both produce the same tokens and tokens/s compares directly.
+Reported per batch size and mode: output tokens/s (all requests' tokens over the round's
+wall time), mean and p50 TPOT, steps per request, and the share of output tokens that
+were forced (verified as a draft and kept, each saving a step).
+
+    python -m bench.jump_forward --model /tmp/llama8b --batch-sizes 1 64
+
+`--json PATH` writes the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import statistics
+import time
+
+import torch
+
+from bench.structured import PEOPLE
+from mesh.tiny_model import ensure_default_model
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from services.common.logging import configure_logging
+from services.executor.core.grammar import GrammarConfig, GrammarService
+
+MODES = ("off", "on")
+
+
+async def _round(engine, prompts, sampling, constraint) -> dict:
+    """Every prompt at once: wall time, tokens, per-request TPOT (ms) and outputs."""
+
+    async def one(prompt: list[int]):
+        first = last = 0.0
+        tokens: list[int] = []
+        stream = await engine.generate(prompt, sampling, constraint=constraint)
+        async for update in stream:
+            if update.error is not None:
+                raise update.error
+            if update.token_ids:
+                now = time.perf_counter()
+                first, last = first or now, now
+                tokens += update.token_ids
+        tpot = (last - first) * 1e3 / (len(tokens) - 1) if len(tokens) > 1 else float("nan")
+        return tpot, tokens
+
+    start = time.perf_counter()
+    done = await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - start
+    return {
+        "wall_s": wall,
+        "tpots": [t for t, _ in done],
+        "outputs": [o for _, o in done],
+    }
+
+
+async def bench_mode(args: argparse.Namespace, model: str, mode: str) -> dict[int, list[dict]]:
+    from mesh.engine import Engine, EngineConfig
+    from services.executor.core.spec import SpeculativeConfig
+    from services.scheduler.core import SchedulerConfig
+
+    max_batch = max(args.batch_sizes)
+    service = GrammarService.from_model_dir(model, config=GrammarConfig(compile_timeout_s=120))
+    scheduler = SchedulerConfig(max_num_seqs=max_batch, max_queue_len=4 * max_batch)
+    pages_per_seq = -(-(args.prompt_len + args.output_len) // 16) + scheduler.page_lookahead + 2
+    config = EngineConfig.for_model(
+        model,
+        scheduler=scheduler,
+        device=args.device,
+        page_size=16,
+        num_pages=max_batch * pages_per_seq,
+        max_num_seqs=max_batch,
+        speculative=SpeculativeConfig(
+            jump_forward=mode == "on", max_forced_tokens=args.max_forced_tokens
+        ),
+    )
+    constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(PEOPLE))
+    sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0)
+    rows: dict[int, list[dict]] = {}
+    async with Engine(config, grammar=service) as engine:
+        core = engine.executors[0]
+        vocab = core.info.vocab_size
+        assert vocab is not None
+        rng = random.Random(0)
+        prompts = [
+            [rng.randrange(vocab // 4, vocab) for _ in range(args.prompt_len)]
+            for _ in range(max_batch)
+        ]
+        await _round(engine, prompts[:8], SamplingParams(max_tokens=16, temperature=0.0), constraint)
+        for batch in args.batch_sizes:
+            rows[batch] = []
+            for _ in range(args.rounds):
+                steps = _count_steps(core)
+                before = core.spec_stats.snapshot()
+                row = await _round(engine, prompts[:batch], sampling, constraint)
+                after = core.spec_stats.snapshot()
+                row["num_steps"] = steps()
+                row["num_forced"] = after.num_forced_tokens - before.num_forced_tokens
+                rows[batch].append(row)
+    service.close(wait=True)
+    return rows
+
+
+def _count_steps(core):
+    """Counts the core's executed steps from now on; returns a reader (and unhooks it)."""
+    execute = core.execute
+    count = [0]
+
+    def counting(prepared):
+        count[0] += prepared.batch is not None
+        return execute(prepared)
+
+    core.execute = counting
+
+    def read() -> int:
+        core.execute = execute
+        return count[0]
+
+    return read
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) -> list[dict]:
+    print(f"\n### jump-forward, JSON workload (PEOPLE), prompt {args.prompt_len}, output ", end="")
+    print(f"{args.output_len}, greedy, max_forced_tokens {args.max_forced_tokens}\n")
+    print("| batch | jump-forward | output tok/s | TPOT mean / p50 ms | steps | forced share |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    out = []
+    for batch in args.batch_sizes:
+        for mode in MODES:
+            rounds = results[mode][batch]
+            tokens = sum(len(o) for o in rounds[0]["outputs"])
+            tok_s = statistics.median(sum(len(o) for o in r["outputs"]) / r["wall_s"] for r in rounds)
+            tpots = [t for r in rounds for t in r["tpots"]]
+            forced = sum(r["num_forced"] for r in rounds) / len(rounds)
+            steps = statistics.median(r["num_steps"] for r in rounds)
+            row = {
+                "batch_size": batch, "jump_forward": mode, "output_tok_s": tok_s,
+                "tpot_mean_ms": statistics.mean(tpots), "tpot_p50_ms": statistics.median(tpots),
+                "num_steps": steps, "forced_share": forced / max(tokens, 1),
+            }  # fmt: skip
+            out.append(row)
+            print(f"| {batch} | {mode} | {tok_s:.1f} | {row['tpot_mean_ms']:.2f} / ", end="")
+            print(f"{row['tpot_p50_ms']:.2f} | {steps:.0f} | {100 * row['forced_share']:.1f}% |")
+        same = results["off"][batch][0]["outputs"] == results["on"][batch][0]["outputs"]
+        off, on = (r for r in out[-2:])
+        print(f"| {batch} | gain | {on['output_tok_s'] / off['output_tok_s']:.3f}x | ", end="")
+        print(f"{on['tpot_mean_ms'] / off['tpot_mean_ms']:.3f}x | | outputs equal: {same} |")
+        if not same:
+            raise SystemExit(f"batch {batch}: greedy outputs differ between the modes")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="a Hugging Face model folder (default: the tiny model)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--max-forced-tokens", type=int, default=8)
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    parser.add_argument("--json", default=None, help="write the rows here")
+
+
+def run(args: argparse.Namespace) -> None:
+    configure_logging("bench", level="warning", json=False)
+    print(f"host: {platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}")
+    model = args.model or str(ensure_default_model())
+    results = {mode: asyncio.run(bench_mode(args, model, mode)) for mode in MODES}
+    rows = report(args, results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
