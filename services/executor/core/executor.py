@@ -66,6 +66,7 @@ from services.executor.core.spec.step import (
 )
 from services.executor.core.spec.verifier import Verifier
 from services.executor.core.step_sampling import StepSampler
+from services.executor.core.verify_graphs import VerifyGraphs
 from services.executor.core.warmup import warm_prefill
 
 log = get_logger(__name__)
@@ -162,6 +163,7 @@ class ExecutorCore:
             )  # fmt: skip
             self._graphs.capture()
             self.startup_seconds["capture_graphs"] = time.perf_counter() - start
+        self._verify_graphs = self._capture_verify_graphs(config, max_model_len, use_graphs)
         self.sampler = Sampler(
             spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
         )
@@ -202,6 +204,25 @@ class ExecutorCore:
             self.sampler, self._grammar, self._last_tokens, self.spec_stats,
             self.info.eos_token_ids, self.info.max_model_len,
         )  # fmt: skip
+
+    def _capture_verify_graphs(
+        self, config: ExecutorConfig, max_model_len: int, use_graphs: bool
+    ) -> VerifyGraphs | None:
+        """With speculation on CUDA: the k + 1-row extends of drafted steps as graphs, one
+        per batch size up to the speculative switch (verify_graphs.py)."""
+        speculative = config.speculative
+        if not (use_graphs and speculative.enabled):
+            return None
+        start = time.perf_counter()
+        num_rows = speculative.max_draft_tokens + 1
+        graphs = VerifyGraphs(
+            self.model, self.kv_pool, min(config.max_num_seqs, speculative.max_batch_size),
+            num_rows, -(-(max_model_len + num_rows) // config.page_size),
+            self.kv_pool.scratch_page_ids[0],
+        )  # fmt: skip
+        graphs.capture()
+        self.startup_seconds["capture_verify_graphs"] = time.perf_counter() - start
+        return graphs
 
     @property
     def num_seqs(self) -> int:
@@ -318,6 +339,8 @@ class ExecutorCore:
                 scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries, strict=True)}
             elif self._graphs is not None and self._graphs.can_run(batch):
                 logits = self._graphs.run(batch)
+            elif self._verify_graphs is not None and self._verify_graphs.can_run(batch):
+                logits = self._verify_graphs.run(batch)
             else:
                 logits = self.model.forward(batch, self.kv_pool)
             scored_to_end = {id(seq) for seq in prepared.scored_to_end}
@@ -366,6 +389,7 @@ class ExecutorCore:
         with self._lock:
             self._seqs.clear()
             self._graphs = None
+            self._verify_graphs = None
             self.kv_pool.release()
         self._grammar.shutdown()
 
