@@ -95,7 +95,8 @@ async def overload_row(tmp: Path, streams: int) -> dict:
     retry = sorted({o.retry_after for o in outcomes if o.retry_after})
     note = (
         f"completed p50 {_q(done, 0.5):.1f}s max {_q(done, 1):.1f}s; "
-        f"429 p50 {_q(refused, 0.5) * 1000:.0f}ms max {_q(refused, 1) * 1000:.0f}ms; "
+        f"429 p50 {_q(refused, 0.5) * 1000:.0f}ms p99 {_q(refused, 0.99) * 1000:.0f}ms "
+        f"max {_q(refused, 1) * 1000:.0f}ms after sending; "
         f"Retry-After {retry[:3]}"
     )
     return {"fault": f"{streams} streams, --num-pages 64", "tally": tally, "recovery_s": None,

@@ -109,3 +109,23 @@ def test_the_published_capacity_crosses_the_wire():
 def test_a_bad_max_age_names_the_field(bad):
     with pytest.raises(InvalidArgument, match="max_age_s"):
         CapacityGateConfig(max_age_s=bad)
+
+
+def test_adaptive_rate_limit_flags_build_a_bucket_fed_by_the_gate():
+    from gateway.core.ratelimit import AdaptiveRateConfig, LocalRateLimiter
+    from gateway.main import _admission, build_parser
+
+    flags = [*args_list(), "--rate-limit-per-s", "2", "--rate-limit-share", "0.5"]
+    args = build_parser().parse_args(flags)
+    gate, _ = gate_with(ModelCapacity("m", 40.0))
+    admission, redis_client = _admission(args, gate)
+    assert redis_client is None and isinstance(admission.limiter, LocalRateLimiter)
+    source = admission.limiter._source
+    assert source.config == AdaptiveRateConfig(share=0.5, floor_per_s=2.0)
+    assert source._compute().refill_per_s == 20.0  # half of the gate's 40 requests/s
+    with pytest.raises(InvalidArgument, match=r"rate_limit\.share"):
+        _admission(build_parser().parse_args([*args_list(), "--rate-limit-share", "0"]), gate)
+
+
+def args_list() -> list[str]:
+    return ["--model", "m", "--scheduler-address", "x:1", "--rate-limit", "adaptive"]

@@ -185,5 +185,5 @@ async def test_an_adaptive_bucket_can_keep_a_fixed_size(make_limiter):
     ],
 )
 def test_bad_adaptive_settings_name_the_field(field, kwargs):
-    with pytest.raises(InvalidArgument, match=f"rate_limit.{field}"):
+    with pytest.raises(InvalidArgument, match=rf"rate_limit\.{field}"):
         AdaptiveRateConfig(**kwargs)
