@@ -163,11 +163,8 @@ FP8_CANDIDATES: tuple[GemvConfig, ...] = (
     GemvConfig(16, 512, 4, 4),
     GemvConfig(32, 512, 1, 4),
     GemvConfig(32, 512, 2, 4),
-    GemvConfig(8, 512, 2, 2),
     GemvConfig(8, 512, 4, 2),
     GemvConfig(64, 512, 1, 8),
-    GemvConfig(16, 1024, 2, 8),
-    GemvConfig(32, 256, 2, 4),
 )
 """Timed on the device for each FP8 shape: 64 or 128 bytes of weight per thread and
 iteration, in 16-byte loads; split-K gives the narrow shapes (o_proj, down) several
@@ -176,11 +173,8 @@ BF16_CANDIDATES: tuple[GemvConfig, ...] = (
     GemvConfig(16, 256, 1, 4),
     GemvConfig(16, 256, 2, 4),
     GemvConfig(16, 256, 4, 4),
-    GemvConfig(16, 512, 2, 8),
     GemvConfig(32, 256, 1, 4),
     GemvConfig(32, 256, 2, 4),
-    GemvConfig(8, 256, 2, 2),
-    GemvConfig(8, 256, 4, 2),
     GemvConfig(64, 256, 1, 8),
 )
 """The same per-thread bytes for 2-byte weights (8 values per 16-byte load)."""
