@@ -381,12 +381,13 @@ def speculation_to_proto(usage: SpecUsage, msg: inference_pb2.SpeculationUsage) 
     msg.num_draft_tokens = usage.num_draft_tokens
     msg.num_accepted_tokens = usage.num_accepted_tokens
     msg.accepted_by_position.extend(usage.accepted_by_position)
+    msg.num_forced_tokens = usage.num_forced_tokens
 
 
 def speculation_from_proto(msg: inference_pb2.SpeculationUsage) -> SpecUsage:
     return SpecUsage(
         msg.num_drafts, msg.num_draft_tokens, msg.num_accepted_tokens,
-        list(msg.accepted_by_position),
+        list(msg.accepted_by_position), msg.num_forced_tokens,
     )  # fmt: skip
 
 

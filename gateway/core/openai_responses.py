@@ -100,6 +100,7 @@ def speculation_json(usage: SpecUsage) -> dict[str, Any]:
         "num_accepted_tokens": usage.num_accepted_tokens,
         "accepted_by_position": list(usage.accepted_by_position),
         "mean_acceptance_length": round(usage.mean_acceptance_length, 4),
+        "num_forced_tokens": usage.num_forced_tokens,
     }
 
 
@@ -113,6 +114,7 @@ def sum_speculation(usages: Sequence[SpecUsage | None]) -> SpecUsage | None:
         total.num_drafts += u.num_drafts
         total.num_draft_tokens += u.num_draft_tokens
         total.num_accepted_tokens += u.num_accepted_tokens
+        total.num_forced_tokens += u.num_forced_tokens
         for j, count in enumerate(u.accepted_by_position):
             if j == len(total.accepted_by_position):
                 total.accepted_by_position.append(0)

@@ -171,16 +171,18 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., speculation: _Optional[_Union[SpeculationUsage, _Mapping]] = ...) -> None: ...
 
 class SpeculationUsage(_message.Message):
-    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_by_position")
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_by_position", "num_forced_tokens")
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
+    NUM_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
     accepted_by_position: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_by_position: _Optional[_Iterable[int]] = ...) -> None: ...
+    num_forced_tokens: int
+    def __init__(self, num_drafts: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., accepted_by_position: _Optional[_Iterable[int]] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class Complete(_message.Message):
     __slots__ = ("index", "finish_reason", "matched_stop", "usage", "prompt_logprobs", "schema_check", "schema_error", "unenforced_keywords")
