@@ -250,3 +250,36 @@ def test_dense_linear_op_on_the_gpu_is_tuned_and_agrees_with_cublas(num_rows):
     assert plan["timings_us"][plan["chosen"]] <= plan["timings_us"]["cublas"]
     ref = torch.nn.functional.linear(x.float(), weight.float())
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_tuning_keeps_the_fastest_candidate_that_agrees(monkeypatch):
+    """The choice logic, with made-up timings: a faster config whose output is wrong, or
+    that raises, is never chosen; the reference wins when nothing agreeing beats it."""
+    weight, scale = _fp8_weight(40, 72, seed=9)
+    x = _randn(1, 72, dtype=torch.float32, seed=9)
+    good, bad = gemv.GemvConfig(8, 32, 2, 2), gemv.GemvConfig(16, 32, 1, 4)
+    monkeypatch.setitem(gemv.CANDIDATES, 1, (good, bad))
+
+    def reference(x, w, s, b):
+        return fp8_linear_ref(x, w, s, b)
+
+    def broken(x, w, s, b):
+        raise RuntimeError("out of resources")
+
+    real_splitk = gemv._splitk_fn
+    monkeypatch.setattr(
+        gemv, "_splitk_fn",
+        lambda cfg: (lambda *a: real_splitk(cfg)(*a) + 1.0) if cfg == bad else real_splitk(cfg),
+    )  # fmt: skip
+
+    def run(timings: dict[str, float]) -> gemv.GemvPlan:
+        names = iter(timings)
+        monkeypatch.setattr(gemv, "_time_us", lambda fn, flush: timings[next(names)])
+        return gemv._tune(x, weight, scale, None, {"ref": reference, "broken": broken})
+
+    # timed in order: ref, then the configs that ran and agree (broken and bad are not)
+    plan = run({"ref": 10.0, good.describe(): 6.0})
+    assert plan.name == good.describe()
+    assert dict(plan.timings_us) == {"ref": 10.0, good.describe(): 6.0}
+    torch.testing.assert_close(plan.fn(x, weight, scale, None), fp8_linear_ref(x, weight, scale))
+    assert run({"ref": 5.0, good.describe(): 6.0}).name == "ref"
