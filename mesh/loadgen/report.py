@@ -49,6 +49,7 @@ QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 SPEC_DRAFTS = "radixmesh_executor_spec_drafts_total"
 SPEC_DRAFT_TOKENS = "radixmesh_executor_spec_draft_tokens_total"
 SPEC_ACCEPTED = "radixmesh_executor_spec_accepted_tokens_total"
+SPEC_FORCED = "radixmesh_executor_spec_forced_tokens_total"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -141,6 +142,7 @@ def speculation_block(before: Snapshot, after: Snapshot) -> dict[str, float | No
         "num_accepted_tokens": accepted,
         "acceptance_rate": _ratio(accepted, delta(before, after, "executor", SPEC_DRAFT_TOKENS)),
         "mean_acceptance_length": 1.0 + accepted / drafts,
+        "num_forced_tokens": delta(before, after, "executor", SPEC_FORCED) or 0.0,
     }
 
 

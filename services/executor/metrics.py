@@ -37,6 +37,7 @@ class StepMetrics:
     spec_draft_tokens: Counter
     spec_accepted_tokens: Counter
     spec_accepted_by_position: Counter
+    spec_forced_tokens: Counter
 
     @classmethod
     def create(cls) -> StepMetrics:
@@ -75,6 +76,11 @@ class StepMetrics:
                 "Drafts whose token at a position (0-based) was kept.",
                 ("position",),
             ),
+            spec_forced_tokens=counter(
+                ROOM,
+                "spec_forced_tokens_total",
+                "Kept draft tokens a constraint forced (jump-forward); each saved a step.",
+            ),
         )
 
     def record(self, plan: StepPlan, result: StepResult, num_running_seqs: int) -> None:
@@ -110,7 +116,7 @@ class StepMetrics:
             tokens.labels("decode").inc(num_decode)
 
     def _record_drafts(self, result: StepResult) -> None:
-        num_drafts = num_draft_tokens = num_accepted = 0
+        num_drafts = num_draft_tokens = num_accepted = num_forced = 0
         by_position: dict[int, int] = {}
         for out in result.outputs:
             if not out.num_draft_tokens:
@@ -118,6 +124,7 @@ class StepMetrics:
             num_drafts += 1
             num_draft_tokens += out.num_draft_tokens
             num_accepted += len(out.accepted_token_ids)
+            num_forced += out.num_forced_tokens
             for j in range(len(out.accepted_token_ids)):
                 by_position[j] = by_position.get(j, 0) + 1
         if not num_drafts:
@@ -125,6 +132,8 @@ class StepMetrics:
         self.spec_drafts.inc(num_drafts)
         self.spec_draft_tokens.inc(num_draft_tokens)
         self.spec_accepted_tokens.inc(num_accepted)
+        if num_forced:
+            self.spec_forced_tokens.inc(num_forced)
         for position, count in by_position.items():
             self.spec_accepted_by_position.labels(str(position)).inc(count)
 
