@@ -11,7 +11,7 @@ from the If to its branch's first text with and without a kept prediction.
 
 Unique tokens of a program: the distinct token positions of every prompt its
 client-driven run sent (a trie over their token ids, tokenized by the server), less the
-tokens it generated that a later prompt carries again (decoded, not prefilled). Every
+tokens of the generated text that a later prompt carries again (decoded, not prefilled). Every
 point runs its own instances (no two points share an instance's text); what instances
 share by design (a few-shot prefix, instructions) is cached after each point's warm-up.
 """
@@ -94,18 +94,26 @@ async def _run_point(runner: Any, name: str, first: int, config: ProgramBenchCon
 
 
 async def unique_tokens(stub: inference_pb2_grpc.InferenceStub, metadata: tuple, outcome: Outcome) -> int:
-    """The distinct token positions of a client-driven run's prompts, less re-carried output."""
+    """The distinct token positions of a client-driven run's prompts, less the generated
+    text those prompts carry again (decoded, not prefilled)."""
+
+    async def tokenize(text: str) -> list[int]:
+        response = await stub.Tokenize(ipb.TokenizeRequest(prompt=text), metadata=metadata)
+        return list(response.token_ids)
+
     trie: dict = {}
     size = 0
     for prompt in outcome.prompts:
-        response = await stub.Tokenize(ipb.TokenizeRequest(prompt=prompt), metadata=metadata)
         node = trie
-        for token in response.token_ids:
+        for token in await tokenize(prompt):
             if token not in node:
                 node[token] = {}
                 size += 1
             node = node[token]
-    return size - outcome.consumed_generated
+    a, b = await tokenize("a"), await tokenize("b")
+    start = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), 0)  # BOS
+    generated = [len(await tokenize(t)) - start for t in outcome.consumed_texts if t]
+    return size - sum(generated)
 
 
 def summarize(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:

@@ -52,8 +52,8 @@ class Outcome:
     condition's VarSet, to the branch's first text)."""
     prompts: list[str] = field(default_factory=list)
     """Client-driven: every prompt sent, in order."""
-    consumed_generated: int = 0
-    """Client-driven: generated tokens that a later prompt of the program carries again."""
+    consumed_texts: list[str] = field(default_factory=list)
+    """Client-driven: generated texts that a later prompt of the program carries again."""
 
     @property
     def computed_tokens(self) -> int:
@@ -105,8 +105,8 @@ class ServerSide:
 class _Context:
     text: str
     variables: dict[str, Any]
-    pending_generated: int = 0
-    """Tokens generated into this context that no later prompt has carried yet."""
+    pending: list[str] = field(default_factory=list)
+    """Texts generated into this context that no later prompt has carried yet."""
 
 
 class ClientDriven:
@@ -132,8 +132,8 @@ class ClientDriven:
         await asyncio.sleep(self._rtt_s)
         out.num_requests += 1
         out.prompts.append(request.prompt)
-        out.consumed_generated += ctx.pending_generated
-        ctx.pending_generated = 0
+        out.consumed_texts += ctx.pending
+        ctx.pending = []
         text, complete = "", ipb.Complete()
         async for response in self._stub.Generate(request, metadata=self._metadata):
             if response.HasField("chunk"):
@@ -176,9 +176,9 @@ class ClientDriven:
             request.json_schema = g.constraint.json_schema
         elif which is not None:
             raise ValueError(f"the client-driven runner does not send {which} constraints")
-        text, complete = await self._generate(out, ctx, request)
+        text, _ = await self._generate(out, ctx, request)
         ctx.text += text
-        ctx.pending_generated += complete.usage.completion_tokens
+        ctx.pending.append(text)
         ctx.variables[g.var] = json.loads(text) if which == "json_schema" else text
 
     async def _select(self, s: pb.Select, ctx: _Context, out: Outcome) -> None:
@@ -205,9 +205,8 @@ class ClientDriven:
             if f.index_var:
                 variables[f.index_var] = str(i)
             branches.append(_Context(ctx.text, variables))
-        if ctx.pending_generated:  # the branches' first prompts carry it: counted once
-            out.consumed_generated += ctx.pending_generated
-            ctx.pending_generated = 0
+        out.consumed_texts += ctx.pending  # the branches' first prompts carry it: counted once
+        ctx.pending = []
         await asyncio.gather(*(self._body(b, c, out) for b, c in zip(bodies, branches, strict=True)))
         names = dict.fromkeys(n for c in branches for n in c.variables if n not in ctx.variables or n == f.index_var)
         for name in names:
