@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from opentelemetry import trace
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -62,12 +63,19 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
             value = getattr(request, field_name, None)
             if value:
                 attributes[f"radixmesh.{field_name}"] = value
-        with tracing.tracer("radixmesh.cache").start_as_current_span(
-            f"cache.{name}",
+        span = tracing.tracer("radixmesh.cache").start_span(  # not made current: the
+            f"cache.{name}",  # verb starts nothing that would need it as a parent
             context=tracing.context_from_traceparent(traceparent),
             attributes=attributes,
-        ):
+        )
+        try:
             return self._ops[name](request)
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+            raise
+        finally:
+            span.end()
 
     def _acquire(self, request: pb.AcquireRequest) -> pb.AcquireResponse:
         lease = self._core.acquire(

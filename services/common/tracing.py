@@ -43,6 +43,8 @@ EXPORT_DELAY_MS = 1000
 """Longest a finished span waits for its export (the queue filling sends sooner)."""
 _PROPAGATOR = TraceContextTextMapPropagator()
 _STATE: dict[str, Any] = {"provider": None, "service": None}
+_TRACERS: dict[tuple[int, str], tuple[Any, trace.Tracer]] = {}
+"""(provider, tracer) by (id of the provider, name): the tracers `tracer` made."""
 """The process's tracer provider once configured (one per process, like the registry)."""
 
 __all__ = [
@@ -133,11 +135,16 @@ def enabled() -> bool:
 
 
 def tracer(name: str) -> trace.Tracer:
-    """The configured tracer for `name` (a module), or the no-op tracer while tracing is off."""
+    """The configured tracer for `name` (a module), or the no-op tracer while tracing is off.
+    One tracer per name and provider (the SDK builds a new one on each `get_tracer`)."""
     provider = _STATE["provider"]
     if provider is None:
         return trace.NoOpTracer()
-    return provider.get_tracer(name)
+    key = (id(provider), name)
+    found = _TRACERS.get(key)
+    if found is None or found[0] is not provider:
+        found = _TRACERS[key] = (provider, provider.get_tracer(name))
+    return found[1]
 
 
 def context_from_traceparent(value: str | None) -> otel_context.Context | None:

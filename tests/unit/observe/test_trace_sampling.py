@@ -121,3 +121,16 @@ def test_the_sample_rate_flag_and_its_environment_default(monkeypatch):
     monkeypatch.setenv("RADIXMESH_OTLP_SAMPLE_RATE", "often")
     with pytest.raises(InvalidArgument, match="RADIXMESH_OTLP_SAMPLE_RATE"):
         add_server_arguments(argparse.ArgumentParser())
+
+
+def test_a_failed_cache_verb_of_a_traced_request_ends_its_span_with_the_error(monkeypatch):
+    from opentelemetry.trace import StatusCode
+
+    exported = install(monkeypatch, 1.0)
+    servicer = CacheServicer(CacheCore(), InProcessStore(StoreConfig()))
+    release = cache_pb2.ReleaseRequest(lease_id="gone")
+    result = servicer.run_op(cache_pb2.CacheOp(op_id=1, release=release, traceparent=SAMPLED))
+    assert result.error_code  # NOT_FOUND, answered in the result
+    (span,) = exported.get_finished_spans()
+    assert span.name == "cache.release" and span.status.status_code is StatusCode.ERROR
+    assert format(span.parent.span_id, "016x") == "b7ad6b7169203331"
