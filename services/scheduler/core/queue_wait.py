@@ -58,6 +58,9 @@ class QueueWaitConfig:
     """The token rate is measured over the steps that ended in this many seconds."""
     min_steps: int = 4
     """Busy steps an executor needs in that window before its token rate is trusted."""
+    min_busy_s: float = 2.0
+    """Busy seconds those steps must span before the token rate is trusted (a short burst
+    of small steps says little about the pace of a full batch)."""
 
     def __post_init__(self) -> None:
         bound = self.max_queue_wait_s
@@ -71,6 +74,8 @@ class QueueWaitConfig:
             raise InvalidArgument(f"token_window_s: must be > 0, got {self.token_window_s}")
         if self.min_steps < 1:
             raise InvalidArgument(f"min_steps: must be >= 1, got {self.min_steps}")
+        if not (math.isfinite(self.min_busy_s) and self.min_busy_s >= 0):
+            raise InvalidArgument(f"min_busy_s: must be >= 0, got {self.min_busy_s}")
 
 
 class Throughput:
@@ -126,11 +131,12 @@ class TokenRate:
         self._last_at, self._busy = now, busy
 
     def tokens_per_s(self, now: float) -> float | None:
-        """None while fewer than min_steps busy intervals ended in the window."""
+        """None while fewer than min_steps busy intervals, or less than min_busy_s of them,
+        ended in the window."""
         self._trim(now)
-        if len(self._steps) < self._config.min_steps:
-            return None
         seconds = sum(s for _, _, s in self._steps)
+        if len(self._steps) < self._config.min_steps or seconds < self._config.min_busy_s:
+            return None
         return sum(n for _, n, _ in self._steps) / seconds
 
     def _trim(self, now: float) -> None:

@@ -143,7 +143,7 @@ async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
 
 
 def test_the_token_rate_counts_busy_intervals_only():
-    rate = TokenRate(QueueWaitConfig(token_window_s=5.0, min_steps=2))
+    rate = TokenRate(QueueWaitConfig(token_window_s=5.0, min_steps=2, min_busy_s=0.0))
     outputs = [SequenceOutput("a", 7), SequenceOutput("b", 8, accepted_token_ids=[3, 4])]
     rate.note_step(1.0, StepResult(1, outputs), busy=True)  # after an idle spell: no interval
     rate.note_step(1.5, StepResult(2, outputs), busy=True)  # 4 tokens in 0.5 s
@@ -194,17 +194,21 @@ async def test_a_measured_executor_is_judged_on_its_tokens_and_its_requests_leng
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_queue_wait_s=4.0)
     rig = make_rig(config, manual_clock=True)
     await rig.scheduler.start()
-    waits = QueueWaits(QueueWaitConfig(4.0, min_steps=2), max_num_seqs=2)
+    waits = QueueWaits(QueueWaitConfig(4.0, min_steps=2, min_busy_s=0.3), max_num_seqs=2)
     [ex] = rig.scheduler._executors.values()
+    outputs = [SequenceOutput("a", 1), SequenceOutput("b", 2)]  # 2 tokens per 0.1 s
     ex.running["x"] = object()  # busy between the results below
-    for i in range(4):  # 2 tokens per 0.1 s: 20 tokens/s
-        outputs = [SequenceOutput("a", 1), SequenceOutput("b", 2)]
+    for i in range(3):
         waits.note_step(ex, 1.0 + 0.1 * i, StepResult(i + 1, outputs))
+    assert waits.rate(ex, 1.2) is None  # nothing running or queued to size a request by
     del ex.running["x"]
-    assert waits.rate(ex, 1.3) is None  # nothing running or queued to size a request by
     rig.port.gate = asyncio.Event()
     await rig.scheduler.submit("long", [1, 2], greedy(40))
     await rig.scheduler.submit("short", [1, 3], greedy(10))
+    assert waits.rate(ex, 1.2) is None  # 0.2 s of busy steps is too little to judge by
+    ex.running["x"] = object()
+    waits.note_step(ex, 1.3, StepResult(4, outputs))
+    del ex.running["x"]
     assert waits.rate(ex, 1.3) == pytest.approx(20 / 25)  # requests of 25 tokens on average
     rig.port.gate.set()
     await rig.scheduler.stop()
