@@ -89,6 +89,7 @@ async def overload_row(tmp: Path, streams: int) -> dict:
         outcomes = await stream_load(mesh.http, streams, max_tokens=64, deadline_s=300)
     finally:
         mesh.stop()
+    at_envoy = sorted(envoy_durations_s(mesh.log_dir / "envoy-access.log", 429))
     tally = Tally.of(outcomes)
     done = sorted(o.seconds for o in outcomes if o.kind == "completed")
     refused = sorted(o.seconds for o in outcomes if o.status == 429)
@@ -96,7 +97,8 @@ async def overload_row(tmp: Path, streams: int) -> dict:
     note = (
         f"completed p50 {_q(done, 0.5):.1f}s max {_q(done, 1):.1f}s; "
         f"429 p50 {_q(refused, 0.5) * 1000:.0f}ms p99 {_q(refused, 0.99) * 1000:.0f}ms "
-        f"max {_q(refused, 1) * 1000:.0f}ms after sending; "
+        f"max {_q(refused, 1) * 1000:.0f}ms after sending (at Envoy, first byte in to the "
+        f"reply: p50 {_q(at_envoy, 0.5) * 1000:.0f}ms p99 {_q(at_envoy, 0.99) * 1000:.0f}ms); "
         f"Retry-After {retry[:3]}"
     )
     return {"fault": f"{streams} streams, --num-pages 64", "tally": tally, "recovery_s": None,
@@ -139,6 +141,20 @@ async def edge_rows(tmp: Path) -> list[dict]:
     finally:
         mesh.stop()
     return rows
+
+
+def envoy_durations_s(access_log: Path, status: int) -> list[float]:
+    """Seconds Envoy spent on each request answered with `status` (its JSON access log's
+    duration_ms: from the request's first byte to the reply's last)."""
+    out = []
+    for line in access_log.read_text().splitlines() if access_log.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("status") == status and entry.get("duration_ms") is not None:
+            out.append(float(entry["duration_ms"]) / 1000)
+    return out
 
 
 def _post(url: str, data: bytes) -> tuple[int, str]:
