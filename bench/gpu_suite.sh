@@ -529,10 +529,16 @@ PY
 # rps: short chat requests (64 words in, 32 tokens out) at more than 1,000 requests/s offered
 # by several client processes, on a 1B-shaped model (RPS_MODEL_DIR, written by
 # bench/model_8b.py --shape 1b if missing), then the seed's 70% short / 30% long mix at
-# concurrency 1,000 with the SLO gate. Targets: > 1,000 req/s served, error rate < 0.1%.
+# concurrency 1,000 with the SLO gate, then the mix at rising Poisson rates
+# (RPS_SWEEP_RATES, 15 s each) for goodput and the highest rate holding TTFT p99 < 500 ms
+# and p99/p50 < 2.5. Targets: > 1,000 req/s served, error rate < 0.1%. rps.summary.txt.
 step_rps() {
     local model=${RPS_MODEL_DIR:-/tmp/llama1b} secs=60 mix_secs=120 conc=1000 procs=8
-    [ "$GPU" = 1 ] || { model=$MODEL; secs=5; mix_secs=5; conc=16; procs=2; }
+    local sweep_secs=15 rates=${RPS_SWEEP_RATES:-100,200,400,800} gateways=${RPS_GATEWAYS:-4}
+    if [ "$GPU" != 1 ]; then
+        model=$MODEL secs=5 mix_secs=5 conc=16 procs=2 sweep_secs=3 rates=2,4
+        gateways=${RPS_GATEWAYS:-2}
+    fi
     if [ "$GPU" = 1 ] && [ ! -f "$model/config.json" ]; then
         run_step rps_model 150 $PY bench/model_8b.py --out "$model" --shape 1b \
             --json "$RESULTS/rps_model.json"
@@ -543,14 +549,42 @@ step_rps() {
             tee "$RESULTS/rps.status"
         return 0
     fi
-    MODEL=$model mesh_up rps --gateways "${RPS_GATEWAYS:-4}" || return 0
+    MODEL=$model mesh_up rps --gateways "$gateways" || return 0
     mesh_bench rps_short "$RESULTS/rps.endpoints.json" --api grpc --workload random \
         --input-len 64 --output-len 32 --ignore-eos --concurrency "$conc" --duration "$secs" \
         --client-processes "$procs" --slo "error_rate=0.1%,request_throughput=1000"
     mesh_bench rps_mix "$RESULTS/rps.endpoints.json" --api openai --workload mix \
         --concurrency "$conc" --duration "$mix_secs" --client-processes "$procs" \
         --slo "ttft_p99=500ms,e2e_p99=1.2s,p99_p50_ratio=2.5,error_rate=0.1%"
+    # goodput: the same mix at rising Poisson rates; the highest rate that holds the tail
+    mesh_bench rps_sweep "$RESULTS/rps.endpoints.json" --api openai --workload mix \
+        --concurrency "$conc" --duration "$sweep_secs" --client-processes "$procs" \
+        --request-rate "$rates" --slo "ttft_p99=500ms,p99_p50_ratio=2.5,error_rate=0.1%"
     mesh_down
+    $PY - "$RESULTS" <<'PY' | tee "$RESULTS/rps.summary.txt"
+import json, pathlib, sys
+res = pathlib.Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((res / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+for name in ("rps_short", "rps_mix", "rps_sweep"):
+    rep = load(name)
+    if rep is None:
+        print(f"{name:<10} no report")
+        continue
+    slo = " ".join(f"{s['metric']}={'PASS' if s['passed'] else 'FAIL'}" for s in rep.get("slo", []))
+    print(f"{name:<10} req/s {rep['request_throughput']:.1f}  goodput {rep['goodput']:.1f}  "
+          f"errors {rep['num_errors']}/{rep['num_requests']}  ttft p99 {rep['ttft_s']['p99']}  "
+          f"p99/p50 {rep['p99_p50_ratio']}  processes {rep['config'].get('client_processes')}  {slo}")
+    for point in (rep.get("sweep") or {}).get("points", []):
+        print(f"  offered {point['offered_rate']}/s  achieved {point['request_throughput']:.1f}  "
+              f"goodput {point['goodput']:.1f}  ttft p99 {point['ttft_p99_s']}  "
+              f"p99/p50 {point['p99_p50_ratio']}  slo {'met' if point['slo_met'] else 'missed'}")
+    if rep.get("sweep"):
+        print(f"  highest rate meeting the SLO: {rep['sweep']['max_rate_meeting_slo']}")
+PY
 }
 
 # programs: the five programs of bench/programs.py, server-side (one Programs.Run call) against
