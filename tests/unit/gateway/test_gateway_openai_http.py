@@ -227,3 +227,24 @@ async def test_models_and_health(serve):
         await client.models.retrieve("other")
     async with aiohttp.ClientSession() as session, session.get(f"{base}/health") as r:
         assert r.status == 503
+
+
+async def test_over_the_published_headroom_is_429_before_any_submit(serve, tokenizer):
+    from gateway.core.capacity import CapacityGate
+    from radixmesh.capacity import ModelCapacity
+    from radixmesh.sampling import Priority
+
+    gate = CapacityGate()
+    gate.update([ModelCapacity("tiny", 2.0, {Priority.INTERACTIVE: 1, Priority.BATCH: 0})])
+    client, upstream, base = await serve(capacity=gate)
+    await client.completions.create(model="tiny", prompt="x", max_tokens=2)
+    async with aiohttp.ClientSession() as session:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        async with session.post(f"{base}/v1/completions", json=body) as response:
+            assert response.status == 429 and response.headers["Retry-After"] == "1"
+            error = (await response.json())["error"]
+    assert error["code"] == "resource_exhausted"
+    assert "admits no more interactive requests" in error["message"]
+    with pytest.raises(openai.RateLimitError, match="no more batch requests"):
+        await client.completions.create(model="tiny", prompt="x", extra_body={"priority": "batch"})
+    assert len(upstream.submitted) == 1  # the refused ones never reached the scheduler
