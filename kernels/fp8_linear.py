@@ -5,7 +5,7 @@ row-major, scale [out] float32 (one per output row), bias [out] or None; y is
 [num_tokens, out] in x's dtype.
 
 `fp8_linear_triton` picks the kernel by the number of rows:
-- up to GEMV_MAX_ROWS (decode at batch 1 or 2): a weight-only GEMV (FP8 weights widened
+- up to GEMV_MAX_ROWS (decode at batch 1 to 8): a weight-only GEMV (FP8 weights widened
   in registers, fp32 accumulation with the activations as they are: no activation
   rounding). `kernels/gemv.py` holds the split-K kernel and the per-shape choice
   among its configs, the one-pass `_fp8_gemv_kernel` here (one program per BLOCK_N
@@ -20,12 +20,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import gemv
 from kernels._triton import check, tl, triton
 from kernels.gemv import MAX_ROWS, GemvFn, gemv_plan
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 GEMV_MAX_ROWS = MAX_ROWS
+ONEPASS_MAX_ROWS = 2
+"""Rows the one-pass kernel served alone before the per-shape choice (gemv.MODE "legacy")."""
 _MIN_SCALE = 1e-12
 # torch._scaled_mm wants both dimensions of the activation matrix divisible by 16.
 _ROW_MULTIPLE = 16
@@ -190,7 +193,8 @@ def fp8_linear_triton(
     num_rows = x.shape[0]
     if num_rows == 0:
         return torch.empty((0, weight.shape[0]), dtype=x.dtype, device=x.device)
-    if num_rows <= GEMV_MAX_ROWS:
+    legacy = gemv.MODE == "legacy" and num_rows > ONEPASS_MAX_ROWS
+    if num_rows <= GEMV_MAX_ROWS and not legacy:
         return gemv_plan(x, weight, scale, bias, GEMV_FALLBACKS).fn(x, weight, scale, bias)
     return fp8_scaled_mm_triton(x, weight, scale, bias)
 

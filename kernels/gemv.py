@@ -1,6 +1,6 @@
-"""GEMV for decode at batch 1-2, split over K, chosen per shape on the device.
+"""GEMV for decode at batch 1-8, split over K, chosen per shape on the device.
 
-y[m] = (x[m] @ weight.T) [* scale] + bias for m < 2 rows, weight [out, in] row-major,
+y[m] = (x[m] @ weight.T) [* scale] + bias for m < MAX_ROWS rows, weight [out, in] row-major,
 either float8_e4m3fn with scale [out] float32 (the layout contract of `fp8_linear`:
 weight-only quantization, the activations as they are) or in the activations' dtype
 with no scale (the bf16 projections); fp32 accumulation.
@@ -8,7 +8,8 @@ with no scale (the bf16 projections); fp32 accumulation.
 `_gemv_splitk_kernel` runs a (out tiles, SPLIT_K) grid. Each program streams a BLOCK_N x
 BLOCK_K tile of weight per iteration (16 contiguous bytes per thread and load, several
 loads per thread in flight), widens it in registers and multiplies it with one or two
-activation rows, keeping per-lane fp32 partial sums that are reduced once after the loop;
+activation rows (a grid axis over row pairs, neighbours in launch order, so a tile read
+for one pair serves the others from L2), keeping per-lane fp32 partial sums that are reduced once after the loop;
 the row scales are applied once per output tile. With SPLIT_K > 1 each program covers a
 1/SPLIT_K slice of K, writes its partial row sums to a workspace, and the last program of
 a tile to arrive (a per-tile ticket counter, reset by that program) adds the slices in a
@@ -34,7 +35,9 @@ import torch.nn.functional as F
 
 from kernels._triton import interpreting, tl, triton
 
-MAX_ROWS = 2
+MAX_ROWS = 8
+"""Rows (decode sequences) the GEMV serves: programs take them in pairs; from 3 rows on the
+tensor-core path or cuBLAS is among what each shape's choice is timed against."""
 VEC_BYTES = 16
 """Bytes of weight per thread and load; the VEC = 16 / element size values are summed in
 the thread each iteration."""
@@ -49,6 +52,7 @@ def _gemv_splitk_kernel(
     out_ptr,
     partial_ptr,
     counter_ptr,
+    num_rows,
     out_features,
     in_features,
     k_per_split,
@@ -64,8 +68,17 @@ def _gemv_splitk_kernel(
     EVEN: tl.constexpr,
     VEC: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    # programs of one weight tile for the row pairs are neighbours in launch order, so the
+    # tile comes from DRAM once and from L2 for the other pairs
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    row0 = pid_m * NUM_ROWS
+    # 1, or 0 for the second row of a pair past num_rows (it reads row0 again, unstored)
+    second = tl.minimum(row0 + 1, num_rows - 1) - row0
+    x_row0 = x_ptr + row0.to(tl.int64) * stride_x
+    x_row1 = x_row0 + second * stride_x
+    out_row0 = out_ptr + row0.to(tl.int64) * stride_out
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < out_features
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
@@ -80,18 +93,18 @@ def _gemv_splitk_kernel(
         offs_k = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
         if EVEN:
             w = tl.load(w_rows + offs_k).to(tl.float32)
-            x0 = tl.load(x_ptr + offs_k).to(tl.float32)
+            x0 = tl.load(x_row0 + offs_k).to(tl.float32)
         else:
             mask_k = offs_k < in_features
             w = tl.load(w_rows + offs_k, mask=mask_n[:, None] & mask_k, other=0.0)
             w = w.to(tl.float32)
-            x0 = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            x0 = tl.load(x_row0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         acc0 += tl.sum(tl.reshape(w * x0, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
         if NUM_ROWS == 2:
             if EVEN:
-                x1 = tl.load(x_ptr + stride_x + offs_k).to(tl.float32)
+                x1 = tl.load(x_row1 + offs_k).to(tl.float32)
             else:
-                x1 = tl.load(x_ptr + stride_x + offs_k, mask=offs_k < in_features, other=0.0)
+                x1 = tl.load(x_row1 + offs_k, mask=offs_k < in_features, other=0.0)
                 x1 = x1.to(tl.float32)
             acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
     out0 = tl.sum(acc0, axis=1)
@@ -100,39 +113,44 @@ def _gemv_splitk_kernel(
         scale = tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)
         out0 *= scale
         out1 *= scale
+    mask_1 = mask_n & (second > 0)
     if SPLIT_K == 1:
-        _store_rows(out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n, NUM_ROWS, HAS_BIAS)
+        _store_rows(
+            out0, out1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS, HAS_BIAS
+        )
     else:
-        part = partial_ptr + offs_n
-        tl.store(part + (pid_k * NUM_ROWS) * out_features, out0, mask=mask_n)
+        # partials: [SPLIT_K, padded rows, out_features]; a ticket per (weight tile, pair)
+        padded_rows = tl.num_programs(0) * NUM_ROWS
+        part = partial_ptr + (pid_k * padded_rows + row0).to(tl.int64) * out_features + offs_n
+        tl.store(part, out0, mask=mask_n)
         if NUM_ROWS == 2:
-            tl.store(part + (pid_k * NUM_ROWS + 1) * out_features, out1, mask=mask_n)
+            tl.store(part + out_features, out1, mask=mask_n)
+        counter = counter_ptr + pid_n * tl.num_programs(0) + pid_m
         # every thread's partial is written before the ticket is taken (release), and the
         # last program reads the others' partials after its ticket (acquire), from L2
         tl.debug_barrier()
-        ticket = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT_K - 1:
             out0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
             out1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            first = part - (pid_k * padded_rows).to(tl.int64) * out_features
             for s in tl.static_range(SPLIT_K):
-                out0 += tl.load(
-                    part + (s * NUM_ROWS) * out_features, mask=mask_n, other=0.0,
-                    cache_modifier=".cg",
-                )  # fmt: skip
+                slice_s = first + (s * padded_rows).to(tl.int64) * out_features
+                out0 += tl.load(slice_s, mask=mask_n, other=0.0, cache_modifier=".cg")
                 if NUM_ROWS == 2:
                     out1 += tl.load(
-                        part + (s * NUM_ROWS + 1) * out_features, mask=mask_n, other=0.0,
-                        cache_modifier=".cg",
-                    )  # fmt: skip
+                        slice_s + out_features, mask=mask_n, other=0.0, cache_modifier=".cg"
+                    )
             _store_rows(
-                out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n, NUM_ROWS, HAS_BIAS
-            )
-            tl.atomic_xchg(counter_ptr + pid_n, 0)
+                out0, out1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS,
+                HAS_BIAS,
+            )  # fmt: skip
+            tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
 def _store_rows(
-    out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n,
+    out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n, mask_1,
     NUM_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     if HAS_BIAS:
@@ -141,7 +159,7 @@ def _store_rows(
         out1 += bias
     tl.store(out_ptr + offs_n, out0.to(out_ptr.dtype.element_ty), mask=mask_n)
     if NUM_ROWS == 2:
-        tl.store(out_ptr + stride_out + offs_n, out1.to(out_ptr.dtype.element_ty), mask=mask_n)
+        tl.store(out_ptr + stride_out + offs_n, out1.to(out_ptr.dtype.element_ty), mask=mask_1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +219,7 @@ class _Workspace:
         with cls._lock:
             found = cls._buffers.get(key)
             if found is None:
-                tiles = triton.cdiv(out_features, cfg.block_n)
+                tiles = triton.cdiv(out_features, cfg.block_n) * triton.cdiv(MAX_ROWS, 2)
                 partial = torch.empty(cfg.split_k * MAX_ROWS * out_features, device=device)
                 counters = torch.zeros(tiles, dtype=torch.int32, device=device)
                 found = cls._buffers[key] = (partial, counters)
@@ -216,13 +234,13 @@ def gemv_splitk(
     cfg: GemvConfig | None = None,
 ) -> torch.Tensor:
     """The split-K kernel with `cfg` (default: the first candidate for the weight's element
-    size), for 1 or 2 rows; scale None for a plain weight (layout checked by the caller)."""
+    size), for 1 to MAX_ROWS rows; scale None for a plain weight (layout checked by the caller)."""
     if cfg is None:
         cfg = CANDIDATES[weight.element_size()][0]
     num_rows, in_features = x.shape
     out_features = weight.shape[0]
     if not 1 <= num_rows <= MAX_ROWS:
-        raise ValueError(f"fp8 gemv: 1 to {MAX_ROWS} rows, got {num_rows}")
+        raise ValueError(f"gemv: 1 to {MAX_ROWS} rows, got {num_rows}")
     out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
     step = cfg.block_k * cfg.split_k
     k_per_split = triton.cdiv(in_features, step) * cfg.block_k
@@ -231,12 +249,14 @@ def gemv_splitk(
         partial, counters = _Workspace.get(x.device, out_features, cfg)
     else:
         partial, counters = out, out  # unused
-    grid = (triton.cdiv(out_features, cfg.block_n), cfg.split_k)
+    per_program = 1 if num_rows == 1 else 2
+    grid = (triton.cdiv(num_rows, per_program), triton.cdiv(out_features, cfg.block_n), cfg.split_k)
     _gemv_splitk_kernel[grid](
         x, weight, scale if scale is not None else out, bias if bias is not None else out, out,
         partial, counters,
-        out_features, in_features, k_per_split, x.stride(0), weight.stride(0), out.stride(0),
-        NUM_ROWS=num_rows, HAS_SCALE=scale is not None, HAS_BIAS=bias is not None,
+        num_rows, out_features, in_features, k_per_split, x.stride(0), weight.stride(0),
+        out.stride(0), NUM_ROWS=per_program, HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
         VEC=VEC_BYTES // weight.element_size(), num_warps=cfg.num_warps,
     )  # fmt: skip
@@ -383,7 +403,7 @@ def dense_linear_ref(
 def dense_linear_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`F.linear`, except 1-2 contiguous rows on CUDA go through the per-shape choice
+    """`F.linear`, except 1 to MAX_ROWS contiguous rows on CUDA go through the per-shape choice
     between cuBLAS and the split-K GEMV (cuBLAS wherever it is as fast)."""
     gemv = (
         x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.stride(-1) == 1

@@ -122,7 +122,7 @@ SPLITK_CONFIGS = [
 
 @pytest.mark.parametrize("cfg", SPLITK_CONFIGS, ids=lambda c: c.describe())
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("num_rows", [1, 2])
+@pytest.mark.parametrize("num_rows", [1, 2, 5])  # 5: three row pairs, the last one short
 @pytest.mark.parametrize(
     ("out_features", "in_features"),
     [(40, 72), (96, 512), (64, 768), (16, 1030)],  # odd, even for some configs, ragged K
@@ -144,11 +144,11 @@ def test_splitk_gemv_counters_are_zero_after_each_call_so_calls_repeat():
     would make) gives the same output, and the counters read zero between calls."""
     cfg = gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2)
     weight, scale = _fp8_weight(24, 256, seed=4)
-    x = _randn(2, 256, dtype=torch.float32, seed=4)
+    x = _randn(3, 256, dtype=torch.float32, seed=4)
     first = gemv.gemv_splitk(x, weight, scale, None, cfg)
     _, counters = gemv._Workspace.get(x.device, 24, cfg)
-    assert counters.shape == (3,) and bool((counters == 0).all())
-    x2 = _randn(2, 256, dtype=torch.float32, seed=5)
+    assert counters.shape == (3 * gemv.MAX_ROWS // 2,) and bool((counters == 0).all())
+    x2 = _randn(3, 256, dtype=torch.float32, seed=5)
     second = gemv.gemv_splitk(x2, weight, scale, None, cfg)
     torch.testing.assert_close(second, fp8_linear_ref(x2, weight, scale), atol=1e-4, rtol=1e-4)
     assert not torch.equal(first, second)
@@ -167,10 +167,11 @@ def test_splitk_gemv_in_bfloat16_rounds_once():
     torch.testing.assert_close(ours.float(), exact, atol=1e-3, rtol=2**-7)
 
 
-def test_splitk_gemv_refuses_more_than_two_rows():
+def test_splitk_gemv_refuses_more_rows_than_it_serves():
     weight, scale = _fp8_weight(16, 64, seed=1)
-    with pytest.raises(ValueError, match="1 to 2 rows"):
-        gemv.gemv_splitk(_randn(3, 64, dtype=torch.float32, seed=1), weight, scale, None)
+    rows = gemv.MAX_ROWS + 1
+    with pytest.raises(ValueError, match=f"1 to {gemv.MAX_ROWS} rows"):
+        gemv.gemv_splitk(_randn(rows, 64, dtype=torch.float32, seed=1), weight, scale, None)
 
 
 def test_plan_off_the_gpu_is_the_default_config_and_legacy_mode_the_reference():
@@ -188,7 +189,7 @@ def test_plan_off_the_gpu_is_the_default_config_and_legacy_mode_the_reference():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_rows", [1, 2])
+@pytest.mark.parametrize("num_rows", [1, 2, 5])
 @pytest.mark.parametrize(("out_features", "in_features"), [(6144, 4096), (4096, 14336)])
 def test_tuned_plan_on_the_gpu_agrees_and_is_no_slower_than_the_one_pass_kernel(
     num_rows, out_features, in_features
@@ -211,7 +212,7 @@ def test_tuned_plan_on_the_gpu_agrees_and_is_no_slower_than_the_one_pass_kernel(
 
 
 @pytest.mark.parametrize("cfg", (*gemv.BF16_CANDIDATES[:1], gemv.GemvConfig(8, 64, 3, 2)), ids=str)
-@pytest.mark.parametrize("num_rows", [1, 2])
+@pytest.mark.parametrize("num_rows", [1, 2, 3])
 @pytest.mark.parametrize(("out_features", "in_features"), [(40, 72), (64, 768)])
 def test_splitk_gemv_of_a_plain_weight_matches_f_linear(cfg, num_rows, out_features, in_features):
     """No scale: the kernel streams 2-byte weights in the activations' dtype."""
