@@ -364,8 +364,11 @@ def gemv_plan(
     if MODE == "splitk" or x.device.type != "cuda" or interpreting():
         cfg = CANDIDATES[weight.element_size()][0]
         return GemvPlan(cfg.describe(), _splitk_fn(cfg))
+    # row counts share the plan of their power-of-two bucket (3 rows use 4's): the decode
+    # graphs' buckets are tuned at capture, so an odd-sized eager call never tunes mid-serving
+    rows = 1 << (x.shape[0] - 1).bit_length()
     key = (
-        x.device, x.shape[0], weight.shape[0], weight.shape[1], x.dtype, weight.dtype,
+        x.device, rows, weight.shape[0], weight.shape[1], x.dtype, weight.dtype,
         bias is not None,
     )  # fmt: skip
     plan = _plans.get(key)
