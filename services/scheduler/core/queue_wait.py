@@ -14,13 +14,6 @@ While an executor finished fewer than `min_finished` requests in the window its 
 is unknown and nothing is refused on a wait estimate (the queue length limit still
 holds): an idle executor meets a burst with an open door.
 
-Once a few busy steps are measured the rate is read from the executor's tokens instead
-(`TokenRate`): output tokens per second while requests run on it, over the last
-`token_window_s`, divided by the output length its running requests ask for. That is
-known a few steps into a burst and follows the batch as it grows, where the count of
-finished requests lags by a whole request's length (a batch that starts together
-finishes together) and counts the idle time before the burst.
-
 `QueueWaits.capacity` publishes the same estimate per model (`radixmesh.capacity`):
 the measured rate and, per class, how many more requests would be admitted now, so
 the gateway refuses on arrival what the scheduler would refuse.
@@ -37,7 +30,6 @@ from radixmesh.capacity import ModelCapacity
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.retry_after import with_retry_after
 from radixmesh.sampling import Priority
-from radixmesh.step import StepResult
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.request import Request
 
@@ -54,13 +46,6 @@ class QueueWaitConfig:
     """Throughput is measured over this many seconds of finished requests."""
     min_finished: int = 4
     """Finished requests an executor needs before its rate is trusted."""
-    token_window_s: float = 5.0
-    """The token rate is measured over the steps that ended in this many seconds."""
-    min_steps: int = 4
-    """Busy steps an executor needs in that window before its token rate is trusted."""
-    min_busy_s: float = 2.0
-    """Busy seconds those steps must span before the token rate is trusted (a short burst
-    of small steps says little about the pace of a full batch)."""
 
     def __post_init__(self) -> None:
         bound = self.max_queue_wait_s
@@ -70,12 +55,6 @@ class QueueWaitConfig:
             raise InvalidArgument(f"window_s: must be > 0, got {self.window_s}")
         if self.min_finished < 1:
             raise InvalidArgument(f"min_finished: must be >= 1, got {self.min_finished}")
-        if not (math.isfinite(self.token_window_s) and self.token_window_s > 0):
-            raise InvalidArgument(f"token_window_s: must be > 0, got {self.token_window_s}")
-        if self.min_steps < 1:
-            raise InvalidArgument(f"min_steps: must be >= 1, got {self.min_steps}")
-        if not (math.isfinite(self.min_busy_s) and self.min_busy_s >= 0):
-            raise InvalidArgument(f"min_busy_s: must be >= 0, got {self.min_busy_s}")
 
 
 class Throughput:
@@ -104,46 +83,6 @@ class Throughput:
             self._finished.popleft()
 
 
-class TokenRate:
-    """Output tokens per second of one executor while it is busy, over the step results of
-    the last token_window_s. An interval between two results counts when requests ran on
-    the executor through it (wall time, so everything a step costs the mesh is in it: the
-    executor's forward, the scheduler's planning, the streams); the wait for the first
-    step after an idle spell does not."""
-
-    def __init__(self, config: QueueWaitConfig) -> None:
-        self._config = config
-        self._steps: deque[tuple[float, int, float]] = deque()
-        """(when the interval ended, output tokens, seconds) per busy interval."""
-        self._last_at: float | None = None
-        self._busy = False
-        """Requests ran on the executor after the last result."""
-
-    def note_step(self, now: float, result: StepResult, busy: bool) -> None:
-        """Changes state: a step result arrived at `now`; busy: requests still run on the
-        executor after it."""
-        if self._busy and self._last_at is not None and now > self._last_at:
-            num_tokens = sum(
-                len(o.accepted_token_ids) + (o.token_id is not None) for o in result.outputs
-            )
-            self._steps.append((now, num_tokens, now - self._last_at))
-            self._trim(now)
-        self._last_at, self._busy = now, busy
-
-    def tokens_per_s(self, now: float) -> float | None:
-        """None while fewer than min_steps busy intervals, or less than min_busy_s of them,
-        ended in the window."""
-        self._trim(now)
-        seconds = sum(s for _, _, s in self._steps)
-        if len(self._steps) < self._config.min_steps or seconds < self._config.min_busy_s:
-            return None
-        return sum(n for _, n, _ in self._steps) / seconds
-
-    def _trim(self, now: float) -> None:
-        while self._steps and self._steps[0][0] <= now - self._config.token_window_s:
-            self._steps.popleft()
-
-
 class QueueWaits:
     """The scheduler's queue-wait admission: each executor's measured throughput, the wait
     estimate it gives a new request, and the refusal on arrival when that is too long."""
@@ -153,34 +92,13 @@ class QueueWaits:
         self._max_num_seqs = max_num_seqs
         self._throughput: dict[str, Throughput] = {}
         """Requests finished per second, per executor id."""
-        self._tokens: dict[str, TokenRate] = {}
-        """Output tokens per second of step time, per executor id."""
 
     def note_finished(self, executor_id: str, now: float) -> None:
         """Changes state: a request on `executor_id` finished at `now`."""
         self._finished_on(executor_id).note_finished(now)
 
-    def note_step(self, ex: ExecutorState, now: float, result: StepResult) -> None:
-        """Changes state: a step result of ex arrived at `now` (and was processed: the
-        requests it finished have left ex.running)."""
-        tokens = self._tokens.get(ex.executor_id)
-        if tokens is None:
-            tokens = self._tokens[ex.executor_id] = TokenRate(self.config)
-        tokens.note_step(now, result, busy=bool(ex.running))
-
     def rate(self, ex: ExecutorState, now: float) -> float | None:
-        """Read-only: requests per second ex finishes; None while not measured. From its
-        token rate over the output length its running (else queued) requests ask for, when
-        it has been measured; else from the requests it finished lately."""
-        tokens = self._tokens.get(ex.executor_id)
-        per_s = tokens.tokens_per_s(now) if tokens is not None else None
-        sized = list(ex.running.values()) or list(ex.queue)
-        if per_s is not None and sized:
-            limit = ex.info.max_model_len
-            lengths = [
-                max(1, r.sampling.max_tokens or limit - len(r.prompt_token_ids)) for r in sized
-            ]
-            return per_s * len(lengths) / sum(lengths)
+        """Read-only: requests per second ex finished lately; None while not measured."""
         return self._finished_on(ex.executor_id).rate(now)
 
     def capacity(self, executors: Iterable[ExecutorState], now: float) -> list[ModelCapacity]:

@@ -404,7 +404,6 @@ class SchedulerCore:
             ex.running.pop(req.req_id, None)
             ex.queue.remove(req.req_id)
             del self._requests[req.req_id]
-        self._queue_waits.note_step(ex, now, result)
         # commits first (together: one round trip to a remote cache), so a follow-up
         # request sent on seeing the last update finds this sequence in the tree
         held = await asyncio.gather(

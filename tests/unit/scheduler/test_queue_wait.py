@@ -11,13 +11,10 @@ from sched_fakes import greedy, make_rig
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.retry_after import retry_after_of, with_retry_after
 from radixmesh.sampling import Priority
-from radixmesh.step import SequenceOutput, StepResult
 from services.scheduler.core import SchedulerConfig
 from services.scheduler.core.queue_wait import (
     QueueWaitConfig,
-    QueueWaits,
     Throughput,
-    TokenRate,
     check_wait,
     estimate_wait_s,
     max_num_ahead,
@@ -142,21 +139,6 @@ async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
     assert all(rig.sink.finished[r].error is None for r in burst)
 
 
-def test_the_token_rate_counts_busy_intervals_only():
-    rate = TokenRate(QueueWaitConfig(token_window_s=5.0, min_steps=2, min_busy_s=0.0))
-    outputs = [SequenceOutput("a", 7), SequenceOutput("b", 8, accepted_token_ids=[3, 4])]
-    rate.note_step(1.0, StepResult(1, outputs), busy=True)  # after an idle spell: no interval
-    rate.note_step(1.5, StepResult(2, outputs), busy=True)  # 4 tokens in 0.5 s
-    assert rate.tokens_per_s(1.5) is None
-    rate.note_step(2.0, StepResult(3, [SequenceOutput("a", None)]), busy=False)
-    assert rate.tokens_per_s(2.0) == 4.0  # 4 tokens over 1.0 s
-    rate.note_step(9.0, StepResult(4, outputs), busy=True)  # the idle wait is not counted
-    rate.note_step(9.5, StepResult(5, outputs), busy=True)
-    assert rate.tokens_per_s(9.5) is None  # the window (4.5, 9.5] holds one interval
-    rate.note_step(10.0, StepResult(6, outputs), busy=True)
-    assert rate.tokens_per_s(10.0) == 8.0
-
-
 def test_max_num_ahead_is_the_edge_of_the_bound():
     assert max_num_ahead(30.0, 2.0) == 59  # (59 + 1) / 2 = 30 s exactly
     assert estimate_wait_s(59, 2.0) == 30.0 and estimate_wait_s(60, 2.0) > 30.0
@@ -186,29 +168,5 @@ async def test_the_published_headroom_is_what_the_scheduler_admits():
         await rig.scheduler.submit("one-more", [1, 3], greedy(4))
     [full] = rig.scheduler.capacity()
     assert full.headroom[Priority.INTERACTIVE] == 0
-    rig.port.gate.set()
-    await rig.scheduler.stop()
-
-
-async def test_a_measured_executor_is_judged_on_its_tokens_and_its_requests_lengths():
-    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_queue_wait_s=4.0)
-    rig = make_rig(config, manual_clock=True)
-    await rig.scheduler.start()
-    waits = QueueWaits(QueueWaitConfig(4.0, min_steps=2, min_busy_s=0.3), max_num_seqs=2)
-    [ex] = rig.scheduler._executors.values()
-    outputs = [SequenceOutput("a", 1), SequenceOutput("b", 2)]  # 2 tokens per 0.1 s
-    ex.running["x"] = object()  # busy between the results below
-    for i in range(3):
-        waits.note_step(ex, 1.0 + 0.1 * i, StepResult(i + 1, outputs))
-    assert waits.rate(ex, 1.2) is None  # nothing running or queued to size a request by
-    del ex.running["x"]
-    rig.port.gate = asyncio.Event()
-    await rig.scheduler.submit("long", [1, 2], greedy(40))
-    await rig.scheduler.submit("short", [1, 3], greedy(10))
-    assert waits.rate(ex, 1.2) is None  # 0.2 s of busy steps is too little to judge by
-    ex.running["x"] = object()
-    waits.note_step(ex, 1.3, StepResult(4, outputs))
-    del ex.running["x"]
-    assert waits.rate(ex, 1.3) == pytest.approx(20 / 25)  # requests of 25 tokens on average
     rig.port.gate.set()
     await rig.scheduler.stop()
