@@ -3,7 +3,8 @@
 A running sequence costs one token per decode, or a chunk of its prompt while
 it prefills. With an executor that speculates (`ExecutorInfo.max_draft_tokens`)
 and no more decodes than its `max_speculative_batch_size`, a decode may also
-verify that many draft tokens: they take from the step's token budget, and
+verify that many draft tokens: they take from the step's token budget what
+the step's decodes and prefills (and waiting prompts, with a slot free) leave, and
 the pages cover them where the pool has them to spare. With jump-forward
 (`ExecutorInfo.max_forced_tokens`) a constrained decode may verify that many at
 any batch size (the tokens its grammar forces). A verifying step may
@@ -68,8 +69,15 @@ async def schedule_running(
         *(leases.grow(ex, r, r.num_computed_tokens + 1 + slack(r)) for r in growing)
     )
     scheduled: list[RunningSequence] = []
+    # a draft takes only what the step's other work leaves: a token for each later decode,
+    # the running prefills' chunks, and, with a sequence slot free, the waiting prompts
+    decodes_left = len(decodes)
+    prefill_need = sum(r.num_admitted_tokens - r.num_computed_tokens for r in prefills)
+    if len(ex.queue) and budget.num_seqs > len(ex.running):
+        prefill_need = budget.num_tokens
     while pending and budget.num_tokens > 0 and budget.num_seqs > 0:
         req = pending.pop(0)
+        decodes_left -= not req.prefilling
         if req.prefilling:
             num_tokens = min(req.num_admitted_tokens - req.num_computed_tokens, budget.num_tokens)
         elif wants_decode(req, ex.info.max_model_len):
@@ -81,7 +89,7 @@ async def schedule_running(
             continue
         num_draft = 0
         if not req.prefilling and (cap := draft_cap(req)):
-            num_draft = min(cap, budget.num_tokens - num_tokens)
+            num_draft = min(cap, budget.num_tokens - num_tokens - decodes_left - prefill_need)
             if num_draft > 0 and not await leases.grow(
                 ex, req, req.num_computed_tokens + needed + num_draft
             ):
