@@ -1,9 +1,11 @@
 """Jump-forward on the JSON workload: output tokens/s and TPOT with it off and on.
 
-The in-process Engine, greedy, `--batch-sizes` requests at once under the PEOPLE
+The in-process Engine, greedy, `--batch-sizes` requests in flight (each slot taking
+`--requests-per-slot` requests in turn) under the PEOPLE
 schema of bench/structured.py (long enough that every request runs to
---output-len), speculation off. One engine per mode (jump-forward off, then on), each
-warmed up, then `--rounds` rounds per batch size. Greedy outputs are the same in both
+--output-len), speculation off. One engine per mode (jump-forward off and on, side by
+side, each with its own KV pool of the size the batch needs), each warmed up, then
+`--rounds` rounds per batch size, alternating the modes. Greedy outputs are the same in both
 modes (checked here), so both produce the same tokens and tokens/s compares directly.
 Reported per batch size and mode: output tokens/s (all requests' tokens over the round's
 wall time), mean and p50 TPOT, steps per request, and the share of output tokens that
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -36,10 +39,17 @@ from services.executor.core.grammar import GrammarConfig, GrammarService
 MODES = ("off", "on")
 
 
-async def _round(engine, prompts, sampling, constraint) -> dict:
-    """Every prompt at once: wall time, tokens, per-request TPOT (ms) and outputs."""
+async def _round(engine, prompts, sampling, constraint, concurrency: int) -> dict:
+    """Every prompt, at most `concurrency` in flight (a new one as soon as one ends): wall
+    time, tokens, per-request TPOT and TTFT (ms) and outputs."""
+    slots = asyncio.Semaphore(concurrency)
 
     async def one(prompt: list[int]):
+        async with slots:
+            return await _request(prompt)
+
+    async def _request(prompt: list[int]):
+        sent = time.perf_counter()
         first = last = 0.0
         tokens: list[int] = []
         stream = await engine.generate(prompt, sampling, constraint=constraint)
@@ -51,28 +61,28 @@ async def _round(engine, prompts, sampling, constraint) -> dict:
                 first, last = first or now, now
                 tokens += update.token_ids
         tpot = (last - first) * 1e3 / (len(tokens) - 1) if len(tokens) > 1 else float("nan")
-        return tpot, tokens
+        return tpot, tokens, (first - sent) * 1e3
 
     start = time.perf_counter()
     done = await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - start
     return {
         "wall_s": wall,
-        "tpots": [t for t, _ in done],
-        "outputs": [o for _, o in done],
+        "tpots": [t for t, _, _ in done],
+        "outputs": [o for _, o, _ in done],
+        "ttfts": [t for _, _, t in done],
     }
 
 
-async def bench_mode(args: argparse.Namespace, model: str, mode: str) -> dict[int, list[dict]]:
-    from mesh.engine import Engine, EngineConfig
+def _engine_config(args: argparse.Namespace, model: str, mode: str):
+    from mesh.engine import EngineConfig
     from services.executor.core.spec import SpeculativeConfig
     from services.scheduler.core import SchedulerConfig
 
     max_batch = max(args.batch_sizes)
-    service = GrammarService.from_model_dir(model, config=GrammarConfig(compile_timeout_s=120))
     scheduler = SchedulerConfig(max_num_seqs=max_batch, max_queue_len=4 * max_batch)
     pages_per_seq = -(-(args.prompt_len + args.output_len) // 16) + scheduler.page_lookahead + 2
-    config = EngineConfig.for_model(
+    return EngineConfig.for_model(
         model,
         scheduler=scheduler,
         device=args.device,
@@ -83,29 +93,44 @@ async def bench_mode(args: argparse.Namespace, model: str, mode: str) -> dict[in
             jump_forward=mode == "on", max_forced_tokens=args.max_forced_tokens
         ),
     )
+
+
+async def bench_modes(args: argparse.Namespace, model: str) -> dict[str, dict[int, list[dict]]]:
+    """Both engines side by side (one grammar service), rounds alternating off / on so
+    that a machine's drift falls on both modes alike."""
+    from mesh.engine import Engine
+
+    service = GrammarService.from_model_dir(model, config=GrammarConfig(compile_timeout_s=120))
     constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(PEOPLE))
     sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0)
-    rows: dict[int, list[dict]] = {}
-    async with Engine(config, grammar=service) as engine:
-        core = engine.executors[0]
-        vocab = core.info.vocab_size
+    rows: dict[str, dict[int, list[dict]]] = {mode: {} for mode in MODES}
+    async with contextlib.AsyncExitStack() as stack:
+        engines = {}
+        for mode in MODES:
+            engine = Engine(_engine_config(args, model, mode), grammar=service)
+            engines[mode] = await stack.enter_async_context(engine)
+        vocab = engines["off"].executors[0].info.vocab_size
         assert vocab is not None
         rng = random.Random(0)
         prompts = [
             [rng.randrange(vocab // 4, vocab) for _ in range(args.prompt_len)]
-            for _ in range(max_batch)
+            for _ in range(max(args.batch_sizes) * args.requests_per_slot)
         ]
-        await _round(engine, prompts[:8], SamplingParams(max_tokens=16, temperature=0.0), constraint)
+        warm = SamplingParams(max_tokens=16, temperature=0.0)
+        for engine in engines.values():
+            await _round(engine, prompts[:8], warm, constraint, 8)
         for batch in args.batch_sizes:
-            rows[batch] = []
+            work = prompts[: batch * args.requests_per_slot]
             for _ in range(args.rounds):
-                steps = _count_steps(core)
-                before = core.spec_stats.snapshot()
-                row = await _round(engine, prompts[:batch], sampling, constraint)
-                after = core.spec_stats.snapshot()
-                row["num_steps"] = steps()
-                row["num_forced"] = after.num_forced_tokens - before.num_forced_tokens
-                rows[batch].append(row)
+                for mode, engine in engines.items():
+                    core = engine.executors[0]
+                    steps = _count_steps(core)
+                    before = core.spec_stats.snapshot()
+                    row = await _round(engine, work, sampling, constraint, batch)
+                    after = core.spec_stats.snapshot()
+                    row["num_steps"] = steps()
+                    row["num_forced"] = after.num_forced_tokens - before.num_forced_tokens
+                    rows[mode].setdefault(batch, []).append(row)
     service.close(wait=True)
     return rows
 
@@ -130,9 +155,11 @@ def _count_steps(core):
 
 def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) -> list[dict]:
     print(f"\n### jump-forward, JSON workload (PEOPLE), prompt {args.prompt_len}, output ", end="")
-    print(f"{args.output_len}, greedy, max_forced_tokens {args.max_forced_tokens}\n")
-    print("| batch | jump-forward | output tok/s | TPOT mean / p50 ms | steps | forced share |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    print(f"{args.output_len}, greedy, max_forced_tokens {args.max_forced_tokens}, ", end="")
+    print(f"{args.requests_per_slot} requests per slot\n")
+    print("| in flight | jump-forward | output tok/s | TPOT mean / p50 ms | TTFT p50 ms | steps |", end="")
+    print(" forced share |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     out = []
     for batch in args.batch_sizes:
         for mode in MODES:
@@ -142,18 +169,20 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) 
             tpots = [t for r in rounds for t in r["tpots"]]
             forced = sum(r["num_forced"] for r in rounds) / len(rounds)
             steps = statistics.median(r["num_steps"] for r in rounds)
+            ttft = statistics.median(t for r in rounds for t in r["ttfts"])
             row = {
                 "batch_size": batch, "jump_forward": mode, "output_tok_s": tok_s,
                 "tpot_mean_ms": statistics.mean(tpots), "tpot_p50_ms": statistics.median(tpots),
-                "num_steps": steps, "forced_share": forced / max(tokens, 1),
+                "ttft_p50_ms": ttft, "num_steps": steps, "forced_share": forced / max(tokens, 1),
             }  # fmt: skip
             out.append(row)
             print(f"| {batch} | {mode} | {tok_s:.1f} | {row['tpot_mean_ms']:.2f} / ", end="")
-            print(f"{row['tpot_p50_ms']:.2f} | {steps:.0f} | {100 * row['forced_share']:.1f}% |")
+            print(f"{row['tpot_p50_ms']:.2f} | {ttft:.1f} | {steps:.0f} | ", end="")
+            print(f"{100 * row['forced_share']:.1f}% |")
         same = results["off"][batch][0]["outputs"] == results["on"][batch][0]["outputs"]
         off, on = (r for r in out[-2:])
         print(f"| {batch} | gain | {on['output_tok_s'] / off['output_tok_s']:.3f}x | ", end="")
-        print(f"{on['tpot_mean_ms'] / off['tpot_mean_ms']:.3f}x | | outputs equal: {same} |")
+        print(f"{on['tpot_mean_ms'] / off['tpot_mean_ms']:.3f}x | | | outputs equal: {same} |")
         if not same:
             raise SystemExit(f"batch {batch}: greedy outputs differ between the modes")
     return out
@@ -172,6 +201,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-forced-tokens", type=int, default=8)
+    parser.add_argument(
+        "--requests-per-slot",
+        type=int,
+        default=4,
+        help="requests per batch slot: a finished request's slot takes the next one, so a "
+        "request that jumps ahead makes room sooner (1: one closed batch)",
+    )
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--json", default=None, help="write the rows here")
 
@@ -180,7 +216,7 @@ def run(args: argparse.Namespace) -> None:
     configure_logging("bench", level="warning", json=False)
     print(f"host: {platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}")
     model = args.model or str(ensure_default_model())
-    results = {mode: asyncio.run(bench_mode(args, model, mode)) for mode in MODES}
+    results = asyncio.run(bench_modes(args, model))
     rows = report(args, results)
     if args.json:
         with open(args.json, "w") as f:
