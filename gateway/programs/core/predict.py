@@ -66,6 +66,8 @@ class PredictionConfig:
     """The predicted branch must have run at least this share of the recorded runs."""
     max_value_chars: int = 64
     """Longer values of the condition's variable are not recorded (nor predicted)."""
+    join_timeout_s: float = 0.05
+    """On a hit, how long the If waits for a prefill still running before it gives it up."""
 
     def __post_init__(self) -> None:
         if self.min_runs < 1:
@@ -74,6 +76,8 @@ class PredictionConfig:
             raise InvalidArgument(f"min_share: must be in [0.5, 1], got {self.min_share}")
         if self.max_value_chars < 1:
             raise InvalidArgument(f"max_value_chars: must be >= 1, got {self.max_value_chars}")
+        if not self.join_timeout_s >= 0:
+            raise InvalidArgument(f"join_timeout_s: must be >= 0, got {self.join_timeout_s}")
 
 
 @dataclass(slots=True)
@@ -187,10 +191,15 @@ class BranchPredictor:
         stats.record(taken, text)
         await self.store.put_result(key, stats.to_json())
 
-    def speculate(self, run: ProgramRun, scope: Scope, ahead: Lookahead, model: str) -> Speculation:
-        """Start the speculation for ahead.branch (in the background; it may predict nothing)."""
+    async def speculate(self, run: ProgramRun, scope: Scope, ahead: Lookahead, model: str) -> Speculation:
+        """Read ahead.branch's history, and when it predicts, start the prefill in the
+        background: before the Gen/Select is submitted, so both run in the same step."""
         spec = Speculation(self, run, scope, ahead, model)
-        spec.task = asyncio.create_task(spec.prefill(), name=f"predict-{run.run_id}-{ahead.branch.path}")
+        try:
+            guess = (await self.stats(spec.key)).predict(self.config)
+        except Exception:  # a result store that is down costs the prediction, not the program
+            guess = None
+        spec.task = asyncio.create_task(spec.prefill(guess), name=f"predict-{run.run_id}-{ahead.branch.path}")
         return spec
 
 
@@ -219,8 +228,7 @@ class Speculation:
             tokens += self.tokenizer.encode_text(role_text(self.tokenizer, a.role, a.part, text))
         return tokens
 
-    async def prefill(self) -> None:
-        guess = (await self.predictor.stats(self.key)).predict(self.predictor.config)
+    async def prefill(self, guess: tuple[bool, str] | None) -> None:
         branch = self.ahead.branch
         if guess is None:
             return
@@ -260,13 +268,17 @@ class Speculation:
         return context + self._encode(lead) == self.tokens
 
     async def settle(self, taken: bool, value: object, context: list[int]) -> ev.Prediction:
-        """The If resolved: join the prefill on a hit, cancel it and release its hold otherwise."""
+        """The If resolved: on a hit, join the prefill (waiting at most join_timeout_s for
+        one still running: a later one would delay the branch instead of speeding it up);
+        otherwise, or when it is late, cancel it and release its hold."""
         assert self.task is not None
-        hit = self._matches(taken, context)  # no guess (history not read in time, or none): False
+        hit = self._matches(taken, context)  # no guess: False
+        kept = False
         if hit:
             with contextlib.suppress(Exception):
-                await self.task
-        else:
+                await asyncio.wait_for(asyncio.shield(self.task), self.predictor.config.join_timeout_s)
+            kept = self.task.done()
+        if not kept:
             self.task.cancel()
             with contextlib.suppress(BaseException):
                 await self.task
@@ -276,7 +288,7 @@ class Speculation:
             prediction = ev.Prediction.HIT if hit else ev.Prediction.MISS
             PREDICTIONS.labels(result=prediction.name.lower()).inc()
             computed = self.usage.prompt_tokens - self.usage.cached_tokens
-            SPECULATIVE_TOKENS.labels(outcome="used" if hit else "wasted").inc(max(0, computed))
+            SPECULATIVE_TOKENS.labels(outcome="used" if kept else "wasted").inc(max(0, computed))
             self.run.usage.append(ev.StatementUsage(f"{self.ahead.branch.path}.prediction", self.model, self.usage))
         self.run.background(self.predictor.record(self.key, taken, value))
         return prediction

@@ -269,7 +269,7 @@ class ProgramRun:
     async def body(self, body: tuple[Statement, ...], scope: Scope) -> None:
         try:
             for index, statement in enumerate(body):
-                self.predict_ahead(body, index, scope)
+                await self.predict_ahead(body, index, scope)
                 with phase(f"program.{type(statement).__name__.lower()}", path=statement.path):
                     await self.statement(statement, scope)
         finally:  # a body that failed or was cancelled before its If: stop that prefill
@@ -277,7 +277,7 @@ class ProgramRun:
                 if spec.task is not None:
                     spec.task.cancel()
 
-    def predict_ahead(self, body: tuple[Statement, ...], index: int, scope: Scope) -> None:
+    async def predict_ahead(self, body: tuple[Statement, ...], index: int, scope: Scope) -> None:
         """Before a Gen/Select that an If right after it waits on, start prefilling the
         branch that If will likely take (gateway.programs.core.predict)."""
         predictor = self.deps.predictor
@@ -290,7 +290,7 @@ class ProgramRun:
         assert isinstance(s, (Gen, Select))
         model, tokenizer = self.deps.models.resolve(s.model or self.program.model)
         scope.context.on_model(model, tokenizer)
-        scope.speculations[ahead.branch.path] = predictor.speculate(self, scope, ahead, model)
+        scope.speculations[ahead.branch.path] = await predictor.speculate(self, scope, ahead, model)
 
     async def statement(self, s: Statement, scope: Scope) -> None:
         if isinstance(s, Append):

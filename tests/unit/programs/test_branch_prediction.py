@@ -105,11 +105,22 @@ async def test_a_wrong_guess_is_cancelled_and_leaves_no_hold_or_page(deps, backe
     misses = PREDICTIONS.labels(result="miss")._value.get()
     for i, query in enumerate(("a late parcel", "a lost parcel")):
         await run(predicting, triage(["retrieve"]), query, f"m{i}")
+    seen_at_branch_gen: list = []
+    submit = backend.submit
+
+    def watching(request):
+        if request.req_id.startswith("m2/") and request.sampling.max_tokens == 3:
+            # the otherwise branch's Gen: the wrong guess is gone before it starts
+            seen_at_branch_gen.append((list(backend.released), locked(engine)))
+        return submit(request)
+
+    backend.submit = watching
     events = await run(predicting, triage(["chat"]), "just saying hello", "m2")
     assert branch_event(events) == ev.BranchTaken("body[4].branch", False, ev.Prediction.MISS)
     assert PREDICTIONS.labels(result="miss")._value.get() == misses + 1
     (spec,) = [r for r in backend.requests if r.priority is Priority.SHEDDABLE]
-    assert spec.hold_id in backend.released
+    ((released, pages),) = seen_at_branch_gen
+    assert spec.hold_id in released and pages == (0, 0)
     assert events[-1].variables["route"] == "chat"
     assert locked(engine) == (0, 0)
 
@@ -159,7 +170,8 @@ def test_a_malformed_history_starts_again():
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("min_runs", 0), ("min_share", 0.4), ("min_share", 1.5), ("max_value_chars", 0)]
+    ("field", "value"),
+    [("min_runs", 0), ("min_share", 0.4), ("min_share", 1.5), ("max_value_chars", 0), ("join_timeout_s", -1.0)],
 )
 def test_a_bad_prediction_config_names_its_field(field, value):
     with pytest.raises(InvalidArgument, match=field):
@@ -176,3 +188,18 @@ def test_only_an_if_right_after_its_gen_is_looked_ahead_to():
     assert lookahead((literal, gen_, branch), 0) is None  # not a Gen/Select
     other = dataclasses.replace(branch, condition=Condition(ConditionKind.EQUALS, "y", "a"))
     assert lookahead((gen_, other), 0) is None  # the If does not wait on this Gen
+
+
+class BrokenStore:
+    async def get_result(self, key: str) -> bytes | None:
+        raise ConnectionError("the result store is down")
+
+    async def put_result(self, key: str, value: bytes) -> None:
+        raise ConnectionError("the result store is down")
+
+
+async def test_a_result_store_that_is_down_costs_the_prediction_not_the_program(deps, engine):
+    events = await run(with_predictor(deps, BrokenStore(), min_runs=1), triage(["retrieve"]), "hello", "b0")
+    assert branch_event(events).prediction is ev.Prediction.NONE
+    assert "answer" in events[-1].variables
+    assert locked(engine) == (0, 0)
