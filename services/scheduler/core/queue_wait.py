@@ -92,10 +92,15 @@ class QueueWaits:
         self._max_num_seqs = max_num_seqs
         self._throughput: dict[str, Throughput] = {}
         """Requests finished per second, per executor id."""
+        self._last_pages: dict[str, int] = {}
+        """Per executor id: the pages the last finished request held at its end."""
 
-    def note_finished(self, executor_id: str, now: float) -> None:
-        """Changes state: a request on `executor_id` finished at `now`."""
+    def note_finished(self, executor_id: str, now: float, num_pages: int = 0) -> None:
+        """Changes state: a request on `executor_id` finished at `now`, holding num_pages
+        KV pages at the end (0: unknown)."""
         self._finished_on(executor_id).note_finished(now)
+        if num_pages > 0:
+            self._last_pages[executor_id] = num_pages
 
     def rate(self, ex: ExecutorState, now: float) -> float | None:
         """Read-only: requests per second ex finished lately; None while not measured."""
@@ -132,7 +137,7 @@ class QueueWaits:
         for ex in executors:
             counts = ex.queue.count_by_priority()
             queued = sum(n for p, n in counts.items() if p <= priority)
-            free = batch_capacity(ex, self._max_num_seqs) - queued - len(ex.running)
+            free = self._capacity_for_new(ex) - queued - len(ex.running)
             rate = self.rate(ex, now)
             if rate is None:  # admits while its batch has room (a wait of 0), then unknown
                 total += max(0, free)
@@ -163,6 +168,15 @@ class QueueWaits:
         capacity = batch_capacity(ex, self._max_num_seqs)
         num_ahead = num_ahead_past_capacity(queued, len(ex.running), capacity)
         return estimate_wait_s(num_ahead, self.rate(ex, now))
+
+    def _capacity_for_new(self, ex: ExecutorState) -> int:
+        """The batch the headroom counts on: as `batch_capacity` while requests run; on an
+        idle executor, sequences of the size its last finished request grew to (a burst
+        that lands on it fills the pool, not the slots), else its slots."""
+        pages = self._last_pages.get(ex.executor_id)
+        if ex.running or not pages:
+            return batch_capacity(ex, self._max_num_seqs)
+        return max(1, min(self._max_num_seqs, ex.info.num_pages // pages))
 
     def _finished_on(self, executor_id: str) -> Throughput:
         throughput = self._throughput.get(executor_id)

@@ -170,3 +170,22 @@ async def test_the_published_headroom_is_what_the_scheduler_admits():
     assert full.headroom[Priority.INTERACTIVE] == 0
     rig.port.gate.set()
     await rig.scheduler.stop()
+
+
+async def test_an_idle_executors_headroom_counts_the_pool_not_the_slots():
+    """After short requests, an idle executor's headroom is what its pool holds of their
+    size plus the wait bound's share, not its 256 slots: a burst that lands on it is cut
+    at the gateway near where the scheduler cuts it."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=256, max_queue_wait_s=4.0)
+    rig = make_rig(config, manual_clock=True, num_pages=16)
+    rig.port.step_seconds = 0.25
+    await rig.scheduler.start()
+    for i in range(6):  # each finishes holding one page
+        await rig.scheduler.submit(f"warm{i}", [i + 1, 2], greedy(2))
+    await rig.sink.wait(*(f"warm{i}" for i in range(6)))
+    [capacity] = rig.scheduler.capacity()
+    rate = capacity.requests_per_s
+    assert rate is not None
+    room = capacity.headroom[Priority.INTERACTIVE]
+    assert max_num_ahead(4.0, rate) + 1 < room <= 16 + max_num_ahead(4.0, rate) + 1  # not 256
+    await rig.scheduler.stop()
