@@ -89,7 +89,8 @@ async def schedule_running(
             continue
         num_draft = 0
         if not req.prefilling and (cap := draft_cap(req)):
-            num_draft = min(cap, budget.num_tokens - num_tokens - decodes_left - prefill_need)
+            left = budget.num_tokens - num_tokens - decodes_left - prefill_need
+            num_draft = max(0, min(cap, left))
             if num_draft > 0 and not await leases.grow(
                 ex, req, req.num_computed_tokens + needed + num_draft
             ):

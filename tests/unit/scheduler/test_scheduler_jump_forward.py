@@ -37,6 +37,7 @@ async def test_constrained_decodes_get_draft_tokens_and_every_decode_keeps_its_t
         scheduled = sum(r.num_scheduled_tokens + r.num_draft_tokens for r in plan.running_seqs)
         scheduled += sum(n.num_scheduled_tokens for n in plan.new_seqs)
         assert scheduled <= BUDGET
+        assert all(r.num_draft_tokens >= 0 for r in plan.running_seqs)  # a uint32 on the wire
         assert all(r.num_draft_tokens == 0 for r in plan.running_seqs if r.req_id not in constrained)
         if len(decodes) == len(prompts):  # every request decoding: none left out for drafts
             full += 1
