@@ -39,6 +39,9 @@ class PreparedRequest:
     hold_id: str = ""
     """Keep this request's tokens (prompt + output) held in the prefix cache under this name
     when it finishes normally ("": no hold; see gateway/programs/core/port.py)."""
+    group_id: str = ""
+    """Program group: the requests of one select or one fork share a name, so the scheduler
+    admits them together and computes their shared pages once ("": none)."""
 
 
 def prepare_request(

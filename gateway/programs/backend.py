@@ -22,6 +22,7 @@ class SchedulerBackend:
         self._client = client
         parameters = inspect.signature(client.generate).parameters
         self._holds = "hold_id" in parameters and hasattr(client, "release_hold")
+        self._groups = "group_id" in parameters
 
     @property
     def supports_holds(self) -> bool:
@@ -33,6 +34,8 @@ class SchedulerBackend:
 
     def submit(self, request: PreparedRequest) -> AsyncIterator[RequestUpdate]:
         extra = {"hold_id": request.hold_id} if self._holds and request.hold_id else {}
+        if self._groups and request.group_id:
+            extra["group_id"] = request.group_id
         return self._client.generate(
             request.req_id,
             request.prompt_token_ids,

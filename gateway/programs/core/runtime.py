@@ -91,6 +91,8 @@ class Scope:
     assigned: list[str] = field(default_factory=list)
     speculations: dict[str, Speculation] = field(default_factory=dict)
     """Ifs ahead (by path) whose likely branch is being prefilled."""
+    group_id: str = ""
+    """A fork branch's requests: the fork's program group (scheduled as one unit)."""
 
     def set(self, name: str, value: Any) -> None:
         self.variables[name] = value
@@ -336,9 +338,10 @@ class ProgramRun:
         sampling: SamplingParams,
         constraint: Constraint | None = None,
         hold: bool = True,
+        group_id: str | None = None,
     ) -> PreparedRequest:
         """A request continuing scope's context; with hold, it holds the result under the
-        context's hold_id."""
+        context's hold_id. Its program group is group_id, else the scope's (a fork's)."""
         hold_id = scope.context.hold_id if hold and self.deps.backend.supports_holds else ""
         if hold_id:
             self._holds.add(hold_id)
@@ -349,6 +352,7 @@ class ProgramRun:
             sampling=sampling,
             constraint=constraint,
             hold_id=hold_id,
+            group_id=scope.group_id if group_id is None else group_id,
             priority=self.priority,
             deadline_unix_ms=int(self.deadline * 1000),
         )
@@ -460,7 +464,8 @@ class ProgramRun:
             variables = dict(scope.variables)
             if s.index_var:
                 variables[s.index_var] = str(b)
-            branches.append(Scope(variables, scope.context.fork(f"{self.run_id}/{s.path}/{b}")))
+            context = scope.context.fork(f"{self.run_id}/{s.path}/{b}")
+            branches.append(Scope(variables, context, group_id=f"{self.run_id}/fork/{s.path}"))
         tasks = [
             asyncio.create_task(self.body(body, branch))
             for branch, body in zip(branches, s.branches, strict=True)

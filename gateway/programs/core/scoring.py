@@ -78,12 +78,13 @@ async def score_choices(
         sampling = scoring_sampling(start, 1 if greedy else 0)
     except FailedPrecondition as exc:
         raise FailedPrecondition(f"{s.path}: {exc}") from None
-    requests = [run.request(scope, model, tokens + ids, sampling, hold=False) for ids in choice_tokens]
+    group = f"{run.run_id}/select/{s.path}"  # the choices are scheduled as one unit
+    requests = [run.request(scope, model, tokens + ids, sampling, hold=False, group_id=group) for ids in choice_tokens]
     unconditional = s.method is SelectMethod.UNCONDITIONAL_LIKELIHOOD_NORMALIZED
     if unconditional:
         head = start_tokens(tokenizer) or choice_tokens[0][:1]
         plain = dataclasses.replace(sampling, prompt_logprobs_start=len(head))  # type: ignore[call-arg]
-        requests += [run.request(scope, model, head + ids, plain, hold=False) for ids in choice_tokens]
+        requests += [run.request(scope, model, head + ids, plain, hold=False, group_id=group) for ids in choice_tokens]
         starts = [start] * len(choice_tokens) + [len(head)] * len(choice_tokens)
     else:
         starts = [start] * len(choice_tokens)
