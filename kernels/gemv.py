@@ -287,6 +287,12 @@ MODE = "auto"
 (the default split-K config, untimed): set by benchmarks for A/B runs."""
 
 
+_SLEEP_CYCLES = 1_000_000
+"""The device spins this long (about 0.5 ms) before each timed call, so the host has queued
+the call before the device reaches it: the events time the kernel, not the Python launch
+(in a decode graph there is none)."""
+
+
 def _time_us(fn: Callable[[], object], flush: torch.Tensor) -> float:
     fn()
     fn()
@@ -295,6 +301,7 @@ def _time_us(fn: Callable[[], object], flush: torch.Tensor) -> float:
         flush.zero_()
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(_SLEEP_CYCLES)
         start.record()
         fn()
         end.record()
