@@ -164,3 +164,42 @@ async def test_api_key_is_required_when_configured(mesh):
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     reply = await stub.Tokenize(request, metadata=[("authorization", "Bearer sk-1")])
     assert len(reply.token_ids) > 0
+
+
+async def test_generate_over_the_published_headroom_is_refused_before_the_scheduler(
+    tokenizer, fake_scheduler
+):
+    from gateway.core.capacity import CapacityGate
+    from radixmesh.capacity import capacity_from_proto
+    from radixmesh.v1 import scheduler_pb2
+
+    scheduler, scheduler_address = fake_scheduler
+    scheduler.capacity = [
+        scheduler_pb2.ModelCapacity(model="tiny", requests_per_s=0.5, headroom={"interactive": 1})
+    ]
+    channel = grpc.aio.insecure_channel(scheduler_address)
+    upstream = SchedulerClient(channel)
+    gate = CapacityGate()
+    servicer = InferenceServicer(
+        ModelRegistry({"tiny": tokenizer}), upstream, Admission(), capacity=gate
+    )
+
+    def register(server):
+        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+
+    async with (
+        running_runtime(register, ["radixmesh.v1.Inference"]) as runtime,
+        grpc.aio.insecure_channel(runtime.address) as client_channel,
+    ):
+        stub = inference_pb2_grpc.InferenceStub(client_channel)
+        load = await upstream.get_load(timeout_s=5)  # what the gateway's watch reads
+        gate.update(capacity_from_proto(c) for c in load.capacity)
+        await generate(stub, prompt="the quick", sampling={"max_tokens": 2})
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await generate(stub, prompt="the quick", sampling={"max_tokens": 2})
+    await upstream.close()
+    await channel.close()
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "admits no more interactive requests" in info.value.details()
+    assert "retry after 2 s" in info.value.details()  # one over, at 0.5 requests/s
+    assert len(scheduler.submits) == 1  # the refused one never reached the scheduler
