@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         target = f"127.0.0.1:{port}"
     try:
         scraper = MetricsScraper(endpoints_from_mesh_info(mesh_info)) if mesh_info else None
-        report = asyncio.run(run_suite(target, args.api_key, config, scraper))
+        report = asyncio.run(run_suite(target, args.api_key, config, scraper, on_row=_show))
     finally:
         if mesh is not None:
             mesh.stop()
@@ -94,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _show(row: dict) -> None:
+    """One finished point, at once (a run cut short by its time limit keeps these)."""
+    keep = ("program", "mode", "concurrency", "programs_per_s", "latency_p50_s", "latency_p99_s")
+    keep += ("computed_prompt_tokens_per_program", "num_errors", "forwards_per_select", "branch_prediction")
+    print(json.dumps({k: row[k] for k in keep if k in row}), flush=True)
 
 
 if __name__ == "__main__":

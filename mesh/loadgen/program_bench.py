@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,8 +158,14 @@ def _predictions(outcomes: list[Outcome]) -> dict[str, Any]:
 
 
 async def run_suite(
-    target: str, api_key: str, config: ProgramBenchConfig, scraper: MetricsScraper | None = None
+    target: str,
+    api_key: str,
+    config: ProgramBenchConfig,
+    scraper: MetricsScraper | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Every point of config against the mesh at target; on_row sees each row as it is done
+    (before the unique-token columns, which need every client-driven point)."""
     metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
     rows: list[dict[str, Any]] = []
     unique: dict[str, float] = {}
@@ -190,6 +197,8 @@ async def run_suite(
                         counts = [await unique_tokens(stub, metadata, o) for o in ok[:8]]
                         unique[name] = statistics.fmean(counts) if counts else 0.0
                     rows.append(row)
+                    if on_row is not None:
+                        on_row(row)
     for row in rows:
         u = unique.get(row["program"])
         row["unique_tokens_per_program"] = u
