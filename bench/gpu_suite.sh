@@ -16,8 +16,9 @@
 # Named only as well: mesh (the offline workload through `radixmesh serve` with the gRPC and
 #        OpenAI APIs against the in-process engine), rps (short requests at > 1,000/s
 #        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
-#        workload at batch 1 and 64 with jump-forward off and on), programs and programs_trained
-#        (bench/programs.py: programs server-side against client-driven, 8B shape / trained model).
+#        workload at batch 1 and 64 with jump-forward off and on), programs, programs_trained and
+#        programs_rtt (bench/programs.py: programs server-side against client-driven, 8B shape /
+#        trained model / trained model with a 20 ms client round trip).
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -608,7 +609,13 @@ step_programs() {
 step_programs_trained() {
     [ -f "$TRAINED/config.json" ] || { echo "== programs_trained: skipped, no $TRAINED"; return 0; }
     programs_bench programs_trained "$TRAINED"
-    programs_bench programs_trained_rtt20 "$TRAINED" --programs fork,select,triage --rtt-ms 20
+}
+
+# programs_rtt: fork, select and triage on the trained model with a 20 ms round trip
+# injected before every call the client sends (what a real network costs the client-driven way).
+step_programs_rtt() {
+    [ -f "$TRAINED/config.json" ] || { echo "== programs_rtt: skipped, no $TRAINED"; return 0; }
+    programs_bench programs_rtt "$TRAINED" --programs fork,select,triage --rtt-ms 20
 }
 
 STEPS=("$@")
