@@ -119,33 +119,48 @@ def _gemv_splitk_kernel(
             out0, out1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS, HAS_BIAS
         )
     else:
-        # partials: [SPLIT_K, padded rows, out_features]; a ticket per (weight tile, pair)
-        padded_rows = tl.num_programs(0) * NUM_ROWS
-        part = partial_ptr + (pid_k * padded_rows + row0).to(tl.int64) * out_features + offs_n
-        tl.store(part, out0, mask=mask_n)
-        if NUM_ROWS == 2:
-            tl.store(part + out_features, out1, mask=mask_n)
-        counter = counter_ptr + pid_n * tl.num_programs(0) + pid_m
-        # every thread's partial is written before the ticket is taken (release), and the
-        # last program reads the others' partials after its ticket (acquire), from L2
-        tl.debug_barrier()
-        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT_K - 1:
-            out0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            out1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            first = part - (pid_k * padded_rows).to(tl.int64) * out_features
-            for s in tl.static_range(SPLIT_K):
-                slice_s = first + (s * padded_rows).to(tl.int64) * out_features
-                out0 += tl.load(slice_s, mask=mask_n, other=0.0, cache_modifier=".cg")
-                if NUM_ROWS == 2:
-                    out1 += tl.load(
-                        slice_s + out_features, mask=mask_n, other=0.0, cache_modifier=".cg"
-                    )
-            _store_rows(
-                out0, out1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS,
-                HAS_BIAS,
-            )  # fmt: skip
-            tl.atomic_xchg(counter, 0)
+        _add_slices(
+            out0, out1, partial_ptr, counter_ptr, bias_ptr, out_row0, stride_out, offs_n,
+            mask_n, mask_1, out_features, pid_m, pid_n, pid_k, row0,
+            NUM_ROWS, HAS_BIAS, SPLIT_K, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
+def _add_slices(
+    out0, out1, partial_ptr, counter_ptr, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1,
+    out_features, pid_m, pid_n, pid_k, row0,
+    NUM_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Writes this program's K-slice sums; the last program of the (tile, row pair) to take
+    a ticket adds every slice in order, writes the rows and resets the ticket counter."""
+    # partials: [SPLIT_K, padded rows, out_features]; a ticket per (weight tile, pair)
+    padded_rows = tl.num_programs(0) * NUM_ROWS
+    first = partial_ptr + row0.to(tl.int64) * out_features + offs_n
+    part = first + (pid_k * padded_rows).to(tl.int64) * out_features
+    tl.store(part, out0, mask=mask_n)
+    if NUM_ROWS == 2:
+        tl.store(part + out_features, out1, mask=mask_n)
+    counter = counter_ptr + pid_n * tl.num_programs(0) + pid_m
+    # every thread's partial is written before the ticket is taken (release), and the
+    # last program reads the others' partials after its ticket (acquire), from L2
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if ticket == SPLIT_K - 1:
+        total0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        total1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            slice_s = first + (s * padded_rows).to(tl.int64) * out_features
+            total0 += tl.load(slice_s, mask=mask_n, other=0.0, cache_modifier=".cg")
+            if NUM_ROWS == 2:
+                total1 += tl.load(
+                    slice_s + out_features, mask=mask_n, other=0.0, cache_modifier=".cg"
+                )
+        _store_rows(
+            total0, total1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS,
+            HAS_BIAS,
+        )  # fmt: skip
+        tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
