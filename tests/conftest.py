@@ -72,6 +72,9 @@ SLOW_TESTS = (
     "unit/executor/test_prompt_scoring.py::test_prompt_logprobs_over_a_cached_prefix_and_across_chunks",
     "unit/executor/test_fp8.py::test_quantization_fp8_quantizes_a_full_precision_checkpoint_per_row",
     "unit/executor/test_loader.py::test_sharded_checkpoint_loads_the_same_model",
+    "unit/executor/test_jump_forward.py::test_greedy_outputs_are_identical_and_each_forced_token_saves_a_forward",
+    "unit/executor/test_jump_forward.py::test_seeded_sampling_is_identical",
+    "unit/executor/test_jump_forward.py::test_one_sequence_saves_exactly_one_forward_per_forced_token",
     "unit/engine/test_schema_corpus.py::test_every_stop_output_validates_and_every_refusal_names_a_keyword",
     "unit/engine/test_schema_corpus.py::test_the_escape_number_bound_and_format_defects_hold_over_many_seeds",
     # sampling statistics over many draws
