@@ -159,13 +159,16 @@ async def test_a_caller_that_does_not_sample_its_trace_gets_no_spans_anywhere(tr
             async for _ in stub.Generate(request, metadata=(("traceparent", value),)):
                 pass
 
+    def linked(spans) -> set[str]:
+        return {tid for s in spans if s.name == "executor.step" for tid, _ in s.links}
+
     def later_done(spans) -> bool:
-        return {"gateway.Generate", "scheduler.decode"} <= set(tree(spans, later_id))
+        names = set(tree(spans, later_id))
+        return {"gateway.Generate", "scheduler.decode"} <= names and later_id in linked(spans)
 
     spans = collector.wait_for(later_done, TIMEOUT_S)
     assert tree(spans, unsampled_id) == {}
-    linked = {tid for s in spans if s.name == "executor.step" for tid, _ in s.links}
-    assert later_id in linked and unsampled_id not in linked
+    assert unsampled_id not in linked(spans)
 
 
 async def test_a_request_without_traceparent_starts_its_own_trace(traced):
