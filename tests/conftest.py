@@ -75,6 +75,9 @@ SLOW_TESTS = (
     "unit/executor/test_jump_forward.py::test_greedy_outputs_are_identical_and_each_forced_token_saves_a_forward",
     "unit/executor/test_jump_forward.py::test_seeded_sampling_is_identical",
     "unit/executor/test_jump_forward.py::test_one_sequence_saves_exactly_one_forward_per_forced_token",
+    "unit/executor/test_speculative.py::test_greedy_outputs_are_token_identical_with_speculation",
+    "unit/executor/test_speculative.py::test_seeded_sampling_is_identical_with_speculation",
+    "unit/executor/test_speculative.py::test_sampled_outputs_follow_the_target_distribution",
     "unit/engine/test_schema_corpus.py::test_every_stop_output_validates_and_every_refusal_names_a_keyword",
     "unit/engine/test_schema_corpus.py::test_the_escape_number_bound_and_format_defects_hold_over_many_seeds",
     # sampling statistics over many draws
