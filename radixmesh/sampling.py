@@ -33,6 +33,9 @@ class Priority(IntEnum):
     """Throughput traffic; runs when interactive work leaves room."""
     SHEDDABLE = 3
     """Dropped first (ResourceExhausted) under overload."""
+    SPECULATIVE = 4
+    """Work done ahead on a guess (a program's branch prediction): admitted only when no
+    other class waits, never aged past another class, the first preempted."""
 
 
 @dataclass(frozen=True, slots=True)

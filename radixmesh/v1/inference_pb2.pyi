@@ -14,6 +14,7 @@ class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PRIORITY_INTERACTIVE: _ClassVar[Priority]
     PRIORITY_BATCH: _ClassVar[Priority]
     PRIORITY_SHEDDABLE: _ClassVar[Priority]
+    PRIORITY_SPECULATIVE: _ClassVar[Priority]
 
 class SchemaCheck(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -25,6 +26,7 @@ PRIORITY_UNSPECIFIED: Priority
 PRIORITY_INTERACTIVE: Priority
 PRIORITY_BATCH: Priority
 PRIORITY_SHEDDABLE: Priority
+PRIORITY_SPECULATIVE: Priority
 SCHEMA_CHECK_UNSPECIFIED: SchemaCheck
 SCHEMA_CHECK_VALID: SchemaCheck
 SCHEMA_CHECK_INVALID: SchemaCheck

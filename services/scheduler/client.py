@@ -98,12 +98,14 @@ class SchedulerClient:
         priority: Priority = Priority.INTERACTIVE,
         deadline_unix_ms: int = 0,
         hold_id: str = "",
+        group_id: str = "",
     ) -> AsyncIterator[RequestUpdate]:
         """The request's updates until its finish or error; leaving early aborts it.
 
         With `hold_id`, a normal finish keeps the request's context (prompt + output)
         locked in the prefix cache under that name (replacing a hold of the same name)
-        until `release_hold`, or until this client's stream closes."""
+        until `release_hold`, or until this client's stream closes. Requests with one
+        `group_id` (a select's choices, a fork's branches) are scheduled as one group."""
         stream = self._current()
         if req_id in stream.queues:
             raise InvalidArgument(f"req_id: {req_id!r} is already running on this client")
@@ -115,6 +117,7 @@ class SchedulerClient:
             priority=wire.priority_to_proto(priority),
             deadline_unix_ms=deadline_unix_ms,
             hold_id=hold_id,
+            group_id=group_id,
             traceparent=tracing.current_traceparent(),
         )
         if constraint is not None:

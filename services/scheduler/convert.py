@@ -29,6 +29,8 @@ class Submission:
     """On the scheduler's clock (time.monotonic)."""
     hold_id: str = ""
     """The stream's name for the context hold a normal finish makes; empty: none."""
+    group_id: str = ""
+    """The stream's name of the program group the request belongs to; empty: none."""
 
 
 def submission_from_proto(
@@ -58,4 +60,5 @@ def submission_from_proto(
         priority=priority,
         deadline=deadline,
         hold_id=msg.hold_id,
+        group_id=msg.group_id,
     )

@@ -191,6 +191,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         priority=sub.priority,
                         deadline=sub.deadline,
                         hold_id=stream.core_id(sub.hold_id) if sub.hold_id else "",
+                        group_id=stream.core_id(sub.group_id) if sub.group_id else "",
                     )
                 if trace is not None:
                     trace.arrived(req.arrival_time)

@@ -5,6 +5,10 @@ prefix and leases pages for every known token. Its first chunk runs in the
 same step; the rest follow as running prefill chunks (chunked prefill). When
 the head of the queue does not fit, admission stops there, so a large
 request is not overtaken forever by small ones.
+
+Members of a program group are admitted together and take the full pages they
+share from the first of them in the same step (groups.py): their leases are
+asked for after the leader's pages are in the tree.
 """
 
 from __future__ import annotations
@@ -15,8 +19,14 @@ from radixmesh.errors import ResourceExhausted
 from radixmesh.step import NewSequence
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.groups import (
+    keep_feasible_shares,
+    order_groups,
+    publish_targets,
+    share_tokens,
+)
 from services.scheduler.core.leases import Leases
-from services.scheduler.core.request import Request, RequestStatus
+from services.scheduler.core.request import Request, RequestStatus, StepShare
 from services.scheduler.core.stats import SchedulerStats
 
 
@@ -29,13 +39,28 @@ async def admit_waiting(
     stats: SchedulerStats,
 ) -> list[NewSequence]:
     candidates = _candidates(ex, leases, budget, now, max_num_seqs)
+    first = [r for r in candidates if r.step_share is None]
     # every lease of the step is asked for at once: over gRPC they share one round trip
-    granted = await asyncio.gather(
-        *(_true() if r.lease_id is not None else leases.admit(ex, r) for r in candidates)
+    granted = dict(
+        zip(
+            (r.req_id for r in first),
+            await asyncio.gather(
+                *(_true() if r.lease_id is not None else leases.admit(ex, r) for r in first)
+            ),
+            strict=True,
+        )
     )
+    if len(first) < len(candidates):
+        granted |= await _admit_followers(ex, leases, budget, candidates)
     new_seqs: list[NewSequence] = []
-    alone = not ex.running and not any(granted) and not any(r.lease_id for r in ex.queue)
-    for req, ok in zip(candidates, granted, strict=True):
+    alone = (
+        not ex.running and not any(granted.values()) and not any(r.lease_id for r in ex.queue)
+    )
+    for req in candidates:
+        ok = granted.get(req.req_id)
+        if ok is None:  # a follower whose share this step could not honour: it waits
+            leases.inflight.forget(req)
+            continue
         if not ok:
             leases.inflight.forget(req)
             if alone:  # no other lease holds pages on this executor: it can never fit
@@ -48,28 +73,68 @@ async def admit_waiting(
     return new_seqs
 
 
+async def _admit_followers(
+    ex: ExecutorState, leases: Leases, budget: StepBudget, candidates: list[Request]
+) -> dict[str, bool]:
+    """Leases of the step's followers, after their leaders' shared pages are in the tree.
+    A follower whose share cannot be honoured is left out (it waits for a later step)."""
+    followers = keep_feasible_shares(candidates, budget.num_tokens)
+    published: set[str] = set()
+    for leader_id, (leader, num_tokens) in publish_targets(followers).items():
+        if await leases.publish(ex, leader, num_tokens):
+            published.add(leader_id)
+    shares = {
+        r.req_id: r.step_share
+        for r in followers
+        if r.step_share is not None and r.step_share.leader.req_id in published
+    }
+    for req in candidates:
+        if req.req_id not in shares:
+            req.step_share = None
+    followers = [r for r in followers if r.req_id in shares]
+    granted = await asyncio.gather(
+        *(leases.admit(ex, r, max_cached_tokens=shares[r.req_id].num_tokens) for r in followers)
+    )
+    for req, ok in zip(followers, granted, strict=True):
+        if not ok:
+            req.step_share = None
+    return {r.req_id: ok for r, ok in zip(followers, granted, strict=True)}
+
+
 def _candidates(
     ex: ExecutorState, leases: Leases, budget: StepBudget, now: float, max_num_seqs: int
 ) -> list[Request]:
-    """Waiting requests to admit this step, in rank order, sized by the cache hint."""
+    """Waiting requests to admit this step, in rank order (a group's members together),
+    sized by the cache hint. A request sharing uncached pages with a candidate of its
+    group takes them in this step (its step_share); one sharing them with another
+    request waits for them to reach the tree."""
     num_tokens = budget.num_tokens
     num_seqs = min(budget.num_seqs, max_num_seqs - len(ex.running))
-    out = []
-    for req in ex.queue.ranked(now):
+    out: list[Request] = []
+    out_ids: set[str] = set()
+    for req in order_groups(ex.queue.ranked(now)):
         if num_tokens <= 0 or num_seqs <= 0:
             break
         if req.req_id in budget.preempted_req_ids or req.hold_until_step > ex.last_result_step:
             continue
+        req.step_share = None
+        num_cached = req.match_tokens
         if req.lease_id is None and (lead := leases.inflight.leader_for(req, ex.page_size)):
-            if not lead.tentative:  # the leader is checkpointed once its prefill is done
-                lead.leader.followers[req.req_id] = lead.num_shared_tokens
-            continue
+            leader = lead.leader
+            shared = 0
+            if lead.tentative and leader.step_share is None and leader.req_id in out_ids:
+                shared = share_tokens(leader, req, lead.num_shared_tokens, ex.page_size)
+            if not shared:
+                if not lead.tentative:  # the leader is checkpointed once its prefill is done
+                    leader.followers[req.req_id] = lead.num_shared_tokens
+                continue
+            req.step_share = StepShare(leader, shared)
+            num_cached = shared
         out.append(req)
+        out_ids.add(req.req_id)
         if req.lease_id is None:
-            leases.inflight.register(
-                req, ex.page_size, req.match_tokens, req.num_tokens, tentative=True
-            )
-        num_tokens -= max(1, req.num_tokens - req.match_tokens)
+            leases.inflight.register(req, ex.page_size, num_cached, req.num_tokens, tentative=True)
+        num_tokens -= max(1, req.num_tokens - num_cached)
         num_seqs -= 1
     return out
 
@@ -80,6 +145,8 @@ def _start(ex: ExecutorState, budget: StepBudget, req: Request) -> NewSequence:
     req.status = RequestStatus.RUNNING
     ex.running[req.req_id] = req
     num_tokens = min(req.num_admitted_tokens - req.num_computed_tokens, budget.num_tokens)
+    # a leader whose tail pages the pool could not lend again runs up to its pages
+    num_tokens = min(num_tokens, len(req.page_table) * ex.page_size - req.num_computed_tokens)
     new = NewSequence(
         req_id=req.req_id,
         token_ids=req.all_token_ids,

@@ -1,5 +1,6 @@
 """Intake checks: is a request well-formed for the executors that could serve it, and
-is there room in the queue for it (shedding sheddable work for interactive work)."""
+is there room in the queue for it (shedding speculative work for any other, sheddable
+work for interactive work)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,20 @@ def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> 
 def make_room_in_queue(
     executors: Iterable[ExecutorState], req: Request, max_queue_len: int
 ) -> Request | None:
-    """None when there is room; the sheddable request to drop for an interactive one;
-    else ResourceExhausted. The caller removes and ends the returned request."""
+    """None when there is room; the request to drop for this one (the newest speculative
+    one for any other class, else the newest sheddable one for an interactive one); else
+    ResourceExhausted. The caller removes and ends the returned request."""
     executors = list(executors)
     num_waiting = sum(len(ex.queue) + len(ex.preparing) for ex in executors)
     if num_waiting < max_queue_len:
         return None
+    classes = []
+    if req.priority is not Priority.SPECULATIVE:
+        classes.append(Priority.SPECULATIVE)
     if req.priority is Priority.INTERACTIVE:
-        shed = (ex.queue.newest_unleased(Priority.SHEDDABLE) for ex in executors)
+        classes.append(Priority.SHEDDABLE)
+    for priority in classes:
+        shed = (ex.queue.newest_unleased(priority) for ex in executors)
         victim = max((r for r in shed if r is not None), key=lambda r: r.arrival_time, default=None)
         if victim is not None:
             return victim

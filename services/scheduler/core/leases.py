@@ -39,17 +39,21 @@ class Leases:
         self.inflight = InflightPrefixes()
         """Prompt pages being computed, for admission to wait on instead of recomputing."""
 
-    async def admit(self, ex: ExecutorState, req: Request) -> bool:
+    async def admit(
+        self, ex: ExecutorState, req: Request, max_cached_tokens: int | None = None
+    ) -> bool:
         """Lease pages for every known token (plus lookahead); False when they do not fit.
 
         The lookup leaves the last token out, so at least one token is computed
         and the step yields its logits; a request scoring its prompt looks up no more
         than `req.max_cached_tokens`, so the logits it scores are computed too.
+        `max_cached_tokens` overrides that cap (a group's follower whose leader
+        scores the shared positions for it: groups.py).
         """
         tokens = req.all_token_ids
         page_size = ex.page_size
         wanted = min(len(tokens) + self._lookahead * page_size, ex.info.max_model_len)
-        cap = req.max_cached_tokens
+        cap = req.max_cached_tokens if max_cached_tokens is None else max_cached_tokens
         lookup = tokens[: len(tokens) - 1 if cap is None else min(cap, len(tokens) - 1)]
         for num_tokens in dict.fromkeys((max(wanted, len(tokens)), len(tokens))):
             try:
@@ -71,6 +75,38 @@ class Leases:
             )
             return True
         return False
+
+    async def publish(self, ex: ExecutorState, req: Request, num_tokens: int) -> bool:
+        """Put req's first num_tokens (whole pages of its lease that the step being planned
+        computes) in the tree, still locked by req's lease, so requests of its group take
+        them as a cached prefix in the same step (groups.py). False, changing nothing,
+        when they are not req's own pages.
+
+        The commit frees req's later pages and an extend leases as many again (the pool
+        just got them back); should it be refused, req runs up to its pages this step and
+        grows as a running prefill. Only the step loop of req's executor inserts into its
+        tree, so no other commit can have put those pages there meanwhile.
+        """
+        page_size = ex.page_size
+        num_pages = num_tokens // page_size
+        if req.lease_id is None or num_pages * page_size <= req.num_computed_tokens:
+            return False
+        lease_id = req.lease_id
+        tokens = req.all_token_ids
+        num_tail = len(req.page_table) - num_pages
+        with _traced(req):
+            await self._cache.commit(lease_id, tokens[: num_pages * page_size], keep_locked=True)
+        tail: list[int] = []
+        try:
+            with _traced(req):
+                tail = await self._cache.extend(lease_id, num_tail) if num_tail > 0 else []
+        except ResourceExhausted:
+            log.warning("pages after a shared prefix not lent again", req_id=req.req_id)
+        req.page_table = req.page_table[:num_pages] + tail
+        self.inflight.register(
+            req, page_size, num_pages * page_size, len(tokens), tentative=False
+        )
+        return True
 
     async def grow(self, ex: ExecutorState, req: Request, num_tokens: int) -> bool:
         """Make the page table cover num_tokens positions; False when the pool is short."""
@@ -147,6 +183,7 @@ class Leases:
 
     async def _end(self, req: Request, commit_tokens: list[int] | None) -> None:
         self.inflight.forget(req)
+        req.step_share = None
         lease_id, req.lease_id = req.lease_id, None
         req.page_table = []
         req.num_unsent_pages = 0

@@ -3,7 +3,9 @@
 Rank (lower is served first) = class - aging_rate * seconds waited
 - prefix_weight * (fraction of the prompt already cached). prefix_weight < 1,
 so the cached prefix orders requests within a class, while age lifts any
-request, of any class, until it is served: nothing starves.
+request, of any class, until it is served: nothing starves. Speculative work
+(Priority.SPECULATIVE) does not age and ranks after every other waiting
+request: a guess never delays real work.
 """
 
 from __future__ import annotations
@@ -65,13 +67,18 @@ class WaitQueue:
         return self._requests.pop(req_id, None)
 
     def rank(self, req: Request, now: float) -> float:
-        waited = max(0.0, now - req.arrival_time)
         cached = min(1.0, req.match_tokens / max(1, req.num_tokens))
+        if req.priority is Priority.SPECULATIVE:
+            return float(req.priority) - self._prefix_weight * cached
+        waited = max(0.0, now - req.arrival_time)
         return float(req.priority) - self._aging_rate * waited - self._prefix_weight * cached
 
     def ranked(self, now: float) -> list[Request]:
         """Waiting requests, the one to serve first at index 0."""
-        return sorted(self._requests.values(), key=lambda r: (self.rank(r, now), r.arrival_time))
+        return sorted(
+            self._requests.values(),
+            key=lambda r: (r.priority is Priority.SPECULATIVE, self.rank(r, now), r.arrival_time),
+        )
 
     def newest_unleased(self, priority: Priority) -> Request | None:
         """The latest arrival of a class holding no lease (the one to shed first)."""

@@ -33,7 +33,12 @@ from radixmesh.sampling import Priority
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.request import Request
 
-CLASS_SHARE = {Priority.INTERACTIVE: 1.0, Priority.BATCH: 0.5, Priority.SHEDDABLE: 0.25}
+CLASS_SHARE = {
+    Priority.INTERACTIVE: 1.0,
+    Priority.BATCH: 0.5,
+    Priority.SHEDDABLE: 0.25,
+    Priority.SPECULATIVE: 0.25,
+}
 """Each class's share of max_queue_wait_s."""
 
 

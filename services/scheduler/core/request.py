@@ -22,6 +22,15 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass(frozen=True, slots=True)
+class StepShare:
+    """A request's prefix computed by another request of its group in the same step."""
+
+    leader: Request
+    num_tokens: int
+    """Tokens of the prefix (whole pages) the leader computes for it."""
+
+
 @dataclass(slots=True)
 class Request:
     req_id: str
@@ -76,6 +85,15 @@ class Request:
     """Scheduler clock of its first admission into a batch (for the queue time metric)."""
     last_token_time: float | None = None
     """Scheduler clock of the step result that carried its latest output token."""
+    group_id: str | None = None
+    """Program group (the choices of one select, the branches of one fork): admitted
+    together, never partly preempted by unrelated work (see groups.py)."""
+    group_arrival_time: float = 0.0
+    """Arrival of the group's first member (its own arrival when it has no group); set at
+    submit, so a group's members sort together as preemption victims."""
+    step_share: StepShare | None = None
+    """Set by admission when this request takes pages another request of its group
+    computes in the same step (see groups.py); cleared once its first result is read."""
     hold_id: str | None = None
     """On a normal finish, keep the committed context locked under this hold (see
     `SchedulerCore.submit`); cleared when the hold is released before the request ends."""

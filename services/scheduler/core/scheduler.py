@@ -33,6 +33,7 @@ from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
+from services.scheduler.core.groups import lend_prompt_logprobs, members_of
 from services.scheduler.core.holds import Holds
 from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
@@ -178,12 +179,15 @@ class SchedulerCore:
         priority: Priority = Priority.INTERACTIVE,
         deadline: float | None = None,
         hold_id: str = "",
+        group_id: str = "",
     ) -> Request:
         """Queue a request; its updates go to the sink. Raises on bad input or overload.
 
         With `hold_id`, a normal finish keeps the request's context (prompt + output)
         locked in the prefix cache under that name, replacing a hold of the same name,
-        until `release_hold` (see holds.py).
+        until `release_hold` (see holds.py). Requests with one `group_id` (a select's
+        choices, a fork's branches) are scheduled as one group (groups.py): routed to
+        one executor, admitted together, never partly preempted by unrelated work.
 
         A constrained request first has its constraint prepared (compiled) on the
         executor routing picks, in a task of its own; it joins that executor's
@@ -216,7 +220,9 @@ class SchedulerCore:
             priority=Priority(priority),
             deadline=deadline,
             hold_id=hold_id or None,
+            group_id=group_id or None,
         )
+        req.group_arrival_time = req.arrival_time
         # before the cache round trip: refuse at once (see queue_wait.py)
         self._queue_waits.check(req, candidates, self._clock())
         matches = await self._match(tokens, model)
@@ -290,6 +296,11 @@ class SchedulerCore:
     def _route(
         self, req: Request, candidates: list[ExecutorState], matches: dict[str, int]
     ) -> None:
+        member = next(iter(members_of(req, self._requests.values())), None)
+        if member is not None:  # a group runs on one executor (it shares its context there)
+            req.group_arrival_time = min(req.group_arrival_time, member.group_arrival_time)
+            same = [ex for ex in candidates if ex.executor_id == member.executor_id]
+            candidates = same or candidates
         executor_id, num_shared = route(
             req, candidates, matches, self._leases.inflight, self._clock(), self.config
         )
@@ -396,6 +407,7 @@ class SchedulerCore:
 
     async def _process(self, ex: ExecutorState, result: StepResult) -> None:
         now = self._clock()
+        lend_prompt_logprobs(result, self._requests)
         outcome = read_outputs(ex, result, self._requests, now, self.stats)
         finished, holding, updates = outcome.finished, outcome.holding, outcome.updates
         for req in finished:

@@ -1,10 +1,10 @@
 """A Select's scoring requests are submitted together and run in one scheduler step, over
 the context the statements before it hold: every choice is one new sequence of the same
-step plan, its cached prefix is the held context, and it runs no further step."""
+step plan, its cached prefix is the held context, and it runs no further step. Choices
+that share a full page past the context share it within that step: one of them computes
+it, the others reference its pages in the same plan (services/scheduler/core/groups.py)."""
 
 from __future__ import annotations
-
-import pytest
 
 from gateway.programs.core import events as ev
 from gateway.programs.core.runtime import ProgramRun
@@ -28,9 +28,29 @@ def record_plans(engine) -> list[StepPlan]:
     return plans
 
 
-async def select_steps(engine, backend, deps, choices: list[str]) -> tuple[list[StepPlan], set[str], int]:
+def computed_in_plan_by_another(plan: StepPlan, seq) -> bool:
+    """seq's cached prefix past the held context is computed in `plan` by another new
+    sequence: same tokens on the same pages, from a position before it."""
+    num_pages = seq.num_computed_tokens // PAGE_SIZE
+    for other in plan.new_seqs:
+        if (
+            other.req_id != seq.req_id
+            and other.num_computed_tokens < seq.num_computed_tokens
+            and other.num_computed_tokens + other.num_scheduled_tokens >= seq.num_computed_tokens
+            and other.page_ids[:num_pages] == seq.page_ids[:num_pages]
+            and other.token_ids[: seq.num_computed_tokens] == seq.token_ids[: seq.num_computed_tokens]
+        ):
+            return True
+    return False
+
+
+async def select_steps(
+    engine, backend, deps, choices: list[str], shared: bool = False
+) -> tuple[list[StepPlan], set[str], int]:
     """Run gen then select; the plans that start the select's scoring requests, their ids,
-    and the length of the Gen's prompt (held when the select runs)."""
+    and the length of the Gen's prompt (held when the select runs). With `shared`, a
+    choice may start past its scoring start where another choice of the plan computes
+    the pages before."""
     plans = record_plans(engine)
     message = program(
         text("Route this request, please: the parcel I ordered last week is late.\n"),
@@ -53,7 +73,10 @@ async def select_steps(engine, backend, deps, choices: list[str]) -> tuple[list[
                 # the cached prefix is the held context (its whole pages), and the rest of the
                 # prompt (the Gen's output and the choice) runs in this one step
                 assert seq.num_computed_tokens >= (held // PAGE_SIZE) * PAGE_SIZE > 0
-                assert seq.num_computed_tokens < request.sampling.prompt_logprobs_start
+                if not shared or seq.num_computed_tokens < request.sampling.prompt_logprobs_start:
+                    assert seq.num_computed_tokens < request.sampling.prompt_logprobs_start
+                else:
+                    assert computed_in_plan_by_another(plan, seq)
                 assert seq.num_computed_tokens + seq.num_scheduled_tokens == len(request.prompt_token_ids)
     return started, ids, held
 
@@ -65,13 +88,10 @@ async def test_a_selects_choices_run_in_one_step_over_the_held_context(engine, b
     assert ids <= {s.req_id for s in started[0].new_seqs}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the scheduler's in-flight prefix sharing (services/scheduler/core/sharing.py, "
-    "min_shared_pages=1) defers a choice that shares a full uncached page with another "
-    "choice to the next step, so such a select takes two forwards",
-)
 async def test_choices_sharing_a_leading_page_still_run_in_one_step(engine, backend, deps):
     choices = ["refund the order", "refund part of it", "chat", "yes"]
-    started, _, _ = await select_steps(engine, backend, deps, choices)
+    started, ids, _ = await select_steps(engine, backend, deps, choices, shared=True)
     assert len(started) == 1, [sorted(s.req_id for s in p.new_seqs) for p in started]
+    assert ids <= {s.req_id for s in started[0].new_seqs}
+    # the two "refund" choices share a page: one of them took it from the other
+    assert any(computed_in_plan_by_another(started[0], s) for s in started[0].new_seqs)

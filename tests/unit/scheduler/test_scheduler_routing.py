@@ -104,5 +104,6 @@ async def test_load_report_counts_waiting_requests_per_class():
         Priority.INTERACTIVE: 1,
         Priority.BATCH: 0,
         Priority.SHEDDABLE: 2,
+        Priority.SPECULATIVE: 0,
     }
     assert rig.scheduler.executor_loads()[0].num_waiting == 3

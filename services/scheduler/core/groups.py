@@ -1,0 +1,199 @@
+"""Program groups: the requests of one program statement, scheduled as one unit.
+
+A program's `Select` submits one score-only request per choice and a `Fork` one
+request per branch; the runtime names each such set with one `group_id`.
+Score-only requests with the same scoring start and no name count as one group too
+(the choices of a select sent by any client). The scheduler treats a group as a unit:
+
+- Admission: waiting members follow the first ranked of them (`order_groups`), so
+  they join the same step when its budget holds them.
+- In-step sharing: a full page of prompt that members share and that no cache holds
+  is computed once, in the step that admits them. The first member (the leader)
+  computes it; before the plan goes out its lease puts that page in the tree, still
+  locked (`Leases.publish`), and the others take it as a cached prefix of the same
+  plan. That is correct with paged KV because one forward stores every sequence's
+  new KV of a layer before any sequence of the batch attends in that layer, and
+  steps run in order, so the page is written before any read of it. A member that
+  scores its prompt takes the scores of the shared positions from the leader's
+  result (`lend_prompt_logprobs`): same tokens after the same prefix, same log
+  probabilities; it computes its own from the last shared page on. Outside a
+  group the older rule holds (sharing.py): a request waits until the leader's
+  prefill reaches the tree, one step later.
+- Preemption: an unrelated request of the same or a lower class never preempts a
+  member (`preemption.victim_order`); a group's members are preempted last within
+  their class, latest group first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import structlog
+
+from radixmesh.step import StepResult
+from services.scheduler.core.request import Request, StepShare
+from services.scheduler.core.results import take_prompt_logprobs
+
+log = structlog.get_logger(__name__)
+
+
+def same_group(a: Request, b: Request) -> bool:
+    """a and b belong to one group: one group_id, or both score-only alike and unnamed."""
+    if a.group_id is not None or b.group_id is not None:
+        return a.group_id == b.group_id
+    sa, sb = a.sampling, b.sampling
+    return (
+        sa.score_only
+        and sb.score_only
+        and sa.prompt_logprobs_start == sb.prompt_logprobs_start
+        and sa.top_logprobs == sb.top_logprobs
+    )
+
+
+def order_groups(ranked: Iterable[Request]) -> list[Request]:
+    """The ranked requests with every named group's members moved up behind the first of
+    them (a stable reorder: the rank order holds within and between groups)."""
+    out: list[Request] = []
+    members: dict[str, list[Request]] = {}
+    for req in ranked:
+        if req.group_id is None:
+            out.append(req)
+        elif req.group_id in members:
+            members[req.group_id].append(req)
+        else:
+            members[req.group_id] = [req]
+            out.append(req)
+    if not members:
+        return out
+    flat: list[Request] = []
+    for req in out:
+        flat.extend(members.pop(req.group_id) if req.group_id in members else [req])
+    return flat
+
+
+def num_common_tokens(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of a and b."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def share_tokens(leader: Request, follower: Request, num_shared: int, page_size: int) -> int:
+    """Tokens (whole pages) of follower's prefix it may take from the leader's work in the
+    step that admits both; 0: none. `num_shared` is what their page keys share
+    (sharing.Lead.num_shared_tokens).
+
+    A follower that scores its prompt needs the logits from position
+    prompt_logprobs_start - 1 on. It may take pages past that only when the leader
+    scores those positions with the same settings (`lend_prompt_logprobs`), and then
+    only up to the last page before their prompts part: it computes the logits at the
+    last shared position itself (its next token is not the leader's).
+    """
+    if not same_group(leader, follower):
+        return 0
+    num_tokens = num_shared
+    start = follower.sampling.prompt_logprobs_start
+    if start is not None and follower.num_wanted_prompt_logprobs:
+        lender = leader.sampling
+        lends = (
+            lender.score_only
+            and lender.prompt_logprobs_start is not None
+            and lender.prompt_logprobs_start <= start
+            and lender.top_logprobs == follower.sampling.top_logprobs
+        )
+        if lends:
+            common = num_common_tokens(leader.prompt_token_ids, follower.prompt_token_ids)
+            num_tokens = min(num_tokens, (common - 1) // page_size * page_size)
+        else:
+            num_tokens = min(num_tokens, (start - 1) // page_size * page_size)
+    cached = follower.match_tokens // page_size * page_size
+    return num_tokens if num_tokens > cached else 0
+
+
+def keep_feasible_shares(candidates: list[Request], num_tokens: int) -> list[Request]:
+    """The followers of `candidates` (in admission order; the others' leases granted or
+    refused) whose share this step honours: the leader holds its lease and its chunk of
+    this step reaches the shared pages, and the follower starts in this step too. The
+    others lose their share (they wait, as outside a group). Mirrors admission's chunking:
+    each started request takes min(what it has left, the tokens left)."""
+    reach: dict[str, int] = {}
+    kept: list[Request] = []
+    for req in candidates:
+        share = req.step_share
+        if share is not None and req.lease_id is None:
+            if num_tokens <= 0 or reach.get(share.leader.req_id, 0) < share.num_tokens:
+                req.step_share = None
+                continue
+            kept.append(req)
+            computed, left = share.num_tokens, req.num_tokens - share.num_tokens
+        elif req.lease_id is not None:
+            computed, left = req.num_computed_tokens, req.num_admitted_tokens - req.num_computed_tokens
+        else:
+            continue  # refused: it does not start
+        chunk = max(0, min(left, num_tokens))
+        reach[req.req_id] = computed + chunk
+        num_tokens -= chunk
+    return kept
+
+
+def publish_targets(followers: Iterable[Request]) -> dict[str, tuple[Request, int]]:
+    """Per leader id: the leader and the most tokens of it its followers take."""
+    out: dict[str, tuple[Request, int]] = {}
+    for req in followers:
+        share = req.step_share
+        assert share is not None
+        leader, num_tokens = out.get(share.leader.req_id, (share.leader, 0))
+        out[share.leader.req_id] = (leader, max(num_tokens, share.num_tokens))
+    return out
+
+
+def lend_prompt_logprobs(result: StepResult, requests: Mapping[str, Request]) -> None:
+    """Before a step's outputs are read: a follower that starts scoring past its
+    prompt_logprobs_start gets the leader's scores for the positions before (the
+    leader scored them in the same step). Clears the follower's step_share."""
+    outputs = {out.req_id: out for out in result.outputs}
+    for out in result.outputs:
+        req = requests.get(out.req_id)
+        share = req.step_share if req is not None else None
+        if req is None or share is None:
+            continue
+        req.step_share = None
+        start = req.sampling.prompt_logprobs_start
+        if start is None or req.prompt_logprobs:
+            continue
+        # it computed from its cached prefix on: the logits there score the next token
+        first = min(len(req.prompt_token_ids), (req.num_cached_tokens or 0) + 1)
+        if first <= start:
+            continue  # it scores every position itself
+        leader = share.leader
+        lent = outputs.get(leader.req_id)
+        if lent is not None and lent.prompt_logprobs:  # taking twice is idempotent
+            take_prompt_logprobs(leader, lent.prompt_logprobs, lent.prompt_logprobs_position)
+        lead_start = leader.sampling.prompt_logprobs_start or 0
+        entries = leader.prompt_logprobs[start - lead_start : first - lead_start]
+        if len(entries) != first - start:
+            log.error("shared prompt logprobs missing", req_id=req.req_id, leader=leader.req_id)
+            continue
+        req.prompt_logprobs = list(entries)
+
+
+def members_of(req: Request, requests: Iterable[Request]) -> list[Request]:
+    """The other live requests of req's named group."""
+    if req.group_id is None:
+        return []
+    return [r for r in requests if r.group_id == req.group_id and r is not req]
+
+
+__all__ = [
+    "StepShare",
+    "keep_feasible_shares",
+    "lend_prompt_logprobs",
+    "members_of",
+    "num_common_tokens",
+    "order_groups",
+    "publish_targets",
+    "same_group",
+    "share_tokens",
+]

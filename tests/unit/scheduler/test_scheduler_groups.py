@@ -1,0 +1,224 @@
+"""Program groups (services/scheduler/core/groups.py) and speculative work, over the toy
+executor, whose page slots record every KV write: a page read before it was written, or
+written by a request other than the one the tree says, shows up as a corruption.
+
+- a fork's branches start in one step and compute the pages they share once;
+- a group's members are not preempted for an unrelated request of their class;
+- speculative work ranks last, never ages past other classes, is preempted first;
+- a held context survives page pressure; a cancelled speculative prefill leaves
+  nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from radixmesh.sampling import Priority
+from services.scheduler.core import SchedulerConfig
+from services.scheduler.core.queue import WaitQueue
+from services.scheduler.core.request import Request
+from tests.unit.scheduler.sched_fakes import greedy, make_rig, reference
+
+PAGE = 4
+PROMPT = list(range(3, 21))  # 18 tokens: 4 full pages shareable (the last token is computed)
+
+
+def new_seq_plans(rig, req_ids) -> dict[str, list[int]]:
+    """Per request: the step ids of the plans that sent it as a new sequence."""
+    out: dict[str, list[int]] = {r: [] for r in req_ids}
+    for plan in rig.toy.plans:
+        for seq in plan.new_seqs:
+            if seq.req_id in out:
+                out[seq.req_id].append(plan.step_id)
+    return out
+
+
+def scheduled_prefill_tokens(rig, req_ids) -> int:
+    """Tokens of the requests' prompts the executor computed (new sequences and prefill chunks)."""
+    total = 0
+    for plan in rig.toy.plans:
+        total += sum(s.num_scheduled_tokens for s in plan.new_seqs if s.req_id in req_ids)
+    return total
+
+
+async def run_fork(group: bool, num_branches: int = 3):
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE)
+    await rig.scheduler.start()
+    ids = [f"b{i}" for i in range(num_branches)]
+    for req_id in ids:
+        await rig.scheduler.submit(
+            req_id, PROMPT, greedy(3), group_id="prog/fork" if group else ""
+        )
+    await rig.sink.wait(*ids)
+    await rig.scheduler.stop()
+    return rig, ids
+
+
+async def test_a_forks_branches_start_in_one_step_and_compute_their_shared_pages_once():
+    rig, ids = await run_fork(group=True)
+    starts = new_seq_plans(rig, ids)
+    assert len({s for steps in starts.values() for s in steps}) == 1, starts  # one step
+    assert all(len(steps) == 1 for steps in starts.values()), starts  # none preempted
+    # the first computes the whole prompt; the others only what follows its 4 pages
+    num_shared = 4 * PAGE
+    expected = len(PROMPT) + (len(ids) - 1) * (len(PROMPT) - num_shared)
+    assert scheduled_prefill_tokens(rig, ids) == expected
+    cached = sorted(rig.sink.first[r].num_cached_tokens for r in ids)
+    assert cached == [0] + [num_shared] * (len(ids) - 1)
+    # the others read the leader's pages within the same forward: same page ids, no mix-up
+    plan = next(p for p in rig.toy.plans if p.new_seqs)
+    tables = [s.page_ids[:4] for s in plan.new_seqs]
+    assert all(t == tables[0] for t in tables), tables
+    assert rig.toy.corruptions == []
+    for req_id in ids:
+        assert rig.sink.tokens[req_id] == reference(PROMPT, 3)
+    assert rig.stats().num_leases == 0
+
+
+async def test_ungrouped_requests_sharing_uncached_pages_still_wait_a_step_for_them():
+    rig, ids = await run_fork(group=False)
+    starts = new_seq_plans(rig, ids)
+    leader = min(ids, key=lambda r: starts[r][0])
+    assert all(starts[r][0] > starts[leader][0] for r in ids if r != leader), starts
+    assert rig.toy.corruptions == []
+    for req_id in ids:
+        assert rig.sink.tokens[req_id] == reference(PROMPT, 3)
+
+
+async def test_a_group_member_is_not_preempted_for_an_unrelated_request_of_its_class():
+    # three requests that grow past the pool together: pages run short while they decode
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, page_lookahead=0)
+    rig = make_rig(config, num_pages=14, page_size=PAGE)
+    await rig.scheduler.start()
+    prompts = {"alone": [50, 51, 52, 53, 54], "g0": [60, 61, 62, 63, 64], "g1": [70, 71, 72, 73, 74]}
+    # the unrelated request arrives first: by arrival alone a later group member would go
+    await rig.scheduler.submit("alone", prompts["alone"], greedy(16))
+    for req_id in ("g0", "g1"):
+        await rig.scheduler.submit(req_id, prompts[req_id], greedy(16), group_id="prog/fork")
+    await rig.sink.wait(*prompts)
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, prompts)
+    assert rig.scheduler.num_preemptions > 0
+    assert len(starts["alone"]) > 1, starts  # it yielded
+    assert len(starts["g0"]) == len(starts["g1"]) == 1, starts  # the group never did
+    assert rig.toy.corruptions == []
+    for req_id, prompt in prompts.items():
+        assert rig.sink.tokens[req_id] == reference(prompt, 16)
+
+
+async def test_without_a_group_the_latest_arrival_is_preempted():
+    """The same pressure with no group: the rule above is what protects the members."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, page_lookahead=0)
+    rig = make_rig(config, num_pages=14, page_size=PAGE)
+    await rig.scheduler.start()
+    prompts = {"alone": [50, 51, 52, 53, 54], "g0": [60, 61, 62, 63, 64], "g1": [70, 71, 72, 73, 74]}
+    for req_id, prompt in prompts.items():
+        await rig.scheduler.submit(req_id, prompt, greedy(16))
+    await rig.sink.wait(*prompts)
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, prompts)
+    assert len(starts["alone"]) == 1, starts
+    assert len(starts["g1"]) > 1, starts
+
+
+def test_speculative_work_ranks_after_every_class_and_does_not_age():
+    queue = WaitQueue(SchedulerConfig(aging_rate=0.1))
+    old_guess = Request("guess", [1, 2], greedy(1), arrival_time=0.0, priority=Priority.SPECULATIVE)
+    fresh_shed = Request("shed", [1, 2], greedy(1), arrival_time=999.0, priority=Priority.SHEDDABLE)
+    queue.push(old_guess)
+    queue.push(fresh_shed)
+    assert [r.req_id for r in queue.ranked(now=1000.0)] == ["shed", "guess"]
+    assert queue.rank(old_guess, 1000.0) == queue.rank(old_guess, 0.0)  # no aging
+
+
+async def test_a_waiting_request_of_any_other_class_preempts_running_speculative_work():
+    # one seat: the speculative prefill runs, then a sheddable request (one class above it,
+    # below the priority gap of 2) arrives and takes the seat at once
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1)
+    rig = make_rig(config, num_pages=64, page_size=PAGE)
+    rig.port.gate = asyncio.Event()
+    await rig.scheduler.start()
+    await rig.scheduler.submit("guess", [5, 6, 7], greedy(40), priority=Priority.SPECULATIVE)
+    rig.port.gate.set()
+    await rig.sink.wait_tokens("guess", 2)
+    await rig.scheduler.submit("real", [8, 9, 10], greedy(3), priority=Priority.SHEDDABLE)
+    await rig.sink.wait("real", "guess")
+    await rig.scheduler.stop()
+    assert rig.sink.order.index("guess") < rig.sink.order.index("real")
+    real_done = rig.sink.finished["real"]
+    assert list(rig.sink.finished).index("real") < list(rig.sink.finished).index("guess")
+    assert real_done.error is None
+    assert rig.scheduler.num_preemptions >= 1
+    assert rig.sink.tokens["guess"] == reference([5, 6, 7], 40)
+
+
+async def test_a_held_context_survives_page_pressure_while_other_requests_are_preempted():
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, page_lookahead=0)
+    rig = make_rig(config, num_pages=16, page_size=PAGE)
+    await rig.scheduler.start()
+    context = list(range(30, 47))  # 17 tokens + 1 output: 4 full pages held
+    await rig.scheduler.submit("ctx", context, greedy(1), hold_id="prog/ctx")
+    await rig.sink.wait("ctx")
+    held = rig.scheduler.holds.get("prog/ctx")
+    assert held is not None and held.num_pages == 4
+    assert rig.stats().num_locked_pages == 4
+    # 12 pages left for three requests that grow to 6 pages each: they preempt each other
+    others = {f"o{i}": [80 + i, 81, 82, 83, 84] for i in range(3)}
+    for req_id, prompt in others.items():
+        await rig.scheduler.submit(req_id, prompt, greedy(18))
+    await rig.sink.wait(*others)
+    assert rig.scheduler.num_preemptions > 0
+    assert rig.stats().num_locked_pages == 4  # never evicted, never unlocked
+    tail = rig.sink.tokens["ctx"]
+    assert rig.cache.match(context + tail)[rig.port.info.executor_id] == 16
+    # a later request over the held context finds it cached, and its tokens are right
+    await rig.scheduler.submit("next", context + tail + [99], greedy(2))
+    await rig.sink.wait("next")
+    assert rig.sink.first["next"].num_cached_tokens == 16
+    assert rig.sink.tokens["next"] == reference(context + tail + [99], 2)
+    assert await rig.scheduler.release_hold("prog/ctx")
+    assert rig.stats().num_locked_pages == 0 and rig.stats().num_leases == 0
+    assert rig.toy.corruptions == []
+    await rig.scheduler.stop()
+
+
+@pytest.mark.parametrize("cancel", ["abort_while_queued", "abort_while_running", "release"])
+async def test_a_cancelled_speculative_prefill_leaves_no_pages_behind(cancel):
+    config = SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=4)
+    rig = make_rig(config, num_pages=32, page_size=PAGE)
+    base = rig.stats()
+    rig.port.gate = asyncio.Event()
+    await rig.scheduler.start()
+    prompt = list(range(5, 30))  # 25 tokens: four prefill chunks of 8
+    sampling = greedy(1)
+    if cancel == "abort_while_queued":
+        await rig.scheduler.submit("busy", list(range(40, 60)), greedy(4))  # takes the budget
+    await rig.scheduler.submit(
+        "guess", prompt, sampling, priority=Priority.SPECULATIVE, hold_id="prog/guess"
+    )
+    if cancel == "release":
+        rig.port.gate.set()
+        await rig.sink.wait("guess")
+        assert rig.scheduler.holds.get("prog/guess") is not None
+        assert rig.stats().num_locked_pages > 0
+        assert await rig.scheduler.release_hold("prog/guess")
+    else:
+        if cancel == "abort_while_running":
+            rig.port.gate.set()
+            await rig.port.step_done.wait()  # its first chunk ran: it holds a lease
+            assert rig.stats().num_leases >= 1
+        assert rig.scheduler.abort("guess")
+        rig.port.gate.set()
+        await rig.sink.wait("guess")
+        assert rig.sink.finished["guess"].finish_reason == "abort"
+        assert rig.scheduler.holds.get("prog/guess") is None
+    if cancel == "abort_while_queued":
+        await rig.sink.wait("busy")
+    await rig.scheduler.stop()
+    after = rig.stats()
+    assert after.num_leases == 0 and after.num_leased_pages == 0 and after.num_locked_pages == 0
+    assert len(rig.scheduler.holds) == 0
+    assert after.num_free_pages + after.num_cached_pages == base.num_free_pages
+    assert rig.toy.corruptions == []
