@@ -245,7 +245,7 @@ class Speculation:
             prompt_token_ids=tuple(self.tokens),
             sampling=sampling,
             hold_id=self.hold_id if self.run.deps.backend.supports_holds else "",
-            priority=Priority.SHEDDABLE,  # the lowest class: never ahead of the program's own work
+            priority=Priority.SPECULATIVE,  # the lowest class: never ahead of any other work
             deadline_unix_ms=int(self.run.deadline * 1000),
         )
         if request.hold_id:

@@ -81,12 +81,12 @@ async def test_a_predicted_branch_starts_its_first_gen_from_the_prefilled_cache(
     first = await run(replica_a, triage(["retrieve"]), "my parcel is late", "t0")
     second = await run(replica_a, triage(["retrieve"]), "where is the refund policy", "t1")
     assert [branch_event(e).prediction for e in (first, second)] == [ev.Prediction.NONE] * 2
-    assert not [r for r in backend.requests if r.priority is Priority.SHEDDABLE]
+    assert not [r for r in backend.requests if r.priority is Priority.SPECULATIVE]
     # another runtime over the same store predicts from the history the first one wrote
     third = await run(replica_b, triage(["retrieve"]), "how do I change my address", "t2")
     assert branch_event(third) == ev.BranchTaken(branch_event(third).statement, True, ev.Prediction.HIT)
     assert PREDICTIONS.labels(result="hit")._value.get() == hits + 1
-    (spec,) = [r for r in backend.requests if r.priority is Priority.SHEDDABLE]
+    (spec,) = [r for r in backend.requests if r.priority is Priority.SPECULATIVE]
     assert spec.sampling.max_tokens == 0 and spec.hold_id == "t2/ctx/predict/body[4].branch"
     gen_request = backend.requests[-1]
     assert gen_request.prompt_token_ids == spec.prompt_token_ids  # the branch's prompt is what was prefilled
@@ -118,7 +118,7 @@ async def test_a_wrong_guess_is_cancelled_and_leaves_no_hold_or_page(deps, backe
     events = await run(predicting, triage(["chat"]), "just saying hello", "m2")
     assert branch_event(events) == ev.BranchTaken("body[4].branch", False, ev.Prediction.MISS)
     assert PREDICTIONS.labels(result="miss")._value.get() == misses + 1
-    (spec,) = [r for r in backend.requests if r.priority is Priority.SHEDDABLE]
+    (spec,) = [r for r in backend.requests if r.priority is Priority.SPECULATIVE]
     ((released, pages),) = seen_at_branch_gen
     assert spec.hold_id in released and pages == (0, 0)
     assert events[-1].variables["route"] == "chat"
@@ -131,7 +131,7 @@ async def test_predictions_off_read_and_write_no_history_and_prefill_nothing(dep
     for i in range(3):
         events = await run(off, triage(["retrieve"]), f"question {i}", f"o{i}")
         assert branch_event(events).prediction is ev.Prediction.NONE
-    assert not [r for r in backend.requests if r.priority is Priority.SHEDDABLE]
+    assert not [r for r in backend.requests if r.priority is Priority.SPECULATIVE]
     assert store._values == {}
 
 
