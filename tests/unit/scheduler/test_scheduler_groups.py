@@ -222,3 +222,33 @@ async def test_a_cancelled_speculative_prefill_leaves_no_pages_behind(cancel):
     assert len(rig.scheduler.holds) == 0
     assert after.num_free_pages + after.num_cached_pages == base.num_free_pages
     assert rig.toy.corruptions == []
+
+
+def test_the_contract_carries_group_id_and_the_speculative_class():
+    from radixmesh.v1 import inference_pb2 as ipb
+    from radixmesh.v1 import scheduler_pb2
+    from services.scheduler.convert import submission_from_proto
+
+    msg = scheduler_pb2.SubmitRequest(
+        req_id="a", token_ids=[1, 2], group_id="run-1/fork/0", priority=ipb.PRIORITY_SPECULATIVE
+    )
+    sub = submission_from_proto(msg)
+    assert sub.group_id == "run-1/fork/0" and sub.priority is Priority.SPECULATIVE
+    assert submission_from_proto(scheduler_pb2.SubmitRequest(req_id="b", token_ids=[1])).group_id == ""
+
+
+async def test_a_groups_members_are_routed_to_the_executor_of_the_first():
+    rig = make_rig(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16), num_executors=2)
+    rig.ports[0].gate = asyncio.Event()
+    rig.ports[1].gate = asyncio.Event()
+    await rig.scheduler.start()
+    reqs = []
+    for i in range(6):  # distinct prompts: by load alone they would spread over both
+        reqs.append(
+            await rig.scheduler.submit(f"m{i}", [10 + i, 20 + i, 30 + i], greedy(2), group_id="g")
+        )
+    assert len({r.executor_id for r in reqs}) == 1
+    rig.ports[0].gate.set()
+    rig.ports[1].gate.set()
+    await rig.sink.wait(*(r.req_id for r in reqs))
+    await rig.scheduler.stop()
