@@ -79,8 +79,8 @@ class MeshConfig:
     """KV pages per executor; None lets the executor size its pool."""
     speculative: str = "off"
     """Every executor's --speculative: "off", "ngram", "suffix" or "radix"."""
-    jump_forward: bool = True
-    """Every executor's --jump-forward (the tokens a constraint forces, verified as a draft)."""
+    jump_forward: str = "auto"
+    """Every executor's --jump-forward: on, off or auto (on the CPU, not on CUDA)."""
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""
@@ -232,7 +232,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *_kv_fraction_args(config.kv_memory_fraction),
             *("--quantization", config.quantization),
             *("--speculative", config.speculative),
-            *("--jump-forward", "on" if config.jump_forward else "off"),
+            *("--jump-forward", config.jump_forward),
         )
         executors.append(
             ServiceSpec(

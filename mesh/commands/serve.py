@@ -83,9 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--jump-forward",
-        default="on",
-        choices=("on", "off"),
-        help="every executor verifies the tokens a constraint forces as a draft (default on)",
+        default="auto",
+        choices=("on", "off", "auto"),
+        help="every executor verifies the tokens a constraint forces as a draft; auto "
+        "(default): on the CPU, not on CUDA",
     )
     parser.add_argument(
         "--kv-memory-fraction",
@@ -183,7 +184,7 @@ def _config(args: argparse.Namespace):
         tools_config=Path(args.tools_config) if args.tools_config else None,
         num_pages=args.num_pages,
         speculative=args.speculative,
-        jump_forward=args.jump_forward == "on",
+        jump_forward=args.jump_forward,
         kv_memory_fraction=args.kv_memory_fraction,
         quantization=args.quantization,
         tensor_parallel_size=args.tensor_parallel_size,

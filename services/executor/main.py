@@ -44,7 +44,11 @@ from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
 from services.executor.core.config import DTYPES, QUANTIZATIONS, ExecutorConfig
-from services.executor.core.spec.config import SPECULATIVE_METHODS, SpeculativeConfig
+from services.executor.core.spec.config import (
+    JUMP_FORWARD_MODES,
+    SPECULATIVE_METHODS,
+    SpeculativeConfig,
+)
 from services.executor.health import (
     DeviceHealthCollector,
     HealthSampler,
@@ -201,10 +205,11 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--jump-forward",
-        default="on",
-        choices=("on", "off"),
+        default="auto",
+        choices=tuple(JUMP_FORWARD_MODES),
         help="constrained decodes verify the tokens their grammar forces as a draft, at any "
-        "batch size and with --speculative off too; same output in fewer steps (default on)",
+        "batch size and with --speculative off too; same output in fewer steps. auto "
+        "(default): on the CPU, not on CUDA, where it was measured slower",
     )
     parser.add_argument(
         "--max-forced-tokens",
@@ -220,7 +225,7 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig:
         method=args.speculative,
         max_draft_tokens=args.num_speculative_tokens,
         max_batch_size=args.speculative_max_batch_size,
-        jump_forward=args.jump_forward == "on",
+        jump_forward=JUMP_FORWARD_MODES[args.jump_forward],
         max_forced_tokens=args.max_forced_tokens,
     )
 

@@ -126,6 +126,8 @@ def describe_executor(
         max_draft_tokens=speculative.max_draft_tokens if speculative.enabled else 0,
         max_speculative_batch_size=speculative.max_batch_size if speculative.enabled else 0,
         max_forced_tokens=(
-            speculative.max_forced_tokens if speculative.jump_forward and has_grammar else 0
+            speculative.max_forced_tokens
+            if has_grammar and speculative.jump_forward_on(device.type)
+            else 0
         ),
     )

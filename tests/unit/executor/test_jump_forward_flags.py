@@ -1,5 +1,6 @@
-"""`--jump-forward` and `--max-forced-tokens` reach the executor's config (on by default),
-and `radixmesh serve --jump-forward` reaches every executor's command line."""
+"""`--jump-forward` and `--max-forced-tokens` reach the executor's config (auto by default:
+on the CPU, not on CUDA, where verifying a forced run was measured slower than the decode
+step it saves), and `radixmesh serve --jump-forward` reaches every executor's command line."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ from services.executor.main import build_parser, executor_config
 from tests.unit.gateway.test_executor_flags import executor_args, serve_config
 
 
-def test_jump_forward_is_on_by_default_and_the_flags_reach_the_config():
+def test_jump_forward_is_auto_by_default_and_the_flags_reach_the_config():
     default = executor_config(executor_args()).speculative
-    assert (default.jump_forward, default.max_forced_tokens, default.method) == (True, 8, "off")
+    assert (default.jump_forward, default.max_forced_tokens, default.method) == (None, 8, "off")
+    assert (default.jump_forward_on("cpu"), default.jump_forward_on("cuda")) == (True, False)
     config = executor_config(
         executor_args("--jump-forward", "off", "--max-forced-tokens", "12")
     ).speculative
     assert (config.jump_forward, config.max_forced_tokens) == (False, 12)
+    assert not config.jump_forward_on("cpu")
+    forced = executor_config(executor_args("--jump-forward", "on")).speculative
+    assert forced.jump_forward_on("cuda") and forced.jump_forward_on("cpu")
 
 
 def test_a_bad_value_names_the_field():
@@ -27,7 +32,10 @@ def test_a_bad_value_names_the_field():
         executor_args("--jump-forward", "maybe")
 
 
-@pytest.mark.parametrize(("flag", "expected"), [((), True), (("--jump-forward", "off"), False)])
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [((), None), (("--jump-forward", "on"), True), (("--jump-forward", "off"), False)],
+)
 def test_serve_passes_jump_forward_to_every_executor(tmp_path, flag, expected):
     config = serve_config(tmp_path, *flag, "--executors", "2")
     stages = plan_stages(config, MeshPorts.pick(config.num_executors))

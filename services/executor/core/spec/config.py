@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from radixmesh.errors import InvalidArgument
 
 SPECULATIVE_METHODS = ("off", "ngram", "suffix", "radix")
+JUMP_FORWARD_MODES: dict[str, bool | None] = {"on": True, "off": False, "auto": None}
+"""--jump-forward's values and SpeculativeConfig.jump_forward's (auto: by device)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +33,17 @@ class SpeculativeConfig:
     """"suffix": tokens of recent outputs the cross-request index keeps (oldest dropped)."""
     max_tree_tokens: int = 256
     """"radix": most tokens of a prompt's continuation read from the cache's tree."""
-    jump_forward: bool = True
+    jump_forward: bool | None = None
     """Jump-forward: a constrained decode's draft starts with the tokens its grammar forces
     (the only token its mask allows, spec/forced.py), at any batch size, with the method
-    off too. The output is the same as without it, in fewer steps."""
+    off too. The output is the same as without it, in fewer steps. None (auto): on where
+    verifying a forced run costs no more than the decode step it saves, on the CPU; off on
+    CUDA, where that verification is an eager extend and was measured slower than the
+    graphed decode (bench/RESULTS.md, jump-forward on the GPU)."""
+
+    def jump_forward_on(self, device_type: str) -> bool:
+        """Whether jump-forward runs on a device of this type (resolving auto)."""
+        return self.jump_forward if self.jump_forward is not None else device_type != "cuda"
     max_forced_tokens: int = 8
     """Jump-forward: most forced tokens verified per constrained decode and step (the
     scheduler leases pages and takes step budget for this many)."""
