@@ -256,7 +256,11 @@ def test_a_strict_schema_with_an_unenforceable_keyword_is_400_naming_it(serve):
 
 def test_each_finished_choice_carries_its_schema_check(serve):
     reply = _chat(serve, n=2, response_format=_strict_format(ORDER_SCHEMA))
-    assert [c.model_extra["schema_check"] for c in reply.choices] == ["valid", "valid"]
+    checks = [(c.finish_reason, c.model_extra["schema_check"]) for c in reply.choices]
+    # a choice cut by max_tokens is "truncated", not judged; one CI run saw that once in
+    # more than fifty choices of this bounded schema, so the pair is checked per choice
+    assert all(check == ("valid" if why == "stop" else "truncated") for why, check in checks)
+    assert ("stop", "valid") in checks, checks
     best_effort = _chat(serve, max_tokens=24, response_format=_strict_format(NOT_SCHEMA, False))
     [choice] = best_effort.choices
     assert choice.model_extra["unenforced_keywords"] == ["properties.a.not"]
