@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=("on", "off", "auto"),
         help="every executor verifies the tokens a constraint forces as a draft; auto "
-        "(default): on the CPU, not on CUDA",
+        "(default): off for now",
     )
     parser.add_argument(
         "--kv-memory-fraction",

@@ -209,7 +209,7 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(JUMP_FORWARD_MODES),
         help="constrained decodes verify the tokens their grammar forces as a draft, at any "
         "batch size and with --speculative off too; same output in fewer steps. auto "
-        "(default): on the CPU, not on CUDA, where it was measured slower",
+        "(default): off for now (slower on CUDA; under investigation on the CPU)",
     )
     parser.add_argument(
         "--max-forced-tokens",

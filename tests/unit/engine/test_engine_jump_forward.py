@@ -90,7 +90,7 @@ async def test_outputs_equal_jump_forward_off_and_every_page_comes_back(
     assert off.executors[0].info.max_forced_tokens == 0
     expected = await run_all(off, requests)
     await off.stop()
-    engine = await make_engine(overlap_prepare)  # the default: jump-forward on
+    engine = await make_engine(overlap_prepare, speculative=SpeculativeConfig(jump_forward=True))
     assert engine.executors[0].info.max_forced_tokens > 0
     (start,) = engine.cache_stats()
     results = await run_all(engine, requests)
