@@ -67,6 +67,7 @@ class Counted:
     """An executor core with its forward passes counted."""
 
     def __init__(self, model_dir: Path, grammar, **speculative) -> None:
+        speculative.setdefault("jump_forward", True)  # asked for: its default is off for now
         config = ExecutorConfig(
             model_path=str(model_dir), device="cpu", page_size=PAGE_SIZE, num_pages=1024,
             max_num_seqs=16, speculative=SpeculativeConfig(**speculative),
