@@ -75,6 +75,9 @@ class MeshConfig:
     """Serve repeated deterministic requests from the cache service's result cache."""
     tools_config: Path | None = None
     """JSON file of the program tools and plugins the gateway loads (docs/programs.md)."""
+    program_branch_prediction: bool = True
+    """Every gateway's --program-branch-prediction: prefill an If's likely branch while its
+    condition is computed (from the If's history in the result store)."""
     num_pages: int | None = None
     """KV pages per executor; None lets the executor size its pool."""
     speculative: str = "off"
@@ -284,6 +287,7 @@ def gateway_specs(config: MeshConfig, ports: MeshPorts) -> list[ServiceSpec]:
         shared.append("--result-cache")
     if config.tools_config is not None:
         shared += ["--tools-config", str(config.tools_config)]
+    shared += ["--program-branch-prediction", "on" if config.program_branch_prediction else "off"]
     specs = []
     for i, (grpc_port, http_port, metrics_port) in enumerate(ports.gateways):
         argv = _python(

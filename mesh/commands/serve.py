@@ -71,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tools-config", default=None, help="JSON file of program tools and plugins"
     )
+    parser.add_argument(
+        "--program-branch-prediction",
+        default="on",
+        choices=("on", "off"),
+        help="every gateway prefills an If's likely branch (from its history in the result "
+        "store) while its condition is computed (default on)",
+    )
     parser.add_argument("--num-pages", type=int, default=None, help="KV pages per executor")
     parser.add_argument(
         "--speculative",
@@ -182,6 +189,7 @@ def _config(args: argparse.Namespace):
         rate_limit_share=args.rate_limit_share,
         result_cache=args.result_cache,
         tools_config=Path(args.tools_config) if args.tools_config else None,
+        program_branch_prediction=args.program_branch_prediction == "on",
         num_pages=args.num_pages,
         speculative=args.speculative,
         jump_forward=args.jump_forward,
