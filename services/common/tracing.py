@@ -34,6 +34,9 @@ TRACEPARENT = "traceparent"
 MAX_LINKS = 4096
 """Links one span may carry: an executor step links to every traced sequence in it (the
 SDK's default of 128 would drop links past batch 128)."""
+MAX_EVENTS = 1024
+"""Events one span may carry: a request's span holds its queue waits, prefill chunks, decode
+and cache verbs as events (the SDK's default of 128 would drop a long prompt's last chunks)."""
 EXPORT_QUEUE_SPANS = 16384
 """Finished spans the batch processor holds before it drops new ones (the SDK's 2048
 overflows in a second at batch 64 with every request traced)."""
@@ -60,6 +63,7 @@ __all__ = [
     "epoch_ns",
     "link_to",
     "record_span",
+    "recording_span",
     "sampled",
     "shutdown_tracing",
     "traceparent_from_metadata",
@@ -88,7 +92,7 @@ def configure_tracing(service: str, endpoint: str | None, sample_rate: float = 1
     exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=5)
     provider = TracerProvider(
         resource=Resource.create({"service.name": f"radixmesh-{service}"}),
-        span_limits=SpanLimits(max_links=MAX_LINKS),
+        span_limits=SpanLimits(max_links=MAX_LINKS, max_events=MAX_EVENTS),
         sampler=ParentBased(_linked_or_ratio(sample_rate)),
     )
     provider.add_span_processor(
@@ -145,6 +149,15 @@ def tracer(name: str) -> trace.Tracer:
     if found is None or found[0] is not provider:
         found = _TRACERS[key] = (provider, provider.get_tracer(name))
     return found[1]
+
+
+def recording_span() -> trace.Span | None:
+    """The current span when tracing is on and it records (a sampled trace); else None, so a
+    caller formats no event attributes for a span that would drop them."""
+    if _STATE["provider"] is None:
+        return None
+    span = trace.get_current_span()
+    return span if span.is_recording() else None
 
 
 def context_from_traceparent(value: str | None) -> otel_context.Context | None:

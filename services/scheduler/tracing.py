@@ -1,27 +1,33 @@
-"""A traced request's spans in the scheduler: one live span per request, its parts written at the end.
+"""A traced request's span in the scheduler: one live span per request, its phases written at the end.
 
 The servicer gives a request a `RequestTrace` when its SubmitRequest carries a
-traceparent and tracing is on. `start` opens the request's span at once (so its
-traceparent can travel: to the cache with each verb the request causes, to the
-executor with the new sequence); the core then notes plain timestamps at the
-request's events (`req.trace.<event>(...)`, guarded by `if req.trace`), and
-`finished` writes the parts and ends the span, a child of the gateway's span:
+traceparent of a sampled trace and tracing is on. `start` opens the request's span at
+once (so its traceparent can travel to the executor with the new sequence); the core
+then notes plain timestamps at the request's events (`req.trace.<event>(...)`, guarded
+by `if req.trace`), and `finished` writes the phases as timed events of that one span
+and ends it, a child of the gateway's span:
 
     scheduler.request           submit -> end   (model, priority, executor, tokens, finish)
-      scheduler.queue_wait      submit -> first admission (again after each preemption)
-      scheduler.prefill_chunk   one per chunk: scheduled -> the next event (tokens, step id)
-      scheduler.decode          first token -> end, with its step count
-      cache.<verb>              the cache's span of each match, acquire, extend, commit, release
-    events on scheduler.request: preempted (tokens kept), first_token
+      events, each at its start with its length in radixmesh.duration_ms:
+        cache.match, cache.acquire, cache.extend, cache.commit, cache.release
+                                each cache verb the request caused (its round trip)
+        scheduler.queue_wait    submit -> first admission (again after each preemption)
+        scheduler.prefill_chunk one per chunk: scheduled -> the next chunk or the first token
+                                (tokens, step id)
+        scheduler.decode        first token -> end (its step count, first and last step id)
+        preempted (tokens kept), first_token
 
-The servicer starts the trace before the core's submit and holds it active over
-the submit (its prefix match); while the core awaits a later cache verb for the
-request it holds `req.trace.active()`,
-which makes the request's span current; the cache client puts its traceparent on
-the verb's op. Executor steps are batched over many requests: each `executor.step`
-span links to the request spans of the sequences in it (the traceparent the
-NewSequence carried), and each chunk and the decode span name the executor and
-step ids too.
+Events, not child spans: a span costs the SDK a hundred microseconds or more of CPU to
+create, encode and export, an event a few, and a request's phases are many (tracing
+every request at batch 64 on CPU cost about 2% of the mesh's CPU with a span per phase
+and per cache verb; bench/RESULTS.md).
+
+The servicer holds `trace.active()` over the submit (its prefix match) and the core holds
+it while it awaits a later cache verb for the request: the request's span is then the
+current one, and the cache client adds the verb's event to it. Executor steps are batched
+over many requests: each `executor.step` span links to the request spans of the
+sequences in it (the traceparent the NewSequence carried), and each chunk event and
+the decode event name the step ids, the request's span its executor.
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ from services.common.tracing import (
     SpanKind,
     context_from_traceparent,
     epoch_ns,
-    record_span,
     traceparent_of,
     tracer,
 )
@@ -95,7 +100,7 @@ class RequestTrace:
         self.root.end()
 
     def active(self) -> AbstractContextManager[Any]:
-        """The request's span as the current one (a cache verb awaited inside is its child)."""
+        """The request's span as the current one (a cache verb awaited inside is its event)."""
         return trace.use_span(self.root, end_on_exit=False)
 
     def on_admitted(self, now: float) -> None:
@@ -128,15 +133,8 @@ class RequestTrace:
         self.num_tokens += 1
 
     def finished(self, now: float, req: Any, finish_reason: str | None, code: str) -> None:
-        """Write the request's spans (see the module docstring)."""
-        t = tracer(_TRACER_NAME)
+        """Write the request's phases as events and end its span (the module docstring)."""
         executor_id = getattr(req, "executor_id", None) or ""
-        events: list[tuple[str, float, dict[str, Any]]] = [
-            ("preempted", at, {"radixmesh.num_computed_tokens": kept})
-            for at, kept in self.preempted
-        ]
-        if self.first_token_s is not None:
-            events.append(("first_token", self.first_token_s, {}))
         root = self.root
         root.set_attributes(
             {
@@ -152,28 +150,41 @@ class RequestTrace:
                 "radixmesh.code": code,
             }
         )
-        for event, at_s, event_attrs in events:
-            root.add_event(event, event_attrs, timestamp=epoch_ns(at_s))
+        for event, at_s, attrs in sorted(self._events(now), key=lambda e: e[1]):
+            root.add_event(event, attrs, timestamp=epoch_ns(at_s))
+        root.end(end_time=epoch_ns(max(now, self.arrival_s)))
+
+    def _events(self, now: float) -> list[tuple[str, float, dict[str, Any]]]:
+        """(name, at, attributes) of each phase: queue waits, prefill chunks (each until the
+        next chunk or the first token), decode, preemptions and the first token."""
+        events: list[tuple[str, float, dict[str, Any]]] = [
+            ("preempted", at, {"radixmesh.num_computed_tokens": kept})
+            for at, kept in self.preempted
+        ]
         for i, queued in enumerate(self.queued):
             end = self.admitted[i] if i < len(self.admitted) else now
-            record_span(t, "scheduler.queue_wait", queued, end, root,
-                        {"radixmesh.attempt": i})  # fmt: skip
+            events.append(("scheduler.queue_wait", queued,
+                           {"radixmesh.attempt": i, "radixmesh.duration_ms": _ms(queued, end)}))  # fmt: skip
         marks = sorted([c[0] for c in self.chunks] + [x for x in (self.first_token_s,) if x])
         for at, num_tokens, step_id in self.chunks:
             later = [m for m in marks if m > at]
-            record_span(
-                t, "scheduler.prefill_chunk", at, later[0] if later else now, root,
-                {"radixmesh.num_scheduled_tokens": num_tokens, "radixmesh.step_id": step_id,
-                     "radixmesh.executor_id": executor_id},
-            )  # fmt: skip
+            events.append(("scheduler.prefill_chunk", at, {
+                "radixmesh.num_scheduled_tokens": num_tokens, "radixmesh.step_id": step_id,
+                "radixmesh.duration_ms": _ms(at, later[0] if later else now),
+            }))  # fmt: skip
         if self.first_token_s is not None:
+            events.append(("first_token", self.first_token_s, {}))
             attrs: dict[str, Any] = {
-                    "radixmesh.num_steps": max(self.num_tokens - 1, 0),
-                    "radixmesh.executor_id": executor_id,
+                "radixmesh.num_steps": max(self.num_tokens - 1, 0),
+                "radixmesh.duration_ms": _ms(self.first_token_s, now),
             }
             if self.decode_steps:
                 attrs["radixmesh.first_step_id"], attrs["radixmesh.last_step_id"] = (
                     self.decode_steps
                 )
-            record_span(t, "scheduler.decode", self.first_token_s, now, root, attrs)
-        root.end(end_time=epoch_ns(max(now, self.arrival_s)))
+            events.append(("scheduler.decode", self.first_token_s, attrs))
+        return events
+
+
+def _ms(start_s: float, end_s: float) -> float:
+    return round(max(end_s - start_s, 0.0) * 1e3, 3)

@@ -1,4 +1,4 @@
-"""The scheduler's spans of one traced request, written from the times the core noted."""
+"""The scheduler's span of one traced request, its phases written from the times the core noted."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def exported(monkeypatch):
     return exporter
 
 
-def test_spans_cover_queue_chunks_preemption_and_decode(exported, monkeypatch):
+def test_one_span_with_events_covers_queue_chunks_preemption_and_decode(exported, monkeypatch):
     clock = iter([1.0, 1.5, 2.0, 2.5])  # started, chunk scheduled, preempted, restarted
     monkeypatch.setattr("services.scheduler.tracing.time.monotonic", lambda: next(clock))
     req = Request("r1", [1, 2, 3, 4], SamplingParams(), arrival_time=0.5, priority=Priority.BATCH)
@@ -41,23 +41,45 @@ def test_spans_cover_queue_chunks_preemption_and_decode(exported, monkeypatch):
             trace.on_scheduled(1, prefilling=False, step_id=10 + i)
     trace.finished(3.3, req, "length", "OK")
 
-    spans = {s.name: s for s in exported.get_finished_spans()}
-    root = spans["scheduler.request"]
+    # one span: its phases are timed events of it, in time order
+    (root,) = exported.get_finished_spans()
+    assert root.name == "scheduler.request"
     assert format(root.parent.span_id, "016x") == "b7ad6b7169203331"
     assert root.attributes["radixmesh.num_preemptions"] == 1
-    assert [e.name for e in root.events] == ["preempted", "first_token"]
-    waits = [s for s in exported.get_finished_spans() if s.name == "scheduler.queue_wait"]
-    assert [(s.start_time, s.end_time) for s in waits] == [
-        (tracing.epoch_ns(0.5), tracing.epoch_ns(1.0)),
-        (tracing.epoch_ns(2.0), tracing.epoch_ns(2.5)),
+    assert root.attributes["radixmesh.executor_id"] == "exec-0"
+    assert (root.start_time, root.end_time) == (tracing.epoch_ns(0.5), tracing.epoch_ns(3.3))
+    assert [e.name for e in root.events] == [
+        "scheduler.queue_wait", "scheduler.prefill_chunk", "scheduler.prefill_chunk",
+        "preempted", "scheduler.queue_wait", "scheduler.prefill_chunk", "first_token",
+        "scheduler.decode",
+    ]  # fmt: skip
+    assert [e.timestamp for e in root.events] == sorted(e.timestamp for e in root.events)
+
+    def named(name):
+        return [e for e in root.events if e.name == name]
+
+    def ms(event) -> float:
+        return event.attributes["radixmesh.duration_ms"]
+
+    waits = named("scheduler.queue_wait")
+    assert [(w.timestamp, ms(w), w.attributes["radixmesh.attempt"]) for w in waits] == [
+        (tracing.epoch_ns(0.5), 500.0, 0),
+        (tracing.epoch_ns(2.0), 500.0, 1),
     ]
-    chunks = [s for s in exported.get_finished_spans() if s.name == "scheduler.prefill_chunk"]
+    chunks = named("scheduler.prefill_chunk")
     assert [c.attributes["radixmesh.step_id"] for c in chunks] == [3, 4, 9]
-    assert chunks[-1].end_time == tracing.epoch_ns(3.0)  # the last chunk ends at the first token
-    decode = spans["scheduler.decode"]
+    assert [c.attributes["radixmesh.num_scheduled_tokens"] for c in chunks] == [2, 2, 4]
+    assert [(c.timestamp, ms(c)) for c in chunks] == [
+        (tracing.epoch_ns(1.0), 500.0),
+        (tracing.epoch_ns(1.5), 1000.0),  # until the next chunk (after the preemption)
+        (tracing.epoch_ns(2.5), 500.0),  # the last chunk ends at the first token
+    ]
+    (preempted,) = named("preempted")
+    assert preempted.attributes["radixmesh.num_computed_tokens"] == 4
+    (decode,) = named("scheduler.decode")
+    assert decode.timestamp == tracing.epoch_ns(3.0) and ms(decode) == pytest.approx(300.0)
     assert decode.attributes["radixmesh.num_steps"] == 2
     assert (decode.attributes["radixmesh.first_step_id"], decode.attributes["radixmesh.last_step_id"]) == (11, 12)
-    assert all(s.parent.span_id == root.context.span_id for s in (*waits, *chunks, decode))
 
 
 def test_a_malformed_traceparent_traces_nothing():
