@@ -11,6 +11,13 @@ into num_splits parts, in two launches:
    KV head) over its part, and writes the partial max, sum and unnormalized
    output of every head;
 2. one program per (sequence, query head) merges the parts.
+With one split (short contexts, or batches whose (sequence, KV head) programs
+fill the device on their own) it is one launch instead: the same kernel, one
+program per (sequence, KV head) over the whole context, writing the normalized
+output itself, with no partials and no merge. The split count, and so the path,
+depends on shapes only (the page table's capacity, the batch, the device), never
+on a value on the device, so a captured graph keeps it; a graph captured with a
+page table as wide as the longest context it serves picks for that context.
 A sequence whose seq_len is 0 (a padding row) gets zeros. With a sliding
 window the splits cover only the window, [max(0, seq_len - window), seq_len),
 all of which the one query sees, so no tile needs a window mask.
@@ -58,10 +65,13 @@ def _decode_split_kernel(
     part_out_ptr,
     part_m_ptr,
     part_l_ptr,
+    out_ptr,
     qk_scale,
     window,
     stride_q_t,
     stride_q_h,
+    stride_o_t,
+    stride_o_h,
     stride_k_page,
     stride_k_slot,
     stride_k_h,
@@ -77,7 +87,9 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     SLIDING: tl.constexpr,
     IEEE: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
+    # DIRECT: one split (grid axis 2 of size 1) writes the normalized output, no partials
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -122,15 +134,24 @@ def _decode_split_kernel(
         stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
         qk_scale, window, PAGE_SIZE, BLOCK_N, True, False, IEEE,
     )  # fmt: skip
-    # partials are [num_seqs, num_heads, num_splits] (+ [BLOCK_D] for the output)
-    part = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
-    tl.store(part_m_ptr + part, m_i, mask=h_valid)
-    tl.store(part_l_ptr + part, l_i, mask=h_valid)
-    tl.store(
-        part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
-        acc,
-        mask=h_valid[:, None] & d_mask[None, :],
-    )
+    if DIRECT:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + seq.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h
+            + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=h_valid[:, None] & d_mask[None, :],
+        )  # fmt: skip
+    else:
+        # partials are [num_seqs, num_heads, num_splits] (+ [BLOCK_D] for the output)
+        part = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
+        tl.store(part_m_ptr + part, m_i, mask=h_valid)
+        tl.store(part_l_ptr + part, l_i, mask=h_valid)
+        tl.store(
+            part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+            acc,
+            mask=h_valid[:, None] & d_mask[None, :],
+        )
 
 
 @triton.jit
@@ -177,11 +198,17 @@ def _split_configs() -> list:
 
 
 _decode_split_tuned = triton.autotune(
-    configs=_split_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "SLIDING", "IEEE"]
+    configs=_split_configs(), key=["HEAD_DIM", "GROUP", "PAGE_SIZE", "SLIDING", "IEEE", "DIRECT"]
 )(_decode_split_kernel)
 
 _MIN_TOKENS_PER_SPLIT = 256
 _MAX_SPLITS = 64
+SINGLE_PASS_MAX_CONTEXT = 512
+"""Up to this capacity (page-table width x page size, or the sliding window) decode runs
+as one launch with no split, whatever the batch: at batch 1 on an H200 a split of such a
+context saves less than the merge launch costs. Above it the split count decides (1 is
+again one launch). Benchmarks set it to compare the paths (`bench/kernel_bench.py
+--decode-sweep`)."""
 
 
 @functools.cache
@@ -194,7 +221,10 @@ def _num_sms(device: torch.device) -> int:
 def default_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
     """Enough (sequence, KV head, split) programs to fill num_sms about 4 times,
     with at least _MIN_TOKENS_PER_SPLIT positions of the longest possible sequence
-    per split. Depends on shapes only, so a captured graph keeps it."""
+    per split; 1 (the one-launch path) up to SINGLE_PASS_MAX_CONTEXT. Depends on shapes
+    only, so a captured graph keeps it."""
+    if max_seq_len <= SINGLE_PASS_MAX_CONTEXT:
+        return 1
     wanted = triton.cdiv(4 * num_sms, max(num_seqs * num_kv_heads, 1))
     most = triton.cdiv(max_seq_len, _MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, most, _MAX_SPLITS))
@@ -210,7 +240,8 @@ def paged_decode_attention_triton(
     sliding_window: int | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """`paged_decode_attention_ref` as split-KV attention with a merge launch.
+    """`paged_decode_attention_ref` as split-KV attention with a merge launch, or, with
+    one split, as one launch.
 
     num_splits defaults to `default_num_splits` over the page table's capacity
     (max_pages_per_seq * page_size, at most sliding_window); no value is read
@@ -238,16 +269,22 @@ def paged_decode_attention_triton(
     check(num_splits >= 1, "paged_decode_attention: num_splits must be >= 1")
     group = num_heads // num_kv_heads
     block_d = max(triton.next_power_of_2(head_dim), 16)
-    part_out = torch.empty(
-        (num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device
-    )
-    part_m = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
-    part_l = torch.empty_like(part_m)
+    direct = num_splits == 1
+    if direct:  # unused by the one-launch path
+        part_out = part_m = part_l = out
+    else:
+        part_out = torch.empty(
+            (num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device
+        )
+        part_m = torch.empty(
+            (num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device
+        )
+        part_l = torch.empty_like(part_m)
     args = (
-        q, k_cache, v_cache, page_table, seq_lens, part_out, part_m, part_l,
+        q, k_cache, v_cache, page_table, seq_lens, part_out, part_m, part_l, out,
         scale * LOG2E,
         sliding_window or 0,
-        q.stride(0), q.stride(1),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0),
@@ -260,14 +297,16 @@ def paged_decode_attention_triton(
         "BLOCK_D": block_d,
         "SLIDING": sliding_window is not None,
         "IEEE": interpreting() or q.dtype == torch.float32,
+        "DIRECT": direct,
     }
     grid = (num_seqs, num_kv_heads, num_splits)
     if interpreting():
         _decode_split_kernel[grid](*args, **meta, BLOCK_N=16)
     else:
         _decode_split_tuned[grid](*args, **meta)
-    _decode_reduce_kernel[(num_seqs, num_heads)](
-        part_out, part_m, part_l, out, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-    )  # fmt: skip
+    if not direct:
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            part_out, part_m, part_l, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        )  # fmt: skip
     return out

@@ -115,3 +115,104 @@ def test_decode_replays_from_a_captured_cuda_graph():
     ref = paged_decode_attention_ref(*args)
     torch.testing.assert_close(out[[0, 1, 3]], ref[[0, 1, 3]], **tolerance(torch.bfloat16))
     assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+# the one-launch path: a context of one token, both sides of page boundaries, many pages
+SINGLE_PASS_LENS = [1, 15, 16, 17, 32, 33, 100]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_single_pass_matches_reference_across_page_boundaries(page_size, group, dtype):
+    out, ref = _run(
+        SINGLE_PASS_LENS, group=group, head_dim=64, page_size=page_size, dtype=dtype,
+        seed=20 + group + page_size, num_splits=1,
+    )  # fmt: skip
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, ref, **tolerance(dtype))
+
+
+def test_short_capacity_runs_one_launch_and_no_merge(monkeypatch):
+    """A page table of at most SINGLE_PASS_MAX_CONTEXT positions takes the one-launch path:
+    the merge kernel is never launched, and the output is the reference's."""
+    from kernels import paged_decode_attention as pda
+
+    class _NoMerge:
+        def __getitem__(self, grid):
+            raise AssertionError("the merge kernel ran on the one-launch path")
+
+    monkeypatch.setattr(pda, "_decode_reduce_kernel", _NoMerge())
+    out, ref = _run([1, 16, 17, 47], group=4, head_dim=64, page_size=16, dtype=torch.float32, seed=31)
+    torch.testing.assert_close(out, ref, **tolerance(torch.float32))
+
+
+def test_long_capacity_still_splits_and_merges(monkeypatch):
+    from kernels import paged_decode_attention as pda
+
+    merges = []
+    real = pda._decode_reduce_kernel
+
+    class _Counting:
+        def __getitem__(self, grid):
+            merges.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(pda, "_decode_reduce_kernel", _Counting())
+    monkeypatch.setattr(pda, "SINGLE_PASS_MAX_CONTEXT", 32)
+    monkeypatch.setattr(pda, "_MIN_TOKENS_PER_SPLIT", 16)
+    out, ref = _run([70, 3], group=2, head_dim=64, page_size=16, dtype=torch.float32, seed=32)
+    torch.testing.assert_close(out, ref, **tolerance(torch.float32))
+    assert len(merges) == 1
+
+
+def test_single_pass_and_split_paths_agree_with_a_sliding_window():
+    batch = make_paged_batch(
+        [1] * 4, [1, 16, 33, 70], num_kv_heads=2, group=4, head_dim=64, page_size=16,
+        dtype=torch.float32, seed=33,
+    )  # fmt: skip
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens, batch.scale)
+    ref = paged_decode_attention_ref(*args, sliding_window=20)
+    single = paged_decode_attention_triton(*args, sliding_window=20, num_splits=1)
+    split = paged_decode_attention_triton(*args, sliding_window=20, num_splits=3)
+    torch.testing.assert_close(single, ref, **tolerance(torch.float32))
+    torch.testing.assert_close(split, ref, **tolerance(torch.float32))
+
+
+def test_default_split_count_is_one_up_to_the_single_pass_context():
+    from kernels.paged_decode_attention import SINGLE_PASS_MAX_CONTEXT
+
+    at = SINGLE_PASS_MAX_CONTEXT
+    assert default_num_splits(num_seqs=1, num_kv_heads=8, max_seq_len=at, num_sms=132) == 1
+    assert default_num_splits(num_seqs=1, num_kv_heads=8, max_seq_len=at + 256, num_sms=132) > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [1, 16, 17, 128, 512])
+def test_single_pass_on_gpu_bench_heads(context):
+    out, ref = _run(
+        [context, max(context - 1, 1)], num_kv_heads=8, group=4, head_dim=128, page_size=16,
+        dtype=torch.bfloat16, seed=34 + context, num_splits=1,
+    )  # fmt: skip
+    torch.testing.assert_close(out, ref, **tolerance(torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_single_pass_replays_from_a_captured_cuda_graph():
+    """A narrow page table (short capacity) captures the one-launch path; replayed with
+    other lengths, one of them empty."""
+    batch = make_paged_batch(
+        [1] * 3, [100, 17, 5], num_kv_heads=2, group=4, head_dim=128, page_size=16,
+        dtype=torch.bfloat16, seed=35,
+    )  # fmt: skip
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens, batch.scale)
+    paged_decode_attention_triton(*args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_decode_attention_triton(*args)
+    batch.seq_lens.copy_(torch.tensor([99, 0, 16], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = paged_decode_attention_ref(*args)
+    torch.testing.assert_close(out[[0, 2]], ref[[0, 2]], **tolerance(torch.bfloat16))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
