@@ -5,7 +5,7 @@ traceparent of a sampled trace and tracing is on. `start` opens the request's sp
 once (so its traceparent can travel to the executor with the new sequence); the core
 then notes plain timestamps at the request's events (`req.trace.<event>(...)`, guarded
 by `if req.trace`), and `finished` writes the phases as timed events of that one span
-and ends it, a child of the gateway's span:
+and ends it (after the commit of its lease, which follows), a child of the gateway's span:
 
     scheduler.request           submit -> end   (model, priority, executor, tokens, finish)
       events, each at its start with its length in radixmesh.duration_ms:
@@ -33,7 +33,8 @@ the decode event name the step ids, the request's span its executor.
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,8 @@ class RequestTrace:
     num_tokens: int = 0
     decode_steps: list[int] = field(default_factory=list)
     """First and last decode step id."""
+    ended_s: float | None = None
+    """When the request finished, while its span waits for the lease's last verb."""
 
     @classmethod
     def start(cls, traceparent: str, arrival_s: float) -> RequestTrace | None:
@@ -100,8 +103,24 @@ class RequestTrace:
         self.root.end()
 
     def active(self) -> AbstractContextManager[Any]:
-        """The request's span as the current one (a cache verb awaited inside is its event)."""
-        return trace.use_span(self.root, end_on_exit=False)
+        """The request's span as the current one (a cache verb awaited inside is its event).
+        Once the request `finished` with its lease still held, the block that ends the
+        lease (its commit or release) ends the span too."""
+        if self.ended_s is not None:
+            return self._ending(self.ended_s)
+        return trace.use_span(
+            self.root, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        )
+
+    @contextmanager
+    def _ending(self, ended_s: float) -> Iterator[Any]:
+        self.ended_s = None
+        try:
+            with trace.use_span(self.root, end_on_exit=False, record_exception=False,
+                                set_status_on_exception=False):  # fmt: skip
+                yield self.root
+        finally:
+            self.root.end(end_time=epoch_ns(max(time.monotonic(), ended_s)))
 
     def on_admitted(self, now: float) -> None:
         self.admitted.append(now)
@@ -152,7 +171,10 @@ class RequestTrace:
         )
         for event, at_s, attrs in sorted(self._events(now), key=lambda e: e[1]):
             root.add_event(event, attrs, timestamp=epoch_ns(at_s))
-        root.end(end_time=epoch_ns(max(now, self.arrival_s)))
+        if getattr(req, "lease_id", None) is not None:
+            self.ended_s = max(now, self.arrival_s)  # its commit is next: `active` ends it
+        else:
+            root.end(end_time=epoch_ns(max(now, self.arrival_s)))
 
     def _events(self, now: float) -> list[tuple[str, float, dict[str, Any]]]:
         """(name, at, attributes) of each phase: queue waits, prefill chunks (each until the

@@ -7,6 +7,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from radixmesh.errors import ResourceExhausted
 from radixmesh.sampling import Priority, SamplingParams
 from services.common import tracing
 from services.scheduler.core.request import Request
@@ -85,3 +86,29 @@ def test_one_span_with_events_covers_queue_chunks_preemption_and_decode(exported
 def test_a_malformed_traceparent_traces_nothing():
     assert RequestTrace.start("00-not-a-trace", 0.0) is None
     assert RequestTrace.start("", 0.0) is None
+
+
+def test_a_request_finished_with_its_lease_ends_its_span_after_the_commit(exported):
+    from opentelemetry.trace import StatusCode
+
+    req = Request("r2", [1, 2, 3], SamplingParams(), arrival_time=1.0)
+    req.lease_id = "lease-1"
+    trace = RequestTrace.start(PARENT, req.arrival_time)
+    assert trace is not None
+    with trace.active():  # a refused verb is the verb's event, not the request's error
+        assert tracing.recording_span() is trace.root
+        try:
+            raise ResourceExhausted("pool full")
+        except ResourceExhausted:
+            pass
+    trace.finished(2.0, req, "length", "OK")
+    assert exported.get_finished_spans() == ()  # the commit is still to come
+    with trace.active():
+        tracing.recording_span().add_event("cache.commit", {"radixmesh.duration_ms": 1.0})
+    (span,) = exported.get_finished_spans()
+    assert [e.name for e in span.events][-1] == "cache.commit"
+    assert span.end_time >= tracing.epoch_ns(2.0)
+    assert span.status.status_code is StatusCode.UNSET
+    with trace.active():  # a late block makes no second end
+        pass
+    assert len(exported.get_finished_spans()) == 1
