@@ -1,0 +1,97 @@
+"""Prefill attention with dense new-token K/V (plain loads and TMA descriptors) against
+the torch reference, and the per-shape choice between it and the paged kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_factories import make_paged_batch, tolerance
+
+from kernels.dense_prefill_attention import (
+    HAS_TMA_DESCRIPTORS,
+    DenseConfig,
+    dense_prefill_attention,
+    dense_supported,
+)
+from kernels.paged_attention import gather_kv, paged_attention_ref
+
+# (new tokens, cached prefix) per sequence: a fresh prompt, an extend over a prefix that
+# ends inside a page, one token over a long prefix, a prompt across several tiles
+SEQS = [(37, 0), (20, 13), (1, 40), (70, 16)]
+PLAIN = DenseConfig(block_m=32, block_n=16)
+TMA = DenseConfig(block_m=32, block_n=16, tma=True)
+
+
+def _batch(seqs, *, group=4, head_dim=64, page_size=16, dtype=torch.float32, seed=0):
+    batch = make_paged_batch(
+        [q for q, _ in seqs], [q + p for q, p in seqs], num_kv_heads=2, group=group,
+        head_dim=head_dim, page_size=page_size, dtype=dtype, seed=seed,
+    )  # fmt: skip
+    k_new, v_new = [], []
+    for b, (q_len, prefix) in enumerate(seqs):
+        k_new.append(gather_kv(batch.k_cache, batch.page_table[b], prefix + q_len)[prefix:])
+        v_new.append(gather_kv(batch.v_cache, batch.page_table[b], prefix + q_len)[prefix:])
+    return batch, torch.cat(k_new), torch.cat(v_new)
+
+
+def _args(batch):
+    return (
+        batch.q, batch.k_cache, batch.v_cache, batch.page_table, batch.cu_seqlens_q,
+        batch.seq_lens, batch.scale,
+    )  # fmt: skip
+
+
+def _dense(batch, k_new, v_new, seqs, config):
+    return dense_prefill_attention(
+        *_args(batch), k_new, v_new, max(q for q, _ in seqs), config
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [PLAIN, TMA], ids=["plain", "tma"])
+def test_dense_prefill_matches_reference(config, dtype):
+    if config.tma and not HAS_TMA_DESCRIPTORS:
+        pytest.skip("this triton has no tensor descriptors")
+    batch, k_new, v_new = _batch(SEQS, dtype=dtype, seed=1)
+    out = _dense(batch, k_new, v_new, SEQS, config)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("group", [1, 8])
+def test_dense_prefill_across_groups_and_tile_shapes(group):
+    seqs = [(48, 0), (33, 5)]
+    batch, k_new, v_new = _batch(seqs, group=group, head_dim=32, page_size=1, seed=2)
+    config = DenseConfig(block_m=16, block_n=16)
+    out = _dense(batch, k_new, v_new, seqs, config)
+    torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.float32))
+
+
+def test_new_kv_with_row_strides_of_a_fused_projection():
+    """k_new / v_new as views into one [tokens, q + k + v] projection output."""
+    seqs = [(30, 0), (9, 20)]
+    batch, k_new, v_new = _batch(seqs, seed=3)
+    fused = torch.cat([batch.q.flatten(1), k_new.flatten(1), v_new.flatten(1)], dim=1)
+    q_size, kv_size = batch.q[0].numel(), k_new[0].numel()
+    k_view = fused[:, q_size : q_size + kv_size].view(-1, 2, 64)
+    v_view = fused[:, q_size + kv_size :].view(-1, 2, 64)
+    out = _dense(batch, k_view, v_view, seqs, PLAIN)
+    torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.float32))
+
+
+def test_dense_support_refuses_what_the_kernel_cannot_serve():
+    batch, k_new, v_new = _batch([(4, 0)], seed=4)
+    assert dense_supported(batch.q, k_new, v_new, 2, None)
+    assert not dense_supported(batch.q, k_new, v_new, 2, 8)  # a window
+    assert not dense_supported(batch.q, k_new[:3], v_new, 2, None)  # rows
+    assert not dense_supported(batch.q, k_new, v_new, 1, None)  # heads
+    heads_apart = k_new.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not dense_supported(batch.q, heads_apart, v_new, 2, None)
+    odd, k_odd, v_odd = _batch([(4, 0)], head_dim=80, seed=5)
+    assert not dense_supported(odd.q, k_odd, v_odd, 2, None)
+
+
+def test_dense_prefill_rejects_mismatched_new_kv():
+    batch, k_new, v_new = _batch([(4, 0)], seed=6)
+    with pytest.raises(ValueError, match="k_new"):
+        _dense(batch, k_new[:, :1], v_new, [(4, 0)], PLAIN)
