@@ -250,9 +250,11 @@ def tma_supported(*tensors: torch.Tensor) -> bool:
     the device is Hopper or later (or the interpreter), bases and row strides 16-byte aligned."""
     if not HAS_TMA_DESCRIPTORS:
         return False
-    if not interpreting():
-        if not tensors[0].is_cuda or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
-            return False
+    device = tensors[0].device
+    if not interpreting() and (
+        device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9
+    ):
+        return False
     return all(
         t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors
     )
