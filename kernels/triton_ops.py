@@ -7,8 +7,8 @@ from kernels.bitmask import apply_bitmask_triton
 from kernels.fp8_linear import fp8_linear_triton
 from kernels.gemv import dense_linear_triton
 from kernels.kv_store import kv_store_triton
-from kernels.paged_attention import paged_attention_triton
 from kernels.paged_decode_attention import paged_decode_attention_triton
+from kernels.prefill_attention import prefill_attention_triton
 from kernels.rmsnorm import rmsnorm_triton
 from kernels.rotary import rotary_triton
 from kernels.rotary_kv_store import rotary_kv_store_triton
@@ -20,7 +20,7 @@ TRITON_OPS = Ops(
     rotary=rotary_triton,
     silu_and_mul=silu_and_mul_triton,
     kv_store=kv_store_triton,
-    paged_attention=paged_attention_triton,
+    paged_attention=prefill_attention_triton,
     paged_decode_attention=paged_decode_attention_triton,
     apply_bitmask=apply_bitmask_triton,
     fp8_linear=fp8_linear_triton,

@@ -168,11 +168,10 @@ class Decoder:
             spec.head_dim, max_positions, spec.rope_theta, spec.rope_scaling
         ).to(weights.embed.device)
         # Kernels that size their grid from max_q_len take it from the host (no device read).
-        self._attention_kwargs = (
-            ("max_q_len",)
-            if "max_q_len" in inspect.signature(ops.paged_attention).parameters
-            else ()
-        )
+        attention_params = inspect.signature(ops.paged_attention).parameters
+        self._attention_kwargs = ("max_q_len",) if "max_q_len" in attention_params else ()
+        # A prefill kernel that reads the new tokens' K/V densely gets them (rotated) too.
+        self._dense_new_kv = "k_new" in attention_params and "v_new" in attention_params
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
@@ -242,7 +241,9 @@ class Decoder:
         if layer.q_norm is not None and layer.k_norm is not None:
             q = self._head_norm(q, layer.q_norm)
             k = self._head_norm(k, layer.k_norm)
-        if ops.rotary_kv_store is not None:  # the rotated keys go straight to the cache
+        dense_new_kv = self._dense_new_kv and not batch.is_decode
+        if ops.rotary_kv_store is not None and not dense_new_kv:
+            # the rotated keys go straight to the cache
             q = ops.rotary_kv_store(
                 q, k, v, batch.positions, self.cos_sin_cache, k_cache, v_cache, batch.slot_mapping
             )
@@ -256,6 +257,8 @@ class Decoder:
             )
         else:
             extra = {name: getattr(batch, name) for name in self._attention_kwargs}
+            if dense_new_kv:
+                extra.update(k_new=k, v_new=v)
             out = ops.paged_attention(
                 q,
                 k_cache,

@@ -1,0 +1,199 @@
+"""The prefill / extend attention op of the Triton set: the paged kernel, or the dense-K/V
+kernel when the caller hands in the new tokens' keys and values, chosen per shape.
+
+`prefill_attention_triton` has `paged_attention_triton`'s signature plus `k_new` / `v_new`
+(the new tokens' keys and values as stored, [num_tokens, num_kv_heads, head_dim]). Without
+them, with a sliding window, or with a head_dim the dense kernel does not take, it is the
+paged kernel. Otherwise, on a CUDA device, the first call of a shape class (dtype, heads,
+head_dim, page size, and the longest new-token count's power-of-two bucket; the executor's
+start-up warm-up makes the first calls) times the paged kernel and every `DENSE_CANDIDATES`
+configuration on that call's own inputs, drops a candidate that fails to compile or
+disagrees with the paged kernel's output, and keeps the fastest: a configuration slower
+than the paged kernel is never used. A shape first seen inside a CUDA graph capture gets
+the paged kernel (no timing there). The interpreter runs the dense kernel's small
+configuration, untimed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from kernels._triton import check, interpreting
+from kernels.dense_prefill_attention import (
+    INTERPRETER_CONFIG,
+    DenseConfig,
+    dense_prefill_attention,
+    dense_supported,
+)
+from kernels.paged_attention import check_window, paged_attention_triton
+
+MODE = "auto"
+""""auto" (time and choose per shape), "paged" or "dense" (the first candidate, untimed):
+set by benchmarks for A/B runs."""
+
+DENSE_CANDIDATES: tuple[DenseConfig, ...] = (
+    DenseConfig(128, 64, num_warps=8, num_stages=3, tma=True),
+    DenseConfig(128, 128, num_warps=8, num_stages=3, tma=True),
+    DenseConfig(128, 64, num_warps=8, num_stages=3, tma=True, warp_specialize=True),
+    DenseConfig(128, 128, num_warps=8, num_stages=2, tma=True, warp_specialize=True),
+    DenseConfig(128, 64, num_warps=4, num_stages=3, tma=True),
+    DenseConfig(64, 64, num_warps=4, num_stages=3, tma=True),
+    DenseConfig(128, 64, num_warps=8, num_stages=3),
+    DenseConfig(64, 64, num_warps=4, num_stages=3),
+)
+"""Shapes that fit Hopper's shared memory at head_dim 128; `tma` falls back to plain loads
+where descriptors cannot be used, so the last two are the non-TMA controls."""
+
+_TUNE_ITERS = 10
+_SLEEP_CYCLES = 1_000_000
+"""The device spins this long before each timed call, so the events time the kernel and
+not the Python launch."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPlan:
+    name: str
+    config: DenseConfig | None
+    """None: the paged kernel."""
+    timings_us: tuple[tuple[str, float], ...] = ()
+
+
+PAGED = PrefillPlan("paged", None)
+_plans: dict[tuple, PrefillPlan] = {}
+_plans_lock = threading.Lock()
+
+
+def _time_us(fn) -> float:
+    fn()
+    times = []
+    for _ in range(_TUNE_ITERS):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(_SLEEP_CYCLES)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def _tune(paged, dense) -> PrefillPlan:
+    """The fastest of the paged kernel and the dense candidates that agree with it."""
+    expected = paged().float()
+    tolerance = 2e-2 * float(expected.abs().max()) + 1e-3
+    timings = [("paged", round(_time_us(paged), 2))]
+    configs: dict[str, DenseConfig | None] = {"paged": None}
+    for cfg in DENSE_CANDIDATES:
+        name = cfg.describe()
+        try:
+            got = dense(cfg).float()
+        except Exception:  # a configuration this device or triton cannot run
+            continue
+        if not float((got - expected).abs().max()) <= tolerance:
+            continue
+        timings.append((name, round(_time_us(lambda cfg=cfg: dense(cfg)), 2)))
+        configs[name] = cfg
+    best = min(timings, key=lambda t: t[1])[0]
+    return PrefillPlan(best, configs[best], tuple(timings))
+
+
+def prefill_plan(key: tuple, paged, dense) -> PrefillPlan:
+    """The plan of a shape class (tuned on its first call on CUDA, outside graph capture).
+    `paged()` runs the paged kernel on the call's inputs, `dense(cfg)` a dense candidate."""
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    if torch.cuda.is_current_stream_capturing():
+        return PAGED
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is None:
+            try:
+                plan = _tune(paged, dense)
+            except Exception as exc:  # never worse than the paged kernel
+                plan = PrefillPlan(f"paged (tuning failed: {type(exc).__name__})", None)
+            _plans[key] = plan
+    return plan
+
+
+def prefill_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    max_q_len: int | None = None,
+    k_new: torch.Tensor | None = None,
+    v_new: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`paged_attention_ref`, by the kernel chosen for the shape (module docstring)."""
+    args = (q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale)
+    check(
+        (k_new is None) == (v_new is None), "paged_attention: give both k_new and v_new or neither"
+    )
+    check_window("paged_attention", sliding_window)
+    dense_ok = (
+        k_new is not None
+        and v_new is not None
+        and MODE != "paged"
+        and q.dim() == 3
+        and k_cache.dim() == 4
+        and k_cache.dtype == q.dtype  # the new K/V as the cache holds them
+        and dense_supported(q, k_new, v_new, k_cache.shape[2], sliding_window)
+    )
+    if not dense_ok:
+        return paged_attention_triton(*args, sliding_window, max_q_len)
+    assert k_new is not None and v_new is not None
+    num_seqs = seq_lens.shape[0]
+    check(
+        cu_seqlens_q.shape == (num_seqs + 1,) and cu_seqlens_q.dtype == torch.int32,
+        "paged_attention: cu_seqlens_q must be [num_seqs + 1] int32",
+    )
+    check(seq_lens.dtype == torch.int32, "paged_attention: seq_lens must be int32")
+    check(
+        page_table.shape[0] >= num_seqs, "paged_attention: page_table has fewer rows than seq_lens"
+    )
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if num_seqs else 0
+    q_len = max_q_len
+
+    def dense(cfg: DenseConfig) -> torch.Tensor:
+        return dense_prefill_attention(*args, k_new, v_new, q_len, cfg)
+
+    if interpreting() or q.device.type != "cuda":
+        return dense(INTERPRETER_CONFIG)
+    if MODE == "dense":
+        return dense(DENSE_CANDIDATES[0])
+    bucket = 1 << max(q_len - 1, 15).bit_length()  # 16, 32, ... tokens
+    key = (q.device, q.dtype, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], bucket)
+    plan = prefill_plan(
+        key, lambda: paged_attention_triton(*args, None, q_len), dense
+    )
+    if plan.config is None:
+        return paged_attention_triton(*args, None, q_len)
+    return dense(plan.config)
+
+
+def chosen_plans() -> list[dict]:
+    """Every shape class chosen so far: its key, the plan, and the timings it chose from."""
+    return [
+        {
+            "dtype": str(key[1]).removeprefix("torch."), "heads": key[2], "kv_heads": key[3],
+            "head_dim": key[4], "page_size": key[5], "max_q_len_bucket": key[6],
+            "chosen": plan.name, "timings_us": dict(plan.timings_us),
+        }
+        for key, plan in _plans.items()
+    ]  # fmt: skip
+
+
+def reset_plans() -> None:
+    with _plans_lock:
+        _plans.clear()
