@@ -19,6 +19,11 @@ Score-only requests with the same scoring start and no name count as one group t
   probabilities; it computes its own from the last shared page on. Outside a
   group the older rule holds (sharing.py): a request waits until the leader's
   prefill reaches the tree, one step later.
+- Arrival: a group's members reach the scheduler one submit at a time. An idle
+  executor waits for a group that just began to arrive (`settle_wait`: until no member
+  came for GROUP_QUIET_S, at most GROUP_SETTLE_S after the first), so its members start
+  in one step instead of the first alone. A busy executor does not wait: its next plan
+  is built while a step runs, by which time the group is in.
 - Preemption: an unrelated request of the same or a lower class never preempts a
   member (`preemption.victim_order`); a group's members are preempted last within
   their class, latest group first.
@@ -35,6 +40,11 @@ from services.scheduler.core.request import Request, StepShare
 from services.scheduler.core.results import take_prompt_logprobs
 
 log = structlog.get_logger(__name__)
+
+GROUP_QUIET_S = 0.004
+"""An idle executor waits until a new group's last member arrived this long ago..."""
+GROUP_SETTLE_S = 0.02
+"""...and no longer than this after its first member arrived."""
 
 
 def same_group(a: Request, b: Request) -> bool:
@@ -179,6 +189,26 @@ def lend_prompt_logprobs(result: StepResult, requests: Mapping[str, Request]) ->
         req.prompt_logprobs = list(entries)
 
 
+def settle_wait(queued: Iterable[Request], started: Iterable[Request], now: float) -> float:
+    """Seconds an idle executor waits before it plans, for named groups still arriving:
+    the queued ones none of whose members has started (a member that follows a started
+    one takes its pages from the tree anyway); 0 when there is none."""
+    begun = {r.group_id for r in started if r.group_id is not None}
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for req in queued:
+        group = req.group_id
+        if group is None or group in begun or req.lease_id is not None:
+            continue
+        first[group] = min(first.get(group, req.arrival_time), req.arrival_time)
+        last[group] = max(last.get(group, req.arrival_time), req.arrival_time)
+    wait = 0.0
+    for group, start in first.items():
+        until = min(last[group] + GROUP_QUIET_S, start + GROUP_SETTLE_S)
+        wait = max(wait, until - now)
+    return wait
+
+
 def members_of(req: Request, requests: Iterable[Request]) -> list[Request]:
     """The other live requests of req's named group."""
     if req.group_id is None:
@@ -195,5 +225,6 @@ __all__ = [
     "order_groups",
     "publish_targets",
     "same_group",
+    "settle_wait",
     "share_tokens",
 ]

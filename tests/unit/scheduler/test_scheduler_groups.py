@@ -252,3 +252,80 @@ async def test_a_groups_members_are_routed_to_the_executor_of_the_first():
     rig.ports[1].gate.set()
     await rig.sink.wait(*(r.req_id for r in reqs))
     await rig.scheduler.stop()
+
+
+async def let_loop_run(times: int = 50) -> None:
+    """Give the step loop its turns (it plans at once when nothing holds it back)."""
+    for _ in range(times):
+        await asyncio.sleep(0)
+
+
+async def submit_apart(rig, gaps_s: list[float], group_id: str = "prog/select") -> list[str]:
+    """Members of one group submitted one by one, the rig's clock moved on by each gap
+    before the next, the step loop let run in between (as members reach a scheduler)."""
+    ids = [f"m{i}" for i in range(len(gaps_s) + 1)]
+    for i, req_id in enumerate(ids):
+        if i:
+            rig.clock[0] += gaps_s[i - 1]
+        await rig.scheduler.submit(req_id, PROMPT, greedy(2), group_id=group_id)
+        await let_loop_run()
+    return ids
+
+
+async def test_an_idle_executor_waits_for_a_group_still_arriving_and_starts_it_in_one_step():
+    from services.scheduler.core.groups import GROUP_QUIET_S
+
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE, manual_clock=True)
+    await rig.scheduler.start()
+    gap = GROUP_QUIET_S / 2
+    ids = await submit_apart(rig, [gap, gap, gap])
+    assert rig.toy.plans == []  # nothing planned while members still arrive
+    rig.clock[0] += GROUP_QUIET_S  # quiet: the group is in
+    await rig.sink.wait(*ids)
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, ids)
+    assert len({s for steps in starts.values() for s in steps}) == 1, starts
+    num_shared = 4 * PAGE
+    expected = len(PROMPT) + (len(ids) - 1) * (len(PROMPT) - num_shared)
+    assert scheduled_prefill_tokens(rig, ids) == expected  # the shared pages once
+    assert rig.toy.corruptions == []
+
+
+async def until_planned(rig, timeout_s: float = 10.0) -> None:
+    """Until the step loop has sent a plan (it wakes from its wait for a group by itself)."""
+    async with asyncio.timeout(timeout_s):
+        while not rig.toy.plans:
+            await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("gap", ["quiet", "past_settle"])
+async def test_the_wait_for_a_group_is_bounded(gap):
+    """A member that comes after a quiet gap, or past GROUP_SETTLE_S from the first, does
+    not hold the others back: they start first, it follows (taking their pages cached)."""
+    from services.scheduler.core.groups import GROUP_QUIET_S, GROUP_SETTLE_S
+
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE, manual_clock=True)
+    await rig.scheduler.start()
+    if gap == "quiet":
+        gaps = []
+    else:  # members keep coming, each within the quiet gap, until the bound
+        gaps = [GROUP_QUIET_S / 2] * int(GROUP_SETTLE_S / (GROUP_QUIET_S / 2))
+    ids = await submit_apart(rig, gaps)
+    assert rig.toy.plans == []
+    rig.clock[0] += GROUP_QUIET_S if gap == "quiet" else GROUP_QUIET_S / 2
+    await until_planned(rig)
+    late = f"m{len(ids)}"
+    await rig.scheduler.submit(late, PROMPT, greedy(2), group_id="prog/select")
+    ids.append(late)
+    rig.clock[0] += GROUP_QUIET_S  # were the others done, it would wait as a group anew
+    await rig.sink.wait(*ids)
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, ids)
+    assert len({steps[0] for r, steps in starts.items() if r != late}) == 1, starts
+    assert starts[late][0] > starts[ids[0]][0], starts
+    assert rig.sink.first[late].num_cached_tokens == 4 * PAGE  # the group's pages, cached
+    assert rig.toy.corruptions == []
+    for req_id in ids:
+        assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
