@@ -95,3 +95,102 @@ def test_dense_prefill_rejects_mismatched_new_kv():
     batch, k_new, v_new = _batch([(4, 0)], seed=6)
     with pytest.raises(ValueError, match="k_new"):
         _dense(batch, k_new[:, :1], v_new, [(4, 0)], PLAIN)
+
+
+def _spy_paged(monkeypatch):
+    from kernels import prefill_attention
+
+    calls = []
+    real = prefill_attention.paged_attention_triton
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prefill_attention, "paged_attention_triton", spy)
+    return calls
+
+
+def test_op_takes_the_dense_kernel_when_given_new_kv(monkeypatch):
+    from kernels.prefill_attention import prefill_attention_triton
+
+    paged_calls = _spy_paged(monkeypatch)
+    batch, k_new, v_new = _batch(SEQS, seed=7)
+    out = prefill_attention_triton(*_args(batch), k_new=k_new, v_new=v_new)
+    torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.float32))
+    assert paged_calls == []
+
+
+@pytest.mark.parametrize("case", ["no new kv", "window", "paged mode", "new kv of another dtype"])
+def test_op_keeps_the_paged_kernel_where_dense_does_not_apply(monkeypatch, case):
+    from kernels import prefill_attention
+
+    paged_calls = _spy_paged(monkeypatch)
+    batch, k_new, v_new = _batch(SEQS[:2], seed=8)
+    args, kwargs = _args(batch), {"k_new": k_new, "v_new": v_new}
+    window = None
+    if case == "no new kv":
+        kwargs = {}
+    elif case == "window":
+        window = 5
+    elif case == "paged mode":
+        monkeypatch.setattr(prefill_attention, "MODE", "paged")
+    else:  # the new K/V in another dtype than the cache's
+        kwargs = {"k_new": k_new.double(), "v_new": v_new.double()}
+    out = prefill_attention.prefill_attention_triton(*args, window, **kwargs)
+    torch.testing.assert_close(out, paged_attention_ref(*args, window), **tolerance(torch.float32))
+    assert len(paged_calls) == 1
+
+
+def test_op_refuses_only_one_of_the_new_kv():
+    from kernels.prefill_attention import prefill_attention_triton
+
+    batch, k_new, _ = _batch([(4, 0)], seed=9)
+    with pytest.raises(ValueError, match="both k_new and v_new"):
+        prefill_attention_triton(*_args(batch), k_new=k_new)
+
+
+GPU_SEQS = [(1024, 0), (300, 77), (1, 500), (700, 0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "config",
+    [
+        DenseConfig(128, 64, num_warps=8, num_stages=3, tma=True),
+        DenseConfig(128, 128, num_warps=8, num_stages=3, tma=True),
+        DenseConfig(64, 64, num_warps=4, num_stages=3),
+    ],
+    ids=lambda c: c.describe(),
+)
+def test_dense_prefill_on_gpu_bench_heads(config):
+    """32 query / 8 KV heads, head_dim 128, bf16: prompts and extends over paged prefixes."""
+    batch = make_paged_batch(
+        [q for q, _ in GPU_SEQS], [q + p for q, p in GPU_SEQS], num_kv_heads=8, group=4,
+        head_dim=128, page_size=16, dtype=torch.bfloat16, seed=10,
+    )  # fmt: skip
+    k_new = torch.cat(
+        [gather_kv(batch.k_cache, batch.page_table[b], q + p)[p:] for b, (q, p) in enumerate(GPU_SEQS)]
+    )
+    v_new = torch.cat(
+        [gather_kv(batch.v_cache, batch.page_table[b], q + p)[p:] for b, (q, p) in enumerate(GPU_SEQS)]
+    )
+    out = dense_prefill_attention(*_args(batch), k_new, v_new, 1024, config)
+    torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_per_shape_choice_on_gpu_agrees_and_records_its_timings():
+    from kernels import prefill_attention
+
+    prefill_attention.reset_plans()
+    batch, k_new, v_new = _batch(
+        [(512, 0), (200, 40)], group=4, head_dim=128, dtype=torch.bfloat16, seed=11
+    )
+    out = prefill_attention.prefill_attention_triton(
+        *_args(batch), max_q_len=512, k_new=k_new, v_new=v_new
+    )
+    torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.bfloat16))
+    (plan,) = prefill_attention.chosen_plans()
+    assert plan["max_q_len_bucket"] == 512 and "paged" in plan["timings_us"]
+    assert plan["chosen"] in plan["timings_us"]
