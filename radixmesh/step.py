@@ -1,7 +1,8 @@
 """The step contract between the scheduler and an executor, as plain data.
 
 Mirrors `executor.proto`: a plan carries new sequences in full once, running
-sequences as diffs, and the ids to forget. The in-process engine passes these
+sequences as diffs, and the ids to forget; a multi-step decode plan asks for
+several decode steps at once, answered by one result per step. The in-process engine passes these
 objects directly; the services convert them to and from protobuf at the edge.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, SamplingParams
 
 
@@ -49,12 +51,47 @@ class StepPlan:
     running_seqs: list[RunningSequence] = field(default_factory=list)
     finished_req_ids: list[str] = field(default_factory=list)
     """Sequences to forget before this step runs."""
+    num_steps: int = 1
+    """Multi-step decode plan: decode steps the executor runs back to back (see
+    `check_multi_step`); it answers with one result per step (`StepResult.substep`)."""
+    abort_req_ids: list[str] = field(default_factory=list)
+    """Sequences ended without keeping their KV (aborted, past their deadline): stopped at
+    the executor's next step, also inside a multi-step plan still running when this plan
+    arrives, then forgotten before this plan runs, as finished_req_ids."""
 
     @property
     def num_scheduled_tokens(self) -> int:
         return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
             s.num_scheduled_tokens for s in self.running_seqs
         )
+
+
+MAX_STEPS_PER_PLAN = 64
+"""Most decode steps one plan may ask for."""
+
+
+def check_multi_step(plan: StepPlan) -> None:
+    """Raises InvalidArgument unless `plan` is a valid multi-step shape (or one step).
+
+    A plan of num_steps k > 1 admits nothing and prefills nothing: every running
+    sequence decodes one token per step with no draft tokens. Each sequence's pages
+    must cover its k tokens, or as many as its max_tokens and the context limit
+    leave (the executor checks that against its own state).
+    """
+    k = plan.num_steps
+    if not 1 <= k <= MAX_STEPS_PER_PLAN:
+        raise InvalidArgument(f"num_steps must be in [1, {MAX_STEPS_PER_PLAN}], got {k}")
+    if k == 1:
+        return
+    if plan.new_seqs:
+        raise InvalidArgument(f"plan {plan.step_id}: a plan of num_steps {k} has no new_seqs")
+    for seq in plan.running_seqs:
+        if seq.num_scheduled_tokens != 1 or seq.num_draft_tokens:
+            raise InvalidArgument(
+                f"running_seqs[{seq.req_id!r}]: a plan of num_steps {k} decodes one token "
+                f"per step with no draft, got num_scheduled_tokens "
+                f"{seq.num_scheduled_tokens} and num_draft_tokens {seq.num_draft_tokens}"
+            )
 
 
 @dataclass(slots=True)
@@ -109,3 +146,5 @@ class StepResult:
     step_seconds: float = 0.0
     health: DeviceHealth | None = None
     """Set by the executor service at most about once a second; None on CPU and in between."""
+    substep: int = 0
+    """Which step of its plan this is, from 0 (a plan of num_steps k answers k results)."""

@@ -232,11 +232,18 @@ def plan_from_proto(msg: executor_pb2.StepPlan) -> StepPlan:
         new_seqs=[_new_seq_from_proto(seq) for seq in msg.new_seqs],
         running_seqs=running,
         finished_req_ids=list(msg.finished_req_ids),
+        num_steps=msg.num_steps or 1,
+        abort_req_ids=list(msg.abort_req_ids),
     )
 
 
 def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
-    msg = executor_pb2.StepPlan(step_id=plan.step_id, finished_req_ids=plan.finished_req_ids)
+    msg = executor_pb2.StepPlan(
+        step_id=plan.step_id,
+        finished_req_ids=plan.finished_req_ids,
+        num_steps=plan.num_steps if plan.num_steps != 1 else 0,
+        abort_req_ids=plan.abort_req_ids,
+    )
     for seq in plan.new_seqs:
         new = msg.new_seqs.add(
             req_id=seq.req_id,
@@ -265,7 +272,9 @@ def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
 
 
 def result_to_proto(result: StepResult) -> executor_pb2.StepResult:
-    msg = executor_pb2.StepResult(step_id=result.step_id, step_seconds=result.step_seconds)
+    msg = executor_pb2.StepResult(
+        step_id=result.step_id, step_seconds=result.step_seconds, substep=result.substep
+    )
     add = msg.outputs.add
     for output in result.outputs:
         out = add(req_id=output.req_id)
@@ -342,7 +351,7 @@ def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
             )
         )
     health = health_from_proto(msg.health) if msg.HasField("health") else None
-    return StepResult(msg.step_id, outputs, msg.step_seconds, health)
+    return StepResult(msg.step_id, outputs, msg.step_seconds, health, msg.substep)
 
 
 # -- request updates (Scheduler.Stream) -----------------------------------------

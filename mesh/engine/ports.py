@@ -105,7 +105,8 @@ class InProcessExecutor:
             raise Unavailable(f"executor {self._info.executor_id} is closed")
         if self._on_plan is not None:
             self._on_plan(plan)
-        self._pending.append((plan.step_id, asyncio.wrap_future(self._run.submit(plan))))
+        for future in self._run.submit_steps(plan):  # a multi-step plan: one per step
+            self._pending.append((plan.step_id, asyncio.wrap_future(future)))
 
     async def next_result(self) -> StepResult:
         if not self._pending:

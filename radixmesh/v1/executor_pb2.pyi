@@ -42,16 +42,20 @@ class RunningSequence(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., appended_page_ids: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "running_seqs", "finished_req_ids")
+    __slots__ = ("step_id", "new_seqs", "running_seqs", "finished_req_ids", "num_steps", "abort_req_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_SEQS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     running_seqs: _containers.RepeatedCompositeFieldContainer[RunningSequence]
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running_seqs: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    num_steps: int
+    abort_req_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running_seqs: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., num_steps: _Optional[int] = ..., abort_req_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
     __slots__ = ("req_id", "token_id", "logprobs", "finish_reason", "matched_stop_token_id", "prompt_logprobs", "prompt_logprobs_position", "accepted_token_ids", "num_draft_tokens", "num_forced_tokens")
@@ -78,16 +82,18 @@ class SequenceOutput(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_inference_pb2.PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., prompt_logprobs_position: _Optional[int] = ..., accepted_token_ids: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "outputs", "step_seconds", "health")
+    __slots__ = ("step_id", "outputs", "step_seconds", "health", "substep")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    SUBSTEP_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     outputs: _containers.RepeatedCompositeFieldContainer[SequenceOutput]
     step_seconds: float
     health: DeviceHealth
-    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., step_seconds: _Optional[float] = ..., health: _Optional[_Union[DeviceHealth, _Mapping]] = ...) -> None: ...
+    substep: int
+    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., step_seconds: _Optional[float] = ..., health: _Optional[_Union[DeviceHealth, _Mapping]] = ..., substep: _Optional[int] = ...) -> None: ...
 
 class DeviceHealth(_message.Message):
     __slots__ = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "temperature_celsius")

@@ -56,7 +56,8 @@ class ExecutorServicer:
 
     def Step(self, request_iterator, context):
         """Step: one long-lived stream per scheduler. The scheduler may send plan
-        N+1 before result N arrives (at most two plans in flight).
+        N+1 before result N arrives (at most two steps in flight, plus a plan
+        that only aborts sequences while a multi-step plan runs).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

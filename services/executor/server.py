@@ -9,7 +9,8 @@ Two tasks share it:
   plan order); it reads at most `max_inflight_plans` plans ahead of the
   results sent;
 - the writer (the handler itself) awaits each step's result in order and
-  sends it.
+  sends it (a multi-step plan's k results each as its step ends; the plan's
+  slot frees with its last).
 
 A failed prepare or execute, a plan out of order or a bad plan ends the stream
 with its status after the results of the plans before it; later plans do not
@@ -35,7 +36,7 @@ import grpc
 import torch
 
 from radixmesh.errors import FailedPrecondition, InvalidArgument, Unavailable
-from radixmesh.step import StepPlan, StepResult
+from radixmesh.step import RunningSequence, StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
 from radixmesh.wire import (
     constraint_from_proto,
@@ -207,11 +208,13 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     return
                 if isinstance(item, BaseException):
                     raise item
-                response = await item
+                future, last_of_plan = item
+                response = await future
                 if response is None:  # skipped: cannot happen while the writer is alive
                     return
                 yield response
-                slots.release()
+                if last_of_plan:
+                    slots.release()
         finally:
             stream.run.closed = True
             reader.cancel()
@@ -268,7 +271,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     self._prefetch.on_plan(plan)
                 if self._grammar is not None:
                     await self._compile_constraints(plan)
-                queue.put_nowait(asyncio.wrap_future(stream.run.submit(plan)))
+                futures = stream.run.submit_steps(plan)
+                for i, future in enumerate(futures, 1):
+                    queue.put_nowait((asyncio.wrap_future(future), i == len(futures)))
         except asyncio.CancelledError:
             # Shutdown (or the writer ending): plans already queued still answer first.
             queue.put_nowait(Unavailable("executor: shutting down, no further plans are taken"))
@@ -297,6 +302,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 req_ids.discard(req_id)
                 stream.traced.pop(req_id, None)
         req_ids.difference_update(plan.finished_req_ids)
+        req_ids.difference_update(plan.abort_req_ids)
         req_ids.update(new.req_id for new in plan.new_seqs)
         if tracing.enabled():
             self._note_links(stream, plan)
@@ -305,7 +311,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     def _note_links(stream: _Stream, plan: StepPlan) -> None:
         """The step's links: one to the request span of each traced sequence in it."""
         traced = stream.traced
-        for req_id in plan.finished_req_ids:
+        for req_id in (*plan.finished_req_ids, *plan.abort_req_ids):
             traced.pop(req_id, None)
         for new in plan.new_seqs:
             link = tracing.link_to(new.traceparent)
@@ -325,6 +331,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             if output.finish_reason is not None:
                 stream.ended.append(output.req_id)
         stream.num_steps += 1
+        if result.substep:  # a later step of a multi-step plan: the decodes it ran
+            decodes = [RunningSequence(out.req_id, 1) for out in result.outputs]
+            plan = StepPlan(plan.step_id, running_seqs=decodes)
         self._metrics.record(plan, result, core.num_seqs)
         links = stream.links.pop(plan.step_id, [])
         if tracing.enabled():

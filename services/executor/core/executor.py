@@ -26,7 +26,14 @@ import numpy as np
 import torch
 
 from radixmesh.errors import FailedPrecondition, InvalidArgument
-from radixmesh.step import NewSequence, SequenceOutput, StepPlan, StepResult, TokenLogprobs
+from radixmesh.step import (
+    NewSequence,
+    RunningSequence,
+    SequenceOutput,
+    StepPlan,
+    StepResult,
+    TokenLogprobs,
+)
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import DecodeGraphs
@@ -43,7 +50,7 @@ from services.executor.core.models.tensor_parallel import (
     shard_weights,
     weights_to,
 )
-from services.executor.core.plan_checks import PlanLimits, validate_plan
+from services.executor.core.plan_checks import PlanLimits, steps_left, validate_plan
 from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
     describe_executor,
@@ -99,6 +106,8 @@ class PreparedStep:
     """Speculative decoding: each sampler's draft, verified after its token (k + 1 logits
     rows, most empty); None when the step verifies none."""
     prepare_seconds: float = 0.0
+    substep: int = 0
+    """Which step of its plan this is (a multi-step plan prepares one per step)."""
 
 
 class ExecutorCore:
@@ -246,9 +255,26 @@ class ExecutorCore:
         """Runs one plan; a refused plan (InvalidArgument, ResourceExhausted) changes nothing."""
         return self.execute(self.prepare(plan))
 
-    @torch.inference_mode()
+    def stop(self, req_ids: list[str]) -> None:
+        """The scheduler aborted these sequences: the steps of a multi-step plan not yet
+        prepared skip them (any thread; the plan naming them in abort_req_ids drops them)."""
+        with self._lock:
+            for req_id in req_ids:
+                seq = self._seqs.get(req_id)
+                if seq is not None:
+                    seq.stopped = True
+
+    def prepare_next(self, plan: StepPlan, substep: int) -> PreparedStep:
+        """Step `substep` (>= 1) of a multi-step plan (`plan.num_steps`), prepared after
+        step `substep` - 1 under the same contract as `prepare`: each of the plan's running
+        sequences decodes one more token, except those ended, stopped (`stop`) or at
+        their max_tokens or context limit by their planned state; nothing is dropped or
+        admitted, and the plan's first step checked the pages."""
+        return self._prepare(plan, substep)
+
     def prepare(self, plan: StepPlan) -> PreparedStep:
-        """Everything of a step that does not need the results of steps not yet executed.
+        """Everything of a step that does not need the results of steps not yet executed
+        (the plan's first step; `prepare_next` the later ones of a multi-step plan).
 
         Contract:
         - Prepared steps are executed in the order prepared, each once. Step N + 1
@@ -267,12 +293,19 @@ class ExecutorCore:
           is still missing a token from an unexecuted step; the grammar bitmask is
           always built at execute time (it follows the tokens sampled before).
         """
+        return self._prepare(plan, 0)
+
+    @torch.inference_mode()
+    def _prepare(self, plan: StepPlan, substep: int) -> PreparedStep:
         start = time.perf_counter()
         with self._lock:
-            for req_id in plan.finished_req_ids:
-                self._drop(req_id)
-            validate_plan(plan, self._seqs, self._limits)
-            check_not_verifying(plan, self._seqs)
+            if substep:
+                plan = self._next_decodes(plan)
+            else:
+                for req_id in (*plan.finished_req_ids, *plan.abort_req_ids):
+                    self._drop(req_id)
+                validate_plan(plan, self._seqs, self._limits)
+                check_not_verifying(plan, self._seqs)
             grammars = self._admit_grammars(plan.new_seqs)  # may refuse: before changes
             seqs: list[SequenceState] = []
             num_tokens: list[int] = []
@@ -292,7 +325,7 @@ class ExecutorCore:
                     seqs.append(seq)
                     num_tokens.append(running.num_scheduled_tokens)
                     allowed.append(running.num_draft_tokens)
-            prepared = PreparedStep(plan.step_id, self._num_prepared)
+            prepared = PreparedStep(plan.step_id, self._num_prepared, substep=substep)
             all_executed = self._num_executed == self._num_prepared
             drafts = step_drafts(
                 self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits,
@@ -383,7 +416,7 @@ class ExecutorCore:
                         self._end(seq)
                         outputs[-1].finish_reason = "length"
         seconds = prepared.prepare_seconds + time.perf_counter() - start
-        return StepResult(prepared.step_id, outputs, seconds)
+        return StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
 
     def shutdown(self) -> None:
         with self._lock:
@@ -394,6 +427,17 @@ class ExecutorCore:
         self._grammar.shutdown()
 
     # -- state ---------------------------------------------------------------
+
+    def _next_decodes(self, plan: StepPlan) -> StepPlan:
+        """The next step of a multi-step plan: a decode of each of its sequences still
+        running (the plan's check made their pages cover every step they may run)."""
+        max_model_len = self.info.max_model_len
+        running = []
+        for r in plan.running_seqs:
+            seq = self._seqs.get(r.req_id)
+            if seq is not None and not seq.stopped and steps_left(seq, max_model_len) > 0:
+                running.append(RunningSequence(r.req_id, 1))
+        return StepPlan(plan.step_id, running_seqs=running)
 
     def _admit_grammars(self, new_seqs: list[NewSequence]) -> dict[str, SequenceGrammar]:
         grammars: dict[str, SequenceGrammar] = {}

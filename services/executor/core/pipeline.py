@@ -12,6 +12,10 @@ for the interpreter) prepares run on the execute thread, between steps. On a
 device "cuda:N" both threads make it their current device (`bind_device`,
 from `attach` at the latest) before any job queued after.
 
+A multi-step plan (`StepPlan.num_steps` k) is queued as k steps of the same plan,
+each its own prepare and execute (`ExecutorCore.prepare`, then `prepare_next`), with
+one future per step, so each step's tokens are answered as the step ends.
+
 A `PlanRun` is one numbered series of plans (a scheduler's Step stream, or an
 in-process port's life). Once a prepare or execute of a run raises, the
 failure surfaces in plan order (after the results of the plans before it) and
@@ -33,7 +37,7 @@ import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint
-from radixmesh.step import StepPlan, StepResult
+from radixmesh.step import MAX_STEPS_PER_PLAN, StepPlan, StepResult
 
 if TYPE_CHECKING:
     from services.executor.core.executor import ExecutorCore, PreparedStep
@@ -79,8 +83,26 @@ class PlanRun(Generic[R]):
         """Execute thread: a step raised (or a failed prepare surfaced); later ones are skipped."""
 
     def submit(self, plan: StepPlan) -> Future[R | None]:
-        """Queue the plan's prepare and execute; the prepare waits for the execute two plans
-        back, or the one just before when this plan or that one may verify drafts (a draft
+        """`submit_steps` for a plan of one step: its one future."""
+        if plan.num_steps != 1:
+            raise InvalidArgument(f"plan {plan.step_id}: submit_steps runs multi-step plans")
+        return self.submit_steps(plan)[0]
+
+    def submit_steps(self, plan: StepPlan) -> list[Future[R | None]]:
+        """Queue each step of the plan (`plan.num_steps`, one future per step, in order).
+
+        Its abort_req_ids are stopped at once (`ExecutorCore.stop`), so a multi-step plan
+        queued before skips them from its next step prepared. A plan's shape is checked
+        by its first step's prepare; should that refuse it, its later steps are skipped.
+        """
+        if plan.abort_req_ids:
+            self._core.stop(plan.abort_req_ids)
+        num_steps = max(1, min(plan.num_steps, MAX_STEPS_PER_PLAN))
+        return [self._submit_one(plan, substep) for substep in range(num_steps)]
+
+    def _submit_one(self, plan: StepPlan, substep: int) -> Future[R | None]:
+        """Queue one step's prepare and execute; the prepare waits for the execute two steps
+        back, or the one just before when this step or that one may verify drafts (a draft
         is proposed from the token sampled last, and a verified one moves the position)."""
         executes = self._executes
         drafts = any(r.num_draft_tokens for r in plan.running_seqs)
@@ -89,21 +111,25 @@ class PlanRun(Generic[R]):
         else:
             gate = executes[0] if len(executes) == executes.maxlen else None
         self._drafts_before = drafts
-        prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, gate)
+        prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, gate, substep)
         self.last_prepare = prepare
         execute = self._pipeline.step_thread.submit(self._execute, plan, prepare)
         executes.append(execute)
         return execute
 
-    def _prepare(self, plan: StepPlan, gate: Future[R | None] | None) -> PreparedStep | None:
-        """On the prepare thread, once `gate` (step N - 1 for plan N + 1) has executed."""
+    def _prepare(
+        self, plan: StepPlan, gate: Future[R | None] | None, substep: int
+    ) -> PreparedStep | None:
+        """On the prepare thread, once `gate` (step N - 1 for step N + 1) has executed."""
         if gate is not None:
             wait([gate])
         if self.closed or self.prepare_failed or self.execute_failed:
             return None
-        if self._before_prepare is not None:
+        if self._before_prepare is not None and not substep:
             self._before_prepare(plan)
         try:
+            if substep:
+                return self._core.prepare_next(plan, substep)
             return self._core.prepare(plan)
         except BaseException:
             self.prepare_failed = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted
-from radixmesh.step import NewSequence, StepPlan
+from radixmesh.step import NewSequence, RunningSequence, StepPlan, check_multi_step
 from services.executor.core.sequence import SequenceState
 
 
@@ -26,6 +26,7 @@ def validate_plan(plan: StepPlan, seqs: dict[str, SequenceState], limits: PlanLi
     Running sequences are checked against their planned state (num_known_tokens
     counts the tokens steps prepared before this one will sample).
     """
+    check_multi_step(plan)
     if plan.num_scheduled_tokens > limits.max_num_batched_tokens:
         raise ResourceExhausted(
             f"plan {plan.step_id}: {plan.num_scheduled_tokens} scheduled tokens exceed "
@@ -50,6 +51,36 @@ def validate_plan(plan: StepPlan, seqs: dict[str, SequenceState], limits: PlanLi
                 seq.num_known_tokens, seq.num_pages + len(running.appended_page_ids), limits,
             )  # fmt: skip
             _check_page_ids(running.req_id, running.appended_page_ids, limits)
+            if plan.num_steps > 1:
+                _check_steps(running.req_id, seq, running, plan.num_steps, limits)
+
+
+def steps_left(seq: SequenceState, max_model_len: int) -> int:
+    """Decode steps `seq` can still run by its planned state before max_tokens or the
+    context limit ends it (a step adds one output token)."""
+    left = max_model_len - seq.num_known_tokens
+    max_tokens = seq.sampling.max_tokens
+    if max_tokens is not None:
+        left = min(left, max_tokens - (seq.num_known_tokens - seq.num_prompt_tokens))
+    return left
+
+
+def _check_steps(
+    req_id: str, seq: SequenceState, running: RunningSequence, k: int, limits: PlanLimits
+) -> None:
+    """A multi-step plan's decode: the pages cover every step the sequence may run."""
+    if seq.num_computed_tokens + 1 != seq.num_known_tokens:
+        raise InvalidArgument(
+            f"running_seqs[{req_id!r}]: a plan of num_steps {k} runs decodes only; this "
+            f"sequence has {seq.num_known_tokens - seq.num_computed_tokens} tokens to compute"
+        )
+    end = seq.num_computed_tokens + min(k, max(1, steps_left(seq, limits.max_model_len)))
+    num_pages = seq.num_pages + len(running.appended_page_ids)
+    if num_pages * limits.page_size < end:
+        raise InvalidArgument(
+            f"running_seqs[{req_id!r}].appended_page_ids: {num_pages} pages of "
+            f"{limits.page_size} cannot hold the {end} tokens of {k} steps"
+        )
 
 
 def _check_new(new: NewSequence, limits: PlanLimits) -> None:

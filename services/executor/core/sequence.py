@@ -44,6 +44,9 @@ class SequenceState:
     num_forced_tokens: int = 0
     """Jump-forward: leading tokens of the draft a prepared step verifies that its grammar
     forced (spec/forced.py; set with the draft, read when the step executes)."""
+    stopped: bool = False
+    """The scheduler aborted it (`ExecutorCore.stop`): the remaining steps of a multi-step
+    plan skip it; the plan that names it drops it."""
     verifying: bool = False
     """A prepared step verifies a draft of it and has not executed: until then its
     position is unknown, so no later step may be prepared with it."""

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.executor_info import ExecutorInfo
+from radixmesh.step import MAX_STEPS_PER_PLAN
+
+DEFAULT_DECODE_STEPS_PER_PLAN = 4
+"""Chosen from bench/multi_step.py (bench/RESULTS.md): see there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +36,11 @@ class SchedulerConfig:
     priority_preemption_gap: int | None = 2
     """A waiting request preempts running work this many classes below it; None: never."""
     max_steps_in_flight: int = 2
-    """Plans submitted to an executor and not yet answered (2: plan N+1 while N runs)."""
+    """Steps submitted to an executor and not yet answered before the next plan goes out
+    (2: plan N+1 while N runs; a multi-step plan counts each of its steps)."""
+    decode_steps_per_plan: int = DEFAULT_DECODE_STEPS_PER_PLAN
+    """Most decode steps one plan asks for when the batch only decodes (multi_step.py);
+    1: a plan per step. A request arriving meanwhile waits at most this many steps."""
     lease_holder: str = "scheduler"
     """Holder id of every lease this scheduler takes (heartbeats renew them all)."""
     heartbeat_interval_s: float = 5.0
@@ -71,6 +79,11 @@ class SchedulerConfig:
         if gap is not None and not (1 <= gap <= 2):
             raise InvalidArgument(
                 f"scheduler.priority_preemption_gap must be 1, 2 or None, got {gap}"
+            )
+        k = self.decode_steps_per_plan
+        if not 1 <= k <= MAX_STEPS_PER_PLAN:
+            raise InvalidArgument(
+                f"scheduler.decode_steps_per_plan must be in [1, {MAX_STEPS_PER_PLAN}], got {k}"
             )
         if not (1 <= self.max_steps_in_flight <= 2):
             raise InvalidArgument(

@@ -38,7 +38,10 @@ class ExecutorState:
     preparing: dict[str, Request] = field(default_factory=dict)
     """Routed here, their constraint compiling on this executor; queued when it is done."""
     num_in_flight: int = 0
-    """Plans submitted and not yet answered."""
+    """Steps submitted and not yet answered (a multi-step plan's each; abort-only plans
+    are not counted)."""
+    abort_plan_step_id: int = 0
+    """Step id of the abort-only plan in flight (sent while a multi-step plan runs); 0: none."""
     next_step_id: int = 1
     last_result_step: int = 0
     """Id of the newest step whose result was processed."""

@@ -33,10 +33,11 @@ from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
-from services.scheduler.core.groups import lend_prompt_logprobs, members_of, settle_wait
+from services.scheduler.core.groups import lend_prompt_logprobs, members_of
 from services.scheduler.core.holds import Holds
 from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
+from services.scheduler.core.multi_step import extend_to_steps, may_run_steps
 from services.scheduler.core.ports import CachePort, ExecutorPort
 from services.scheduler.core.preemption import preempt_for_priority
 from services.scheduler.core.preparing import Preparations
@@ -337,8 +338,6 @@ class SchedulerCore:
             ex.wake.clear()
             if not ex.num_in_flight and self._num_matching:  # idle: let a burst land together
                 await self._settle_submits()
-            if not ex.num_in_flight:  # idle: a group still arriving starts in one step
-                await self._settle_groups(ex)
             try:
                 if ex.reset_reason is not None:
                     await self._drop_leased(ex)
@@ -347,7 +346,7 @@ class SchedulerCore:
                     return
                 await self._apply_aborts_and_deadlines(ex)
                 wants_plan = ex.num_in_flight < max_in_flight and ex.has_work
-                plan = await self._plan(ex) if wants_plan else None
+                plan = await self._plan(ex) if wants_plan else self._abort_plan(ex)
             except RadixmeshError as exc:
                 log.exception("planning failed", executor_id=ex.executor_id)
                 await self._fail_requests(ex, Unavailable(f"scheduling failed: {exc}"))
@@ -358,21 +357,22 @@ class SchedulerCore:
             try:
                 if plan is not None:
                     ex.port.submit(plan)
-                    ex.num_in_flight += 1
+                    if plan.abort_req_ids:
+                        ex.abort_plan_step_id = plan.step_id
+                    else:
+                        ex.num_in_flight += plan.num_steps
                     continue
                 result = await ex.port.next_result()
             except Exception as exc:
                 await self._executor_failed(ex, exc)
                 return
-            ex.num_in_flight -= 1
+            if result.step_id == ex.abort_plan_step_id:
+                ex.abort_plan_step_id = 0
+            else:
+                ex.num_in_flight -= 1
             ex.last_result_step = result.step_id
             ex.note_health(result.health, self._clock())
             await self._process(ex, result)
-
-    async def _settle_groups(self, ex: ExecutorState) -> None:
-        """Wait (at most groups.GROUP_SETTLE_S) for the members of a group still arriving."""
-        while (wait := settle_wait(ex.queue, ex.running.values(), self._clock())) > 0:
-            await asyncio.sleep(wait)
 
     async def _idle(self, ex: ExecutorState) -> None:
         """Wait for a submit or abort, or for the next deadline of this executor's requests."""
@@ -408,6 +408,23 @@ class SchedulerCore:
         if not (running_seqs or new_seqs or ex.dropped_req_ids):
             return None
         plan = StepPlan(ex.next_step_id, new_seqs, running_seqs, ex.dropped_req_ids)
+        k = config.decode_steps_per_plan
+        if k > 1 and may_run_steps(ex, running_seqs, len(new_seqs), budget):
+            plan.num_steps = await extend_to_steps(ex, self._leases, running_seqs, k)
+        ex.next_step_id += 1
+        ex.dropped_req_ids = []
+        return plan
+
+    def _abort_plan(self, ex: ExecutorState) -> StepPlan | None:
+        """While a multi-step plan has more than the next step to run: a plan that only
+        aborts the sequences just dropped (aborts, deadlines), so the executor skips them
+        from its next step; one such plan in flight at a time. No preemption drops
+        between plans, so none of these sequences has KV the scheduler keeps."""
+        if self.config.decode_steps_per_plan == 1 or ex.num_in_flight < 2:
+            return None  # the drops go with the next plan, before the step after next
+        if not ex.dropped_req_ids or ex.abort_plan_step_id:
+            return None
+        plan = StepPlan(ex.next_step_id, abort_req_ids=ex.dropped_req_ids)
         ex.next_step_id += 1
         ex.dropped_req_ids = []
         return plan
@@ -499,7 +516,7 @@ class SchedulerCore:
             else:
                 err = Unavailable(f"executor {ex.executor_id} failed: {exc}")
                 updates.append(self._end(req, error=err))
-        ex.num_in_flight = 0
+        ex.num_in_flight = ex.abort_plan_step_id = 0
         self._deliver(updates)
         with contextlib.suppress(Exception):
             await ex.port.close()

@@ -52,6 +52,7 @@ class _Seq:
     num_computed_tokens: int
     page_ids: list[int]
     sampling: SamplingParams
+    stopped: bool = False
 
 
 class ToyExecutor:
@@ -66,12 +67,39 @@ class ToyExecutor:
         self.corruptions: list[str] = []
         self.plans: list[StepPlan] = []
         self.next_step_id = 1
+        self.num_substeps_run = 0
+        """Later steps of multi-step plans run (each plan's first step is in `plans`)."""
+
+    def stop(self, req_ids: list[str]) -> None:
+        """A plan's abort_req_ids, as it arrives: later steps of a multi-step plan skip them."""
+        for req_id in req_ids:
+            if (seq := self.seqs.get(req_id)) is not None:
+                seq.stopped = True
+
+    def step_next(self, plan: StepPlan, substep: int) -> StepResult:
+        """Step `substep` of a multi-step plan: one more decode of each sequence left."""
+        self.num_substeps_run += 1
+        work = []
+        for running in plan.running_seqs:
+            seq = self.seqs.get(running.req_id)
+            if seq is None or seq.stopped:
+                continue
+            num_out = len(seq.token_ids) - seq.num_prompt_tokens
+            max_tokens = seq.sampling.max_tokens
+            if len(seq.token_ids) < self.max_model_len and (
+                max_tokens is None or num_out < max_tokens
+            ):
+                work.append((running.req_id, seq, 1))
+        for req_id, seq, n in work:
+            self._write(req_id, seq, n)
+        outputs = [self._sample(req_id, seq, n) for req_id, seq, n in work]
+        return StepResult(plan.step_id, outputs, substep=substep)
 
     def step(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.next_step_id, (plan.step_id, self.next_step_id)
         self.next_step_id += 1
         self.plans.append(plan)
-        for req_id in plan.finished_req_ids:
+        for req_id in (*plan.finished_req_ids, *plan.abort_req_ids):
             self.seqs.pop(req_id, None)
         work = []
         for new in plan.new_seqs:
@@ -138,7 +166,8 @@ class ToyExecutorPort:
         self._info = ExecutorInfo(
             executor_id, model, toy.page_size, toy.num_pages, toy.max_model_len, VOCAB, (EOS,)
         )
-        self._plans: collections.deque[StepPlan] = collections.deque()
+        self._plans: collections.deque[tuple[StepPlan, int]] = collections.deque()
+        """Each plan's steps (plan, substep), in order."""
         self.gate: asyncio.Event | None = None
         """When set to an Event, each step waits for it (tests clear it to hold steps)."""
         self.fail_at_step: int | None = None
@@ -159,18 +188,19 @@ class ToyExecutorPort:
         return self._info
 
     def submit(self, plan: StepPlan) -> None:
-        self._plans.append(plan)
+        self.toy.stop(plan.abort_req_ids)
+        self._plans.extend((plan, substep) for substep in range(plan.num_steps))
 
     async def next_result(self) -> StepResult:
         if self.gate is not None:
             await self.gate.wait()
         await asyncio.sleep(0)  # a step takes time: let submit/abort callers in
-        plan = self._plans.popleft()
+        plan, substep = self._plans.popleft()
         if self.clock is not None:
             self.clock[0] += self.step_seconds
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:
             raise Unavailable("toy executor lost")
-        result = self.toy.step(plan)
+        result = self.toy.step_next(plan, substep) if substep else self.toy.step(plan)
         self.num_steps_run += 1
         self.step_done.set()
         return result

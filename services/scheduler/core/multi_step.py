@@ -1,0 +1,88 @@
+"""Multi-step decode plans: one plan for up to k decode steps when nothing else changes.
+
+A plan's steps cost the scheduler and the executor Python work and a stream
+message each way; while the batch only decodes, k steps can share one plan.
+The executor runs them back to back and answers each step as it ends (so
+tokens stream as before), ending a sequence early on EOS, a stop token id,
+max_tokens, the context limit or its grammar's end.
+
+A plan gets k > 1 only when the step would change nothing else: nothing
+waits in the queue (so nothing is admitted; a request arriving meanwhile is
+admitted by the next plan, at most k steps later), every running sequence
+decodes in it (no prefill chunk, no preemption, no failure), and no row
+could verify a draft (speculative decoding at this batch size, or
+jump-forward on a constrained row: those plans stay one step each). Pages
+for each sequence's k tokens (fewer when its max_tokens or the context limit
+comes first) are leased up front; those a sequence does not reach go back
+with its lease when it ends.
+
+Stop strings are matched where the text is, at the edge (the gateway cuts the
+text exactly and aborts the request); an abort that arrives while a plan
+runs goes out at once in a plan of its own (`abort_req_ids`), and the
+executor skips the sequence from its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from radixmesh.step import RunningSequence
+from services.scheduler.core.budget import StepBudget
+from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.leases import Leases
+from services.scheduler.core.request import Request
+
+
+def decodes_left(req: Request, max_model_len: int) -> int:
+    """Decode steps req may still run after those planned (max_tokens, context limit)."""
+    expected = req.num_expected_tokens
+    left = max_model_len - expected
+    if (max_tokens := req.sampling.max_tokens) is not None:
+        left = min(left, max_tokens - (expected - len(req.prompt_token_ids)))
+    return max(0, left)
+
+
+def may_run_steps(
+    ex: ExecutorState, running_seqs: list[RunningSequence], num_new: int, budget: StepBudget
+) -> bool:
+    """Whether a plan of these running sequences (and `num_new` admissions) changes
+    nothing but one decode token per sequence, so that more of its steps can follow."""
+    if num_new or len(ex.queue) or not running_seqs or budget.preempted_req_ids or budget.failed:
+        return False
+    if len(running_seqs) != len(ex.running):
+        return False  # a running request waits for pages or budget
+    info = ex.info
+    if info.max_draft_tokens and len(running_seqs) <= info.max_speculative_batch_size:
+        return False  # rows could verify drafts: one step per plan
+    for seq in running_seqs:
+        if seq.num_scheduled_tokens != 1 or seq.num_draft_tokens:
+            return False
+        req = ex.running[seq.req_id]
+        if req.prefilling or (info.max_forced_tokens and req.constraint is not None):
+            return False
+    return True
+
+
+async def extend_to_steps(
+    ex: ExecutorState, leases: Leases, running_seqs: list[RunningSequence], max_steps: int
+) -> int:
+    """Turn a planned decode step (see `may_run_steps`) into a plan of up to `max_steps`:
+    lease each sequence's pages for its further tokens and advance its planned position.
+    Returns the plan's num_steps (1, changing nothing, when a lease cannot grow)."""
+    max_model_len = ex.info.max_model_len
+    reqs = [ex.running[seq.req_id] for seq in running_seqs]
+    extra = [min(max_steps - 1, decodes_left(req, max_model_len)) for req in reqs]
+    num_steps = 1 + max(extra, default=0)
+    if num_steps == 1:
+        return 1
+    grows = (leases.grow(ex, r, r.num_computed_tokens + n) for r, n in zip(reqs, extra, strict=True))
+    grown = await asyncio.gather(*grows)
+    if not all(grown):  # the pool is short: one step (the pages leased stay for later)
+        return 1
+    for seq, req, n in zip(running_seqs, reqs, extra, strict=True):
+        if req.num_unsent_pages:
+            num_pages = len(req.page_table)
+            seq.appended_page_ids.extend(req.page_table[num_pages - req.num_unsent_pages :])
+            req.num_unsent_pages = 0
+        req.num_computed_tokens += n
+    return num_steps
