@@ -29,13 +29,18 @@ import grpc
 
 from mesh.loadgen.program_client import ClientDriven, Outcome, ServerSide
 from mesh.loadgen.program_suite import PROGRAMS, Shape, instance
-from mesh.loadgen.scrape import MetricsScraper, delta
+from mesh.loadgen.scrape import MetricsScraper, Snapshot, delta, histogram_delta, total
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2 as ipb
 from radixmesh.v1 import inference_pb2_grpc
 
 MODES = ("server", "client")
 STEPS = "radixmesh_executor_steps_total"
+STEP_SECONDS = "radixmesh_executor_step_seconds"
+BATCH_SEQS = "radixmesh_executor_batch_sequences"
+TOKENS = "radixmesh_executor_tokens_total"
+CPU = "process_cpu_seconds_total"
+ROLES = ("gateway", "scheduler", "cache", "executor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +148,36 @@ def summarize(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
     }
 
 
+def where_time_goes(before: Snapshot, after: Snapshot, wall_s: float, num_programs: int) -> dict[str, Any]:
+    """Where a point's wall time went, from the mesh's metrics: the executors' steps (how
+    many, how long, how full, the share of the wall time they ran) and every service's
+    CPU seconds, per program."""
+    n = max(1, num_programs)
+    out: dict[str, Any] = {}
+    steps = delta(before, after, "executor", STEPS)
+    step_s = histogram_delta(before, after, "executor", STEP_SECONDS)
+    seqs = histogram_delta(before, after, "executor", BATCH_SEQS)
+    out["steps_per_program"] = steps / n if steps is not None else None
+    out["step_s_mean"] = step_s.mean if step_s is not None else None
+    out["executor_busy"] = step_s.sum / wall_s if step_s is not None and wall_s > 0 else None
+    out["seqs_per_step"] = seqs.mean if seqs is not None else None
+    for kind in ("prefill", "extend", "decode"):
+        start = total_of(before, TOKENS, kind=kind)
+        end = total_of(after, TOKENS, kind=kind)
+        out[f"{kind}_tokens_per_program"] = (end - start) / n if end is not None and start is not None else None
+    for role in ROLES:
+        used = delta(before, after, role, CPU)
+        out[f"{role}_cpu_s_per_program"] = used / n if used is not None else None
+    return out
+
+
+def total_of(snapshot: Snapshot, name: str, **match: str) -> float | None:
+    """An executor counter's total; 0 when the executors answered without it (no such
+    tokens yet)."""
+    value = total(snapshot, "executor", name, **match)
+    return 0.0 if value is None and snapshot.get("executor") else value
+
+
 def _predictions(outcomes: list[Outcome]) -> dict[str, Any]:
     counts = {k: sum(o.predictions.get(k, 0) for o in outcomes) for k in ("NONE", "HIT", "MISS")}
     made = counts["HIT"] + counts["MISS"]
@@ -183,13 +218,18 @@ async def run_suite(
                     first = point * (config.num_programs + max(config.concurrencies) + config.warmup)
                     point += 1
                     await _warm(runners[mode], name, first, config)
-                    before = await scraper.snapshot() if scraper is not None and concurrency == 1 else None
+                    before = await scraper.snapshot() if scraper is not None else None
+                    cpu_before = time.process_time()
                     outcomes, wall_s = await _run_point(runners[mode], name, first, config, concurrency)
                     row = {"program": name, "mode": mode, "concurrency": concurrency, **summarize(outcomes, wall_s)}
                     if before is not None and scraper is not None:
-                        steps = delta(before, await scraper.snapshot(), "executor", STEPS)
+                        after = await scraper.snapshot()
+                        row["where"] = where_time_goes(before, after, wall_s, len(outcomes))
+                        row["where"]["client_cpu_s_per_program"] = (time.process_time() - cpu_before) / len(outcomes)
+                        steps = delta(before, after, "executor", STEPS)
                         selects = sum(o.num_selects for o in outcomes)
-                        row["forwards_per_select"] = steps / selects if steps is not None and selects and name == "select" else None
+                        if concurrency == 1:
+                            row["forwards_per_select"] = steps / selects if steps is not None and selects and name == "select" else None
                     if mode == "server" and name.startswith("triage"):
                         row["branch_prediction"] = _predictions(outcomes)
                     if mode == "client" and name not in unique:

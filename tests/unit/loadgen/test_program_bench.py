@@ -8,7 +8,7 @@ import pytest
 
 from gateway.programs import convert
 from gateway.programs.core.model import Fork, If, Limits, Select
-from mesh.loadgen.program_bench import ProgramBenchConfig, summarize, targets
+from mesh.loadgen.program_bench import ProgramBenchConfig, summarize, targets, where_time_goes
 from mesh.loadgen.program_client import Outcome
 from mesh.loadgen.program_suite import PROGRAMS, SMOKE, Shape, instance
 from radixmesh.errors import InvalidArgument
@@ -88,3 +88,37 @@ def test_the_targets_compare_the_two_ways_at_concurrency_16():
     assert found["max_server_computed_over_unique"] == 1.02
     assert found["server_forwards_per_select"] == 1.0
     assert targets(rows[:1])["fork_speedup_c16"] is None  # no client row
+
+
+def test_where_the_time_goes_is_read_off_the_mesh_metrics():
+    from mesh.loadgen.scrape import parse_text
+
+    def snap(steps, step_sum, step_count, seqs_sum, prefill, decode, cpu):
+        executor = parse_text(
+            f"radixmesh_executor_steps_total{{outcome=\"ok\"}} {steps}\n"
+            f"radixmesh_executor_step_seconds_bucket{{le=\"+Inf\"}} {step_count}\n"
+            f"radixmesh_executor_step_seconds_count {step_count}\n"
+            f"radixmesh_executor_step_seconds_sum {step_sum}\n"
+            f"radixmesh_executor_batch_sequences_bucket{{le=\"+Inf\"}} {step_count}\n"
+            f"radixmesh_executor_batch_sequences_count {step_count}\n"
+            f"radixmesh_executor_batch_sequences_sum {seqs_sum}\n"
+            f"radixmesh_executor_tokens_total{{kind=\"prefill\"}} {prefill}\n"
+            f"radixmesh_executor_tokens_total{{kind=\"decode\"}} {decode}\n"
+            f"process_cpu_seconds_total {cpu}\n",
+            "executor",
+        )
+        gateway = parse_text(f"process_cpu_seconds_total {cpu / 2}\n", "gateway")
+        return {"executor": executor, "gateway": gateway}
+
+    before = snap(10, 1.0, 10, 40, 500, 100, 3.0)
+    after = snap(30, 4.0, 30, 120, 1300, 500, 7.0)
+    where = where_time_goes(before, after, wall_s=5.0, num_programs=4)
+    assert where["steps_per_program"] == 5.0
+    assert where["step_s_mean"] == pytest.approx(0.15)
+    assert where["executor_busy"] == pytest.approx(0.6)
+    assert where["seqs_per_step"] == 4.0
+    assert where["prefill_tokens_per_program"] == 200 and where["decode_tokens_per_program"] == 100
+    assert where["extend_tokens_per_program"] == 0  # the executor answered, without any
+    assert where["executor_cpu_s_per_program"] == 1.0
+    assert where["gateway_cpu_s_per_program"] == 0.5
+    assert where["scheduler_cpu_s_per_program"] is None  # not scraped: unknown, not 0
