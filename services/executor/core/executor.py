@@ -36,9 +36,15 @@ from radixmesh.step import (
 )
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
-from services.executor.core.cuda_graphs import DecodeGraphs
+from services.executor.core.cuda_graphs import StepGraphs
 from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch
 from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
+from services.executor.core.graph_setup import (
+    capture_graphs,
+    estimate_graph_bytes,
+    plan_graphs,
+    speculation_switch,
+)
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
 from services.executor.core.models.decoder import Decoder
@@ -54,6 +60,7 @@ from services.executor.core.plan_checks import PlanLimits, steps_left, validate_
 from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
     describe_executor,
+    max_forced_tokens,
     resolve_device,
     resolve_dtype,
     resolve_max_model_len,
@@ -67,13 +74,13 @@ from services.executor.core.spec.drafting import DraftLimits, check_not_verifyin
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
     drafted_lengths,
+    record_gain,
     rows_over_drafts,
     start_verifying,
     step_drafts,
 )
 from services.executor.core.spec.verifier import Verifier
 from services.executor.core.step_sampling import StepSampler
-from services.executor.core.verify_graphs import VerifyGraphs
 from services.executor.core.warmup import warm_prefill
 
 log = get_logger(__name__)
@@ -152,7 +159,11 @@ class ExecutorCore:
         (compiles and tunes the prefill kernels) and capture_graphs."""
         self.model = Decoder(spec, weights, resolve_ops(config, self.device), max_model_len, tp)
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
-        num_pages = size_num_pages(config, spec, dtype, self.device, int(use_graphs))
+        graph_plan = plan_graphs(config, max_forced_tokens(config, grammar is not None, self.device))
+        graph_bytes = estimate_graph_bytes(
+            graph_plan, spec, dtype, folder.spec.vocab_size, max_model_len, config.page_size
+        ) if use_graphs else 0  # fmt: skip
+        num_pages = size_num_pages(config, spec, dtype, self.device, int(use_graphs), graph_bytes)
         num_pages = tp.min_over_ranks(num_pages, self.device)  # one pool of page ids
         self.kv_pool = KVPool(
             spec.num_layers, num_pages, config.page_size, spec.num_kv_heads, spec.head_dim,
@@ -163,22 +174,29 @@ class ExecutorCore:
             warm_tokens = min(config.max_num_batched_tokens, max_model_len - 1, 4096)
             warm_prefill(self.model, self.kv_pool, warm_tokens, page_id=0)  # no page is held yet
             self.startup_seconds["warm_prefill"] = time.perf_counter() - start
-        self._graphs: DecodeGraphs | None = None
+        self._graphs: StepGraphs | None = None
+        self._verify_graphs: StepGraphs | None = None
+        self.graph_bytes: tuple[int, int] | None = None
+        """With CUDA graphs: (estimated, measured) bytes of device memory they hold."""
+        captured = None
         if use_graphs:
             start = time.perf_counter()
-            self._graphs = DecodeGraphs(
-                self.model, self.kv_pool, config.max_num_seqs,
-                -(-max_model_len // config.page_size), self.kv_pool.scratch_page_ids[0],
-            )  # fmt: skip
-            self._graphs.capture()
+            captured = capture_graphs(self.model, self.kv_pool, graph_plan, max_model_len, graph_bytes)
+            self._graphs, self._verify_graphs = captured.decode, captured.verify
+            self.graph_bytes = (captured.estimated_bytes, captured.measured_bytes)
             self.startup_seconds["capture_graphs"] = time.perf_counter() - start
-        self._verify_graphs = self._capture_verify_graphs(config, max_model_len, use_graphs)
+        start = time.perf_counter()
+        self.spec_switch = speculation_switch(config, captured, tp, self.device)
+        """Whether a step's decodes draft (spec/switch.py; measured at start-up on CUDA)."""
+        if self.spec_switch.cost_ratios is not None:
+            self.startup_seconds["time_speculation"] = time.perf_counter() - start
         self.sampler = Sampler(
             spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
         )
         self.info = describe_executor(
-            config, folder, spec, max_model_len, num_pages, self.device, dtype, grammar is not None
-        )
+            config, folder, spec, max_model_len, num_pages, self.device, dtype, grammar is not None,
+            self.spec_switch.max_batch_size,
+        )  # fmt: skip
         self._proposer = make_proposer(config.speculative)
         self._forced = (
             ForcedTokens(spec.vocab_size, self.info.max_forced_tokens)
@@ -193,7 +211,7 @@ class ExecutorCore:
             config.page_size, num_pages, has_grammar=grammar is not None,
         )  # fmt: skip
         self._draft_limits = DraftLimits(
-            config.speculative.max_batch_size, config.page_size, max_model_len,
+            self.spec_switch.max_batch_size, config.page_size, max_model_len,
             config.max_num_batched_tokens,
         )  # fmt: skip
         self._lock = threading.Lock()
@@ -213,25 +231,6 @@ class ExecutorCore:
             self.sampler, self._grammar, self._last_tokens, self.spec_stats,
             self.info.eos_token_ids, self.info.max_model_len,
         )  # fmt: skip
-
-    def _capture_verify_graphs(
-        self, config: ExecutorConfig, max_model_len: int, use_graphs: bool
-    ) -> VerifyGraphs | None:
-        """With speculation on CUDA: the k + 1-row extends of drafted steps as graphs, one
-        per batch size up to the speculative switch (verify_graphs.py)."""
-        speculative = config.speculative
-        if not (use_graphs and speculative.enabled):
-            return None
-        start = time.perf_counter()
-        num_rows = speculative.max_draft_tokens + 1
-        graphs = VerifyGraphs(
-            self.model, self.kv_pool, min(config.max_num_seqs, speculative.max_batch_size),
-            num_rows, -(-(max_model_len + num_rows) // config.page_size),
-            self.kv_pool.scratch_page_ids[0],
-        )  # fmt: skip
-        graphs.capture()
-        self.startup_seconds["capture_verify_graphs"] = time.perf_counter() - start
-        return graphs
 
     @property
     def num_seqs(self) -> int:
@@ -329,7 +328,7 @@ class ExecutorCore:
             all_executed = self._num_executed == self._num_prepared
             drafts = step_drafts(
                 self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits,
-                self._forced,
+                self._forced, self.spec_switch,
             )  # fmt: skip
             self._num_prepared += 1
             if seqs:
@@ -415,6 +414,8 @@ class ExecutorCore:
                     if id(seq) in scored_to_end:  # score only: prompt done, nothing sampled
                         self._end(seq)
                         outputs[-1].finish_reason = "length"
+            if prepared.drafts is not None and self._proposer is not None:
+                record_gain(self.spec_switch, prepared.drafts, outputs)
         seconds = prepared.prepare_seconds + time.perf_counter() - start
         return StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
 

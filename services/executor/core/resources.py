@@ -76,10 +76,13 @@ def size_num_pages(
     dtype: torch.dtype,
     device: torch.device,
     num_scratch_pages: int = 0,
+    graph_bytes: int = 0,
 ) -> int:
     """Usable pages: config.num_pages, or what the memory budget allows after scratch pages.
 
-    Call after the weights are loaded, so free memory excludes them.
+    Call after the weights are loaded, so free memory excludes them. `graph_bytes`: what
+    the CUDA graphs to be captured will hold (graph_setup.estimate_graph_bytes), kept
+    out of the budget with the activations.
     """
     if config.num_pages is not None:
         return config.num_pages
@@ -91,7 +94,7 @@ def size_num_pages(
     else:
         torch.cuda.empty_cache()
         free, _total = torch.cuda.mem_get_info(device)
-        reserve = activation_reserve_bytes(config, spec, dtype)
+        reserve = activation_reserve_bytes(config, spec, dtype) + graph_bytes
         budget = max(int((free - reserve) * config.kv_memory_fraction), 0)
     budget -= num_scratch_pages * bytes_per_page
     return num_pages_for_budget(budget, bytes_per_page)
@@ -106,9 +109,11 @@ def describe_executor(
     device: torch.device,
     dtype: torch.dtype,
     has_grammar: bool = False,
+    max_speculative_batch_size: int = 0,
 ) -> ExecutorInfo:
     """What the core tells the scheduler about itself (its executor_id is left empty: the
-    process or engine that runs the core names it). Jump-forward needs a grammar backend."""
+    process or engine that runs the core names it). Jump-forward needs a grammar backend.
+    `max_speculative_batch_size`: the speculation switch's cap (spec/switch.py)."""
     speculative = config.speculative
     return ExecutorInfo(
         executor_id="",
@@ -124,10 +129,14 @@ def describe_executor(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_draft_tokens=speculative.max_draft_tokens if speculative.enabled else 0,
-        max_speculative_batch_size=speculative.max_batch_size if speculative.enabled else 0,
-        max_forced_tokens=(
-            speculative.max_forced_tokens
-            if has_grammar and speculative.jump_forward_on(device.type)
-            else 0
-        ),
+        max_speculative_batch_size=max_speculative_batch_size if speculative.enabled else 0,
+        max_forced_tokens=max_forced_tokens(config, has_grammar, device),
     )
+
+
+def max_forced_tokens(config: ExecutorConfig, has_grammar: bool, device: torch.device) -> int:
+    """Jump-forward's run cap where it runs (a grammar backend, the mode on), else 0."""
+    speculative = config.speculative
+    if has_grammar and speculative.jump_forward_on(device.type):
+        return speculative.max_forced_tokens
+    return 0

@@ -1,14 +1,17 @@
-"""Verification steps as CUDA graphs (core/verify_graphs.py): the padded layout a graph runs
+"""Verification steps as CUDA graphs (core/cuda_graphs.py, `StepGraphs` of k + 1 rows per
+sequence): the padded layout a graph runs
 gives the eager extend's logits and writes no KV but the scratch page's (on CPU, run
-eagerly); on a GPU the replayed graphs give the same logits and greedy outputs."""
+eagerly); on a GPU the replayed graphs give the same logits and greedy outputs, and
+jump-forward with speculation off verifies its forced runs in them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from radixmesh.sampling import SamplingParams
+from services.executor.core.cuda_graphs import StepGraphs
 from services.executor.core.forward_batch import ForwardBatch
-from services.executor.core.verify_graphs import VerifyGraphs
 from tests.unit.executor.conftest import TinyModel, make_core, random_prompt
 
 PAGE_SIZE = 4
@@ -65,8 +68,8 @@ def check_layout(core, run, tol: float = 1e-4) -> None:
         torch.testing.assert_close(new[keep], old[keep], rtol=1e-5, atol=1e-5)
 
 
-def graphs_for(core, max_num_seqs: int = 4) -> VerifyGraphs:
-    return VerifyGraphs(
+def graphs_for(core, max_num_seqs: int = 4) -> StepGraphs:
+    return StepGraphs(
         core.model, core.kv_pool, max_num_seqs, NUM_ROWS,
         max_pages_per_seq=16, scratch_page=core.kv_pool.num_pages - 1,
     )  # fmt: skip
@@ -79,7 +82,7 @@ def test_the_padded_layout_gives_the_eager_extends_logits(llama_model: TinyModel
     check_layout(core, graphs.run_eagerly)  # three sequences in the bucket of four
     decode = extend_batch([3], [[7]], core.kv_pool.k_caches[0].device)
     decode.is_decode = True
-    assert not graphs.can_run(decode)  # plain decodes are DecodeGraphs'
+    assert not graphs.can_run(decode)  # plain decodes are the 1-row graphs'
     long = extend_batch([0], [list(range(6, 6 + NUM_ROWS + 1))], core.kv_pool.k_caches[0].device)
     assert not graphs.can_run(long)  # more rows than a graph has
 
@@ -115,3 +118,44 @@ def test_greedy_outputs_are_the_same_with_verification_graphs(llama_model: TinyM
             assert core.spec_stats.snapshot().num_accepted_tokens > 0
         core.shutdown()
     assert outputs[True] == outputs[False]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_jump_forward_verifies_in_graphs_with_speculation_off(tmp_path) -> None:
+    from mesh.tiny_model import write_tiny_model
+    from services.executor.core.config import ExecutorConfig
+    from services.executor.core.executor import ExecutorCore
+    from services.executor.core.grammar import GrammarConfig, GrammarService
+    from services.executor.core.spec import SpeculativeConfig
+    from tests.unit.executor.test_jump_forward import CONSTRAINTS, MAX_FORCED, generate, prompts
+
+    model_dir = write_tiny_model(tmp_path, arch="llama", seed=0)
+    grammar = GrammarService.from_model_dir(model_dir, config=GrammarConfig(compile_timeout_s=60))
+
+    class OnCuda:  # what jump-forward's generate drives
+        def __init__(self, jump_forward: bool) -> None:
+            config = ExecutorConfig(
+                model_path=str(model_dir), device="cuda", dtype="float32", page_size=4,
+                num_pages=1024, max_num_seqs=16,
+                speculative=SpeculativeConfig(jump_forward=jump_forward, max_forced_tokens=MAX_FORCED),
+            )  # fmt: skip
+            self.core = ExecutorCore(config, grammar)
+
+    work = prompts(3)
+    sampling = [SamplingParams(temperature=0.0, max_tokens=60)] * len(work)
+    constraint = CONSTRAINTS["json_schema"]
+    off, on = OnCuda(False), OnCuda(True)
+    try:
+        expected, _, _ = generate(off, work, sampling, constraint, MAX_FORCED)
+        got, _, _ = generate(on, work, sampling, constraint, MAX_FORCED)
+        graphs = on.core._verify_graphs
+        forced = on.core.spec_stats.snapshot().num_forced_tokens
+    finally:
+        off.core.shutdown()
+        on.core.shutdown()
+        grammar.close(wait=True)
+    assert off.core._verify_graphs is None  # nothing drafts: no verification graphs
+    assert graphs is not None and graphs.num_rows == MAX_FORCED + 1
+    assert forced > 0 and graphs.num_runs > 0  # forced runs verified as graph replays
+    assert got == expected

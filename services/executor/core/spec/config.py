@@ -25,10 +25,14 @@ class SpeculativeConfig:
     """Shortest suffix of the context that must recur for a draft to be proposed."""
     max_match_len: int = 5
     """Longest suffix looked up (longer matches are tried first)."""
-    max_batch_size: int = 32
+    max_batch_size: int | None = None
     """Speculation is off in a step with more running decodes than this: a large batch is
     compute-bound and verifying k + 1 positions per sequence costs more than it saves.
-    The default is a placeholder until measured on the GPU (bench/speculative.py)."""
+    None (the default): measured at start-up on CUDA with graphs (a decode step timed
+    against a verification step per batch size, then each step weighed against the
+    tokens drafts have been gaining: spec/switch.py), `UNMEASURED_MAX_BATCH_SIZE` (8)
+    elsewhere.
+    A number: that fixed cap, nothing measured."""
     max_suffix_tokens: int = 1 << 18
     """"suffix": tokens of recent outputs the cross-request index keeps (oldest dropped)."""
     max_tree_tokens: int = 256
@@ -65,7 +69,7 @@ class SpeculativeConfig:
                 "max_match_len",
                 f"must be >= min_match_len ({self.min_match_len}), got {self.max_match_len}",
             )
-        if self.max_batch_size < 1:
+        if self.max_batch_size is not None and self.max_batch_size < 1:
             raise bad("max_batch_size", f"must be >= 1, got {self.max_batch_size}")
         if not 1 <= self.max_tree_tokens <= 4096:
             raise bad("max_tree_tokens", f"must be in [1, 4096], got {self.max_tree_tokens}")

@@ -12,6 +12,7 @@ from radixmesh.step import StepPlan
 from services.executor.core.spec.adaptive import DraftLength
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
+from services.executor.core.spec.switch import SpecSwitch
 from services.executor.core.spec.verify import accepted_length
 
 if TYPE_CHECKING:
@@ -82,19 +83,23 @@ def plan_drafts(
     allowed: Sequence[int],
     limits: DraftLimits,
     forced: ForcedTokens | None = None,
+    switch: SpecSwitch | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing.
 
     `allowed`: the plan's num_draft_tokens per sequence. Only decodes draft, and none in
     a step with prompt scoring. A constrained decode's draft starts with the tokens its
     grammar forces (`forced`: jump-forward, at any batch size); the proposer's guess
-    follows them, in a step with at most limits.max_batch_size decodes. Each sequence's
-    `num_forced_tokens` is set to the length of its forced head.
+    follows them, in a step the `switch` allows (spec/switch.py; without one: at most
+    limits.max_batch_size decodes). Each sequence's `num_forced_tokens` is set to the
+    length of its forced head.
     """
     if not any(allowed) or any(s.sampling.prompt_logprobs_start is not None for s in seqs):
         return None
     num_decodes = sum(1 for q in num_tokens if q == 1)
-    if num_decodes > limits.max_batch_size:
+    if proposer is not None and not (
+        switch.allows(num_decodes) if switch is not None else num_decodes <= limits.max_batch_size
+    ):
         proposer = None
     if proposer is None and forced is None:
         return None

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from radixmesh.step import SequenceOutput
 from services.executor.core.spec.drafting import DraftLimits, expand_rows, plan_drafts
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
+from services.executor.core.spec.switch import SpecSwitch
 
 if TYPE_CHECKING:
     from services.executor.core.sequence import SequenceState
@@ -33,13 +35,25 @@ def step_drafts(
     allowed: Sequence[int],
     limits: DraftLimits,
     forced: ForcedTokens | None = None,
+    switch: SpecSwitch | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing:
     speculation and jump-forward (`forced`) off, a prepared step not executed yet, or no
-    decode drafts."""
+    decode drafts. `switch`: whether the step's decodes get the proposer's drafts."""
     if (proposer is None and forced is None) or not all_executed:
         return None
-    return plan_drafts(proposer, seqs, num_tokens, allowed, limits, forced)
+    return plan_drafts(proposer, seqs, num_tokens, allowed, limits, forced, switch)
+
+
+def record_gain(
+    switch: SpecSwitch, drafts: Sequence[Sequence[int]], outputs: Sequence[SequenceOutput]
+) -> None:
+    """Tells the switch what a drafted step emitted per decode; a step with forced runs
+    is left out (it verifies, and pays for the padded rows, whatever the proposer does)."""
+    if not any(drafts) or any(o.num_forced_tokens for o in outputs):
+        return
+    emitted = sum(1 + len(o.accepted_token_ids) for o in outputs if o.token_id is not None)
+    switch.record(len(drafts), emitted)
 
 
 def drafted_lengths(

@@ -1,0 +1,108 @@
+"""The per-step speculation switch: whether a step's decodes get the proposer's drafts.
+
+A step that verifies drafts runs every decode as `num_rows` positions (the verification
+graph pads each sequence to them), so it costs verify(b) where a plain step costs
+decode(b), b being its bucket of decodes, and it pays back in the tokens it emits per
+decode (1 + accepted draft tokens, over all its decodes). The switch drafts while
+
+    verify(b) / decode(b) < tokens emitted per decode in drafted steps
+
+The cost ratio per bucket is measured at start-up by replaying both graphs
+(graph_setup.time_steps); the gain is a rolling mean over this executor's own drafted
+steps, starting optimistic (the first steps draft, and so measure it). While the rule
+says no, one candidate step in `PROBE_EVERY` drafts anyway, so that the gain follows a
+workload that changes. Past the largest bucket whose ratio beats the best gain possible
+(every draft of k accepted: k + 1) speculation cannot pay: that bucket is the cap the
+scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing table
+(the CPU, CUDA graphs off, or a cap set by hand) the cap alone decides.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+UNMEASURED_MAX_BATCH_SIZE = 8
+"""The cap where nothing is measured (the CPU, CUDA graphs off): a CPU step is
+compute-bound from a few sequences on, and an eager verification step costs more than a
+graphed decode (bench/RESULTS.md)."""
+GAIN_DECAY = 0.9
+"""Weight of the past in the rolling gain (per drafted step)."""
+PROBE_EVERY = 64
+"""While the rule declines, every this many candidate steps one drafts anyway."""
+
+StepTimings = Mapping[int, tuple[float, float]]
+"""Bucket -> (seconds of a plain decode step, seconds of a verification step)."""
+
+
+@dataclass(slots=True)
+class SpecSwitch:
+    max_batch_size: int
+    """No proposer drafts in a step with more decodes than this (0: none ever)."""
+    cost_ratios: dict[int, float] | None = None
+    """Bucket -> verify / decode step time, measured; None: the cap alone decides."""
+    gain: float = math.inf
+    """Rolling tokens emitted per decode in drafted steps (inf until one is recorded)."""
+    num_declined: int = 0
+    num_probes: int = 0
+    _buckets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.cost_ratios is not None:
+            self._buckets = sorted(self.cost_ratios)
+
+    @classmethod
+    def measured(cls, timings: StepTimings, num_rows: int, max_batch_size: int) -> SpecSwitch:
+        """From a timing table of graphs of `num_rows` rows per sequence (k + 1): the cap
+        is the largest measured bucket up to which every ratio beats num_rows, at most
+        `max_batch_size`."""
+        if not timings:
+            raise ValueError("a measured switch needs at least one timed bucket")
+        ratios = {b: verify / decode for b, (decode, verify) in sorted(timings.items())}
+        cap = 0
+        for bucket, ratio in ratios.items():
+            if ratio >= num_rows:
+                break
+            cap = bucket
+        return cls(min(cap, max_batch_size), ratios)
+
+    def ratio(self, num_decodes: int) -> float:
+        """The measured cost ratio of the bucket `num_decodes` decodes run in (past the
+        largest measured bucket: the largest's)."""
+        assert self.cost_ratios is not None
+        i = min(bisect.bisect_left(self._buckets, num_decodes), len(self._buckets) - 1)
+        return self.cost_ratios[self._buckets[i]]
+
+    def allows(self, num_decodes: int) -> bool:
+        """Whether a step of `num_decodes` decodes drafts (changes state: counts a probe)."""
+        if num_decodes > self.max_batch_size:
+            return False
+        if self.cost_ratios is None or self.ratio(num_decodes) < self.gain:
+            return True
+        self.num_declined += 1
+        if self.num_declined % PROBE_EVERY:
+            return False
+        self.num_probes += 1
+        return True
+
+    def record(self, num_decodes: int, num_emitted: int) -> None:
+        """A drafted step emitted `num_emitted` tokens over its `num_decodes` decodes."""
+        if num_decodes <= 0:
+            return
+        step_gain = num_emitted / num_decodes
+        if math.isinf(self.gain):
+            self.gain = step_gain
+        else:
+            self.gain = GAIN_DECAY * self.gain + (1 - GAIN_DECAY) * step_gain
+
+    def describe(self) -> dict[str, object]:
+        """For logs and benches: the cap, the ratios and the gain so far."""
+        return {
+            "max_batch_size": self.max_batch_size,
+            "cost_ratios": dict(self.cost_ratios) if self.cost_ratios is not None else None,
+            "gain": None if math.isinf(self.gain) else round(self.gain, 4),
+            "num_declined": self.num_declined,
+            "num_probes": self.num_probes,
+        }

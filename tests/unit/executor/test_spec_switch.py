@@ -1,0 +1,177 @@
+"""The speculation switch (spec/switch.py) from injected timing tables, which graphs an
+executor plans (graph_setup.py) and the memory they are budgeted, and the switch at work
+in a CPU core; on CUDA, the start-up measurement, the graphs' measured memory against the
+estimate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from radixmesh.step import SequenceOutput
+from services.executor.core.config import ExecutorConfig
+from services.executor.core.cuda_graphs import batch_buckets
+from services.executor.core.graph_setup import GraphPlan, estimate_graph_bytes, plan_graphs
+from services.executor.core.resources import size_num_pages
+from services.executor.core.spec import SpeculativeConfig
+from services.executor.core.spec.step import record_gain
+from services.executor.core.spec.switch import (
+    PROBE_EVERY,
+    UNMEASURED_MAX_BATCH_SIZE,
+    SpecSwitch,
+)
+from tests.unit.executor.conftest import TinyModel, greedy, make_core
+from tests.unit.executor.test_speculative import generate, repeating_prompt, spec_core
+
+# bucket -> (decode s, verify s): verification is nearly free up to 4, dear from 8 on
+TIMINGS = {1: (1e-3, 1.1e-3), 2: (1e-3, 1.2e-3), 4: (1e-3, 2e-3), 8: (1e-3, 6e-3), 16: (1e-3, 3e-3)}
+
+
+def test_the_cap_is_the_last_bucket_before_verification_costs_more_than_any_gain() -> None:
+    switch = SpecSwitch.measured(TIMINGS, num_rows=5, max_batch_size=256)
+    # 8 costs 6x a decode: more than 5 tokens per decode, the most a draft of 4 can emit;
+    # 16 is cheaper again, but a bucket past the first loss never counts
+    assert switch.max_batch_size == 4
+    assert switch.cost_ratios is not None
+    assert switch.cost_ratios[4] == pytest.approx(2.0)
+    assert SpecSwitch.measured(TIMINGS, num_rows=7, max_batch_size=256).max_batch_size == 16
+    assert SpecSwitch.measured(TIMINGS, num_rows=7, max_batch_size=6).max_batch_size == 6
+    assert SpecSwitch.measured({1: (1e-3, 9e-3)}, num_rows=5, max_batch_size=8).max_batch_size == 0
+    with pytest.raises(ValueError, match="timed bucket"):
+        SpecSwitch.measured({}, num_rows=5, max_batch_size=8)
+
+
+def test_a_batch_takes_the_ratio_of_the_bucket_it_pads_to() -> None:
+    switch = SpecSwitch.measured(TIMINGS, num_rows=7, max_batch_size=256)
+    assert switch.ratio(1) == pytest.approx(1.1)
+    assert switch.ratio(3) == pytest.approx(2.0)  # runs in the bucket of 4
+    assert switch.ratio(9) == pytest.approx(3.0)
+    assert switch.ratio(200) == pytest.approx(3.0)  # past the largest timed: the largest's
+
+
+def test_drafts_while_the_measured_gain_beats_the_cost_ratio() -> None:
+    switch = SpecSwitch.measured(TIMINGS, num_rows=5, max_batch_size=256)
+    assert math.isinf(switch.gain)
+    assert switch.allows(4)  # nothing measured yet: try, and measure the gain
+    assert not switch.allows(5)  # past the cap, whatever the gain
+    switch.record(num_decodes=4, num_emitted=8)  # 2 tokens per decode
+    assert switch.gain == pytest.approx(2.0)
+    assert switch.allows(2)  # 1.2 < 2
+    assert not switch.allows(4)  # 2.0 is not < 2.0
+    switch.record(num_decodes=4, num_emitted=4)  # drafts all rejected
+    assert switch.gain == pytest.approx(0.9 * 2.0 + 0.1 * 1.0)
+    switch.record(num_decodes=0, num_emitted=0)  # nothing to learn
+    assert switch.gain == pytest.approx(1.9)
+
+
+def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
+    switch = SpecSwitch.measured(TIMINGS, num_rows=5, max_batch_size=256)
+    switch.record(num_decodes=2, num_emitted=2)  # gain 1: nothing pays
+    answers = [switch.allows(1) for _ in range(3 * PROBE_EVERY)]
+    assert answers.count(True) == 3 == switch.num_probes
+    assert [i for i, a in enumerate(answers) if a] == [PROBE_EVERY - 1 + PROBE_EVERY * j for j in range(3)]
+    switch.record(num_decodes=2, num_emitted=6)  # a probe found drafts that pay
+    assert switch.gain == pytest.approx(0.9 + 0.3)
+    assert switch.allows(1)  # 1.1 < 1.2
+
+
+def test_without_a_table_the_cap_alone_decides() -> None:
+    switch = SpecSwitch(3)
+    switch.record(num_decodes=4, num_emitted=4)
+    assert [switch.allows(n) for n in (1, 3, 4)] == [True, True, False]
+    assert switch.describe()["cost_ratios"] is None
+
+
+def test_record_gain_counts_emitted_tokens_and_leaves_out_forced_steps() -> None:
+    switch = SpecSwitch(8)
+    outputs = [
+        SequenceOutput("a", 5, accepted_token_ids=[1, 2, 3], num_draft_tokens=3),
+        SequenceOutput("b", 6, num_draft_tokens=2),
+        SequenceOutput("c", None),  # a prefill chunk that samples nothing
+    ]
+    record_gain(switch, [[1, 2, 3], [9, 9]], outputs)
+    assert switch.gain == pytest.approx((4 + 1) / 2)
+    forced = [SequenceOutput("a", 5, accepted_token_ids=[1], num_draft_tokens=1, num_forced_tokens=1)]
+    record_gain(switch, [[1]], forced)  # the step verified anyway: says nothing of the drafts
+    assert switch.gain == pytest.approx(2.5)
+
+
+def test_graph_plans_cover_jump_forward_and_the_measured_switch(tiny_model: TinyModel) -> None:
+    def config(**spec) -> ExecutorConfig:
+        return ExecutorConfig(str(tiny_model.path), max_num_seqs=64, speculative=SpeculativeConfig(**spec))
+
+    assert plan_graphs(config(), 0) == GraphPlan(64)  # decodes only
+    assert plan_graphs(config(), 8) == GraphPlan(64, 64, 9)  # jump-forward, speculation off
+    assert plan_graphs(config(method="ngram"), 0) == GraphPlan(64, 64, 5)  # measured: all
+    assert plan_graphs(config(method="ngram", max_batch_size=8), 0) == GraphPlan(64, 8, 5)
+    assert plan_graphs(config(method="ngram", max_batch_size=8), 8) == GraphPlan(64, 64, 9)
+    assert plan_graphs(config(method="ngram", max_draft_tokens=12), 8) == GraphPlan(64, 64, 13)
+
+
+def test_the_graph_estimate_grows_with_rows_and_comes_off_the_kv_budget(
+    tiny_model: TinyModel,
+) -> None:
+    from services.executor.core.loader import read_model_folder
+
+    spec = read_model_folder(str(tiny_model.path)).spec
+    vocab = spec.vocab_size
+    decode = estimate_graph_bytes(GraphPlan(64), spec, torch.bfloat16, vocab, 256, 16)
+    verify = estimate_graph_bytes(GraphPlan(64, 64, 9), spec, torch.bfloat16, vocab, 256, 16)
+    # the logits buffer and the largest capture's activations scale with the rows
+    assert verify - decode > (9 - 1) * 64 * vocab * 4 * 2
+    assert decode > len(batch_buckets(64)) * (4 << 20)  # an allowance per graph
+    config = ExecutorConfig(str(tiny_model.path), device="cpu", num_pages=None)
+    # on CPU the budget is cpu_kv_bytes: the graph bytes are a CUDA reserve only
+    base = size_num_pages(config, spec, torch.float32, torch.device("cpu"))
+    assert size_num_pages(config, spec, torch.float32, torch.device("cpu"), 0, verify) == base
+
+
+def test_a_cpu_core_caps_speculation_at_the_unmeasured_default(llama_model: TinyModel) -> None:
+    core = make_core(llama_model, speculative=SpeculativeConfig(method="ngram"))
+    assert core.spec_switch.max_batch_size == UNMEASURED_MAX_BATCH_SIZE
+    assert core.spec_switch.cost_ratios is None
+    assert core.info.max_speculative_batch_size == UNMEASURED_MAX_BATCH_SIZE
+    fixed = make_core(llama_model, speculative=SpeculativeConfig(method="ngram", max_batch_size=3))
+    assert fixed.info.max_speculative_batch_size == fixed.spec_switch.max_batch_size == 3
+
+
+def test_a_core_stops_drafting_where_the_switch_declines(llama_model: TinyModel) -> None:
+    prompts = [repeating_prompt(s) for s in range(3)]
+    sampling = [greedy(max_tokens=16, ignore_eos=True)] * len(prompts)
+    off = generate(make_core(llama_model, num_pages=1024), prompts, sampling, 0)[0]
+    core = spec_core(llama_model)
+    # verification measured at 3x a decode, drafts gaining 1.5 tokens per decode: declined
+    core.spec_switch = SpecSwitch(256, {1: 3.0, 4: 3.0}, gain=1.5)
+    declined = generate(core, prompts, sampling, 4)[0]
+    assert core.spec_stats.snapshot().num_drafts == 0
+    assert core.spec_switch.num_declined > 0
+    core = spec_core(llama_model)
+    core.spec_switch = SpecSwitch(256, {1: 1.01, 4: 1.01})
+    drafted = generate(core, prompts, sampling, 4)[0]
+    assert core.spec_stats.snapshot().num_accepted_tokens > 0
+    assert core.spec_switch.gain > 1.01  # measured from the core's own drafted steps
+    assert declined == drafted == off
+
+
+# -- on CUDA ---------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_switch_is_measured_and_the_graph_memory_is_within_its_estimate(
+    llama_model: TinyModel,
+) -> None:
+    core = make_core(
+        llama_model, device="cuda", dtype="float32", num_pages=256, max_num_seqs=32,
+        speculative=SpeculativeConfig(method="ngram"),
+    )  # fmt: skip
+    switch = core.spec_switch
+    assert switch.cost_ratios is not None and set(switch.cost_ratios) == {1, 2, 4, 8, 16, 32}
+    assert all(r > 0 for r in switch.cost_ratios.values())
+    assert core.info.max_speculative_batch_size == switch.max_batch_size <= 32
+    assert core._verify_graphs is not None and core._verify_graphs.num_rows == 5
+    assert core.graph_bytes is not None
+    estimated, measured = core.graph_bytes
+    assert 0 < measured <= estimated
+    core.shutdown()
