@@ -6,7 +6,8 @@
 #
 # Steps: setup ceilings model engine_b1 profile kernels engine_offline peer structured
 #        structured_compile unit_tests_gpu kernel_tests summary (and, named: engine_b1_fp8, engine_offline_fp8,
-#        profile_fp8, fp8_quality: the same with FP8 projections; fp8_gemv, the FP8 GEMV per
+#        profile_fp8, fp8_quality: the same with FP8 projections; attention, the decode paths over
+#        contexts and prefill against SDPA cuDNN; fp8_gemv, the FP8 GEMV per
 #        8B projection against copy bandwidth and bf16 cuBLAS; kernel_tests_gpu, the GPU-only
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
 #        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
@@ -18,7 +19,9 @@
 #        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
 #        workload at batch 1 and 64 with jump-forward off and on), programs, programs_trained and
 #        programs_rtt (bench/programs.py: programs server-side against client-driven, 8B shape /
-#        trained model / trained model with a 20 ms client round trip).
+#        trained model / trained model with a 20 ms client round trip), profile_serve (`radixmesh
+#        profile` of a served executor under load, torch-profiler steps on CUDA) and tracing
+#        (bench/tracing_overhead.py, tracing on against off, on this host's CPU cores).
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
 # and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
@@ -113,6 +116,13 @@ step_ceilings() {
 step_kernel_tests_gpu() {
     [ "$GPU" = 1 ] || { echo "== kernel_tests_gpu: skipped (no CUDA)"; return 0; }
     run_step kernel_tests_gpu 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels
+}
+
+# attention: decode one-launch against split + merge at batch 1, 8, 64 and contexts 128..8192
+# (graph-replayed), and prefill 4,096 causal (paged, each dense-K/V configuration, the
+# per-shape choice) against torch SDPA's cuDNN backend (bench/attention_bench.py).
+step_attention() {
+    run_step attention 300 $PY bench/attention_bench.py $(quick) --json "$RESULTS/attention.json"
 }
 
 step_kernels() {
@@ -296,6 +306,16 @@ for r in kern or []:
         row(f"attention {r['name']}", round(r["value"], 1), r["unit"], round(r["ceiling"], 1),
             round(r["ratio"], 3), r["target"],
             note="of copy BW" if r["name"].startswith("decode") else "of torch SDPA")
+if att := load("attention.json"):
+    if best := att.get("prefill_best"):
+        row(f"prefill attention 4096, best ({best['kernel']})", best["tflops"], "TFLOP/s",
+            None, best["of_sdpa"], att["prefill_target_of_sdpa"], note="of SDPA cuDNN")
+    if auto := att.get("prefill_auto"):
+        row("prefill attention 4096, per-shape choice", auto["tflops"], "TFLOP/s", None,
+            auto["of_sdpa"], att["prefill_target_of_sdpa"], note="of SDPA cuDNN")
+    for batch, ctx in (att.get("decode_single_pass_max_context") or {}).items():
+        row(f"decode b={batch}: one launch up to context", ctx, "tokens",
+            note="measured crossover against split + merge")
 floor_ms = model and copy and model["weight_bytes"] / (copy * 1e6)
 if b1:
     tpot = b1["tpot_p50_ms"]
@@ -487,6 +507,30 @@ mesh_bench() {
     shift 2
     run_step "$name" 200 $PY -m mesh.cli bench --target "http://127.0.0.1:${MESH_PORT:-8080}" \
         --mesh-info "$endpoints" --quiet --output "$RESULTS/$name.json" "$@"
+}
+
+# profile_serve: `radixmesh profile` of executor-0 of a `radixmesh serve` under load: py-spy's
+# flame graph and speedscope JSON, and on CUDA the torch-profiler trace of 10 steps with
+# its kernels by group (files in $RESULTS/profile_serve/).
+step_profile_serve() {
+    [ -f "$MODEL/config.json" ] || step_model
+    mesh_up profile_serve || return 0
+    $PY -m mesh.cli bench --target "http://127.0.0.1:${MESH_PORT:-8080}" --quiet --duration 40 \
+        --concurrency 16 --input-len 256 --output-len 64 --ignore-eos \
+        --output "$RESULTS/profile_serve.load.json" >/dev/null 2>&1 &
+    local load=$!
+    run_step profile_serve 150 $PY -m mesh.cli profile --service executor-0 --seconds 10 \
+        --torch-steps 10 --port "${MESH_PORT:-8080}" --out "$RESULTS/profile_serve"
+    wait "$load"
+    mesh_down
+}
+
+# tracing: bench/tracing_overhead.py on this host's CPU cores (two tiny-model CPU meshes side
+# by side, every request of one traced, rounds alternating), away from the shared build
+# machine's noise. Needs the opentelemetry wheels in .whl/ (bench/README.md).
+step_tracing() {
+    run_step tracing 540 $PY bench/tracing_overhead.py --rounds 8 --num-requests 128 \
+        --json "$RESULTS/tracing.json"
 }
 
 # mesh: the offline 256 x (512 + 128) workload through the whole mesh (Envoy, gateway,
