@@ -230,6 +230,20 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_s
     return max(1, min(wanted, most, _MAX_SPLITS))
 
 
+def decode_graph_widths(max_pages_per_seq: int, page_size: int) -> list[int]:
+    """Page-table widths worth a decode graph each, narrowest first: the one-launch path's
+    capacity (SINGLE_PASS_MAX_CONTEXT positions) when it is narrower than the table, then the
+    whole table. A graph captured with `page_table[:, :width]` runs the path of that width; a
+    step replays the narrowest graph whose width holds its longest sequence's pages."""
+    if max_pages_per_seq < 1 or page_size < 1:
+        raise ValueError(
+            f"decode_graph_widths: max_pages_per_seq and page_size must be >= 1, got "
+            f"{max_pages_per_seq} and {page_size}"
+        )
+    short = SINGLE_PASS_MAX_CONTEXT // page_size
+    return [short, max_pages_per_seq] if 1 <= short < max_pages_per_seq else [max_pages_per_seq]
+
+
 def paged_decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,

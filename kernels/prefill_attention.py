@@ -11,11 +11,12 @@ configuration on that call's own inputs, drops a candidate that fails to compile
 disagrees with the paged kernel's output, and keeps the fastest: a configuration slower
 than the paged kernel is never used. A shape first seen inside a CUDA graph capture gets
 the paged kernel (no timing there). The interpreter runs the dense kernel's small
-configuration, untimed.
+configuration, untimed. RADIXMESH_PREFILL_ATTENTION=paged (or dense) fixes the choice.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 from dataclasses import dataclass
@@ -31,9 +32,14 @@ from kernels.dense_prefill_attention import (
 )
 from kernels.paged_attention import check_window, paged_attention_triton
 
-MODE = "auto"
+MODES = ("auto", "paged", "dense")
+MODE = os.environ.get("RADIXMESH_PREFILL_ATTENTION", "auto")
 """"auto" (time and choose per shape), "paged" or "dense" (the first candidate, untimed):
-set by benchmarks for A/B runs."""
+from RADIXMESH_PREFILL_ATTENTION at import, set by benchmarks for A/B runs."""
+if MODE not in MODES:
+    raise ValueError(
+        f"RADIXMESH_PREFILL_ATTENTION must be one of {', '.join(MODES)}, got {MODE!r}"
+    )
 
 DENSE_CANDIDATES: tuple[DenseConfig, ...] = (
     DenseConfig(128, 64, num_warps=8, num_stages=3, tma=True),

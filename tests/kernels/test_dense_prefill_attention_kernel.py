@@ -3,6 +3,10 @@ the torch reference, and the per-shape choice between it and the paged kernel.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from kernel_factories import make_paged_batch, tolerance
@@ -194,3 +198,11 @@ def test_per_shape_choice_on_gpu_agrees_and_records_its_timings():
     (plan,) = prefill_attention.chosen_plans()
     assert plan["max_q_len_bucket"] == 512 and "paged" in plan["timings_us"]
     assert plan["chosen"] in plan["timings_us"]
+
+
+def test_a_bad_mode_in_the_environment_names_the_variable():
+    code = "import kernels.prefill_attention"
+    env = {**os.environ, "RADIXMESH_PREFILL_ATTENTION": "fast"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "RADIXMESH_PREFILL_ATTENTION must be one of auto, paged, dense" in proc.stderr

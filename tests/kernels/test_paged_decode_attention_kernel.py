@@ -216,3 +216,18 @@ def test_single_pass_replays_from_a_captured_cuda_graph():
     ref = paged_decode_attention_ref(*args)
     torch.testing.assert_close(out[[0, 2]], ref[[0, 2]], **tolerance(torch.bfloat16))
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_decode_graph_widths_split_at_the_single_pass_capacity(monkeypatch):
+    from kernels import paged_decode_attention as pda
+
+    monkeypatch.setattr(pda, "SINGLE_PASS_MAX_CONTEXT", 512)
+    assert pda.decode_graph_widths(512, 16) == [32, 512]
+    assert pda.decode_graph_widths(32, 16) == [32]  # the whole table is short
+    assert pda.decode_graph_widths(20, 16) == [20]
+    assert pda.decode_graph_widths(8, 1024) == [8]  # a page holds more than the capacity
+    # at each width the default path is the one the width stands for
+    assert pda.default_num_splits(1, 8, 32 * 16, 132) == 1
+    assert pda.default_num_splits(1, 8, 512 * 16, 132) > 1
+    with pytest.raises(ValueError, match="max_pages_per_seq"):
+        pda.decode_graph_widths(0, 16)
