@@ -218,11 +218,13 @@ step_structured_compile() {
 }
 
 # Jump-forward on the JSON workload: output tok/s and TPOT at batch 1 and 64, off and on
-# (bench/jump_forward.py; the same greedy outputs in both modes, checked there).
+# (bench/jump_forward.py; the same greedy outputs in both modes, checked there). On $MODEL
+# (the 8B shape, `model` step), else on the trained tiny model when train_tiny made it.
 step_jump_forward() {
-    local args=(--device "$(engine_device)" --batch-sizes 1 64)
+    local args=(--device "$(engine_device)" --batch-sizes 1 64) model=$MODEL
     [ "$GPU" = 1 ] || args=(--device cpu --batch-sizes 1 4 --output-len 8 --rounds 1)
-    run_step jump_forward 300 $PY -m bench.jump_forward --model "$MODEL" "${args[@]}" \
+    [ ! -f "$MODEL/config.json" ] && [ -f "$TRAINED/config.json" ] && model=$TRAINED
+    run_step jump_forward 300 $PY -m bench.jump_forward --model "$model" "${args[@]}" \
         --json "$RESULTS/jump_forward.json"
 }
 

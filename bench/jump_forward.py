@@ -126,13 +126,21 @@ async def bench_modes(args: argparse.Namespace, model: str) -> dict[str, dict[in
                     core = engine.executors[0]
                     steps = _count_steps(core)
                     before = core.spec_stats.snapshot()
+                    replays = _verify_replays(core)
                     row = await _round(engine, work, sampling, constraint, batch)
                     after = core.spec_stats.snapshot()
                     row["num_steps"] = steps()
+                    row["verify_graph_replays"] = _verify_replays(core) - replays
                     row["num_forced"] = after.num_forced_tokens - before.num_forced_tokens
                     rows[mode].setdefault(batch, []).append(row)
     service.close(wait=True)
     return rows
+
+
+def _verify_replays(core) -> int:
+    """Steps the core verified as CUDA graph replays so far (0 without verification graphs)."""
+    graphs = core._verify_graphs
+    return graphs.num_runs if graphs is not None else 0
 
 
 def _count_steps(core):
@@ -158,8 +166,8 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) 
     print(f"{args.output_len}, greedy, max_forced_tokens {args.max_forced_tokens}, ", end="")
     print(f"{args.requests_per_slot} requests per slot\n")
     print("| in flight | jump-forward | output tok/s | TPOT mean / p50 ms | TTFT p50 ms | steps |", end="")
-    print(" forced share |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(" forced share | graphed verifications |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     out = []
     for batch in args.batch_sizes:
         for mode in MODES:
@@ -169,16 +177,18 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) 
             tpots = [t for r in rounds for t in r["tpots"]]
             forced = sum(r["num_forced"] for r in rounds) / len(rounds)
             steps = statistics.median(r["num_steps"] for r in rounds)
+            replays = statistics.median(r["verify_graph_replays"] for r in rounds)
             ttft = statistics.median(t for r in rounds for t in r["ttfts"])
             row = {
                 "batch_size": batch, "jump_forward": mode, "output_tok_s": tok_s,
                 "tpot_mean_ms": statistics.mean(tpots), "tpot_p50_ms": statistics.median(tpots),
                 "ttft_p50_ms": ttft, "num_steps": steps, "forced_share": forced / max(tokens, 1),
+                "verify_graph_replays": replays,
             }  # fmt: skip
             out.append(row)
             print(f"| {batch} | {mode} | {tok_s:.1f} | {row['tpot_mean_ms']:.2f} / ", end="")
             print(f"{row['tpot_p50_ms']:.2f} | {ttft:.1f} | {steps:.0f} | ", end="")
-            print(f"{100 * row['forced_share']:.1f}% |")
+            print(f"{100 * row['forced_share']:.1f}% | {replays:.0f} |")
         same = results["off"][batch][0]["outputs"] == results["on"][batch][0]["outputs"]
         off, on = (r for r in out[-2:])
         print(f"| {batch} | gain | {on['output_tok_s'] / off['output_tok_s']:.3f}x | ", end="")

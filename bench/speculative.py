@@ -138,6 +138,8 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
     rows = {}
     async with Engine(config) as engine:
         vocab = engine.executors[0].info.vocab_size
+        switch = engine.executors[0].spec_switch
+        print(f"{mode:<7} speculation switch: {switch.describe()}", flush=True)
         for batch in args.batch_sizes:  # warm-up: every batch shape once, short outputs
             await run_batch(engine, make_prompts("random", batch, tokenizer, vocab, 99, 64), 8)
         for workload in args.workloads:
@@ -160,6 +162,7 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
                     "acceptance_rate": accepted / max(1, after.num_draft_tokens - before.num_draft_tokens),
                     "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
                     "outputs": outputs,
+                    "switch": switch.describe(),
                     **tree_lookups(engine),
                 }
                 print(f"{mode:<7} {workload:<11} b{batch:<4} {rows[f'{workload}/b{batch}']['output_tok_s']:10.1f} tok/s  "
@@ -238,7 +241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=512, help="most prompt tokens (cut from the left)")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--speculative-max-batch-size", type=int, default=32)
+    p.add_argument("--speculative-max-batch-size", type=int, default=None,
+                   help="a fixed cap (default: measured at start-up on CUDA, 8 on the CPU)")
     p.add_argument("--num-pages", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
