@@ -59,6 +59,7 @@ SLOW_TESTS = (
     "unit/executor/test_model_fidelity.py::test_repetition_penalty_sees_prompt_and_outputs_like_transformers",
     "unit/executor/test_sliding_window.py::test_prefill_extend_and_decode_logits_match_transformers",
     "unit/executor/test_sliding_window.py::test_greedy_past_the_window_matches_transformers_generate",
+    "unit/executor/test_dense_prefill_path.py::test_prefill_extend_and_decode_through_the_dense_kernel_match_transformers",
     "unit/executor/test_batching.py::test_extends_over_shared_prefix_pages_mixed_with_prefill_and_decode",
     "unit/executor/test_grammar_engine.py::test_unconstrained_rows_stay_unmasked_when_a_constrained_rows_buffer_is_reused",
     "unit/executor/test_grammar_engine.py::test_min_tokens_still_holds_eos_back_where_the_grammar_allows_more",
