@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import xgrammar as xgr
@@ -18,6 +19,9 @@ import xgrammar as xgr
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind
 from radixmesh.schema import check_enforceable, plan_json_schema
+
+if TYPE_CHECKING:
+    from services.executor.core.grammar.utf8 import Utf8Guard
 
 JSON_KINDS = frozenset({ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT})
 _JSON_OBJECT_SCHEMA = plan_json_schema({"type": "object", "additionalProperties": True}).grammar_text
@@ -38,6 +42,8 @@ class CompiledConstraint:
     """The tokens `token_mask` turns off."""
     stop_token_ids: tuple[int, ...] = ()
     """Tokens that end the output once the grammar is complete."""
+    utf8: Utf8Guard | None = field(default=None, repr=False)
+    """The vocabulary's surrogate hole (utf8.py), None when it has none."""
 
 
 def constraint_field(constraint: Constraint) -> str:

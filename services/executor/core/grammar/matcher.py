@@ -5,7 +5,8 @@ compiled constraint: it fills that sequence's bitmask row, accepts the
 sampled token, and keeps the accepted tokens so that after a preemption it
 can be rebuilt by replaying them. `accept_batch` accepts one token per
 matcher in one call into the grammar library; `fill_batch_bitmask` fills the
-rows of a batch (unconstrained rows all ones).
+rows of a batch (unconstrained rows all ones). Every row also keeps the output valid
+UTF-8 (utf8.py: the grammar library admits encoded surrogates).
 
 Jump-forward (spec/forced.py) reads the tokens the grammar forces through
 `fill_bitmask`, `accept` and `rollback`: a row with one allowed token is a
@@ -61,15 +62,23 @@ class ConstraintMatcher:
         self._matcher.fill_next_token_bitmask(bitmask, row)
         if self.compiled.token_mask is not None:
             bitmask[row].bitwise_and_(self.compiled.token_mask)
+        utf8 = self.compiled.utf8
+        if utf8 is not None and utf8.follows_lead(self._token_ids):
+            bitmask[row].bitwise_and_(utf8.after_lead_mask)
 
     def accept(self, token_id: int) -> bool:
         """Advances by one sampled token; False (state unchanged) if the grammar refuses it."""
-        if token_id in self.compiled.banned_token_ids:
+        if token_id in self.compiled.banned_token_ids or self._splits_utf8(token_id):
             return False
         if not self._matcher.accept_token(token_id):
             return False
         self._token_ids.append(token_id)
         return True
+
+    def _splits_utf8(self, token_id: int) -> bool:
+        """token_id would complete a UTF-16 surrogate (which UTF-8 forbids) after the last."""
+        utf8 = self.compiled.utf8
+        return utf8 is not None and utf8.refuses(self._token_ids, token_id)
 
     def is_stop_token(self, token_id: int) -> bool:
         """Accepting token_id ends the grammar (a stop token it allows is accepted only
@@ -120,7 +129,7 @@ def accept_batch(matchers: Sequence[ConstraintMatcher], token_ids: Sequence[int]
     rows = [
         i
         for i, (m, t) in enumerate(zip(matchers, token_ids, strict=True))
-        if t not in m.compiled.banned_token_ids
+        if t not in m.compiled.banned_token_ids and not m._splits_utf8(t)
     ]
     accepted = [False] * len(matchers)
     if not rows:

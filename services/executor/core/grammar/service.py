@@ -46,6 +46,7 @@ from services.executor.core.grammar.compiler import (
     special_token_ids,
 )
 from services.executor.core.grammar.matcher import ConstraintMatcher, accept_batch
+from services.executor.core.grammar.utf8 import Utf8Guard
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,8 @@ class GrammarService:
         banned_token_ids: Iterable[int] = (),
     ):
         """`banned_token_ids`: tokens no constrained output may hold (the tokenizer's
-        special tokens; stop tokens stay allowed)."""
+        special tokens; stop tokens stay allowed). Tokens that spell a UTF-16 surrogate
+        are banned as well, and a surrogate split over two tokens is masked (utf8.py)."""
         self.config = config or GrammarConfig()
         self.tokenizer_info = tokenizer_info
         self.vocab_size: int = tokenizer_info.vocab_size
@@ -151,7 +153,9 @@ class GrammarService:
         self._pool = ThreadPoolExecutor(self.config.max_workers, thread_name_prefix="grammar")
         self._closed = False
         self._stop_token_ids = tuple(tokenizer_info.stop_token_ids)
-        self._token_masks = self._build_token_masks(frozenset(banned_token_ids))
+        self._utf8 = Utf8Guard.build(tokenizer_info.decoded_vocab, self.vocab_size)
+        surrogates = self._utf8.surrogate_token_ids if self._utf8 is not None else frozenset()
+        self._token_masks = self._build_token_masks(frozenset(banned_token_ids) | surrogates)
 
     @classmethod
     def from_tokenizer(
@@ -329,6 +333,7 @@ class GrammarService:
             token_mask=token_mask,
             banned_token_ids=banned,
             stop_token_ids=self._stop_token_ids,
+            utf8=self._utf8,
         )
 
     def _finish(self, pending: _Pending, result: CompiledConstraint | _Failure, elapsed: float):
