@@ -88,17 +88,30 @@ async def _admit_followers(
         for r in followers
         if r.step_share is not None and r.step_share.leader.req_id in published
     }
+    # the leader's lease found those pages cached (the hint the share was sized by was
+    # older than the tree): the follower finds them there too, as any request would
+    found = [r for r in followers if r.req_id not in shares and _leader_has_them(r)]
     for req in candidates:
         if req.req_id not in shares:
             req.step_share = None
     followers = [r for r in followers if r.req_id in shares]
     granted = await asyncio.gather(
-        *(leases.admit(ex, r, max_cached_tokens=shares[r.req_id].num_tokens) for r in followers)
+        *(leases.admit(ex, r, max_cached_tokens=shares[r.req_id].num_tokens) for r in followers),
+        *(leases.admit(ex, r) for r in found),
     )
-    for req, ok in zip(followers, granted, strict=True):
+    for req, ok in zip(followers, granted, strict=False):
         if not ok:
             req.step_share = None
-    return {r.req_id: ok for r, ok in zip(followers, granted, strict=True)}
+    return {r.req_id: ok for r, ok in zip([*followers, *found], granted, strict=True)}
+
+
+def _leader_has_them(follower: Request) -> bool:
+    """The follower's share is pages its leader's lease holds as a cached prefix."""
+    share = follower.step_share
+    if share is None:
+        return False
+    leader = share.leader
+    return leader.lease_id is not None and leader.num_computed_tokens >= share.num_tokens
 
 
 def _candidates(

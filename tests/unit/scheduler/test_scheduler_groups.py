@@ -310,11 +310,14 @@ async def test_the_wait_for_a_group_is_bounded(gap):
     await rig.scheduler.start()
     if gap == "quiet":
         gaps = []
-    else:  # members keep coming, each within the quiet gap, until the bound
-        gaps = [GROUP_QUIET_S / 2] * int(GROUP_SETTLE_S / (GROUP_QUIET_S / 2))
+    else:  # members keep coming, each within the quiet gap, until just before the bound
+        gaps = [GROUP_QUIET_S / 2] * (round(GROUP_SETTLE_S / (GROUP_QUIET_S / 2)) - 1)
     ids = await submit_apart(rig, gaps)
     assert rig.toy.plans == []
-    rig.clock[0] += GROUP_QUIET_S if gap == "quiet" else GROUP_QUIET_S / 2
+    if gap == "quiet":
+        rig.clock[0] += GROUP_QUIET_S
+    else:  # the first came at 0
+        rig.clock[0] = GROUP_SETTLE_S
     await until_planned(rig)
     late = f"m{len(ids)}"
     await rig.scheduler.submit(late, PROMPT, greedy(2), group_id="prog/select")
@@ -329,3 +332,30 @@ async def test_the_wait_for_a_group_is_bounded(gap):
     assert rig.toy.corruptions == []
     for req_id in ids:
         assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
+
+
+async def test_members_arriving_after_their_group_began_start_together_from_the_tree():
+    """m0 starts alone; m1 and m2 come while it runs, so the prefix their submits matched is
+    older than the tree by the time they are admitted (m0 committed the shared pages). They
+    still start in one step, both taking those pages cached (none waits a step for the
+    other's lease, whose pages it would only find cached)."""
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE)
+    rig.port.gate = asyncio.Event()
+    await rig.scheduler.start()
+    await rig.scheduler.submit("m0", PROMPT, greedy(1), group_id="prog/fork")
+    async with asyncio.timeout(10):
+        while not rig.port._plans:  # planned (its step held at the gate)
+            await asyncio.sleep(0.001)
+    for req_id in ("m1", "m2"):
+        await rig.scheduler.submit(req_id, PROMPT, greedy(3), group_id="prog/fork")
+    rig.port.gate.set()
+    await rig.sink.wait("m0", "m1", "m2")
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, ["m0", "m1", "m2"])
+    assert starts["m1"][0] > starts["m0"][0]
+    assert starts["m1"] == starts["m2"], starts
+    assert rig.sink.first["m1"].num_cached_tokens == rig.sink.first["m2"].num_cached_tokens == 4 * PAGE
+    assert rig.toy.corruptions == []
+    for req_id in ("m1", "m2"):
+        assert rig.sink.tokens[req_id] == reference(PROMPT, 3)
