@@ -89,7 +89,9 @@ async def overload_row(tmp: Path, streams: int) -> dict:
         outcomes = await stream_load(mesh.http, streams, max_tokens=64, deadline_s=300)
     finally:
         mesh.stop()
-    at_envoy = sorted(envoy_durations_s(mesh.log_dir / "envoy-access.log", 429))
+    access_log = mesh.log_dir / "envoy-access.log"
+    at_envoy = sorted(envoy_durations_s(access_log, 429))
+    by_envoy = len(envoy_durations_s(access_log, 429, flags="UO"))
     tally = Tally.of(outcomes)
     done = sorted(o.seconds for o in outcomes if o.kind == "completed")
     refused = sorted(o.seconds for o in outcomes if o.status == 429)
@@ -98,8 +100,9 @@ async def overload_row(tmp: Path, streams: int) -> dict:
         f"completed p50 {_q(done, 0.5):.1f}s max {_q(done, 1):.1f}s; "
         f"429 p50 {_q(refused, 0.5) * 1000:.0f}ms p99 {_q(refused, 0.99) * 1000:.0f}ms "
         f"max {_q(refused, 1) * 1000:.0f}ms after sending (at Envoy, first byte in to the "
-        f"reply: p50 {_q(at_envoy, 0.5) * 1000:.0f}ms p99 {_q(at_envoy, 0.99) * 1000:.0f}ms); "
-        f"Retry-After {retry[:3]}"
+        f"reply: p50 {_q(at_envoy, 0.5) * 1000:.1f}ms p99 {_q(at_envoy, 0.99) * 1000:.1f}ms); "
+        f"{by_envoy} of {len(at_envoy)} refused by Envoy itself (its edge admission limit), "
+        f"the rest by the gateway; Retry-After {retry[:3]}"
     )
     return {"fault": f"{streams} streams, --num-pages 64", "tally": tally, "recovery_s": None,
             "note": note}  # fmt: skip
@@ -143,16 +146,23 @@ async def edge_rows(tmp: Path) -> list[dict]:
     return rows
 
 
-def envoy_durations_s(access_log: Path, status: int) -> list[float]:
+def envoy_durations_s(access_log: Path, status: int, flags: str | None = None) -> list[float]:
     """Seconds Envoy spent on each request answered with `status` (its JSON access log's
-    duration_ms: from the request's first byte to the reply's last)."""
+    duration_ms: from the request's first byte to the reply's last); with `flags`, only
+    those whose response flags were that ("UO": refused by Envoy's own limit)."""
     out = []
     for line in access_log.read_text().splitlines() if access_log.exists() else []:
         try:
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("status") == status and entry.get("duration_ms") is not None:
+        if flags is not None and entry.get("flags") != flags:
+            continue
+        if entry.get("status") != status:
+            continue
+        if isinstance(entry.get("duration_us"), int):  # microseconds, where Envoy logs them
+            out.append(entry["duration_us"] / 1e6)
+        elif entry.get("duration_ms") is not None:
             out.append(float(entry["duration_ms"]) / 1000)
     return out
 

@@ -35,6 +35,7 @@ from gateway.core.ratelimit import (
 )
 from gateway.core.tokenizer import Tokenizer
 from gateway.drain import edge_tasks, finish
+from gateway.envoy.admission import EdgeAdmission, EdgeAdmissionConfig
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.programs.backend import SchedulerBackend
 from gateway.programs.core.model import Limits
@@ -71,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scheduler-address", required=True, help="HOST:PORT of the scheduler")
     parser.add_argument(
         "--scheduler-wait-s", type=float, default=600.0, help="wait for the scheduler"
+    )
+    parser.add_argument(
+        "--envoy-admin-url",
+        default=os.environ.get("RADIXMESH_ENVOY_ADMIN_URL", ""),
+        help="Envoy's admin interface (http://HOST:PORT): set the edge admission limit there "
+        "from the scheduler's headroom (gateway/envoy/admission.py; default off)",
     )
     parser.add_argument(
         "--cache-address",
@@ -249,6 +256,9 @@ async def serve(args: argparse.Namespace) -> int:
     channel = grpc.aio.insecure_channel(args.scheduler_address, options=RECONNECT_OPTIONS)
     upstream = SchedulerClient(channel)
     capacity = CapacityGate()  # the scheduler's published headroom (capacity_watch.py)
+    edge_admission = (  # and Envoy's limit from it, the first line
+        EdgeAdmission(EdgeAdmissionConfig(args.envoy_admin_url)) if args.envoy_admin_url else None
+    )
     admission, redis_client = _admission(args, capacity)
     memory, cache_client = _memory(args, models)
     counts = ExecutorCounts(upstream.executors_per_model, ttl_s=EXECUTOR_COUNTS_TTL_S)
@@ -278,6 +288,8 @@ async def serve(args: argparse.Namespace) -> int:
         await upstream.close()  # what still runs ends with UNAVAILABLE, then the server stops
         await runner.cleanup()
         await channel.close()
+        if edge_admission is not None:
+            await edge_admission.close()
         if redis_client is not None:
             await redis_client.aclose()
         if cache_client is not None:
@@ -301,7 +313,9 @@ async def serve(args: argparse.Namespace) -> int:
 
     grace = runtime.config.grace_seconds
     edge = edge_tasks(runtime, http, args.scheduler_address, grace, upstream.close, set_ready)
-    watch = asyncio.create_task(watch_capacity(upstream, capacity), name="capacity-watch")
+    watch = asyncio.create_task(
+        watch_capacity(upstream, capacity, edge=edge_admission), name="capacity-watch"
+    )
     edge.append(watch)
     log.info("gateway_ready", model=tokenizer.name, http_port=args.http_port, grpc=runtime.address)
     await runtime.serve_until_signal(on_shutdown)

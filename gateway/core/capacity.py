@@ -16,6 +16,10 @@ model or class it did not publish) it lets the request through and the scheduler
 decides, as it does for every request the gate admits (a deadline, the queue length).
 With several gateway replicas each counts only what it sent itself: the scheduler's
 own check still bounds the total.
+
+The same reading also sets the first line, in Envoy (`edge_headroom`,
+gateway/envoy/admission.py): a limit on requests in flight that refuses a burst's
+excess before it reaches any gateway; this gate is the second line, by model and class.
 """
 
 from __future__ import annotations
@@ -74,6 +78,20 @@ class CapacityGate:
         chosen = self._models.values() if model is None else [self._models.get(model)]
         rates = [c.requests_per_s for c in chosen if c is not None and c.requests_per_s]
         return sum(rates) if rates else None
+
+    def edge_headroom(self) -> int | None:
+        """Read-only: the most new requests the published numbers admit now, whatever
+        their model and class (each model's roomiest class, summed), for a limit that
+        cannot tell requests apart (Envoy's, gateway/envoy/admission.py); None when a
+        request might not be bounded (no fresh reading, or a model or class without one)."""
+        if not self._fresh() or not self._models:
+            return None
+        total = 0
+        for capacity in self._models.values():
+            if set(capacity.headroom) != set(Priority):
+                return None
+            total += max(0, *capacity.headroom.values())
+        return total
 
     def admit(self, model: str, priority: Priority, num_requests: int = 1) -> None:
         """Changes state: count num_requests of `priority` for `model` as sent, or raise

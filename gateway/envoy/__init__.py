@@ -16,12 +16,82 @@ from pathlib import Path
 import jinja2
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.retry_after import with_retry_after
 from radixmesh.status import status_of
 
 TEMPLATE = Path(__file__).with_name("envoy.yaml.j2")
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/")
 HTTP_HEALTH_PATH = "/health"
 """The path the gateway's HTTP server answers 200 on while it serves."""
+CLUSTERS = ("gateway_grpc", "gateway_http")
+"""Envoy's upstream clusters: the gateways' gRPC ports and their HTTP ports."""
+UNLIMITED = 100_000
+"""Circuit-breaker thresholds while no admission limit is set (far above Envoy's 1,024)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRoute:
+    """One route to the gateways. A generation route has Envoy's DEFAULT routing priority,
+    whose circuit breaker carries the edge admission limit (gateway/envoy/admission.py);
+    the rest (listing, tokenizing, programs) have HIGH, which is never limited."""
+
+    kind: str
+    """"path" (exact) or "prefix"."""
+    path: str
+    cluster: str
+    grpc: bool
+    generation: bool
+
+    @property
+    def priority(self) -> str:
+        return "DEFAULT" if self.generation else "HIGH"
+
+
+ROUTES = (
+    EdgeRoute("path", "/radixmesh.v1.Inference/Generate", "gateway_grpc", True, True),
+    EdgeRoute("prefix", "/radixmesh.v1.Inference/", "gateway_grpc", True, False),
+    EdgeRoute("prefix", "/radixmesh.v1.Programs/", "gateway_grpc", True, False),
+    EdgeRoute("path", "/v1/chat/completions", "gateway_http", False, True),
+    EdgeRoute("path", "/v1/completions", "gateway_http", False, True),
+    EdgeRoute("path", "/v1/models", "gateway_http", False, False),
+    EdgeRoute("prefix", "/v1/models/", "gateway_http", False, False),
+)  # fmt: skip
+"""In match order; a transcoded call (/v1/generate, ...) is routed by its gRPC path."""
+assert {r.path for r in ROUTES if r.cluster == "gateway_http"} == set(OPENAI_PATHS)
+
+
+TRANSCODE_ERROR_PREFIX = "invalid request body: "
+"""Starts the message of the transcoder's 400; its own reason follows."""
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadReply:
+    """Envoy's refusal over the edge admission limit, in the gateway's own overload shape:
+    HTTP 429 with Retry-After and the JSON error body, gRPC RESOURCE_EXHAUSTED with the
+    retry hint ending the message (radixmesh/retry_after.py)."""
+
+    retry_after_s: int = 1
+    """The limit is set again a few times a second, so a client may retry soon."""
+
+    @property
+    def message(self) -> str:
+        return with_retry_after(
+            "overloaded: the scheduler admits no more requests now (their estimated queue "
+            "wait would pass the bound)",
+            self.retry_after_s,
+        )
+
+    @property
+    def grpc_status(self) -> int:
+        return status_of("RESOURCE_EXHAUSTED").number
+
+    @property
+    def error_type(self) -> str:
+        return status_of("RESOURCE_EXHAUSTED").error_type
+
+    @property
+    def code(self) -> str:
+        return "resource_exhausted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +252,10 @@ def render_envoy_config(
         descriptor_path=str(descriptor.resolve()),
         rate_limit=rate_limit,
         access_log=access_log,
-        openai_paths=OPENAI_PATHS,
+        routes=ROUTES,
+        unlimited=UNLIMITED,
+        overload=OverloadReply(),
+        transcode_error_prefix=TRANSCODE_ERROR_PREFIX,
         http_health_path=HTTP_HEALTH_PATH,
         local_replies=LOCAL_REPLIES,
         stream_idle_timeout_s=int(stream_idle_timeout_s),

@@ -9,7 +9,7 @@ import urllib.request
 import grpc
 import pytest
 
-from gateway.envoy import GatewayAddress, render_envoy_config
+from gateway.envoy import TRANSCODE_ERROR_PREFIX, GatewayAddress, render_envoy_config
 from gateway.envoy.process import EnvoyProcess
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
@@ -97,6 +97,45 @@ def test_no_gateway_is_unavailable_on_grpc(envoy_alone):
 def test_the_404_route_keeps_its_own_body(envoy_alone):
     status, _, body = post(f"http://127.0.0.1:{envoy_alone.public_port}/nowhere", {})
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+
+
+def post_raw(url: str, data: bytes) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(
+        url, data, method="POST", headers={"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers.get("content-type", ""), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("content-type", ""), exc.read()
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "reason"),
+    [
+        ("/v1/generate", b'{"prompt": ', "Unexpected end of string"),
+        ("/v1/generate", b"not json", "Unexpected token"),
+        ("/v1/generate", b'{"prompt": 3}', "prompt: invalid value 3 for type TYPE_STRING"),
+        ("/v1/generate", b'{"sampling": {"temperature": "hot"}}', "sampling.temperature"),
+        ("/v1/tokenize", b"[1]", "Root element must be a message"),
+    ],
+)
+def test_a_body_the_transcoder_cannot_read_is_a_json_400_naming_the_problem(
+    envoy_alone, path, data, reason
+):
+    # the transcoder answers before any gateway is asked (none is up here)
+    status, content_type, body = post_raw(
+        f"http://127.0.0.1:{envoy_alone.public_port}{path}", data
+    )
+    assert (status, content_type) == (400, "application/json")
+    error = json.loads(body)["error"]
+    assert error["message"].startswith(TRANSCODE_ERROR_PREFIX)
+    assert reason in error["message"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "invalid_argument",
+        None,
+    )
 
 
 def test_a_drain_is_accepted_by_the_admin_port(envoy_alone):
