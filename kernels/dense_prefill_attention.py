@@ -293,7 +293,8 @@ def dense_prefill_attention(
     out = torch.empty_like(q)
     if num_tokens == 0 or max_q_len == 0:
         return out
-    use_tma = config.tma and tma_supported(q, k_new, v_new)
+    # a batch shorter than one query tile reads through plain loads (no box past the rows)
+    use_tma = config.tma and num_tokens >= config.block_m and tma_supported(q, k_new, v_new)
     grid = (num_heads, seq_lens.shape[0], triton.cdiv(max_q_len, config.block_m))
     _dense_prefill_kernel[grid](
         _source(q, config.block_m, use_tma),

@@ -16,6 +16,7 @@ from kernels.dense_prefill_attention import (
     DenseConfig,
     dense_prefill_attention,
     dense_supported,
+    tma_supported,
 )
 from kernels.paged_attention import gather_kv, paged_attention_ref
 
@@ -57,6 +58,8 @@ def test_dense_prefill_matches_reference(config, dtype):
     if config.tma and not HAS_TMA_DESCRIPTORS:
         pytest.skip("this triton has no tensor descriptors")
     batch, k_new, v_new = _batch(SEQS, dtype=dtype, seed=1)
+    if config.tma:  # the descriptors are used, not the plain-load fallback
+        assert tma_supported(batch.q, k_new, v_new) and batch.q.shape[0] >= config.block_m
     out = _dense(batch, k_new, v_new, SEQS, config)
     assert not out.isnan().any()
     torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(dtype))
