@@ -11,6 +11,11 @@ the per-launch host cost that otherwise dominates decode. `StepGraphs(num_rows=r
   sequence's length becomes its cached prefix + r, so its real rows keep their positions
   (the causal offset is seq_len - q_len).
 
+A set may also be captured at several page-table widths (`widths`, narrowest first): a
+decode kernel may pick its path by the table's capacity (kernels/paged_decode_attention.py,
+`decode_graph_widths`), so a step replays the narrowest width that holds its longest
+sequence's pages.
+
 Either way, rows up to the bucket's are padding: they write their key and value into a
 scratch page no request owns, their logits are never read, and pad sequences past the
 step's attend only to the scratch page. Prompt scoring never runs here (its hidden states
@@ -62,10 +67,21 @@ class StepGraphs:
         num_rows: int,
         max_pages_per_seq: int,
         scratch_page: int,
+        widths: Sequence[int] | None = None,
     ) -> None:
-        """`max_pages_per_seq`: page table columns (`pages_per_seq`)."""
+        """`max_pages_per_seq`: page table columns (`pages_per_seq`); `widths`: the
+        page-table widths to capture, ascending, the last max_pages_per_seq (default:
+        that one)."""
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+        widths = sorted(set(widths or [max_pages_per_seq]))
+        if widths[0] < 1 or widths[-1] != max_pages_per_seq:
+            raise ValueError(
+                f"widths must be in [1, {max_pages_per_seq}] and end at it, got {widths}"
+            )
+        if num_rows > 1 and len(widths) > 1:  # padding reaches past a sequence's own pages
+            raise ValueError(f"widths: graphs of {num_rows} rows take the whole table only")
+        self.widths = widths
         device = kv_pool.k_caches[0].device
         self.model = model
         self.kv_pool = kv_pool
@@ -87,8 +103,9 @@ class StepGraphs:
         self.page_table = zeros(seqs, max_pages_per_seq, dtype=torch.int32)
         self._pad_rows(0, rows)
         self._pad_seqs(0, seqs)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._batches: dict[int, ForwardBatch] = {}
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        """By (bucket, page-table width)."""
+        self._batches: dict[tuple[int, int], ForwardBatch] = {}
         """Each graph's input tensors, kept alive as long as the graph reads them."""
         self._logits: torch.Tensor | None = None
         """Where every graph writes its [bucket * num_rows, vocab] float32 logits."""
@@ -106,12 +123,13 @@ class StepGraphs:
     def capture(
         self, pool: _POOL_HANDLE | None = None, logits: torch.Tensor | None = None
     ) -> None:
-        """Captures every bucket, largest first so smaller graphs reuse its memory. `pool`:
-        a graph pool shared with other graphs; `logits`: a float32 buffer of at least
-        max_rows rows shared with them (both made here when not given)."""
+        """Captures every bucket at every width, largest first so smaller graphs reuse its
+        memory. `pool`: a graph pool shared with other graphs; `logits`: a float32 buffer
+        of at least max_rows rows shared with them (both made here when not given)."""
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
-        for bucket in reversed(self.buckets):
-            batch = self._batches[bucket] = self._static_batch(bucket)
+        shapes = [(b, w) for w in reversed(self.widths) for b in reversed(self.buckets)]
+        for bucket, width in shapes:
+            batch = self._batches[bucket, width] = self._static_batch(bucket, width)
             warm = self.model.forward(batch, self.kv_pool)  # compiles and tunes kernels
             if logits is None:
                 logits = torch.empty_like(warm, dtype=torch.float32)
@@ -124,7 +142,7 @@ class StepGraphs:
                 out = self.model.forward(batch, self.kv_pool)
                 logits[: out.shape[0]].copy_(out)
             del out  # the pool may reuse it for the next capture
-            self._graphs[bucket] = graph
+            self._graphs[bucket, width] = graph
         torch.cuda.synchronize()
 
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -141,24 +159,30 @@ class StepGraphs:
     def bucket_of(self, num_seqs: int) -> int:
         return self.buckets[bisect.bisect_left(self.buckets, num_seqs)]
 
+    def width_of(self, num_pages: int) -> int:
+        """The narrowest captured width that holds a table of `num_pages` columns."""
+        return self.widths[bisect.bisect_left(self.widths, num_pages)]
+
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """[len(batch.logits_indices), vocab] logits of the batch, by replaying its bucket's
         graph over the padded layout (see the module docstring)."""
         bucket, rows = self._lay_out(batch)
-        self._graphs[bucket].replay()
+        self._graphs[bucket, self.width_of(batch.page_table.shape[1])].replay()
         self.num_runs += 1
         assert self._logits is not None
         return self._logits[rows]
 
     def replay(self, bucket: int) -> None:
-        """Replays a bucket's graph on whatever its buffers hold (timing; see graph_setup)."""
-        self._graphs[bucket].replay()
+        """Replays a bucket's graph at the widest table on whatever its buffers hold
+        (timing; see graph_setup)."""
+        self._graphs[bucket, self.widths[-1]].replay()
 
     def run_eagerly(self, batch: ForwardBatch) -> torch.Tensor:
         """What `run` computes, with the padded layout run eagerly instead of replayed (the
         layout's check where no graph can be captured: on CPU)."""
         bucket, rows = self._lay_out(batch)
-        return self.model.forward(self._static_batch(bucket), self.kv_pool)[rows]
+        width = self.width_of(batch.page_table.shape[1])
+        return self.model.forward(self._static_batch(bucket, width), self.kv_pool)[rows]
 
     def _lay_out(self, batch: ForwardBatch) -> tuple[int, torch.Tensor]:
         """Copies the batch into the static buffers, padded; (bucket, the padded rows of
@@ -202,7 +226,7 @@ class StepGraphs:
         self.seq_lens[start:end].fill_(self.num_rows)
         self.page_table[start:end].fill_(self._scratch_page)
 
-    def _static_batch(self, bucket: int) -> ForwardBatch:
+    def _static_batch(self, bucket: int, width: int) -> ForwardBatch:
         device = self.input_ids.device
         k = self.num_rows
         return ForwardBatch(
@@ -210,7 +234,7 @@ class StepGraphs:
             positions=self.positions[: bucket * k],
             cu_seqlens_q=torch.arange(0, (bucket + 1) * k, k, dtype=torch.int32, device=device),
             seq_lens=self.seq_lens[:bucket],
-            page_table=self.page_table[:bucket],
+            page_table=self.page_table[:bucket, :width],
             slot_mapping=self.slot_mapping[: bucket * k],
             logits_indices=torch.arange(bucket * k, dtype=torch.int64, device=device),
             is_decode=k == 1,

@@ -2,7 +2,9 @@
 
 Two sets of `StepGraphs` (cuda_graphs.py): plain decodes (1 row per sequence, every
 bucket up to max_num_seqs) and, with speculative decoding or jump-forward on, steps that
-verify drafts at max(k, max forced tokens) + 1 rows per sequence. Jump-forward drafts at
+verify drafts at max(k, max forced tokens) + 1 rows per sequence. Decode graphs are
+captured at each page-table width the decode attention has a path for
+(`decode_graph_widths`: the one-launch path's short tables, and the whole table). Jump-forward drafts at
 any batch size, and a measured speculation switch needs every bucket timed, so the
 verification set then covers every bucket too; a cap set by hand bounds it otherwise.
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.paged_decode_attention import decode_graph_widths
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import (
@@ -93,9 +96,18 @@ def estimate_graph_bytes(
         seqs * r * 3 * 8 + seqs * 4 * (1 + pages_per_seq(max_model_len, page_size, r))
         for seqs, r in shapes
     )
-    num_graphs = sum(len(batch_buckets(seqs)) for seqs, _ in shapes)
+    num_graphs = sum(
+        len(batch_buckets(seqs)) * len(set_widths(max_model_len, page_size, r))
+        for seqs, r in shapes
+    )
     overhead = num_graphs * GRAPH_OVERHEAD_BYTES + GRAPH_SLACK_BYTES
     return activations + logits_buffer + inputs + overhead
+
+
+def set_widths(max_model_len: int, page_size: int, num_rows: int) -> list[int]:
+    """The page-table widths a set of graphs of `num_rows` rows is captured at."""
+    pages = pages_per_seq(max_model_len, page_size, num_rows)
+    return decode_graph_widths(pages, page_size) if num_rows == 1 else [pages]
 
 
 @dataclass(slots=True)
@@ -119,9 +131,8 @@ def capture_graphs(
     device = kv_pool.k_caches[0].device
 
     def graphs(seqs: int, rows: int) -> StepGraphs:
-        return StepGraphs(
-            model, kv_pool, seqs, rows, pages_per_seq(max_model_len, page_size, rows), scratch
-        )
+        widths = set_widths(max_model_len, page_size, rows)
+        return StepGraphs(model, kv_pool, seqs, rows, widths[-1], scratch, widths)
 
     decode = graphs(plan.decode_seqs, 1)
     verify = graphs(plan.verify_seqs, plan.verify_rows) if plan.verify_seqs else None

@@ -87,6 +87,27 @@ def test_the_padded_layout_gives_the_eager_extends_logits(llama_model: TinyModel
     assert not graphs.can_run(long)  # more rows than a graph has
 
 
+def test_a_step_runs_at_the_narrowest_captured_width_that_holds_its_pages(
+    llama_model: TinyModel,
+) -> None:
+    core = make_core(llama_model, page_size=PAGE_SIZE, num_pages=64)
+    scratch = core.kv_pool.num_pages - 1
+    graphs = StepGraphs(core.model, core.kv_pool, 4, 1, 16, scratch, widths=[3, 16])
+    assert [graphs.width_of(n) for n in (1, 3, 4, 16)] == [3, 3, 16, 16]
+    device = core.kv_pool.k_caches[0].device
+    contexts = [random_prompt(n, seed=n) for n in (5, 9, 2)]
+    core.model.forward(extend_batch([0, 0, 0], contexts, device), core.kv_pool)
+    decode = extend_batch([len(c) for c in contexts], [[7], [8], [9]], device)
+    decode.is_decode = True
+    assert decode.page_table.shape[1] == 3  # 10 positions at most: the table of 3 runs it
+    torch.testing.assert_close(
+        graphs.run_eagerly(decode), core.model.forward(decode, core.kv_pool), rtol=1e-4, atol=1e-4
+    )
+    for rows, widths in ((1, [0, 16]), (1, [3, 8]), (NUM_ROWS, [3, 16])):
+        with pytest.raises(ValueError, match="widths"):
+            StepGraphs(core.model, core.kv_pool, 4, rows, 16, scratch, widths)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_replayed_graphs_give_the_eager_logits_on_cuda(llama_model: TinyModel) -> None:
