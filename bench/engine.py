@@ -159,6 +159,7 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         max_queue_len=max(1024, args.num_requests),
+        decode_steps_per_plan=args.decode_steps_per_plan,
     )
     config = EngineConfig.for_model(model_dir(args), scheduler=scheduler, **executor_fields)
     if args.num_threads:
@@ -204,6 +205,7 @@ def service_specs(args: argparse.Namespace, model: str) -> list:
     scheduler_args = ["--cache-address", cache_address, "--executor", f"127.0.0.1:{executor}"]
     scheduler_args += [*sizes, "--max-queue-len", str(max(1024, args.num_requests))]
     scheduler_args += ["--metrics-port", str(metrics), "--log-level", "warning"]
+    scheduler_args += ["--decode-steps-per-plan", str(args.decode_steps_per_plan)]
 
     def spec(name: str, port: int, extra: list[str], service: str, **kw) -> ServiceSpec:
         argv = (sys.executable, "-m", f"services.{name}.main", "--port", str(port), *extra)
@@ -334,6 +336,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument(
+        "--decode-steps-per-plan",
+        type=int,
+        default=SchedulerConfig().decode_steps_per_plan,
+        help="the scheduler's multi-step decode plans; 1: a plan per step (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mesh.engine.ports import InProcessCache
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import SamplingParams
-from radixmesh.step import SequenceOutput, StepPlan, StepResult
+from radixmesh.step import RunningSequence, SequenceOutput, StepPlan, StepResult
 from services.cache.core import CacheCore
 from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates
 
@@ -44,6 +44,11 @@ class NullExecutor:
 
     def submit(self, plan: StepPlan) -> None:
         self._plans.append(plan)
+        # a multi-step plan: its later steps decode each sequence still running
+        decodes = [RunningSequence(r.req_id, 1) for r in plan.running_seqs]
+        self._plans.extend(
+            StepPlan(plan.step_id, running_seqs=decodes) for _ in range(plan.num_steps - 1)
+        )
 
     async def next_result(self) -> StepResult:
         await asyncio.sleep(0)

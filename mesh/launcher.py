@@ -101,6 +101,8 @@ class MeshConfig:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     max_queue_wait_s: float | None = None
     """The scheduler's wait-based admission bound (0 turns it off); None keeps its default."""
+    decode_steps_per_plan: int | None = None
+    """The scheduler's multi-step decode plans (1: a plan per step); None keeps its default."""
     """When a service that died is started again, and when serve gives up."""
 
     def __post_init__(self) -> None:
@@ -251,6 +253,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *("--cache-address", _address(ports.cache)),
             *[arg for port, _ in ports.executors for arg in ("--executor", _address(port))],
             *_queue_wait_args(config.max_queue_wait_s),
+            *_steps_per_plan_args(config.decode_steps_per_plan),
         ),
         _address(ports.scheduler),
         "radixmesh.v1.Scheduler",
@@ -272,7 +275,6 @@ def gateway_specs(config: MeshConfig, ports: MeshPorts) -> list[ServiceSpec]:
         *("--scheduler-address", _address(ports.scheduler)),
         *("--cache-address", _address(ports.cache)),
         *("--grace-seconds", repr(float(config.grace_s))),
-        *("--envoy-admin-url", f"http://{LOOPBACK}:{ports.admin}"),  # the edge admission limit
     ]
     if config.redis_url:
         shared += ["--redis-url", config.redis_url]
@@ -313,6 +315,10 @@ def gateway_specs(config: MeshConfig, ports: MeshPorts) -> list[ServiceSpec]:
 
 def _queue_wait_args(seconds: float | None) -> tuple[str, ...]:
     return () if seconds is None else ("--max-queue-wait-s", repr(float(seconds)))
+
+
+def _steps_per_plan_args(num_steps: int | None) -> tuple[str, ...]:
+    return () if num_steps is None else ("--decode-steps-per-plan", str(num_steps))
 
 
 def _is_gateway(name: str) -> bool:

@@ -159,6 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse (429) interactive requests whose estimated queue wait is longer, batch "
         "at half, sheddable at a quarter; 0: off (default: the scheduler's, 30)",
     )
+    parser.add_argument(
+        "--decode-steps-per-plan",
+        type=int,
+        default=None,
+        help="most decode steps the scheduler asks of an executor in one plan while its "
+        "batch only decodes; 1: a plan per step (default: the scheduler's)",
+    )
 
 
 def _config(args: argparse.Namespace):
@@ -202,6 +209,7 @@ def _config(args: argparse.Namespace):
             max_restarts=args.max_restarts, window_s=args.restart_window_s
         ),
         max_queue_wait_s=args.max_queue_wait_s,
+        decode_steps_per_plan=args.decode_steps_per_plan,
     )
 
 

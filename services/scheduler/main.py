@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         "is longer, batch at half, sheddable at a quarter; 0 turns it off (default %(default)s)",
     )
     p.add_argument("--page-lookahead", type=int, default=d.page_lookahead)
+    p.add_argument(
+        "--decode-steps-per-plan",
+        type=int,
+        default=d.decode_steps_per_plan,
+        help="most decode steps one plan asks an executor for while its batch only decodes "
+        "(a new request waits at most this many steps); 1: a plan per step "
+        "(default %(default)s)",
+    )
     p.add_argument("--aging-rate", type=float, default=d.aging_rate)
     p.add_argument(
         "--priority-preemption-gap",
@@ -117,6 +125,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         max_queue_len=args.max_queue_len,
         max_queue_wait_s=args.max_queue_wait_s or None,
         page_lookahead=args.page_lookahead,
+        decode_steps_per_plan=args.decode_steps_per_plan,
         aging_rate=args.aging_rate,
         priority_preemption_gap=args.priority_preemption_gap or None,
         lease_holder=args.lease_holder or f"scheduler-{socket.gethostname()}-{os.getpid()}",
