@@ -2,9 +2,10 @@
 kernel when the caller hands in the new tokens' keys and values, chosen per shape.
 
 `prefill_attention_triton` has `paged_attention_triton`'s signature plus `k_new` / `v_new`
-(the new tokens' keys and values as stored, [num_tokens, num_kv_heads, head_dim]). Without
-them, with a sliding window, or with a head_dim the dense kernel does not take, it is the
-paged kernel. Otherwise, on a CUDA device, the first call of a shape class (dtype, heads,
+(the new tokens' keys and values as stored, [num_tokens, num_kv_heads, head_dim]), which a
+caller passes for steps of at least `prefill_attention_triton.min_dense_q_len` new tokens in
+one sequence (MIN_DENSE_Q_LEN). Without them, with a sliding window, or with a head_dim the
+dense kernel does not take, it is the paged kernel. Otherwise, on a CUDA device, the first call of a shape class (dtype, heads,
 head_dim, page size, and the longest new-token count's power-of-two bucket; the executor's
 start-up warm-up makes the first calls) times the paged kernel and every `DENSE_CANDIDATES`
 configuration on that call's own inputs, drops a candidate that fails to compile or
@@ -188,6 +189,13 @@ def prefill_attention_triton(
     if plan.config is None:
         return paged_attention_triton(*args, None, q_len)
     return dense(plan.config)
+
+
+MIN_DENSE_Q_LEN = 128
+"""Steps whose longest sequence runs fewer new tokens (verification steps, short chunks)
+keep the paged kernel: a dense query tile would be mostly padding, and the caller can keep
+its fused rotary + KV store. Published to callers as `prefill_attention_triton.min_dense_q_len`."""
+prefill_attention_triton.min_dense_q_len = MIN_DENSE_Q_LEN  # type: ignore[attr-defined]
 
 
 def chosen_plans() -> list[dict]:

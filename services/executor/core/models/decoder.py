@@ -170,8 +170,12 @@ class Decoder:
         # Kernels that size their grid from max_q_len take it from the host (no device read).
         attention_params = inspect.signature(ops.paged_attention).parameters
         self._attention_kwargs = ("max_q_len",) if "max_q_len" in attention_params else ()
-        # A prefill kernel that reads the new tokens' K/V densely gets them (rotated) too.
-        self._dense_new_kv = "k_new" in attention_params and "v_new" in attention_params
+        # A prefill kernel that reads the new tokens' K/V densely gets them (rotated) too, in
+        # steps of at least its min_dense_q_len new tokens in one sequence.
+        dense_new_kv = "k_new" in attention_params and "v_new" in attention_params
+        self._dense_min_q_len: int | None = (
+            int(getattr(ops.paged_attention, "min_dense_q_len", 1)) if dense_new_kv else None
+        )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
@@ -241,7 +245,11 @@ class Decoder:
         if layer.q_norm is not None and layer.k_norm is not None:
             q = self._head_norm(q, layer.q_norm)
             k = self._head_norm(k, layer.k_norm)
-        dense_new_kv = self._dense_new_kv and not batch.is_decode
+        dense_new_kv = (
+            self._dense_min_q_len is not None
+            and not batch.is_decode
+            and batch.max_q_len >= self._dense_min_q_len
+        )
         if ops.rotary_kv_store is not None and not dense_new_kv:
             # the rotated keys go straight to the cache
             q = ops.rotary_kv_store(
