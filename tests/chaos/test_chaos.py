@@ -117,6 +117,23 @@ async def test_a_dead_gateway_resets_its_connections_and_comes_back(mesh):
     await serves_again(mesh, "gateway", mark)
 
 
+async def test_a_gateway_stopped_with_sigterm_finishes_its_streams_and_comes_back(mesh):
+    # a graceful stop of the gateway alone (a rolling restart): it turns NOT_SERVING and
+    # refuses what is new with a clear 503, and what it streams runs to its end
+    load = asyncio.create_task(stream_load(mesh.http, NUM_STREAMS, MAX_TOKENS, DEADLINE_S))
+    await asyncio.sleep(0.5)  # the streams are flowing
+    mark = mesh.kill("gateway", signal.SIGTERM)
+    outcomes = await load
+    tally = Tally.of(outcomes)
+    assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
+    assert set(tally.codes) <= {"unavailable", "connection_refused"}, tally
+    streamed = [o for o in outcomes if o.num_chunks]
+    assert streamed, tally  # some were in flight at the signal ...
+    assert all(o.kind == "completed" for o in streamed), tally  # ... and every one finished
+    assert await mesh.wait_output("service 'gateway' exited with code 0", 30, mark)
+    await serves_again(mesh, "gateway", mark)
+
+
 async def test_a_dead_envoy_comes_back_on_its_port(mesh):
     tally, mark = await kill_under_load(mesh, "envoy")
     assert tally.counts["cut"] == tally.counts["hung"] == 0, tally
