@@ -11,8 +11,9 @@ one process, what tracing adds per request in each room, with the real code:
 - scheduler: `RequestTrace.start`, the hooks the core calls (admission, each step,
   each token), the cache verbs it awaits under `active()` (match, acquire, commit: the
   cache client's `_note_verbs` events), `finished` and the commit that ends the span;
-- executor: `ExecutorServicer._note_links` per planned step and `_trace_step` per
-  answered step (one span per step, a link per traced sequence in it);
+- executor: `ExecutorServicer._note_links` per plan and the stream's `StepTraces` per
+  answered step (one span per plan, a link per traced sequence in it; decode plans of
+  `--steps-per-plan` steps, the scheduler's default, as when nothing else waits);
 
 in batches of `--batch` requests that decode `--output-len` tokens together, with the
 batch span processor and the OTLP/gRPC exporter of `configure_tracing` sending every
@@ -32,17 +33,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gateway.tracing import request_trace, timed_event  # noqa: E402
 from radixmesh.sampling import SamplingParams  # noqa: E402
-from radixmesh.step import NewSequence, RunningSequence, StepPlan, StepResult  # noqa: E402
+from radixmesh.step import (  # noqa: E402
+    NewSequence,
+    RunningSequence,
+    SequenceOutput,
+    StepPlan,
+    StepResult,
+)
 from services.cache.client import AcquireOp, CommitOp, MatchOp, _note_verbs  # noqa: E402
 from services.common import tracing  # noqa: E402
 from services.executor.server import ExecutorServicer, _Stream  # noqa: E402
+from services.scheduler.core.config import DEFAULT_DECODE_STEPS_PER_PLAN  # noqa: E402
 from services.scheduler.core.request import Request  # noqa: E402
 from services.scheduler.tracing import RequestTrace  # noqa: E402
 
@@ -62,11 +69,11 @@ sys.stdin.read()
 """
 
 
-def one_batch(batch: int, output_len: int, first: int, rooms: frozenset[str]) -> None:
-    """`batch` requests through the rooms' tracing hooks, decoding together (only the
-    hooks of `rooms`: the others' spans are not made, their traceparents still pass)."""
-    executor = SimpleNamespace(_executor_id="exec-0")
-    stream = _Stream()
+def one_batch(args: argparse.Namespace, first: int) -> None:
+    """`args.batch` requests through the rooms' tracing hooks, decoding together (only the
+    hooks of `args.rooms`: the others' spans are not made, their traceparents still pass)."""
+    batch, output_len, rooms = args.batch, args.output_len, args.rooms
+    stream = _Stream("exec-0")
     traces, reqs, seqs = [], [], []
     sampling = SamplingParams()
     for i in range(batch):
@@ -91,22 +98,31 @@ def one_batch(batch: int, output_len: int, first: int, rooms: frozenset[str]) ->
         reqs.append(req)
         seqs.append(NewSequence(req.req_id, req.prompt_token_ids, 32, 0, 32, [i], sampling,
                                 traceparent=trace.traceparent if trace else traceparent))  # fmt: skip
-    for step in range(1, output_len + 1):
-        if step == 1:
-            plan = StepPlan(step, new_seqs=seqs)
+    traced = tracing.enabled() and "executor" in rooms  # as the servicer guards them
+    plan_id, token, substep = 0, 0, 0
+    running = [RunningSequence(r.req_id, 1) for r in reqs]
+    while token < output_len:
+        if token == 0:
+            plan_id, substep = plan_id + 1, 0
+            plan = StepPlan(plan_id, new_seqs=seqs)
+        elif substep + 1 >= plan.num_steps:
+            plan_id, substep = plan_id + 1, 0
+            num_steps = min(args.steps_per_plan, output_len - token)
+            plan = StepPlan(plan_id, running_seqs=running, num_steps=num_steps)
         else:
-            plan = StepPlan(step, running_seqs=[RunningSequence(r.req_id, 1) for r in reqs])
-        traced = tracing.enabled() and "executor" in rooms  # as the servicer guards them
-        if traced:
+            substep += 1
+        if traced and substep == 0:
             ExecutorServicer._note_links(stream, plan)
-        links = stream.links.pop(step, [])
         if traced:
-            result = StepResult(step, step_seconds=0.01)
-            ExecutorServicer._trace_step(executor, plan, result, links)  # type: ignore[arg-type]
+            links = stream.links.pop(plan_id, None) if not substep else None
+            outputs = [SequenceOutput(r.req_id, 7) for r in reqs]
+            result = StepResult(plan_id, outputs, step_seconds=0.01, substep=substep)
+            stream.step_traces.on_result(plan, result, links)
         now = time.monotonic()
+        token += 1
         for trace in traces:
-            if step > 1:
-                trace.on_scheduled(1, prefilling=False, step_id=step)
+            if token > 1 and substep == 0:
+                trace.on_scheduled(1, prefilling=False, step_id=plan_id)
             trace.on_token(now)
     now = time.monotonic()
     for trace, req in zip(traces, reqs, strict=False):  # no traces while tracing is off
@@ -114,9 +130,10 @@ def one_batch(batch: int, output_len: int, first: int, rooms: frozenset[str]) ->
         trace.finished(now, req, "length", "OK")
         with trace.active():  # the commit ends the span
             _note_verbs(tracing.recording_span(), [CommitOp("lease", [], False)], [None], now)
-    if tracing.enabled() and "executor" in rooms:
-        done = StepPlan(output_len + 1, finished_req_ids=[r.req_id for r in reqs])
+    if traced:
+        done = StepPlan(plan_id + 1, finished_req_ids=[r.req_id for r in reqs])
         ExecutorServicer._note_links(stream, done)
+        stream.step_traces.flush()
 
 
 def gateway_hooks(client: str, request_id: str) -> str:
@@ -137,7 +154,7 @@ def run(args: argparse.Namespace) -> float:
     """CPU seconds of `args.requests` traced requests, their export flushed."""
     start = time.process_time()
     for first in range(0, args.requests, args.batch):
-        one_batch(args.batch, args.output_len, first, args.rooms)
+        one_batch(args, first)
     provider = tracing._STATE["provider"]
     if provider is not None:
         provider.force_flush()
@@ -150,6 +167,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--steps-per-plan", type=int, default=DEFAULT_DECODE_STEPS_PER_PLAN,
+                   help="decode steps per plan (the scheduler's --decode-steps-per-plan)")  # fmt: skip
     p.add_argument("--mesh-cpu-ms-per-token", type=float, default=None,
                    help="the mesh's CPU ms per output token with tracing off")  # fmt: skip
     p.add_argument("--rooms", default="gateway,scheduler,executor",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,7 @@ from services.common.logging import get_logger
 from services.executor.core.pipeline import PlanRun, StepPipeline, prepare_constraint
 from services.executor.health import HealthSampler
 from services.executor.metrics import StepMetrics
+from services.executor.step_trace import StepTraces
 
 if TYPE_CHECKING:
     from services.executor.core.executor import ExecutorCore
@@ -67,15 +67,17 @@ class _Stream:
     """One Step stream: its run of plans and the sequences it created; each field says
     which thread writes it."""
 
-    __slots__ = ("ended", "links", "num_steps", "req_ids", "run", "traced")
+    __slots__ = ("ended", "links", "num_steps", "req_ids", "run", "step_traces", "traced")
 
-    def __init__(self) -> None:
+    def __init__(self, executor_id: str = "") -> None:
         self.req_ids: set[str] = set()
         """Prepare thread: sequences this stream created that the core may still hold."""
         self.traced: dict[str, tracing.Link] = {}
         """Prepare thread: a link to the request span of each traced sequence it holds."""
         self.links: dict[int, list[tracing.Link]] = {}
         """Prepare thread adds a planned step's links; the execute thread takes them."""
+        self.step_traces = StepTraces(executor_id)
+        """Execute thread: the `executor.step` span of the plan being answered."""
         self.ended: deque[str] = deque()
         """Execute thread appends the sequences the core ended; the prepare thread forgets them."""
         self.num_steps = 0
@@ -232,7 +234,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     "Step: a scheduler stream is already open on this executor (one at a time)"
                 )
             await self._stream_released.wait()  # the old stream is dropping its sequences
-        stream = self._stream = _Stream()
+        stream = self._stream = _Stream(self._executor_id)
         stream.run = self._pipeline.open(
             core,
             after_execute=lambda plan, result: self._answer(core, stream, plan, result),
@@ -335,44 +337,16 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             decodes = [RunningSequence(out.req_id, 1) for out in result.outputs]
             plan = StepPlan(plan.step_id, running_seqs=decodes)
         self._metrics.record(plan, result, core.num_seqs)
-        links = stream.links.pop(plan.step_id, [])
+        links = stream.links.pop(plan.step_id, None) if not result.substep else None
         if tracing.enabled():
-            self._trace_step(plan, result, links)
+            stream.step_traces.on_result(plan, result, links)
         result.health = self._health.poll()  # about once a second; None on CPU
         return result_to_proto(result)
-
-    def _trace_step(
-        self, plan: StepPlan, result: StepResult, links: list[tracing.Link]
-    ) -> None:
-        """One `executor.step` span (never one per token), linked to the request span of
-        every traced sequence in it; the request spans name the executor and step ids. A
-        step that ran no traced sequence makes no span (nothing it would explain is
-        recorded)."""
-        if not links:
-            return
-        num_tokens = sum(n.num_scheduled_tokens for n in plan.new_seqs)
-        num_tokens += sum(r.num_scheduled_tokens for r in plan.running_seqs)
-        if num_tokens == 0:
-            return
-        end = time.monotonic()
-        tracing.record_span(
-            tracing.tracer("radixmesh.executor"),
-            "executor.step",
-            end - result.step_seconds,
-            end,
-            attributes={
-                "radixmesh.executor_id": self._executor_id,
-                "radixmesh.step_id": plan.step_id,
-                "radixmesh.num_new_seqs": len(plan.new_seqs),
-                "radixmesh.num_running_seqs": len(plan.running_seqs),
-                "radixmesh.num_scheduled_tokens": num_tokens,
-            },
-            links=links,
-        )
 
     def _drop(self, core: ExecutorCore, stream: _Stream) -> int:
         """On the execute thread, after every prepare and step of the stream: forget its
         sequences (the prepare thread is idle: nothing is queued there until the release)."""
+        stream.step_traces.flush()
         req_ids = sorted(r for r in stream.req_ids if core.has_seq(r))
         stream.req_ids.clear()
         if req_ids:

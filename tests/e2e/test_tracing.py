@@ -66,10 +66,13 @@ async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor
     assert num_tokens == 6
 
     def complete(spans) -> bool:
+        """Both spans, and the executor's plans that ran the request: its prefill and 5
+        decode steps (a multi-step plan is one span over its steps)."""
         names = set(tree(spans, trace_id))
         linked = [s for s in spans if s.name == "executor.step" and
                   any(tid == trace_id for tid, _ in s.links)]  # fmt: skip
-        return {"gateway.Generate", "scheduler.request"} <= names and len(linked) >= 6
+        ran = sum(s.attributes["radixmesh.num_steps"] for s in linked)
+        return {"gateway.Generate", "scheduler.request"} <= names and ran >= 6
 
     spans = collector.wait_for(complete, TIMEOUT_S)
     t = tree(spans, trace_id)
@@ -108,7 +111,8 @@ async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor
     commit_at = request_span.events_named("cache.commit")[-1][0]
     assert match_at <= request_span.events_named("cache.acquire")[0][0] <= decode_at <= commit_at
 
-    # the executor's steps join the request by executor and step id, one span per step
+    # the executor's plans join the request by executor and step (plan) id, one span per
+    # plan: a multi-step decode plan's steps are its events
     executor_id = request_span.attributes["radixmesh.executor_id"]
     steps = {
         s.attributes["radixmesh.step_id"]: s
@@ -117,7 +121,13 @@ async def test_a_grpc_request_is_one_trace_across_gateway_scheduler_and_executor
     }
     assert chunks[0]["radixmesh.step_id"] in steps
     first, last = (decode[f"radixmesh.{k}_step_id"] for k in ("first", "last"))
-    assert last - first == 4 and {first, last} <= set(steps)
+    assert {first, last} <= set(steps)
+    decoding = [steps[i] for i in range(first, last + 1)]
+    assert sum(s.attributes["radixmesh.num_steps"] for s in decoding) == 5  # it ran alone
+    for plan in decoding:
+        substeps = plan.events_named("executor.substep")
+        n = plan.attributes["radixmesh.num_steps"]
+        assert [a["radixmesh.substep"] for _, a in substeps] == (list(range(n)) if n > 1 else [])
     assert not any(s.name == "executor.step" and s.trace_id == trace_id for s in spans)
 
     # ... and each step that ran the request links to its span
