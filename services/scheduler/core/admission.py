@@ -20,6 +20,7 @@ from radixmesh.step import NewSequence
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.groups import (
+    arriving_groups,
     keep_feasible_shares,
     order_groups,
     publish_targets,
@@ -125,10 +126,14 @@ def _candidates(
     num_seqs = min(budget.num_seqs, max_num_seqs - len(ex.running))
     out: list[Request] = []
     out_ids: set[str] = set()
+    # a step runs: a group still arriving joins the next plan whole (an idle loop waited)
+    arriving = arriving_groups(ex.queue, ex.running.values(), now) if ex.num_in_flight else {}
     for req in order_groups(ex.queue.ranked(now)):
         if num_tokens <= 0 or num_seqs <= 0:
             break
         if req.req_id in budget.preempted_req_ids or req.hold_until_step > ex.last_result_step:
+            continue
+        if req.group_id in arriving:
             continue
         req.step_share = None
         num_cached = req.match_tokens

@@ -22,8 +22,9 @@ Score-only requests with the same scoring start and no name count as one group t
 - Arrival: a group's members reach the scheduler one submit at a time. An idle
   executor waits for a group that just began to arrive (`settle_wait`: until no member
   came for GROUP_QUIET_S, at most GROUP_SETTLE_S after the first), so its members start
-  in one step instead of the first alone. A busy executor does not wait: its next plan
-  is built while a step runs, by which time the group is in.
+  in one step instead of the first alone. A busy executor does not wait: the plan it
+  builds while a step runs leaves such a group out, for the plan after, which it joins
+  whole (it would finish no sooner split: its late members would start in that plan).
 - Preemption: an unrelated request of the same or a lower class never preempts a
   member (`preemption.victim_order`); a group's members are preempted last within
   their class, latest group first.
@@ -189,10 +190,11 @@ def lend_prompt_logprobs(result: StepResult, requests: Mapping[str, Request]) ->
         req.prompt_logprobs = list(entries)
 
 
-def settle_wait(queued: Iterable[Request], started: Iterable[Request], now: float) -> float:
-    """Seconds an idle executor waits before it plans, for named groups still arriving:
-    the queued ones none of whose members has started (a member that follows a started
-    one takes its pages from the tree anyway); 0 when there is none."""
+def arriving_groups(queued: Iterable[Request], started: Iterable[Request], now: float) -> dict[str, float]:
+    """Named groups still arriving, each with the seconds left until it counts as in: the
+    queued ones none of whose members has started (a member that follows a started one
+    takes its pages from the tree anyway), whose last member came less than GROUP_QUIET_S
+    ago and whose first less than GROUP_SETTLE_S ago."""
     begun = {r.group_id for r in started if r.group_id is not None}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -202,11 +204,17 @@ def settle_wait(queued: Iterable[Request], started: Iterable[Request], now: floa
             continue
         first[group] = min(first.get(group, req.arrival_time), req.arrival_time)
         last[group] = max(last.get(group, req.arrival_time), req.arrival_time)
-    wait = 0.0
+    out = {}
     for group, start in first.items():
-        until = min(last[group] + GROUP_QUIET_S, start + GROUP_SETTLE_S)
-        wait = max(wait, until - now)
-    return wait
+        left = min(last[group] + GROUP_QUIET_S, start + GROUP_SETTLE_S) - now
+        if left > 0:
+            out[group] = left
+    return out
+
+
+def settle_wait(queued: Iterable[Request], started: Iterable[Request], now: float) -> float:
+    """Seconds an idle executor waits before it plans, for groups still arriving (0: none)."""
+    return max(arriving_groups(queued, started, now).values(), default=0.0)
 
 
 def members_of(req: Request, requests: Iterable[Request]) -> list[Request]:
@@ -218,6 +226,7 @@ def members_of(req: Request, requests: Iterable[Request]) -> list[Request]:
 
 __all__ = [
     "StepShare",
+    "arriving_groups",
     "keep_feasible_shares",
     "lend_prompt_logprobs",
     "members_of",

@@ -359,3 +359,39 @@ async def test_members_arriving_after_their_group_began_start_together_from_the_
     assert rig.toy.corruptions == []
     for req_id in ("m1", "m2"):
         assert rig.sink.tokens[req_id] == reference(PROMPT, 3)
+
+
+async def test_a_busy_executor_leaves_a_group_still_arriving_for_its_next_plan():
+    """While a step runs, the plan built beside it leaves out a group whose members are
+    still coming; the group then starts whole in one step, not its first member alone."""
+    from services.scheduler.core.groups import GROUP_QUIET_S
+
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE, manual_clock=True)
+    rig.port.gate = asyncio.Event()
+    await rig.scheduler.start()
+    await rig.scheduler.submit("busy", [90, 91, 92], greedy(12))
+
+    async def until_plans(num_plans: int, num_run: int) -> None:
+        async with asyncio.timeout(10):
+            while len(rig.port._plans) < num_plans or rig.port.num_steps_run < num_run:
+                await asyncio.sleep(0.001)
+
+    await until_plans(2, 0)  # two steps in flight, both held
+    await rig.scheduler.submit("m0", PROMPT, greedy(2), group_id="prog/fork")
+    rig.port.gate.set()  # one step ends; the plan built then leaves m0 out
+    rig.port.gate.clear()
+    await until_plans(2, 1)
+    rig.clock[0] += GROUP_QUIET_S / 2
+    await rig.scheduler.submit("m1", PROMPT, greedy(2), group_id="prog/fork")
+    rig.clock[0] += GROUP_QUIET_S
+    rig.port.gate.set()
+    await rig.sink.wait("busy", "m0", "m1")
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, ["m0", "m1"])
+    assert starts["m0"] == starts["m1"], starts
+    assert starts["m0"][0] > 3  # not the plan built while m0 was the only one in
+    assert rig.sink.first["m1"].num_cached_tokens == 4 * PAGE  # taken in that step
+    assert rig.toy.corruptions == []
+    for req_id in ("m0", "m1"):
+        assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
