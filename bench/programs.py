@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-programs", type=int, default=32, help="programs per point")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rtt-ms", type=float, default=0.0, help="injected round trip per client call")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per point (the modes' order alternates)")
     parser.add_argument("--max-tokens", type=int, default=Shape().max_tokens)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, 1 and 4 concurrent, 3 programs")
     parser.add_argument("--json", default="", help="write the report here")
@@ -66,6 +67,7 @@ def config_of(args: argparse.Namespace) -> ProgramBenchConfig:
         warmup=1 if args.smoke else args.warmup,
         rtt_ms=args.rtt_ms,
         shape=shape,
+        repeats=1 if args.smoke else args.repeats,
     )
 
 

@@ -97,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--program-modes", default="server,client", help="server (Programs.Run), client (plain)"
     )
     p.add_argument("--rtt-ms", type=float, default=0.0, help="injected round trip per call")
+    p.add_argument(
+        "--program-repeats", type=int, default=1, help="runs per point, the modes' order alternating"
+    )
     out = parser.add_argument_group("metrics and output")
     out.add_argument(
         "--metrics-url", action="append", default=[], help="name=URL of a /metrics (repeat)"
@@ -382,6 +385,7 @@ def run_programs(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             rtt_ms=args.rtt_ms,
             shape=Shape(max_tokens=args.output_len),
+            repeats=args.program_repeats,
         )
         endpoints = _endpoints(args)
     except InvalidArgument as exc:

@@ -56,6 +56,9 @@ class ProgramBenchConfig:
     """Injected client-server round trip, before every call the client sends."""
     shape: Shape = field(default_factory=Shape)
     seed: int = 0
+    repeats: int = 1
+    """Runs of every point; the modes' order alternates between runs (what runs first on
+    a fresh shape pays for it), and a row reports the median run with the spread."""
 
     def __post_init__(self) -> None:
         for name in self.programs:
@@ -72,6 +75,8 @@ class ProgramBenchConfig:
             raise InvalidArgument(f"warmup: must be >= 0, got {self.warmup}")
         if self.rtt_ms < 0:
             raise InvalidArgument(f"rtt_ms: must be >= 0, got {self.rtt_ms}")
+        if self.repeats < 1:
+            raise InvalidArgument(f"repeats: must be >= 1, got {self.repeats}")
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -211,39 +216,69 @@ async def run_suite(
             "client": ClientDriven(channel, metadata, config.rtt_ms / 1000),
         }
         stub = inference_pb2_grpc.InferenceStub(channel)
-        point = 0
-        for name in config.programs:
-            for concurrency in config.concurrencies:
-                for mode in config.modes:
-                    first = point * (config.num_programs + max(config.concurrencies) + config.warmup)
-                    point += 1
-                    await _warm(runners[mode], name, first, config)
-                    before = await scraper.snapshot() if scraper is not None else None
-                    cpu_before = time.process_time()
-                    outcomes, wall_s = await _run_point(runners[mode], name, first, config, concurrency)
-                    row = {"program": name, "mode": mode, "concurrency": concurrency, **summarize(outcomes, wall_s)}
-                    if before is not None and scraper is not None:
-                        after = await scraper.snapshot()
-                        row["where"] = where_time_goes(before, after, wall_s, len(outcomes))
-                        row["where"]["client_cpu_s_per_program"] = (time.process_time() - cpu_before) / len(outcomes)
-                        steps = delta(before, after, "executor", STEPS)
-                        selects = sum(o.num_selects for o in outcomes)
-                        if concurrency == 1:
-                            row["forwards_per_select"] = steps / selects if steps is not None and selects and name == "select" else None
-                    if mode == "server" and name.startswith("triage"):
-                        row["branch_prediction"] = _predictions(outcomes)
-                    if mode == "client" and name not in unique:
-                        ok = [o for o in outcomes if not o.error]
-                        counts = [await unique_tokens(stub, metadata, o) for o in ok[:8]]
-                        unique[name] = statistics.fmean(counts) if counts else 0.0
-                    rows.append(row)
-                    if on_row is not None:
-                        on_row(row)
+        for point, (name, concurrency, mode) in enumerate(_points(config)):
+            first = point * (config.num_programs + max(config.concurrencies) + config.warmup)
+            await _warm(runners[mode], name, first, config)
+            before = await scraper.snapshot() if scraper is not None else None
+            cpu_before = time.process_time()
+            outcomes, wall_s = await _run_point(runners[mode], name, first, config, concurrency)
+            row = {"program": name, "mode": mode, "concurrency": concurrency, **summarize(outcomes, wall_s)}
+            if before is not None and scraper is not None:
+                after = await scraper.snapshot()
+                row["where"] = where_time_goes(before, after, wall_s, len(outcomes))
+                row["where"]["client_cpu_s_per_program"] = (time.process_time() - cpu_before) / len(outcomes)
+                steps = delta(before, after, "executor", STEPS)
+                selects = sum(o.num_selects for o in outcomes)
+                if concurrency == 1:
+                    row["forwards_per_select"] = steps / selects if steps is not None and selects and name == "select" else None
+            if mode == "server" and name.startswith("triage"):
+                row["branch_prediction"] = _predictions(outcomes)
+            if mode == "client" and name not in unique:
+                ok = [o for o in outcomes if not o.error]
+                counts = [await unique_tokens(stub, metadata, o) for o in ok[:8]]
+                unique[name] = statistics.fmean(counts) if counts else 0.0
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    rows = merge_repeats(rows)
     for row in rows:
         u = unique.get(row["program"])
         row["unique_tokens_per_program"] = u
         row["computed_over_unique"] = row["computed_prompt_tokens_per_program"] / u if u else None
     return {"config": _config(config), "rows": rows, "targets": targets(rows)}
+
+
+def _points(config: ProgramBenchConfig) -> list[tuple[str, int, str]]:
+    """(program, concurrency, mode) in run order: every repeat of a (program, concurrency)
+    together, the modes' order reversed in every other repeat."""
+    out = []
+    for name in config.programs:
+        for concurrency in config.concurrencies:
+            for r in range(config.repeats):
+                modes = config.modes if r % 2 == 0 else tuple(reversed(config.modes))
+                out += [(name, concurrency, mode) for mode in modes]
+    return out
+
+
+SPREAD = ("programs_per_s", "latency_p50_s", "latency_p99_s", "computed_prompt_tokens_per_program", "forwards_per_select")
+
+
+def merge_repeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (program, mode, concurrency): the run of median programs/s (the lower
+    middle of an even count), with `repeats` (how many runs), `spread` (each of SPREAD's
+    values over the runs, in run order) and the errors of every run added up."""
+    by_point: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_point.setdefault((row["program"], row["mode"], row["concurrency"]), []).append(row)
+    out = []
+    for runs in by_point.values():
+        ranked = sorted(runs, key=lambda r: r["programs_per_s"] or 0.0)
+        row = dict(ranked[(len(ranked) - 1) // 2])
+        row["repeats"] = len(runs)
+        row["spread"] = {k: [r.get(k) for r in runs] for k in SPREAD}
+        row["num_errors_all_runs"] = sum(r["num_errors"] for r in runs)
+        out.append(row)
+    return out
 
 
 def _config(config: ProgramBenchConfig) -> dict[str, Any]:
@@ -254,6 +289,7 @@ def _config(config: ProgramBenchConfig) -> dict[str, Any]:
         "num_programs": config.num_programs,
         "warmup": config.warmup,
         "rtt_ms": config.rtt_ms,
+        "repeats": config.repeats,
         "shape": {k: getattr(config.shape, k) for k in Shape.__slots__},  # type: ignore[attr-defined]
     }
 
@@ -271,6 +307,9 @@ def targets(rows: list[dict]) -> dict[str, Any]:
         if server and client and server["programs_per_s"] and client["programs_per_s"]:
             ratio = server["programs_per_s"] / client["programs_per_s"]
         out[f"{program}_speedup_c16"] = ratio
+        if server and client and "spread" in server and "spread" in client:
+            pairs = zip(server["spread"]["programs_per_s"], client["spread"]["programs_per_s"], strict=False)
+            out[f"{program}_speedup_c16_runs"] = [a / b if a and b else None for a, b in pairs]
     server_rows = [r for r in rows if r["mode"] == "server" and r.get("computed_over_unique") is not None]
     out["max_server_computed_over_unique"] = max((r["computed_over_unique"] for r in server_rows), default=None)
     select = _row(rows, "select", "server", 1)
@@ -279,14 +318,16 @@ def targets(rows: list[dict]) -> dict[str, Any]:
 
 
 def format_rows(report: dict[str, Any]) -> str:
-    head = "program  mode    conc  prog/s   p50 s   p99 s  computed  unique  req/prog  fwd/select  errors"
+    head = "program  mode    conc  prog/s  (min-max of runs)   p50 s   p99 s  computed  unique  req/prog  fwd/select  errors"
     lines = [head]
     for r in report["rows"]:
         def f(v: Any, spec: str) -> str:
             return format(v, spec) if isinstance(v, (int, float)) else "-"
 
+        rates = [v for v in r.get("spread", {}).get("programs_per_s", []) if v is not None]
+        spread = f"({min(rates):.2f}-{max(rates):.2f} of {len(rates)})" if rates else ""
         lines.append(
-            f"{r['program']:<8} {r['mode']:<7} {r['concurrency']:>4} {f(r['programs_per_s'], '7.2f')} "
+            f"{r['program']:<8} {r['mode']:<7} {r['concurrency']:>4} {f(r['programs_per_s'], '7.2f')} {spread:<18} "
             f"{f(r['latency_p50_s'], '7.3f')} {f(r['latency_p99_s'], '7.3f')} "
             f"{f(r['computed_prompt_tokens_per_program'], '9.1f')} {f(r['unique_tokens_per_program'], '7.1f')} "
             f"{f(r['requests_per_program'], '9.1f')} {f(r.get('forwards_per_select'), '11.2f')} {r['num_errors']:>7}"

@@ -122,3 +122,26 @@ def test_where_the_time_goes_is_read_off_the_mesh_metrics():
     assert where["executor_cpu_s_per_program"] == 1.0
     assert where["gateway_cpu_s_per_program"] == 0.5
     assert where["scheduler_cpu_s_per_program"] is None  # not scraped: unknown, not 0
+
+
+def test_repeated_runs_alternate_the_modes_and_report_the_median_with_the_spread():
+    from mesh.loadgen.program_bench import _points, merge_repeats
+
+    config = ProgramBenchConfig(programs=("select",), concurrencies=(16,), repeats=3)
+    assert _points(config) == [("select", 16, m) for m in ("server", "client", "client", "server", "server", "client")]
+    with pytest.raises(InvalidArgument, match="repeats"):
+        ProgramBenchConfig(repeats=0)
+
+    def run(mode, rate, errors=0):
+        return {"program": "select", "mode": mode, "concurrency": 16, "programs_per_s": rate,
+                "latency_p50_s": 1 / rate, "num_errors": errors}  # fmt: skip
+
+    rows = merge_repeats([run("server", 9.0), run("client", 4.0), run("client", 5.0, 1),
+                          run("server", 12.0), run("server", 10.0), run("client", 6.0)])  # fmt: skip
+    server, client = rows
+    assert (server["mode"], server["programs_per_s"], server["repeats"]) == ("server", 10.0, 3)
+    assert server["spread"]["programs_per_s"] == [9.0, 12.0, 10.0]  # in run order
+    assert client["programs_per_s"] == 5.0 and client["num_errors_all_runs"] == 1
+    found = targets(rows)
+    assert found["select_speedup_c16"] == 2.0
+    assert found["select_speedup_c16_runs"] == [9.0 / 4.0, 12.0 / 5.0, 10.0 / 6.0]
