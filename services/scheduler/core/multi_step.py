@@ -75,7 +75,9 @@ async def extend_to_steps(
     num_steps = 1 + max(extra, default=0)
     if num_steps == 1:
         return 1
-    grows = (leases.grow(ex, r, r.num_computed_tokens + n) for r, n in zip(reqs, extra, strict=True))
+    grows = (
+        leases.grow(ex, r, r.num_computed_tokens + n) for r, n in zip(reqs, extra, strict=True)
+    )
     grown = await asyncio.gather(*grows)
     if not all(grown):  # the pool is short: one step (the pages leased stay for later)
         return 1

@@ -125,9 +125,7 @@ async def test_a_sequence_ends_inside_a_plan_on_eos(make_engine):
     results = await run_all(engine, [(p, greedy) for p in prompts])
     # a prompt whose greedy continuation (EOS ignored) reaches EOS after a few tokens
     hits = [
-        (p, r.token_ids)
-        for p, r in zip(prompts, results, strict=True)
-        if EOS in r.token_ids[2:]
+        (p, r.token_ids) for p, r in zip(prompts, results, strict=True) if EOS in r.token_ids[2:]
     ]
     assert hits, "no prompt of the tiny model reaches EOS"
     prompt, continuation = hits[0]

@@ -98,6 +98,8 @@ plans = st.builds(
         st.builds(RunningSequence, req_ids, st.integers(0, 2**32 - 1), token_lists), max_size=3
     ),
     finished_req_ids=st.lists(st.text(max_size=8), max_size=3),
+    num_steps=st.integers(1, 2**32 - 1),
+    abort_req_ids=st.lists(st.text(max_size=8), max_size=3),
 )
 
 outputs = st.builds(
@@ -120,6 +122,7 @@ results = st.builds(
     step_id=st.integers(0, 2**64 - 1),
     outputs=st.lists(outputs, max_size=4),
     step_seconds=st.floats(0, 10),
+    substep=st.integers(0, 2**32 - 1),
 )
 
 

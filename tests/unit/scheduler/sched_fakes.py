@@ -12,6 +12,7 @@ import asyncio
 import collections
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from mesh.engine.ports import InProcessCache
 from radixmesh.errors import InvalidArgument, Unavailable
@@ -161,11 +162,16 @@ class ToyExecutor:
 class ToyExecutorPort:
     """ExecutorPort over a ToyExecutor; a test may hold steps (gate) or make it fail."""
 
-    def __init__(self, executor_id: str, toy: ToyExecutor, model: str = "toy") -> None:
+    def __init__(
+        self, executor_id: str, toy: ToyExecutor, model: str = "toy", **info_fields: Any
+    ) -> None:
+        """`info_fields`: ExecutorInfo fields it reports besides its pool's (e.g. what it
+        says of speculative decoding; the toy itself never verifies drafts)."""
         self.toy = toy
         self._info = ExecutorInfo(
-            executor_id, model, toy.page_size, toy.num_pages, toy.max_model_len, VOCAB, (EOS,)
-        )
+            executor_id, model, toy.page_size, toy.num_pages, toy.max_model_len, VOCAB, (EOS,),
+            **info_fields,
+        )  # fmt: skip
         self._plans: collections.deque[tuple[StepPlan, int]] = collections.deque()
         """Each plan's steps (plan, substep), in order."""
         self.gate: asyncio.Event | None = None
@@ -302,8 +308,10 @@ def make_rig(
     max_model_len: int = 512,
     models: list[str] | None = None,
     manual_clock: bool = False,
+    executor_info: dict[str, Any] | None = None,
 ) -> Rig:
-    """A scheduler over the real cache core and toy executors (one pool per executor)."""
+    """A scheduler over the real cache core and toy executors (one pool per executor);
+    `executor_info`: more ExecutorInfo fields every toy reports."""
     config = config or SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16)
     cache = CacheCore()
     toys, ports = [], []
@@ -313,7 +321,7 @@ def make_rig(
         cache.register_pool(ex_id, model, num_pages, page_size)
         toy = ToyExecutor(num_pages, page_size, max_model_len)
         toys.append(toy)
-        ports.append(ToyExecutorPort(ex_id, toy, model))
+        ports.append(ToyExecutorPort(ex_id, toy, model, **(executor_info or {})))
     clock = [0.0]
     sink = Collector(clock if manual_clock else None)
     if manual_clock:

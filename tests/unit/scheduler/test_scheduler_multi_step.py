@@ -1,0 +1,107 @@
+"""Multi-step decode plans in the scheduler core, over the toy executor (which checks that
+every KV write lands in the sequence's own pages): when a plan gets k steps, its pages,
+and the plans that stay one step."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sched_fakes import greedy as g
+from sched_fakes import make_rig, reference
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling import Constraint, ConstraintKind
+from services.scheduler.core import SchedulerConfig
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 100) for _ in range(rng.randint(1, 30))] for _ in range(n)]
+
+
+def _assert_pool_clean(rig) -> None:
+    s = rig.stats()
+    assert (s.num_leases, s.num_leased_pages) == (0, 0)
+    assert s.num_free_pages + s.num_cached_pages == s.num_pages
+    assert rig.toy.corruptions == []
+
+
+async def _run(rig, prompts, lengths) -> None:
+    await rig.scheduler.start()
+    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+        await rig.scheduler.submit(f"r{i}", p, g(n))
+    await rig.sink.wait(*(f"r{i}" for i in range(len(prompts))))
+    await rig.scheduler.stop()
+
+
+@pytest.mark.parametrize("num_pages", [512, 40])  # 40: pages run short, some requests preempted
+async def test_multi_step_plans_give_exact_tokens_in_their_own_pages(num_pages):
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, decode_steps_per_plan=8)
+    rig = make_rig(config, num_pages=num_pages)
+    prompts = _prompts(12, seed=num_pages)
+    lengths = [1 + (i * 5) % 23 for i in range(12)]
+    await _run(rig, prompts, lengths)
+    for i, p in enumerate(prompts):
+        assert rig.sink.tokens[f"r{i}"] == reference(p, lengths[i]), f"r{i}"
+    assert max(plan.num_steps for plan in rig.toy.plans) == 8
+    assert rig.toy.num_substeps_run > 0
+    _assert_pool_clean(rig)
+
+
+async def test_a_plan_takes_only_the_steps_its_longest_sequence_has_left():
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=16))
+    await _run(rig, [[5, 6, 7], [8, 9]], [4, 6])
+    # after the prefill step: one plan of 5 steps (the longer request's 5 decodes)
+    assert [plan.num_steps for plan in rig.toy.plans] == [1, 5]
+    assert rig.sink.tokens["r1"] == reference([8, 9], 6)
+    _assert_pool_clean(rig)
+
+
+async def test_plans_stay_one_step_while_a_request_waits():
+    rig = make_rig(SchedulerConfig(max_num_seqs=1, decode_steps_per_plan=8))
+    await _run(rig, [[5, 6, 7], [8, 9]], [10, 10])
+    plans = rig.toy.plans
+    admits = [i for i, p in enumerate(plans) if p.new_seqs]
+    assert len(admits) == 2
+    # r1 waited until r0 finished: every plan before its admission was one step
+    assert all(p.num_steps == 1 for p in plans[: admits[1]])
+    assert max(p.num_steps for p in plans[admits[1] :]) == 8
+    assert rig.sink.tokens["r1"] == reference([8, 9], 10)
+
+
+async def test_speculative_batches_and_jump_forward_rows_stay_one_step():
+    speculates = {"max_draft_tokens": 2, "max_speculative_batch_size": 4}
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=8), executor_info=speculates)
+    await _run(rig, [[5, 6, 7], [8, 9]], [12, 12])
+    assert {plan.num_steps for plan in rig.toy.plans} == {1}  # 2 decodes: drafts may run
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=8), executor_info={"max_forced_tokens": 4})
+    await rig.scheduler.start()
+    regex = Constraint(ConstraintKind.REGEX, "[a-z]+")
+    await rig.scheduler.submit("c", [5, 6, 7], g(12), constraint=regex)
+    await rig.sink.wait("c")
+    await rig.scheduler.stop()
+    assert {plan.num_steps for plan in rig.toy.plans} == {1}  # its grammar may force tokens
+    assert len(rig.sink.tokens["c"]) == 12
+
+
+async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=32))
+    await rig.scheduler.start()
+    await rig.scheduler.submit("a", [5, 6, 7], g(100))
+    await rig.scheduler.submit("b", [8, 9], g(100))
+    await rig.sink.wait_tokens("a", 4)
+    assert rig.scheduler.abort("a")
+    await rig.sink.wait("a", "b")
+    await rig.scheduler.stop()
+    assert rig.sink.finished["a"].finish_reason == "abort"
+    (abort,) = [p for p in rig.toy.plans if p.abort_req_ids]
+    assert (abort.abort_req_ids, abort.running_seqs, abort.new_seqs) == (["a"], [], [])
+    assert rig.sink.tokens["b"] == reference([8, 9], 100)
+    _assert_pool_clean(rig)
+
+
+@pytest.mark.parametrize("k", [0, 65])
+def test_decode_steps_per_plan_out_of_range_is_refused(k):
+    with pytest.raises(InvalidArgument, match="decode_steps_per_plan"):
+        SchedulerConfig(decode_steps_per_plan=k)
