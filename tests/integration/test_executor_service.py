@@ -223,6 +223,41 @@ async def test_pipelined_plans_give_the_greedy_tokens_of_transformers(reference:
     assert all(r.step_seconds > 0 for r in results[:7])
 
 
+async def test_a_multi_step_plan_answers_each_step_and_an_abort_plan_stops_a_row(
+    reference: Reference,
+):
+    """Plan 2 asks for 8 decode steps; plan 3, read while they run, aborts "b"."""
+    prompt_a, prompt_b = reference.prompt(7, seed=6), reference.prompt(5, seed=7)
+    expected_a, _ = reference.greedy(prompt_a, 6)
+    greedy = ipb.SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
+    decodes = plan(2, running=[("a", 1), ("b", 1)])
+    decodes.num_steps = 8  # "a" ends at its 6th token, inside the plan
+    plans = [
+        plan(1, new=[new_seq("a", prompt_a, pages_for(13, 0), sampling=greedy),
+                     new_seq("b", prompt_b, pages_for(13, 8))]),
+        decodes,
+        executor_pb2.StepPlan(step_id=3, abort_req_ids=["b"]),
+    ]  # fmt: skip
+    async with serve(reference, max_inflight_plans=2) as served:
+        call = served.stub.Step()
+        for message in plans:
+            await call.write(message)
+        await call.done_writing()
+        results = await read_all(call)
+        assert await call.code() == grpc.StatusCode.OK
+        assert not served.servicer._core.has_seq("b")
+    assert [(r.step_id, r.substep) for r in results] == [
+        (1, 0), *((2, i) for i in range(8)), (3, 0)
+    ]  # fmt: skip
+    assert tokens_of(results, "a") == expected_a
+    ends = [(o.req_id, o.finish_reason) for r in results for o in r.outputs if o.finish_reason]
+    assert ends == [("a", "length")]
+    assert not any(o.req_id == "a" for r in results[6:] for o in r.outputs)  # ended at step 2.4
+    # "b" ran in the steps prepared before plan 3 arrived, then in none of the plan's others
+    with_b = [i for i, r in enumerate(results[1:9]) if any(o.req_id == "b" for o in r.outputs)]
+    assert with_b == list(range(len(with_b))) and len(with_b) < 8
+
+
 async def test_a_gap_in_step_ids_fails_after_the_earlier_results(reference: Reference):
     prompt = reference.prompt(5, seed=3)
     async with serve(reference) as served:
