@@ -1,6 +1,7 @@
 """The fault table of `radixmesh serve`, measured: each fault under load, what became of every stream.
 
-    python bench/chaos.py [--streams 20] [--overload-streams 300] [--rows kills,overload,edge]
+    python bench/chaos.py [--streams 20] [--overload-streams 300] [--overload-gateways 1]
+                          [--rows kills,overload,edge]
                           [--output chaos.json]
 
 Starts `radixmesh serve` on the tiny model on this CPU (two executors for the kills,
@@ -82,8 +83,8 @@ async def drain_row(mesh: ServeProcess, streams: int) -> dict:
             "note": f"serve exited {code} after {time.monotonic() - start:.1f}s"}  # fmt: skip
 
 
-async def overload_row(tmp: Path, streams: int) -> dict:
-    mesh = ServeProcess.start(tmp / "overload", "--num-pages", "64")
+async def overload_row(tmp: Path, streams: int, gateways: int = 1) -> dict:
+    mesh = ServeProcess.start(tmp / "overload", "--num-pages", "64", "--gateways", str(gateways))
     try:
         await stream_load(mesh.http, 8, max_tokens=16)  # the throughput is measured
         outcomes = await stream_load(mesh.http, streams, max_tokens=64, deadline_s=300)
@@ -104,7 +105,7 @@ async def overload_row(tmp: Path, streams: int) -> dict:
         f"{by_envoy} of {len(at_envoy)} refused by Envoy itself (its edge admission limit), "
         f"the rest by the gateway; Retry-After {retry[:3]}"
     )
-    return {"fault": f"{streams} streams, --num-pages 64", "tally": tally, "recovery_s": None,
+    return {"fault": f"{streams} streams, --num-pages 64, --gateways {gateways}", "tally": tally, "recovery_s": None,
             "note": note}  # fmt: skip
 
 
@@ -195,7 +196,7 @@ async def main(args: argparse.Namespace) -> list[dict]:
     if "kills" in wanted:
         rows += await kill_rows(tmp, args)
     if "overload" in wanted:
-        rows.append(await overload_row(tmp, args.overload_streams))
+        rows.append(await overload_row(tmp, args.overload_streams, args.overload_gateways))
         print(_line(rows[-1]), flush=True)
     if "edge" in wanted:
         rows += await edge_rows(tmp)
@@ -237,6 +238,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--streams", type=int, default=20)
     parser.add_argument("--overload-streams", type=int, default=300)
+    parser.add_argument("--overload-gateways", type=int, default=1, help="gateway replicas")
     parser.add_argument("--output", default=None)
     parser.add_argument("--rows", default="kills,overload,edge", help="which rows to run")
     arguments = parser.parse_args()

@@ -115,6 +115,11 @@ class LocalReply:
     def code(self) -> str:
         return self.grpc_code.lower()
 
+    @property
+    def grpc_number(self) -> int:
+        """The code's number, as a transcoded route's google.rpc.Status body carries it."""
+        return status_of(self.grpc_code).number
+
 
 LOCAL_REPLIES = (
     LocalReply(503, "no healthy gateway, or it refused the connection",

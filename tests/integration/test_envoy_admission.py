@@ -217,7 +217,10 @@ async def test_no_headroom_refuses_generation_in_envoy_in_each_apis_shape(envoy,
     assert limits[runtime_key("gateway_grpc")] == limits[runtime_key("gateway_http")] == 0
     before = backends.arrived
     assert_overloaded_json(*chat(envoy))
-    assert_overloaded_json(*request(envoy, "POST", "/v1/generate", b'{"prompt": "x"}'))
+    transcoded = request(envoy, "POST", "/v1/generate", b'{"prompt": "x"}')
+    assert_overloaded_json(*transcoded)
+    answer = json.loads(transcoded[2])  # and the transcoded routes' status shape
+    assert (answer["code"], answer["message"]) == (8, answer["error"]["message"])
     with grpc.insecure_channel(f"127.0.0.1:{envoy.public_port}") as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         with pytest.raises(grpc.RpcError) as info:

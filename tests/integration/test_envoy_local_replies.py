@@ -128,7 +128,8 @@ def test_a_body_the_transcoder_cannot_read_is_a_json_400_naming_the_problem(
         f"http://127.0.0.1:{envoy_alone.public_port}{path}", data
     )
     assert (status, content_type) == (400, "application/json")
-    error = json.loads(body)["error"]
+    answer = json.loads(body)
+    error = answer["error"]
     assert error["message"].startswith(TRANSCODE_ERROR_PREFIX)
     assert reason in error["message"]
     assert (error["type"], error["code"], error["param"]) == (
@@ -136,6 +137,17 @@ def test_a_body_the_transcoder_cannot_read_is_a_json_400_naming_the_problem(
         "invalid_argument",
         None,
     )
+    # and the shape of the gateway's own errors on these routes (google.rpc.Status)
+    assert (answer["code"], answer["message"], answer["details"]) == (3, error["message"], [])
+
+
+def test_every_envoy_reply_on_a_transcoded_route_has_the_gateways_status_shape(envoy_alone):
+    # the gateway's errors come through the transcoder as {"code", "message", "details"}
+    status, _, body = post(f"http://127.0.0.1:{envoy_alone.public_port}/v1/generate", {})
+    answer = json.loads(body)
+    assert status == 503
+    assert (answer["code"], answer["details"]) == (14, [])  # UNAVAILABLE
+    assert answer["message"] == answer["error"]["message"]
 
 
 def test_a_drain_is_accepted_by_the_admin_port(envoy_alone):
