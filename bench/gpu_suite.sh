@@ -15,7 +15,9 @@
 #        library's source, then speculative decoding off / ngram / suffix on it, in-process and, as
 #        speculative_serve, through radixmesh serve)
 # Named only as well: mesh (the offline workload through `radixmesh serve` with the gRPC and
-#        OpenAI APIs against the in-process engine), rps (short requests at > 1,000/s
+#        OpenAI APIs against the in-process engine; DECODE_STEPS_PER_PLAN=k sets the multi-step
+#        decode plans of both), multi_step (steps/s and Python time per token at k = 1, 4, 8
+#        decode steps per plan, in-process), rps (short requests at > 1,000/s
 #        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
 #        workload at batch 1 and 64 with jump-forward off and on), programs, programs_trained and
 #        programs_rtt (bench/programs.py: programs server-side against client-driven, 8B shape /
@@ -540,14 +542,17 @@ step_tracing() {
 # in-process on the same model in the same call. Prompts are random words (about one token
 # each), so the mesh reports its own token counts; the ratio is of output tokens/s.
 # Targets: >= 0.97 at the 8B shape, >= 0.9 at 1B (MODEL_DIR of a 1B-shaped folder).
+# DECODE_STEPS_PER_PLAN=k: the scheduler's multi-step decode plans, in-process and in the mesh
+# alike (1: a plan per step; unset: the scheduler's default); one RESULTS_DIR per k.
 step_mesh() {
-    local n=256 words=512 o=128
+    local n=256 words=512 o=128 steps=()
     [ "$GPU" = 1 ] || { n=8; words=32; o=8; }
+    [ -n "${DECODE_STEPS_PER_PLAN:-}" ] && steps=(--decode-steps-per-plan "$DECODE_STEPS_PER_PLAN")
     [ -f "$MODEL/config.json" ] || step_model
     run_step mesh_engine 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
         --num-requests "$n" --prompt-len "$words" --output-len "$o" --mode inprocess \
-        --max-num-seqs 256 --max-num-batched-tokens 8192 --json
-    mesh_up mesh || return 0
+        --max-num-seqs 256 --max-num-batched-tokens 8192 --json "${steps[@]}"
+    mesh_up mesh "${steps[@]}" || return 0
     local load=(--workload random --input-len "$words" --output-len "$o" --ignore-eos
         --num-requests "$n" --concurrency "$n" --warmup 4)
     mesh_bench mesh_grpc "$RESULTS/mesh.endpoints.json" --api grpc "${load[@]}"
@@ -572,6 +577,16 @@ for api in ("grpc", "openai"):
     print(f"mesh {api:<7} output tok/s {tps}  in-process {ref}  ratio {ratio}  "
           f"errors {rep and rep.get('num_errors')}  ttft p50 {rep and rep['ttft_s']['p50']}")
 PY
+}
+
+# multi_step: bench/multi_step.py in-process on $MODEL: steps/s, forward time and the Python
+# time per token with k = 1, 4 and 8 decode steps per plan, at batch 1, 16 and 64.
+step_multi_step() {
+    local args=(--batch 1 16 64 --rounds 2 --output-len 129)
+    [ "$GPU" = 1 ] || args=(--batch 1 4 --rounds 1 --output-len 17)
+    [ -f "$MODEL/config.json" ] || step_model
+    run_step multi_step 400 $PY bench/multi_step.py --device "$(engine_device)" --model "$MODEL" \
+        --steps 1 4 8 "${args[@]}" --json "$RESULTS/multi_step.json"
 }
 
 # rps: short chat requests (64 words in, 32 tokens out) at more than 1,000 requests/s offered

@@ -3,9 +3,11 @@
     python bench/multi_step.py                       # tiny model, CPU, batch 1 and 16
     python bench/multi_step.py --device cuda --model /models/Llama-3.1-8B --steps 1 4 8
 
-The in-process engine (scheduler and executor cores, no gRPC) decodes a batch
-of B requests (short prompts, --output-len tokens each, EOS ignored) with
-`SchedulerConfig.decode_steps_per_plan` k. Reported per (B, k), the median
+One in-process engine (scheduler and executor cores, no gRPC) decodes batches
+of B requests (random prompts of --prompt-len, --output-len tokens each, EOS
+ignored) with `SchedulerConfig.decode_steps_per_plan` k, set between batches
+(the scheduler reads it at each plan), timed from every request's first token
+to the last. Reported per (B, k), the median
 over --rounds rounds (the values of k alternate within a round, so machine
 noise falls on all of them alike):
 
@@ -32,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -55,6 +59,8 @@ class ForwardTimer:
     def __init__(self, core, device: str) -> None:
         self.seconds = 0.0
         self.cpu_seconds = 0.0
+        self.generation = 0
+        """Bumped by a reset."""
         """CPU time of the calling thread inside the forward (torch on one thread: all of it)."""
         self._sync = device.startswith("cuda")
         self._wrap(core.model, "forward")
@@ -66,82 +72,111 @@ class ForwardTimer:
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            start, cpu = time.perf_counter(), time.thread_time()
+            start, cpu, generation = time.perf_counter(), time.thread_time(), self.generation
             out = inner(*args, **kwargs)
             if self._sync:
                 import torch
 
                 torch.cuda.synchronize()
-            self.seconds += time.perf_counter() - start
-            self.cpu_seconds += time.thread_time() - cpu
+            if generation == self.generation:  # a call begun before a reset counts for none
+                self.seconds += time.perf_counter() - start
+                self.cpu_seconds += time.thread_time() - cpu
             return out
 
         setattr(owner, name, timed)
 
 
-async def one_run(args: argparse.Namespace, batch: int, k: int) -> dict:
-    scheduler = SchedulerConfig(
-        max_num_seqs=max(batch, 16), decode_steps_per_plan=k, max_queue_wait_s=None
-    )
-    fields = {"device": args.device, "page_size": args.page_size, "max_num_seqs": max(batch, 16)}
-    if args.num_pages:
-        fields["num_pages"] = args.num_pages
-    config = EngineConfig.for_model(args.model, scheduler=scheduler, **fields)
-    async with Engine(config) as engine:
-        core = engine.executors[0]
-        sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-        await (await engine.generate([5, 6, 7], SamplingParams(max_tokens=4))).collect()  # warm
-        timer = ForwardTimer(core, args.device)
-        steps = [0]
-        step_cpu = [0.0]  # the step thread's CPU time in prepare and execute
-        execute, prepare, prepare_next = core.execute, core.prepare, core.prepare_next
+class Probe:
+    """Counters wrapped around the engine's executor core: executed steps, the step
+    thread's CPU time in prepare and execute, and the forward's (ForwardTimer)."""
 
-        def on_step_thread(verb):
-            def timed(*a):
-                cpu = time.thread_time()
-                try:
-                    return verb(*a)
-                finally:
-                    step_cpu[0] += time.thread_time() - cpu
-
-            return timed
+    def __init__(self, core, device: str) -> None:
+        self.forward = ForwardTimer(core, device)
+        self.steps = 0
+        self.step_cpu = 0.0
+        execute = core.execute
 
         def counted(prepared):
-            steps[0] += prepared.batch is not None
-            return execute(prepared)
+            generation = self.forward.generation
+            result = execute(prepared)
+            if generation == self.forward.generation:
+                self.steps += prepared.batch is not None
+            return result
 
-        core.execute = on_step_thread(counted)
-        core.prepare, core.prepare_next = on_step_thread(prepare), on_step_thread(prepare_next)
-        prompts = [[3 + (i * 7 + j) % 200 for j in range(args.prompt_len)] for i in range(batch)]
-        streams = [await engine.generate(p, sampling) for p in prompts]
-        first = await asyncio.gather(*(anext(aiter(s)) for s in streams))  # prefill done
-        assert all(u.token_ids for u in first)
-        start, cpu, steps[0] = time.perf_counter(), time.process_time(), 0
-        loop_cpu = time.thread_time()  # this thread runs the event loop: the scheduler core
-        timer.seconds = timer.cpu_seconds = step_cpu[0] = 0.0
-        results = await asyncio.gather(*(s.collect() for s in streams))
-        seconds = time.perf_counter() - start
-        cpu_seconds = time.process_time() - cpu
-        loop_cpu = time.thread_time() - loop_cpu
+        core.execute = self._cpu_timed(counted)
+        core.prepare = self._cpu_timed(core.prepare)
+        core.prepare_next = self._cpu_timed(core.prepare_next)
+
+    def _cpu_timed(self, verb):
+        def timed(*args):
+            cpu, generation = time.thread_time(), self.forward.generation
+            try:
+                return verb(*args)
+            finally:
+                if generation == self.forward.generation:
+                    self.step_cpu += time.thread_time() - cpu
+
+        return timed
+
+    def reset(self) -> None:
+        """Count from here: calls under way now count for nothing (a few steps of the
+        decode phase go unmeasured; the ratios per step and per token stay exact)."""
+        self.steps, self.step_cpu = 0, 0.0
+        self.forward.seconds = self.forward.cpu_seconds = 0.0
+        self.forward.generation += 1
+
+
+async def one_run(args: argparse.Namespace, engine, probe: Probe, batch: int, k: int, seed: int):
+    """One decode batch with k steps per plan (the scheduler reads its config per plan)."""
+    engine.scheduler.config = dataclasses.replace(engine.scheduler.config, decode_steps_per_plan=k)
+    sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    rng = random.Random(seed)
+    vocab = engine.executors[0].info.vocab_size
+    prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(batch)]
+    streams = [await engine.generate(p, sampling) for p in prompts]
+    first = await asyncio.gather(*(anext(aiter(s)) for s in streams))  # prefill done
+    assert all(u.token_ids for u in first)
+    probe.reset()
+    start, cpu, loop_cpu = time.perf_counter(), time.process_time(), time.thread_time()
+    results = await asyncio.gather(*(s.collect() for s in streams))
+    seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu
+    loop_cpu = time.thread_time() - loop_cpu  # this thread runs the event loop: the scheduler
     num_tokens = sum(len(r.token_ids) for r in results)  # the tokens after the first
     assert num_tokens == batch * (args.output_len - 1), num_tokens
+    forward = probe.forward
+    num_steps = args.output_len - 1  # decode steps after the first token: each gives `batch`
+    counted = max(1, probe.steps)  # those begun after the reset (the per-step ratios)
+    forward_s, forward_cpu_s = forward.seconds / counted, forward.cpu_seconds / counted
     return {
-        "steps_per_s": steps[0] / seconds,
+        "steps_per_s": num_steps / seconds,
         "output_tokens_per_s": num_tokens / seconds,
-        "forward_ms_per_step": 1e3 * timer.seconds / max(1, steps[0]),
-        "python_us_per_token": 1e6 * (seconds - timer.seconds) / num_tokens,
-        "python_cpu_us_per_token": 1e6 * (cpu_seconds - timer.cpu_seconds) / num_tokens,
+        "forward_ms_per_step": 1e3 * forward_s,
+        "python_us_per_token": 1e6 * (seconds / num_steps - forward_s) / batch,
+        "python_cpu_us_per_token": 1e6 * (cpu_seconds / num_steps - forward_cpu_s) / batch,
         "scheduler_cpu_us_per_token": 1e6 * loop_cpu / num_tokens,
-        "executor_cpu_us_per_token": 1e6 * (step_cpu[0] - timer.cpu_seconds) / num_tokens,
+        "executor_cpu_us_per_token": 1e6 * (probe.step_cpu / counted - forward_cpu_s) / batch,
     }
 
 
 async def bench_inprocess(args: argparse.Namespace) -> list[dict]:
+    max_batch = max(args.batch)
+    scheduler = SchedulerConfig(max_num_seqs=max_batch, max_queue_wait_s=None)
+    fields = {"device": args.device, "page_size": args.page_size, "max_num_seqs": max_batch}
+    if args.num_pages:
+        fields["num_pages"] = args.num_pages
+    config = EngineConfig.for_model(args.model, scheduler=scheduler, **fields)
     samples: dict[tuple[int, int], list[dict]] = {}
-    for _ in range(args.rounds):
-        for batch in args.batch:
-            for k in args.steps:
-                samples.setdefault((batch, k), []).append(await one_run(args, batch, k))
+    async with Engine(config) as engine:
+        probe = Probe(engine.executors[0], args.device)
+        await (await engine.generate([5, 6, 7], SamplingParams(max_tokens=8))).collect()  # warm
+        seed = 0
+        for _ in range(args.rounds):
+            for batch in args.batch:
+                for k in args.steps:
+                    seed += 1
+                    run = await one_run(args, engine, probe, batch, k, seed)
+                    samples.setdefault((batch, k), []).append(run)
     rows = []
     for (batch, k), runs in samples.items():
         row = {"mode": "inprocess", "batch": batch, "k": k}

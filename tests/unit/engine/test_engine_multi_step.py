@@ -213,3 +213,49 @@ async def test_with_prepares_ahead_no_step_runs_a_sequence_past_its_max_tokens(m
         assert recorder.steps_with(result.req_id) == sampling.max_tokens
     assert_pages_back(engine)
     await engine.stop()
+
+
+async def test_constrained_rows_decode_in_multi_step_plans_with_the_tokens_of_single_steps(
+    tmp_path,
+):
+    """Jump-forward off (the default): a grammar advances step by step in the executor, so
+    constrained decodes need no single-step plans."""
+    import json
+
+    from mesh.engine import Engine, EngineConfig
+    from mesh.tiny_model import write_tiny_model
+    from radixmesh.sampling import Constraint, ConstraintKind
+    from services.executor.core.grammar import GrammarConfig, GrammarService
+
+    model = write_tiny_model(tmp_path / "tiny-tok", arch="llama", seed=0)
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+    constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema))
+    outputs = {}
+    for k in (1, 8):
+        grammar = GrammarService.from_model_dir(model, config=GrammarConfig(compile_timeout_s=60))
+        config = EngineConfig.for_model(
+            str(model), scheduler=SchedulerConfig(decode_steps_per_plan=k), device="cpu",
+            page_size=4, num_pages=256, max_num_seqs=8,
+        )  # fmt: skip
+        async with Engine(config, grammar=grammar) as engine:
+            assert engine.executors[0].info.max_forced_tokens == 0
+            recorder = Recorder(engine.executors[0])
+            streams = [
+                await engine.generate(
+                    [6 + i, 20 + i],
+                    SamplingParams(max_tokens=40, temperature=0.8, seed=i),
+                    constraint=constraint,
+                )
+                for i in range(4)
+            ]
+            results = await asyncio.gather(*(s.collect() for s in streams))
+            outputs[k] = [(r.token_ids, r.finish_reason) for r in results]
+            assert recorder.max_num_steps == k
+            assert_pages_back(engine)
+        grammar.close(wait=True)
+    assert outputs[8] == outputs[1]
+    assert any(reason == "stop" for _, reason in outputs[1])  # some reached the grammar's end
