@@ -16,6 +16,9 @@ from /proc/<pid>/stat around each run), per service and in total.
 The CPU-time verdict is paired by round: each round's on/off ratio of the
 mesh's total CPU ms per output token, their mean and a 95% Student-t
 confidence interval over the rounds; per service the same for on - off in ms.
+Each figure is also given as the median over the rounds with its min and max
+(`*_median`): the throughput lost (1 - on/off tok/s of each round's pair), the
+mesh's CPU per token, and the light services' extra CPU as a share of the mesh's.
 
     python bench/tracing_overhead.py --rounds 10 --num-requests 128 --json tracing.json
 """
@@ -68,6 +71,12 @@ def mean_ci(values: list[float]) -> dict[str, float]:
         return {"mean": mean, "low": float("nan"), "high": float("nan"), "n": len(values)}
     half = T95[min(len(values) - 1, len(T95)) - 1] * statistics.stdev(values) / len(values) ** 0.5
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(values)}
+
+
+def median_spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max (the spread a shared machine puts on each figure)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}  # fmt: skip
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -178,10 +187,23 @@ def main() -> int:
         sum(a[k] - b[k] for k in light) / sum(b.values())
         for a, b in zip(cpu["on"], cpu["off"], strict=True)
     ])  # fmt: skip
+    # medians over the rounds, with their spread: the throughput lost (1 - on/off of each
+    # round's pair of runs) and the same two CPU shares as above
+    lost = [1.0 - a / b for a, b in zip(runs["on"], runs["off"], strict=True)]
+    result["throughput_lost_per_round"] = lost
+    result["throughput_lost_median"] = median_spread(lost)
+    result["cpu_overhead_median"] = median_spread([r - 1.0 for r in ratios])
+    light_share = [sum(a[k] - b[k] for k in light) / sum(b.values())
+                   for a, b in zip(cpu["on"], cpu["off"], strict=True)]  # fmt: skip
+    result["cpu_light_services_share_median"] = median_spread(light_share)
     result["machine"] = {"cpus": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().split()[:3],
                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     result["on_over_off"] = result["mean_on"] / result["mean_off"]
     print(json.dumps(result, indent=2))
+    for key in ("throughput_lost_median", "cpu_overhead_median", "cpu_light_services_share_median"):
+        m = result[key]
+        print(f"{key}: {m['median']:+.2%} (min {m['min']:+.2%}, max {m['max']:+.2%}, "
+              f"{m['n']} rounds)")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
