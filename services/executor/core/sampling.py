@@ -74,13 +74,26 @@ def row_keys(seeds: torch.Tensor, output_lens: torch.Tensor) -> torch.Tensor:
     return _fmix32(key ^ (output_lens & _MASK32))
 
 
+UNIFORM_BITS = 23
+"""Bits of each uniform draw: (bits + 0.5) needs 24 significant bits, float32's all, so the
+draw is exact and strictly inside (0, 1). With 24 bits the largest draw rounded up to 1.0,
+its noise to -inf, and a token the mask had set to -inf won the race as NaN."""
+
+
+def noise_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """float32 log(E), E ~ Exp(1), from integers bits in [0, 2**UNIFORM_BITS): v = (bits +
+    0.5) / 2**UNIFORM_BITS is exact and inside (0, 1), and E = -log(1 - v) goes through
+    log1p so it stays above 0 for the smallest v; the result is finite for every bits."""
+    v = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << UNIFORM_BITS))
+    return torch.log(-torch.log1p(-v))
+
+
 def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[B, V] float32 log(E) with E ~ Exp(1), a pure function of (row key, token id)."""
+    """[B, V] float32 log(E) with E ~ Exp(1), a pure function of (row key, token id),
+    finite everywhere."""
     token_ids = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
     token_mix = _fmix32(_mul32(token_ids, _GOLDEN) ^ _TOKEN_SALT)
-    bits = _fmix32(keys[:, None] ^ token_mix[None, :]) >> 8
-    uniform = (bits.to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), exact
-    return torch.log(-torch.log(uniform))
+    return noise_from_bits(_fmix32(keys[:, None] ^ token_mix[None, :]) >> (32 - UNIFORM_BITS))
 
 
 def race(x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

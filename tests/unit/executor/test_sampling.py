@@ -12,11 +12,14 @@ import torch
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import SamplingParams
 from services.executor.core.sampling import (
+    UNIFORM_BITS,
     Sampler,
     SamplingInputs,
     _fmix32,
     _mul32,
     filter_logits,
+    noise_from_bits,
+    race,
 )
 
 CPU = torch.device("cpu")
@@ -229,6 +232,25 @@ def test_bitmask_is_respected(temperature):
     if temperature == 0.0:
         expected = logits.masked_fill(~allowed, float("-inf")).argmax(dim=-1)
         assert torch.equal(result.token_ids, expected)
+
+
+def test_the_race_noise_is_finite_for_every_draw():
+    """Every possible draw gives finite noise, so a token the mask set to -inf stays -inf
+    and never wins the race (an infinite noise made it NaN, which argmax picks)."""
+    noise = noise_from_bits(torch.arange(1 << UNIFORM_BITS, dtype=torch.int64))
+    assert bool(torch.isfinite(noise).all())
+    assert float(noise.min()) < -15 and float(noise.max()) > 2.7  # E from ~6e-8 to ~16.6
+    assert bool((noise[1:] >= noise[:-1]).all())  # monotone in the draw: no ties broken oddly
+
+
+def test_a_masked_row_draws_only_its_allowed_tokens_over_many_keys():
+    vocab, rows = 4096, 4096
+    x = torch.full((rows, vocab), float("-inf"))
+    allowed = torch.randint(0, vocab, (rows, 2), generator=torch.Generator().manual_seed(3))
+    x.scatter_(1, allowed, 0.0)
+    keys = torch.arange(rows, dtype=torch.int64) * 2654435761 % (1 << 32)
+    drawn = race(x, keys)
+    assert bool((drawn[:, None] == allowed).any(dim=1).all())
 
 
 # ---------------------------------------------------------------- reproducibility
