@@ -83,7 +83,7 @@ class MeshConfig:
     speculative: str = "off"
     """Every executor's --speculative: "off", "ngram", "suffix" or "radix"."""
     jump_forward: str = "auto"
-    """Every executor's --jump-forward: on, off or auto (off for now)."""
+    """Every executor's --jump-forward: on, off or auto (on the CPU, not on CUDA)."""
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""

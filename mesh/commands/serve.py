@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=("on", "off", "auto"),
         help="every executor verifies the tokens a constraint forces as a draft; auto "
-        "(default): off for now",
+        "(default): on the CPU, not on CUDA",
     )
     parser.add_argument(
         "--kv-memory-fraction",

@@ -15,7 +15,7 @@ from tests.unit.gateway.test_executor_flags import executor_args, serve_config
 def test_jump_forward_is_auto_by_default_and_the_flags_reach_the_config():
     default = executor_config(executor_args()).speculative
     assert (default.jump_forward, default.max_forced_tokens, default.method) == (None, 8, "off")
-    assert (default.jump_forward_on("cpu"), default.jump_forward_on("cuda")) == (False, False)
+    assert (default.jump_forward_on("cpu"), default.jump_forward_on("cuda")) == (True, False)
     config = executor_config(
         executor_args("--jump-forward", "off", "--max-forced-tokens", "12")
     ).speculative

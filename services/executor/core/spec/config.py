@@ -40,16 +40,14 @@ class SpeculativeConfig:
     jump_forward: bool | None = None
     """Jump-forward: a constrained decode's draft starts with the tokens its grammar forces
     (the only token its mask allows, spec/forced.py), at any batch size, with the method
-    off too. The output is the same as without it, in fewer steps. None (auto): off for
-    now. On CUDA its verification is an eager extend, measured slower than the graphed
-    decode (bench/RESULTS.md, jump-forward on the GPU); on the CPU a fresh-clone run gave
-    two strict-schema outputs that broke their constraint with it on. `on` turns it on."""
+    off too. The output is the same as without it, in fewer steps. None (auto): on the
+    CPU; off on CUDA until its graphed verification is measured faster there than the
+    decode steps it saves (the eager one was slower: bench/RESULTS.md, jump-forward on the
+    GPU). `on` turns it on anywhere."""
 
     def jump_forward_on(self, device_type: str) -> bool:
         """Whether jump-forward runs on a device of this type (resolving auto)."""
-        # auto is off on every device for now: a fresh-clone run gave two strict-schema outputs
-        # that broke their constraint with jump-forward on (cause not found yet)
-        return bool(self.jump_forward)
+        return self.jump_forward if self.jump_forward is not None else device_type != "cuda"
     max_forced_tokens: int = 8
     """Jump-forward: most forced tokens verified per constrained decode and step (the
     scheduler leases pages and takes step budget for this many)."""
