@@ -9,6 +9,7 @@ from mesh.launcher import MeshConfig, MeshPorts, plan_stages
 from radixmesh.errors import InvalidArgument
 from services.cache.main import parse_args as cache_args
 from services.executor.main import build_parser as executor_parser
+from services.scheduler.core import SchedulerConfig
 from services.scheduler.main import build_parser as scheduler_parser
 
 PARSERS = {
@@ -133,6 +134,13 @@ def test_drain_grace_and_queue_wait_reach_the_gateway_and_the_scheduler(model_di
     default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
     assert default["gateway"].grace_seconds == 30.0
     assert default["scheduler"].max_queue_wait_s == 30.0  # the scheduler's own default
+
+
+def test_decode_steps_per_plan_reaches_the_scheduler(model_dir, tmp_path):
+    config = MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", decode_steps_per_plan=8)
+    assert _parsed(config, MeshPorts.pick(1))["scheduler"].decode_steps_per_plan == 8
+    default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
+    assert default["scheduler"].decode_steps_per_plan == SchedulerConfig().decode_steps_per_plan
 
 
 @pytest.mark.parametrize("grace", [-1.0, float("nan"), 4000.0])
