@@ -447,8 +447,9 @@ TRAINED=${TRAINED_DIR:-/tmp/radixmesh-tiny-trained}
 
 # train_tiny: a small Llama trained on the standard library's source (bench/train_tiny.py),
 # the model the speculative step measures; kept in $TRAINED between calls on a warm machine.
+# TRAIN_MAX_S (default 300): seconds of training; SPEC_BATCH_SIZES: the speculative step's.
 step_train_tiny() {
-    local args=()
+    local args=(--max-train-s "${TRAIN_MAX_S:-300}")
     [ "$GPU" = 1 ] || args=(--smoke)
     run_step train_tiny 420 $PY bench/train_tiny.py --out "$TRAINED" --device "$(engine_device)" \
         "${args[@]}" --json "$RESULTS/train_tiny.json"
@@ -458,7 +459,7 @@ step_train_tiny() {
 # repeated and random prompts at batch 1, 8, 32, 128 (bench/speculative.py), on the trained
 # model.
 step_speculative() {
-    local args=()
+    local args=(--batch-sizes ${SPEC_BATCH_SIZES:-1 8 32 128})
     [ "$GPU" = 1 ] || args=(--smoke)
     [ -f "$TRAINED/config.json" ] || step_train_tiny
     run_step speculative 600 $PY bench/speculative.py --model "$TRAINED" \
