@@ -190,7 +190,8 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) 
             print(f"| {batch} | {mode} | {tok_s:.1f} | {row['tpot_mean_ms']:.2f} / ", end="")
             print(f"{row['tpot_p50_ms']:.2f} | {ttft:.1f} | {steps:.0f} | ", end="")
             print(f"{100 * row['forced_share']:.1f}% | {replays:.0f} |")
-        pairs = zip(results["off"][batch][0]["outputs"], results["on"][batch][0]["outputs"])
+        off_on = (results[mode][batch][0]["outputs"] for mode in ("off", "on"))
+        pairs = zip(*off_on, strict=True)
         num_differ = sum(a != b for a, b in pairs)
         same = num_differ == 0
         differ += [f"batch {batch}: {num_differ} greedy outputs differ"] if num_differ else []
