@@ -131,6 +131,8 @@ async def bench_modes(args: argparse.Namespace, model: str) -> dict[str, dict[in
                     after = core.spec_stats.snapshot()
                     row["num_steps"] = steps()
                     row["verify_graph_replays"] = _verify_replays(core) - replays
+                    switch = core.forced_switch  # jump-forward's (None: not measured)
+                    row["forced_switch"] = switch.describe() if switch is not None else None
                     row["num_forced"] = after.num_forced_tokens - before.num_forced_tokens
                     rows[mode].setdefault(batch, []).append(row)
     service.close(wait=True)
@@ -184,7 +186,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) 
                 "batch_size": batch, "jump_forward": mode, "output_tok_s": tok_s,
                 "tpot_mean_ms": statistics.mean(tpots), "tpot_p50_ms": statistics.median(tpots),
                 "ttft_p50_ms": ttft, "num_steps": steps, "forced_share": forced / max(tokens, 1),
-                "verify_graph_replays": replays,
+                "verify_graph_replays": replays, "forced_switch": rounds[-1]["forced_switch"],
             }  # fmt: skip
             out.append(row)
             print(f"| {batch} | {mode} | {tok_s:.1f} | {row['tpot_mean_ms']:.2f} / ", end="")
@@ -198,6 +200,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[int, list[dict]]]) 
         off, on = (r for r in out[-2:])
         print(f"| {batch} | gain | {on['output_tok_s'] / off['output_tok_s']:.3f}x | ", end="")
         print(f"{on['tpot_mean_ms'] / off['tpot_mean_ms']:.3f}x | | | outputs equal: {same} |")
+        print(f"| {batch} | switch | {results['on'][batch][-1]['forced_switch']} |")
     if differ:  # after every batch size's rows
         raise SystemExit("; ".join(differ) + " between the modes")
     return out

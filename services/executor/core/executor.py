@@ -43,7 +43,7 @@ from services.executor.core.graph_setup import (
     capture_graphs,
     estimate_graph_bytes,
     plan_graphs,
-    speculation_switch,
+    speculation_switches,
 )
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
@@ -74,6 +74,7 @@ from services.executor.core.spec.drafting import DraftLimits, check_not_verifyin
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
     drafted_lengths,
+    record_forced_gain,
     record_gain,
     rows_over_drafts,
     start_verifying,
@@ -159,7 +160,8 @@ class ExecutorCore:
         (compiles and tunes the prefill kernels) and capture_graphs."""
         self.model = Decoder(spec, weights, resolve_ops(config, self.device), max_model_len, tp)
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
-        graph_plan = plan_graphs(config, max_forced_tokens(config, grammar is not None, self.device))
+        forced_cap = max_forced_tokens(config, grammar is not None, self.device)
+        graph_plan = plan_graphs(config, forced_cap)
         graph_bytes = estimate_graph_bytes(
             graph_plan, spec, dtype, folder.spec.vocab_size, max_model_len, config.page_size
         ) if use_graphs else 0  # fmt: skip
@@ -186,9 +188,12 @@ class ExecutorCore:
             self.graph_bytes = (captured.estimated_bytes, captured.measured_bytes)
             self.startup_seconds["capture_graphs"] = time.perf_counter() - start
         start = time.perf_counter()
-        self.spec_switch = speculation_switch(config, captured, tp, self.device)
+        switches = speculation_switches(config, captured, forced_cap, tp, self.device)
+        self.spec_switch = switches.proposer
         """Whether a step's decodes draft (spec/switch.py; measured at start-up on CUDA)."""
-        if self.spec_switch.cost_ratios is not None:
+        self.forced_switch = switches.forced
+        """Whether a step verifies its forced runs (None: always)."""
+        if self.spec_switch.cost_ratios is not None or self.forced_switch is not None:
             self.startup_seconds["time_speculation"] = time.perf_counter() - start
         self.sampler = Sampler(
             spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
@@ -328,7 +333,7 @@ class ExecutorCore:
             all_executed = self._num_executed == self._num_prepared
             drafts = step_drafts(
                 self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits,
-                self._forced, self.spec_switch,
+                self._forced, self.spec_switch, self.forced_switch,
             )  # fmt: skip
             self._num_prepared += 1
             if seqs:
@@ -416,6 +421,8 @@ class ExecutorCore:
                         outputs[-1].finish_reason = "length"
             if prepared.drafts is not None and self._proposer is not None:
                 record_gain(self.spec_switch, prepared.drafts, outputs)
+            if prepared.drafts is not None and self.forced_switch is not None:
+                record_forced_gain(self.forced_switch, prepared.drafts, outputs)
         seconds = prepared.prepare_seconds + time.perf_counter() - start
         return StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
 

@@ -203,27 +203,53 @@ def agree_timings(timings: StepTimings, tp: TensorParallel, device: torch.device
     return {b: (slowest(d), slowest(v)) for b, (d, v) in sorted(timings.items())}
 
 
-def speculation_switch(
+@dataclass(frozen=True, slots=True)
+class Switches:
+    proposer: SpecSwitch
+    """Whether a step's decodes get the proposer's drafts."""
+    forced: SpecSwitch | None
+    """Whether a step verifies jump-forward's forced runs; None: always (nothing measured)."""
+
+
+def speculation_switches(
     config: ExecutorConfig,
     graphs: CapturedGraphs | None,
+    max_forced_tokens: int,
     tp: TensorParallel,
     device: torch.device,
-) -> SpecSwitch:
-    """The executor's speculation switch: the fixed cap when one is configured; measured
-    from the graphs when they were captured for speculation; else the unmeasured cap."""
+) -> Switches:
+    """The executor's switches (spec/switch.py). The proposer's: the fixed cap when one is
+    configured, else measured from the graphs when they were captured, else the
+    unmeasured cap. Jump-forward's, with graphs: a step pads every decode to the
+    verification rows, so its forced runs are weighed against that cost as drafts are
+    (its cap is max_num_seqs: the scheduler plans forced tokens at any batch size)."""
     speculative = config.speculative
-    if speculative.max_batch_size is not None:
-        return SpecSwitch(speculative.max_batch_size)
-    if not speculative.enabled or graphs is None or graphs.verify is None:
-        return SpecSwitch(min(UNMEASURED_MAX_BATCH_SIZE, config.max_num_seqs))
-    timings = agree_timings(time_steps(graphs.decode, graphs.verify), tp, device)
-    switch = SpecSwitch.measured(timings, graphs.verify.num_rows, config.max_num_seqs)
-    log.info(
-        "speculation_switch",
-        max_batch_size=switch.max_batch_size,
-        **{
-            f"b{b}_ms": f"decode {d * 1e3:.3f}, verify {v * 1e3:.3f}"
-            for b, (d, v) in timings.items()
-        },
+    fixed = speculative.max_batch_size
+    measure = graphs is not None and graphs.verify is not None and (
+        max_forced_tokens > 0 or (speculative.enabled and fixed is None)
     )
-    return switch
+    timings = None
+    if measure:
+        assert graphs is not None and graphs.verify is not None
+        timings = agree_timings(time_steps(graphs.decode, graphs.verify), tp, device)
+    if fixed is not None:
+        proposer = SpecSwitch(fixed)
+    elif speculative.enabled and timings is not None:
+        max_gain = speculative.max_draft_tokens + 1  # the verification rows may be more
+        proposer = SpecSwitch.measured(timings, max_gain, config.max_num_seqs)
+    else:
+        proposer = SpecSwitch(min(UNMEASURED_MAX_BATCH_SIZE, config.max_num_seqs))
+    forced = None
+    if max_forced_tokens and timings is not None:
+        forced = SpecSwitch.measured(timings, max_forced_tokens + 1, config.max_num_seqs)
+        forced.max_batch_size = config.max_num_seqs
+    if timings is not None:
+        log.info(
+            "speculation_switch",
+            max_batch_size=proposer.max_batch_size,
+            **{
+                f"b{b}_ms": f"decode {d * 1e3:.3f}, verify {v * 1e3:.3f}"
+                for b, (d, v) in timings.items()
+            },
+        )
+    return Switches(proposer, forced)

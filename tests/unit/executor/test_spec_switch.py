@@ -16,7 +16,7 @@ from services.executor.core.cuda_graphs import batch_buckets
 from services.executor.core.graph_setup import GraphPlan, estimate_graph_bytes, plan_graphs
 from services.executor.core.resources import size_num_pages
 from services.executor.core.spec import SpeculativeConfig
-from services.executor.core.spec.step import record_gain
+from services.executor.core.spec.step import record_forced_gain, record_gain
 from services.executor.core.spec.switch import (
     PROBE_EVERY,
     UNMEASURED_MAX_BATCH_SIZE,
@@ -30,21 +30,21 @@ TIMINGS = {1: (1e-3, 1.1e-3), 2: (1e-3, 1.2e-3), 4: (1e-3, 2e-3), 8: (1e-3, 6e-3
 
 
 def test_the_cap_is_the_last_bucket_before_verification_costs_more_than_any_gain() -> None:
-    switch = SpecSwitch.measured(TIMINGS, num_rows=5, max_batch_size=256)
+    switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
     # 8 costs 6x a decode: more than 5 tokens per decode, the most a draft of 4 can emit;
     # 16 is cheaper again, but a bucket past the first loss never counts
     assert switch.max_batch_size == 4
     assert switch.cost_ratios is not None
     assert switch.cost_ratios[4] == pytest.approx(2.0)
-    assert SpecSwitch.measured(TIMINGS, num_rows=7, max_batch_size=256).max_batch_size == 16
-    assert SpecSwitch.measured(TIMINGS, num_rows=7, max_batch_size=6).max_batch_size == 6
-    assert SpecSwitch.measured({1: (1e-3, 9e-3)}, num_rows=5, max_batch_size=8).max_batch_size == 0
+    assert SpecSwitch.measured(TIMINGS, max_gain=7, max_batch_size=256).max_batch_size == 16
+    assert SpecSwitch.measured(TIMINGS, max_gain=7, max_batch_size=6).max_batch_size == 6
+    assert SpecSwitch.measured({1: (1e-3, 9e-3)}, max_gain=5, max_batch_size=8).max_batch_size == 0
     with pytest.raises(ValueError, match="timed bucket"):
-        SpecSwitch.measured({}, num_rows=5, max_batch_size=8)
+        SpecSwitch.measured({}, max_gain=5, max_batch_size=8)
 
 
 def test_a_batch_takes_the_ratio_of_the_bucket_it_pads_to() -> None:
-    switch = SpecSwitch.measured(TIMINGS, num_rows=7, max_batch_size=256)
+    switch = SpecSwitch.measured(TIMINGS, max_gain=7, max_batch_size=256)
     assert switch.ratio(1) == pytest.approx(1.1)
     assert switch.ratio(3) == pytest.approx(2.0)  # runs in the bucket of 4
     assert switch.ratio(9) == pytest.approx(3.0)
@@ -52,7 +52,7 @@ def test_a_batch_takes_the_ratio_of_the_bucket_it_pads_to() -> None:
 
 
 def test_drafts_while_the_measured_gain_beats_the_cost_ratio() -> None:
-    switch = SpecSwitch.measured(TIMINGS, num_rows=5, max_batch_size=256)
+    switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
     assert math.isinf(switch.gain)
     assert switch.allows(4)  # nothing measured yet: try, and measure the gain
     assert not switch.allows(5)  # past the cap, whatever the gain
@@ -67,7 +67,7 @@ def test_drafts_while_the_measured_gain_beats_the_cost_ratio() -> None:
 
 
 def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
-    switch = SpecSwitch.measured(TIMINGS, num_rows=5, max_batch_size=256)
+    switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
     switch.record(num_decodes=2, num_emitted=2)  # gain 1: nothing pays
     answers = [switch.allows(1) for _ in range(3 * PROBE_EVERY)]
     assert answers.count(True) == 3 == switch.num_probes
@@ -155,6 +155,67 @@ def test_a_core_stops_drafting_where_the_switch_declines(llama_model: TinyModel)
     assert declined == drafted == off
 
 
+def test_record_forced_gain_counts_a_token_per_decode_and_the_forced_tokens_kept() -> None:
+    switch = SpecSwitch(8)
+    record_forced_gain(switch, [[], [4, 5]], [SequenceOutput("a", 3), SequenceOutput("b", 6)])
+    assert math.isinf(switch.gain)  # nothing was forced: nothing to learn
+    outputs = [
+        SequenceOutput("a", 3),
+        SequenceOutput("b", 6, accepted_token_ids=[4, 5, 7], num_draft_tokens=3, num_forced_tokens=2),
+    ]
+    record_forced_gain(switch, [[], [4, 5, 7]], outputs)  # the guessed 7 is not the grammar's
+    assert switch.gain == pytest.approx((2 + 2) / 2)
+
+
+@pytest.fixture(scope="module")
+def jf_model_dir(tmp_path_factory):
+    from mesh.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-switch"), arch="llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def jf_grammar(jf_model_dir):
+    from services.executor.core.grammar import GrammarConfig, GrammarService
+
+    service = GrammarService.from_model_dir(jf_model_dir, config=GrammarConfig(compile_timeout_s=60))
+    yield service
+    service.close(wait=True)
+
+
+def test_jump_forward_verifies_forced_runs_only_where_its_switch_allows(
+    jf_model_dir, jf_grammar
+) -> None:
+    from radixmesh.sampling import SamplingParams
+    from tests.unit.executor.test_jump_forward import (
+        CONSTRAINTS,
+        MAX_FORCED,
+        Counted,
+        prompts,
+    )
+    from tests.unit.executor.test_jump_forward import generate as generate_constrained
+
+    work = prompts(2)
+    sampling = [SamplingParams(temperature=0.0, max_tokens=40)] * len(work)
+    constraint = CONSTRAINTS["json_schema"]
+    results = {}
+    # a forced run pays 3x a decode and has been gaining 1.2 tokens per decode: declined;
+    # then nearly free, and nothing measured yet: verified
+    for name, switch in (("declined", SpecSwitch(16, {16: 3.0}, gain=1.2)), ("on", SpecSwitch(16, {16: 1.01}))):
+        counted = Counted(jf_model_dir, jf_grammar, max_forced_tokens=MAX_FORCED)
+        assert counted.core.forced_switch is None  # on the CPU nothing is measured
+        counted.core.forced_switch = switch
+        try:
+            tokens = generate_constrained(counted, work, sampling, constraint, MAX_FORCED)[0]
+            results[name] = (tokens, counted.core.spec_stats.snapshot().num_forced_tokens, switch)
+        finally:
+            counted.core.shutdown()
+    (declined, forced_declined, off_switch), (on, forced_on, on_switch) = results["declined"], results["on"]
+    assert forced_declined == 0 and off_switch.num_declined > 0
+    assert forced_on > 0 and on_switch.gain > 1.0  # measured from its own forced steps
+    assert declined == on
+
+
 # -- on CUDA ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -171,6 +232,7 @@ def test_on_cuda_the_switch_is_measured_and_the_graph_memory_is_within_its_estim
     assert all(r > 0 for r in switch.cost_ratios.values())
     assert core.info.max_speculative_batch_size == switch.max_batch_size <= 32
     assert core._verify_graphs is not None and core._verify_graphs.num_rows == 5
+    assert core.forced_switch is None  # no grammar: jump-forward is off
     assert core.graph_bytes is not None
     estimated, measured = core.graph_bytes
     assert 0 < measured <= estimated

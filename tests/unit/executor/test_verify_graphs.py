@@ -178,5 +178,6 @@ def test_jump_forward_verifies_in_graphs_with_speculation_off(tmp_path) -> None:
         grammar.close(wait=True)
     assert off.core._verify_graphs is None  # nothing drafts: no verification graphs
     assert graphs is not None and graphs.num_rows == MAX_FORCED + 1
+    assert on.core.forced_switch is not None and on.core.forced_switch.cost_ratios
     assert forced > 0 and graphs.num_runs > 0  # forced runs verified as graph replays
     assert got == expected

@@ -84,6 +84,7 @@ def plan_drafts(
     limits: DraftLimits,
     forced: ForcedTokens | None = None,
     switch: SpecSwitch | None = None,
+    forced_switch: SpecSwitch | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing.
 
@@ -91,8 +92,9 @@ def plan_drafts(
     a step with prompt scoring. A constrained decode's draft starts with the tokens its
     grammar forces (`forced`: jump-forward, at any batch size); the proposer's guess
     follows them, in a step the `switch` allows (spec/switch.py; without one: at most
-    limits.max_batch_size decodes). Each sequence's `num_forced_tokens` is set to the
-    length of its forced head.
+    limits.max_batch_size decodes). `forced_switch`: whether the step verifies forced
+    runs at all (None: it does). Each sequence's `num_forced_tokens` is set to the length
+    of its forced head.
     """
     if not any(allowed) or any(s.sampling.prompt_logprobs_start is not None for s in seqs):
         return None
@@ -101,6 +103,8 @@ def plan_drafts(
         switch.allows(num_decodes) if switch is not None else num_decodes <= limits.max_batch_size
     ):
         proposer = None
+    if forced is not None and forced_switch is not None and not forced_switch.allows(num_decodes):
+        forced = None
     if proposer is None and forced is None:
         return None
     room = limits.max_num_batched_tokens - sum(num_tokens)

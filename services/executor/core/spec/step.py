@@ -36,13 +36,15 @@ def step_drafts(
     limits: DraftLimits,
     forced: ForcedTokens | None = None,
     switch: SpecSwitch | None = None,
+    forced_switch: SpecSwitch | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing:
     speculation and jump-forward (`forced`) off, a prepared step not executed yet, or no
-    decode drafts. `switch`: whether the step's decodes get the proposer's drafts."""
+    decode drafts. `switch` / `forced_switch`: whether the step's decodes get the
+    proposer's drafts / their forced runs."""
     if (proposer is None and forced is None) or not all_executed:
         return None
-    return plan_drafts(proposer, seqs, num_tokens, allowed, limits, forced, switch)
+    return plan_drafts(proposer, seqs, num_tokens, allowed, limits, forced, switch, forced_switch)
 
 
 def record_gain(
@@ -54,6 +56,17 @@ def record_gain(
         return
     emitted = sum(1 + len(o.accepted_token_ids) for o in outputs if o.token_id is not None)
     switch.record(len(drafts), emitted)
+
+
+def record_forced_gain(
+    switch: SpecSwitch, drafts: Sequence[Sequence[int]], outputs: Sequence[SequenceOutput]
+) -> None:
+    """Tells jump-forward's switch what a step with forced runs emitted per decode: a
+    token each, and the forced tokens kept (a proposer's accepted guesses left out)."""
+    forced = sum(o.num_forced_tokens for o in outputs)
+    if not forced:
+        return
+    switch.record(len(drafts), sum(o.token_id is not None for o in outputs) + forced)
 
 
 def drafted_lengths(

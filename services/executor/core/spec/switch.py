@@ -54,16 +54,16 @@ class SpecSwitch:
             self._buckets = sorted(self.cost_ratios)
 
     @classmethod
-    def measured(cls, timings: StepTimings, num_rows: int, max_batch_size: int) -> SpecSwitch:
-        """From a timing table of graphs of `num_rows` rows per sequence (k + 1): the cap
-        is the largest measured bucket up to which every ratio beats num_rows, at most
-        `max_batch_size`."""
+    def measured(cls, timings: StepTimings, max_gain: int, max_batch_size: int) -> SpecSwitch:
+        """From a timing table: the cap is the largest measured bucket up to which every
+        ratio beats `max_gain` (k + 1, the most tokens a decode with a draft of k can
+        emit), at most `max_batch_size`."""
         if not timings:
             raise ValueError("a measured switch needs at least one timed bucket")
         ratios = {b: verify / decode for b, (decode, verify) in sorted(timings.items())}
         cap = 0
         for bucket, ratio in ratios.items():
-            if ratio >= num_rows:
+            if ratio >= max_gain:
                 break
             cap = bucket
         return cls(min(cap, max_batch_size), ratios)
