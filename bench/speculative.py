@@ -139,7 +139,8 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
     async with Engine(config) as engine:
         vocab = engine.executors[0].info.vocab_size
         switch = engine.executors[0].spec_switch
-        print(f"{mode:<7} speculation switch: {switch.describe()}", flush=True)
+        print(f"{mode:<7} speculation switch: {switch.describe()}; CUDA graph bytes (estimated, "
+              f"measured): {engine.executors[0].graph_bytes}", flush=True)
         for batch in args.batch_sizes:  # warm-up: every batch shape once, short outputs
             await run_batch(engine, make_prompts("random", batch, tokenizer, vocab, 99, 64), 8)
         for workload in args.workloads:
