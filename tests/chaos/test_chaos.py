@@ -9,13 +9,16 @@ last: SIGTERM with streams in flight cuts none of them.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 
 import aiohttp
+import grpc
 import pytest
 
 from mesh.faults import ServeProcess, Tally, one_stream, stream_load
+from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.cache.client import CacheClient
 
 NUM_STREAMS = 16
@@ -71,6 +74,7 @@ async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
     assert {o.kind for o in warm} == {"completed"}
     # long outputs: the batch each pool holds (its pages over a request's prompt plus
     # max_tokens) is smaller than the burst, whatever the machine's speed
+    before = envoy_refusals(mesh)
     outcomes = await stream_load(mesh.http, num_streams, OVERLOAD_MAX_TOKENS, deadline_s=150)
     tally = Tally.of(outcomes)
     assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
@@ -79,6 +83,14 @@ async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
     assert all(o.error_code == "resource_exhausted" and o.retry_after for o in refused)
     assert max(o.seconds for o in refused) < 10.0  # refused on arrival, not after waiting
     assert tally.counts["completed"] + len(refused) == num_streams, tally
+    assert envoy_refusals(mesh) > before  # some by Envoy itself, from the gateway's limit
+
+
+def envoy_refusals(mesh: ServeProcess) -> int:
+    """429s Envoy answered itself so far (its access log's upstream-overflow flag)."""
+    log = mesh.log_dir / "envoy-access.log"
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return sum((e.get("status"), e.get("flags")) == (429, "UO") for e in entries)
 
 
 async def test_a_dead_executor_cuts_nothing_and_comes_back(mesh):
@@ -117,19 +129,49 @@ async def test_a_dead_gateway_resets_its_connections_and_comes_back(mesh):
     await serves_again(mesh, "gateway", mark)
 
 
+async def grpc_stream(target: str, started: asyncio.Event) -> tuple[str, int, bool, float]:
+    """One gRPC Generate of MAX_TOKENS: (status code name, chunks, whether it completed,
+    when it ended on the monotonic clock)."""
+    request = inference_pb2.GenerateRequest(
+        prompt="the mesh survives its parts", sampling=inference_pb2.SamplingParams(max_tokens=MAX_TOKENS)
+    )
+    chunks, completed = 0, False
+    async with grpc.aio.insecure_channel(target) as channel:
+        try:
+            async for reply in inference_pb2_grpc.InferenceStub(channel).Generate(
+                request, timeout=DEADLINE_S
+            ):
+                chunks += reply.HasField("chunk")
+                completed |= reply.HasField("complete")
+                started.set()
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name, chunks, completed, time.monotonic()
+    return "OK", chunks, completed, time.monotonic()
+
+
 async def test_a_gateway_stopped_with_sigterm_finishes_its_streams_and_comes_back(mesh):
     # a graceful stop of the gateway alone (a rolling restart): it turns NOT_SERVING and
     # refuses what is new with a clear 503, and what it streams runs to its end
+    start = time.monotonic()
     load = asyncio.create_task(stream_load(mesh.http, NUM_STREAMS, MAX_TOKENS, DEADLINE_S))
-    await asyncio.sleep(0.5)  # the streams are flowing
+    flowing = asyncio.Event()
+    target = mesh.http.removeprefix("http://")
+    calls = [asyncio.create_task(grpc_stream(target, flowing)) for _ in range(4)]
+    await asyncio.wait_for(flowing.wait(), 30)
+    await asyncio.sleep(0.3)  # the streams are flowing
+    signalled = time.monotonic()
     mark = mesh.kill("gateway", signal.SIGTERM)
     outcomes = await load
     tally = Tally.of(outcomes)
     assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
     assert set(tally.codes) <= {"unavailable", "connection_refused"}, tally
     streamed = [o for o in outcomes if o.num_chunks]
-    assert streamed, tally  # some were in flight at the signal ...
-    assert all(o.kind == "completed" for o in streamed), tally  # ... and every one finished
+    assert all(o.kind == "completed" for o in streamed), tally  # every one finished ...
+    # ... among them some that were still running at the signal
+    assert any(start + o.seconds > signalled for o in streamed), tally
+    rpcs = await asyncio.gather(*calls)  # gRPC alike: a stream that had started ends OK
+    assert all((code, done) == ("OK", True) for code, chunks, done, _ in rpcs if chunks), rpcs
+    assert any(chunks and ended > signalled for _, chunks, _, ended in rpcs), rpcs
     assert await mesh.wait_output("service 'gateway' exited with code 0", 30, mark)
     await serves_again(mesh, "gateway", mark)
 
