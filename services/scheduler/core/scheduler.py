@@ -33,7 +33,7 @@ from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
-from services.scheduler.core.groups import lend_prompt_logprobs, members_of
+from services.scheduler.core.groups import lend_prompt_logprobs, members_of, settle_wait
 from services.scheduler.core.holds import Holds
 from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
@@ -338,6 +338,8 @@ class SchedulerCore:
             ex.wake.clear()
             if not ex.num_in_flight and self._num_matching:  # idle: let a burst land together
                 await self._settle_submits()
+            if not ex.num_in_flight:  # idle: a group still arriving starts in one step
+                await self._settle_groups(ex)
             try:
                 if ex.reset_reason is not None:
                     await self._drop_leased(ex)
@@ -373,6 +375,11 @@ class SchedulerCore:
             ex.last_result_step = result.step_id
             ex.note_health(result.health, self._clock())
             await self._process(ex, result)
+
+    async def _settle_groups(self, ex: ExecutorState) -> None:
+        """Wait (at most groups.GROUP_SETTLE_S) for the members of a group still arriving."""
+        while (wait := settle_wait(ex.queue, ex.running.values(), self._clock())) > 0:
+            await asyncio.sleep(wait)
 
     async def _idle(self, ex: ExecutorState) -> None:
         """Wait for a submit or abort, or for the next deadline of this executor's requests."""
