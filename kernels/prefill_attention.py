@@ -8,9 +8,10 @@ one sequence (MIN_DENSE_Q_LEN). Without them, with a sliding window, or with a h
 dense kernel does not take, it is the paged kernel. Otherwise, on a CUDA device, the first call of a shape class (dtype, heads,
 head_dim, page size, and the longest new-token count's power-of-two bucket; the executor's
 start-up warm-up makes the first calls) times the paged kernel and every `DENSE_CANDIDATES`
-configuration on that call's own inputs, drops a candidate that fails to compile or
-disagrees with the paged kernel's output, and keeps the fastest: a configuration slower
-than the paged kernel is never used. A shape first seen inside a CUDA graph capture gets
+configuration on one random prompt of the bucket's length (not the call's own inputs: a
+warm-up's dummy batch stores every token in one page, so its cache disagrees with its
+dense K/V), drops a candidate that fails to compile or disagrees with the paged kernel's
+output, and keeps the fastest: a configuration slower than the paged kernel is never used. A shape first seen inside a CUDA graph capture gets
 the paged kernel (no timing there). The interpreter runs the dense kernel's small
 configuration, untimed. RADIXMESH_PREFILL_ATTENTION=paged (or dense) fixes the choice.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,29 +93,74 @@ def _time_us(fn) -> float:
     return statistics.median(times)
 
 
-def _tune(paged, dense) -> PrefillPlan:
+@dataclass(frozen=True, slots=True)
+class _Case:
+    """Inputs a shape class is timed on: one prompt of `q_len` tokens from position 0 in
+    shuffled pages, random values, its keys and values both in the caches and dense."""
+
+    args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]
+    """q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale."""
+    k_new: torch.Tensor
+    v_new: torch.Tensor
+    q_len: int
+
+    @classmethod
+    def like(cls, q: torch.Tensor, k_cache: torch.Tensor, q_len: int) -> _Case:
+        device, dtype = q.device, q.dtype
+        _, page_size, num_kv_heads, head_dim = k_cache.shape
+        gen = torch.Generator(device=device).manual_seed(q_len)
+        num_pages = -(-q_len // page_size)
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(shape, generator=gen, device=device).to(dtype)
+
+        k_new, v_new = randn(q_len, num_kv_heads, head_dim), randn(q_len, num_kv_heads, head_dim)
+        pages = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+        slots = (pages.long()[:, None] * page_size + torch.arange(page_size, device=device))
+        slots = slots.flatten()[:q_len]
+        caches = []
+        for new in (k_new, v_new):
+            cache = torch.zeros((num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device)
+            cache.view(-1, num_kv_heads, head_dim)[slots] = new
+            caches.append(cache)
+        lens = torch.tensor([q_len], dtype=torch.int32, device=device)
+        cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
+        args = (
+            randn(q_len, q.shape[1], head_dim), caches[0], caches[1], pages[None, :], cu, lens,
+            head_dim**-0.5,
+        )  # fmt: skip
+        return cls(args, k_new, v_new, q_len)
+
+    def paged(self) -> torch.Tensor:
+        return paged_attention_triton(*self.args, None, self.q_len)
+
+    def dense(self, cfg: DenseConfig) -> torch.Tensor:
+        return dense_prefill_attention(*self.args, self.k_new, self.v_new, self.q_len, cfg)
+
+
+def _tune(case: _Case) -> PrefillPlan:
     """The fastest of the paged kernel and the dense candidates that agree with it."""
-    expected = paged().float()
+    expected = case.paged().float()
     tolerance = 2e-2 * float(expected.abs().max()) + 1e-3
-    timings = [("paged", round(_time_us(paged), 2))]
+    timings = [("paged", round(_time_us(case.paged), 2))]
     configs: dict[str, DenseConfig | None] = {"paged": None}
     for cfg in DENSE_CANDIDATES:
         name = cfg.describe()
         try:
-            got = dense(cfg).float()
+            got = case.dense(cfg).float()
         except Exception:  # a configuration this device or triton cannot run
             continue
         if not float((got - expected).abs().max()) <= tolerance:
             continue
-        timings.append((name, round(_time_us(lambda cfg=cfg: dense(cfg)), 2)))
+        timings.append((name, round(_time_us(lambda cfg=cfg: case.dense(cfg)), 2)))
         configs[name] = cfg
     best = min(timings, key=lambda t: t[1])[0]
     return PrefillPlan(best, configs[best], tuple(timings))
 
 
-def prefill_plan(key: tuple, paged, dense) -> PrefillPlan:
-    """The plan of a shape class (tuned on its first call on CUDA, outside graph capture).
-    `paged()` runs the paged kernel on the call's inputs, `dense(cfg)` a dense candidate."""
+def prefill_plan(key: tuple, make_case: Callable[[], _Case]) -> PrefillPlan:
+    """The plan of a shape class (tuned on its first call on CUDA, outside graph capture,
+    on the inputs `make_case` builds)."""
     plan = _plans.get(key)
     if plan is not None:
         return plan
@@ -123,7 +170,7 @@ def prefill_plan(key: tuple, paged, dense) -> PrefillPlan:
         plan = _plans.get(key)
         if plan is None:
             try:
-                plan = _tune(paged, dense)
+                plan = _tune(make_case())
             except Exception as exc:  # never worse than the paged kernel
                 plan = PrefillPlan(f"paged (tuning failed: {type(exc).__name__})", None)
             _plans[key] = plan
@@ -183,9 +230,7 @@ def prefill_attention_triton(
         return dense(DENSE_CANDIDATES[0])
     bucket = 1 << max(q_len - 1, 15).bit_length()  # 16, 32, ... tokens
     key = (q.device, q.dtype, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], bucket)
-    plan = prefill_plan(
-        key, lambda: paged_attention_triton(*args, None, q_len), dense
-    )
+    plan = prefill_plan(key, lambda: _Case.like(q, k_cache, bucket))
     if plan.config is None:
         return paged_attention_triton(*args, None, q_len)
     return dense(plan.config)

@@ -209,3 +209,69 @@ def test_a_bad_mode_in_the_environment_names_the_variable():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "RADIXMESH_PREFILL_ATTENTION must be one of auto, paged, dense" in proc.stderr
+
+
+class _StubCase:
+    """A case whose kernels return set outputs and report set times (the choice's logic)."""
+
+    def __init__(self, outputs, times):
+        self.outputs, self.times, self.last = outputs, times, None
+
+    def paged(self):
+        self.last = "paged"
+        return self.outputs["paged"]
+
+    def dense(self, cfg):
+        self.last = cfg.describe()
+        result = self.outputs[self.last]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+def _choose(monkeypatch, outputs, times):
+    from kernels import prefill_attention
+
+    configs = [DenseConfig(32, 16), DenseConfig(64, 16), DenseConfig(16, 16)]
+    monkeypatch.setattr(prefill_attention, "DENSE_CANDIDATES", tuple(configs))
+    names = ["paged", *(c.describe() for c in configs)]
+    case = _StubCase(dict(zip(names, outputs, strict=True)), times)
+
+    def fake_time(fn):
+        fn()
+        return case.times[case.last]
+
+    monkeypatch.setattr(prefill_attention, "_time_us", fake_time)
+    return prefill_attention._tune(case), configs
+
+
+def test_choice_keeps_the_fastest_agreeing_kernel_and_drops_failures(monkeypatch):
+    ref = torch.ones(4, 2)
+    outputs = [ref, ref + 0.001, ref + 1.0, RuntimeError("out of resources")]
+    times = {"paged": 10.0, "dense 32x16 w4 s2": 5.0, "dense 64x16 w4 s2": 1.0}
+    plan, configs = _choose(monkeypatch, outputs, times)
+    assert plan.config == configs[0]  # the faster 64x16 disagrees, 16x16 failed
+    assert [name for name, _ in plan.timings_us] == ["paged", "dense 32x16 w4 s2"]
+
+
+def test_choice_keeps_the_paged_kernel_when_no_dense_one_is_faster(monkeypatch):
+    ref = torch.ones(4, 2)
+    times = {"paged": 3.0, "dense 32x16 w4 s2": 5.0, "dense 64x16 w4 s2": 4.0, "dense 16x16 w4 s2": 9.0}
+    plan, _ = _choose(monkeypatch, [ref, ref, ref, ref], times)
+    assert plan.config is None and plan.name == "paged"
+    assert len(plan.timings_us) == 4
+
+
+def test_timing_case_holds_its_dense_kv_in_its_pages_and_both_kernels_agree():
+    from kernels.prefill_attention import INTERPRETER_CONFIG, _Case
+
+    like = torch.empty(1, 8, 32)
+    cache = torch.empty(1, 16, 2, 32)
+    case = _Case.like(like, cache, 40)
+    q, k_cache, v_cache, page_table, cu, lens, _ = case.args
+    assert q.shape == (40, 8, 32) and lens.tolist() == [40] and cu.tolist() == [0, 40]
+    assert torch.equal(gather_kv(k_cache, page_table[0], 40), case.k_new)
+    assert torch.equal(gather_kv(v_cache, page_table[0], 40), case.v_new)
+    ref = paged_attention_ref(*case.args)
+    torch.testing.assert_close(case.paged(), ref, **tolerance(torch.float32))
+    torch.testing.assert_close(case.dense(INTERPRETER_CONFIG), ref, **tolerance(torch.float32))
