@@ -205,10 +205,10 @@ _MIN_TOKENS_PER_SPLIT = 256
 _MAX_SPLITS = 64
 SINGLE_PASS_MAX_CONTEXT = 512
 """Up to this capacity (page-table width x page size, or the sliding window) decode runs
-as one launch with no split, whatever the batch: at batch 1 on an H200 a split of such a
-context saves less than the merge launch costs. Above it the split count decides (1 is
-again one launch). Benchmarks set it to compare the paths (`bench/kernel_bench.py
---decode-sweep`)."""
+as one launch with no split, whatever the batch; above it the split count decides (1 is
+again one launch). A default from the per-program work (one KV head's 512 positions are
+256 KB at head_dim 128 in bf16), not yet a measured crossover: `bench/attention_bench.py`
+measures both paths per batch and context and prints the crossover it should be."""
 
 
 @functools.cache
