@@ -74,6 +74,7 @@ from services.executor.core.spec.drafting import DraftLimits, check_not_verifyin
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
     drafted_lengths,
+    observe_step,
     record_forced_gain,
     record_gain,
     rows_over_drafts,
@@ -424,6 +425,7 @@ class ExecutorCore:
             if prepared.drafts is not None and self.forced_switch is not None:
                 record_forced_gain(self.forced_switch, prepared.drafts, outputs)
         seconds = prepared.prepare_seconds + time.perf_counter() - start
+        observe_step((self.spec_switch, self.forced_switch), prepared, seconds)
         return StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
 
     def shutdown(self) -> None:

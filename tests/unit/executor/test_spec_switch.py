@@ -18,6 +18,7 @@ from services.executor.core.resources import size_num_pages
 from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.step import record_forced_gain, record_gain
 from services.executor.core.spec.switch import (
+    MIN_STEP_SAMPLES,
     PROBE_EVERY,
     UNMEASURED_MAX_BATCH_SIZE,
     SpecSwitch,
@@ -75,6 +76,27 @@ def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
     switch.record(num_decodes=2, num_emitted=6)  # a probe found drafts that pay
     assert switch.gain == pytest.approx(0.9 + 0.3)
     assert switch.allows(1)  # 1.1 < 1.2
+
+
+def test_step_wall_times_replace_the_start_up_ratio_once_a_bucket_has_enough() -> None:
+    switch = SpecSwitch(256, {1: 1.1, 8: 1.2}, gain=2.0)
+    for _ in range(MIN_STEP_SAMPLES):
+        switch.observe_step(6, 1e-3, drafted=False)  # 6 decodes run in the bucket of 8
+    for _ in range(MIN_STEP_SAMPLES - 1):
+        switch.observe_step(8, 3e-3, drafted=True)
+    assert switch.ratio(8) == pytest.approx(1.2)  # one drafted step short: the start-up one
+    assert switch.allows(8)
+    switch.observe_step(7, 3e-3, drafted=True)
+    assert switch.ratio(8) == pytest.approx(3.0)  # the host's share counted: 3 > 2 tokens
+    assert not switch.allows(8)
+    assert switch.allows(1)  # the bucket of 1 still has only its start-up ratio
+    assert switch.describe()["wall_ratios"] == {8: pytest.approx(3.0)}
+    switch.observe_step(8, 0.0, drafted=True)  # no time: ignored
+    switch.observe_step(0, 1e-3, drafted=True)  # no decodes: ignored
+    assert switch.ratio(8) == pytest.approx(3.0)
+    fixed = SpecSwitch(8)
+    fixed.observe_step(4, 1e-3, drafted=True)  # without a table there is nothing to refine
+    assert fixed.describe()["wall_ratios"] == {}
 
 
 def test_without_a_table_the_cap_alone_decides() -> None:
@@ -152,6 +174,8 @@ def test_a_core_stops_drafting_where_the_switch_declines(llama_model: TinyModel)
     drafted = generate(core, prompts, sampling, 4)[0]
     assert core.spec_stats.snapshot().num_accepted_tokens > 0
     assert core.spec_switch.gain > 1.01  # measured from the core's own drafted steps
+    # decode-only steps report their wall time, drafted (bucket of 4: three decodes) or not
+    assert (4, True) in core.spec_switch._wall
     assert declined == drafted == off
 
 

@@ -22,6 +22,7 @@ from services.executor.core.spec.proposers import Proposer
 from services.executor.core.spec.switch import SpecSwitch
 
 if TYPE_CHECKING:
+    from services.executor.core.executor import PreparedStep
     from services.executor.core.sequence import SequenceState
 
 T = TypeVar("T")
@@ -56,6 +57,25 @@ def record_gain(
         return
     emitted = sum(1 + len(o.accepted_token_ids) for o in outputs if o.token_id is not None)
     switch.record(len(drafts), emitted)
+
+
+def observe_step(
+    switches: Sequence[SpecSwitch | None], prepared: PreparedStep, seconds: float
+) -> None:
+    """Tells the switches a step's wall time when it ran decodes only: a plain decode
+    batch, or decodes each verifying its draft (no prefill chunk, no prompt scoring)."""
+    batch = prepared.batch
+    if batch is None or prepared.scoring is not None:
+        return
+    drafts = prepared.drafts
+    if drafts is None:
+        if not batch.is_decode:
+            return
+    elif len(prepared.samplers) != len(prepared.seqs) or batch.max_q_len > 1 + max(map(len, drafts)):
+        return
+    for switch in switches:
+        if switch is not None:
+            switch.observe_step(len(prepared.seqs), seconds, drafts is not None)
 
 
 def record_forced_gain(

@@ -15,6 +15,11 @@ workload that changes. Past the largest bucket whose ratio beats the best gain p
 (every draft of k accepted: k + 1) speculation cannot pay: that bucket is the cap the
 scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing table
 (the CPU, CUDA graphs off, or a cap set by hand) the cap alone decides.
+
+The start-up ratio is device time only. A step also costs the host (drafting, building
+the extend, verifying each row), which on a small model can be most of it, so once a
+bucket has seen `MIN_STEP_SAMPLES` whole-decode steps of each kind, its ratio is the
+rolling wall time of its drafted steps over that of its plain ones (`observe_step`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ GAIN_DECAY = 0.9
 """Weight of the past in the rolling gain (per drafted step)."""
 PROBE_EVERY = 64
 """While the rule declines, every this many candidate steps one drafts anyway."""
+MIN_STEP_SAMPLES = 4
+"""Steps of each kind a bucket needs before its wall-time ratio replaces the start-up one."""
 
 StepTimings = Mapping[int, tuple[float, float]]
 """Bucket -> (seconds of a plain decode step, seconds of a verification step)."""
@@ -48,6 +55,8 @@ class SpecSwitch:
     num_declined: int = 0
     num_probes: int = 0
     _buckets: list[int] = field(default_factory=list)
+    _wall: dict[tuple[int, bool], tuple[float, int]] = field(default_factory=dict)
+    """(bucket, drafted) -> (rolling step seconds, steps seen)."""
 
     def __post_init__(self) -> None:
         if self.cost_ratios is not None:
@@ -68,12 +77,33 @@ class SpecSwitch:
             cap = bucket
         return cls(min(cap, max_batch_size), ratios)
 
-    def ratio(self, num_decodes: int) -> float:
-        """The measured cost ratio of the bucket `num_decodes` decodes run in (past the
-        largest measured bucket: the largest's)."""
-        assert self.cost_ratios is not None
+    def bucket(self, num_decodes: int) -> int:
+        """The timed bucket `num_decodes` decodes run in (past the largest: the largest)."""
         i = min(bisect.bisect_left(self._buckets, num_decodes), len(self._buckets) - 1)
-        return self.cost_ratios[self._buckets[i]]
+        return self._buckets[i]
+
+    def ratio(self, num_decodes: int) -> float:
+        """The cost ratio of the bucket `num_decodes` decodes run in: from its steps' wall
+        times once it has seen enough of both kinds, else the start-up measurement."""
+        assert self.cost_ratios is not None
+        bucket = self.bucket(num_decodes)
+        wall = self._wall_ratio(bucket)
+        return self.cost_ratios[bucket] if wall is None else wall
+
+    def _wall_ratio(self, bucket: int) -> float | None:
+        drafted, plain = self._wall.get((bucket, True)), self._wall.get((bucket, False))
+        if drafted and plain and min(drafted[1], plain[1]) >= MIN_STEP_SAMPLES:
+            return drafted[0] / plain[0]
+        return None
+
+    def observe_step(self, num_decodes: int, seconds: float, drafted: bool) -> None:
+        """A step of `num_decodes` decodes and nothing else took `seconds` of wall time,
+        verifying drafts or not (ignored without a timing table)."""
+        if self.cost_ratios is None or num_decodes <= 0 or seconds <= 0:
+            return
+        key = (self.bucket(num_decodes), drafted)
+        mean, count = self._wall.get(key, (seconds, 0))
+        self._wall[key] = (GAIN_DECAY * mean + (1 - GAIN_DECAY) * seconds, count + 1)
 
     def allows(self, num_decodes: int) -> bool:
         """Whether a step of `num_decodes` decodes drafts (changes state: counts a probe)."""
@@ -103,6 +133,9 @@ class SpecSwitch:
             "max_batch_size": self.max_batch_size,
             "cost_ratios": dict(self.cost_ratios) if self.cost_ratios is not None else None,
             "gain": None if math.isinf(self.gain) else round(self.gain, 4),
+            "wall_ratios": {
+                b: round(r, 4) for b in self._buckets if (r := self._wall_ratio(b)) is not None
+            },
             "num_declined": self.num_declined,
             "num_probes": self.num_probes,
         }
