@@ -14,6 +14,7 @@ asked for after the leader's pages are in the tree.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 from radixmesh.errors import ResourceExhausted
 from radixmesh.step import NewSequence
@@ -128,13 +129,22 @@ def _candidates(
     out_ids: set[str] = set()
     # a step runs: a group still arriving joins the next plan whole (an idle loop waited)
     arriving = arriving_groups(ex.queue, ex.running.values(), now) if ex.num_in_flight else {}
+    sizes = Counter(r.group_id for r in ex.queue if r.group_id is not None and r.lease_id is None)
+    seen: set[str] = set()
+    deferred: set[str] = set()
     for req in order_groups(ex.queue.ranked(now)):
         if num_tokens <= 0 or num_seqs <= 0:
             break
         if req.req_id in budget.preempted_req_ids or req.hold_until_step > ex.last_result_step:
             continue
-        if req.group_id in arriving:
+        group = req.group_id
+        if group in arriving or group in deferred:
             continue
+        if group is not None and group not in seen:
+            seen.add(group)
+            if _cut_short(req, sizes[group], num_tokens, budget.num_tokens):
+                deferred.add(group)
+                continue
         req.step_share = None
         num_cached = req.match_tokens
         if req.lease_id is None and (lead := leases.inflight.leader_for(req, ex.page_size)):
@@ -155,6 +165,15 @@ def _candidates(
         num_tokens -= max(1, req.num_tokens - num_cached)
         num_seqs -= 1
     return out
+
+
+def _cut_short(first: Request, num_members: int, num_tokens: int, step_tokens: int) -> bool:
+    """The first member of a group would start with a chunk short of its prompt, so of the
+    pages its group shares (the others would wait for the rest of its prefill), where the
+    step's admissions as a whole would hold it: the group waits for a later step, which it
+    starts whole (it ranks higher then). A prompt larger than that is chunked as any."""
+    need = first.num_tokens - first.match_tokens
+    return first.lease_id is None and num_members > 1 and num_tokens < need <= step_tokens
 
 
 def _start(ex: ExecutorState, budget: StepBudget, req: Request) -> NewSequence:

@@ -366,7 +366,8 @@ async def test_a_busy_executor_leaves_a_group_still_arriving_for_its_next_plan()
     still coming; the group then starts whole in one step, not its first member alone."""
     from services.scheduler.core.groups import GROUP_QUIET_S
 
-    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    # one step per plan, so that the plans in flight are the two steps the gate holds
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16, decode_steps_per_plan=1)
     rig = make_rig(config, num_pages=64, page_size=PAGE, manual_clock=True)
     rig.port.gate = asyncio.Event()
     await rig.scheduler.start()
@@ -394,4 +395,26 @@ async def test_a_busy_executor_leaves_a_group_still_arriving_for_its_next_plan()
     assert rig.sink.first["m1"].num_cached_tokens == 4 * PAGE  # taken in that step
     assert rig.toy.corruptions == []
     for req_id in ("m0", "m1"):
+        assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
+
+
+async def test_a_group_whose_first_chunk_would_stop_short_of_its_shared_pages_waits_a_step():
+    """The step's budget left after an earlier request cannot hold the group's prompt: the
+    group does not start with a cut first chunk (its other members would then wait for the
+    rest of that prefill); it starts whole in the next step, computing the pages once."""
+    config = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE)
+    await rig.scheduler.start()
+    await rig.scheduler.submit("first", list(range(40, 52)), greedy(1))  # 12 of the 24
+    ids = ["g0", "g1"]
+    for req_id in ids:
+        await rig.scheduler.submit(req_id, PROMPT, greedy(2), group_id="prog/fork")
+    await rig.sink.wait("first", *ids)
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, ["first", *ids])
+    assert starts["g0"] == starts["g1"], starts
+    assert starts["g0"][0] > starts["first"][0]
+    assert scheduled_prefill_tokens(rig, ids) == len(PROMPT) + (len(PROMPT) - 4 * PAGE)
+    assert rig.toy.corruptions == []
+    for req_id in ids:
         assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
