@@ -275,6 +275,7 @@ def gateway_specs(config: MeshConfig, ports: MeshPorts) -> list[ServiceSpec]:
         *("--scheduler-address", _address(ports.scheduler)),
         *("--cache-address", _address(ports.cache)),
         *("--grace-seconds", repr(float(config.grace_s))),
+        *("--envoy-admin-url", f"http://{LOOPBACK}:{ports.admin}"),  # the edge admission limit
     ]
     if config.redis_url:
         shared += ["--redis-url", config.redis_url]
