@@ -177,25 +177,18 @@ class ExecutorCore:
             warm_tokens = min(config.max_num_batched_tokens, max_model_len - 1, 4096)
             warm_prefill(self.model, self.kv_pool, warm_tokens, page_id=0)  # no page is held yet
             self.startup_seconds["warm_prefill"] = time.perf_counter() - start
-        self._graphs: StepGraphs | None = None
-        self._verify_graphs: StepGraphs | None = None
-        self.graph_bytes: tuple[int, int] | None = None
+        captured = capture_graphs(
+            self.model, self.kv_pool, graph_plan, max_model_len, graph_bytes, self.startup_seconds
+        ) if use_graphs else None  # fmt: skip
+        self._graphs: StepGraphs | None = captured.decode if captured else None
+        self._verify_graphs: StepGraphs | None = captured.verify if captured else None
+        self.graph_bytes = (captured.estimated_bytes, captured.measured_bytes) if captured else None
         """With CUDA graphs: (estimated, measured) bytes of device memory they hold."""
-        captured = None
-        if use_graphs:
-            start = time.perf_counter()
-            captured = capture_graphs(self.model, self.kv_pool, graph_plan, max_model_len, graph_bytes)
-            self._graphs, self._verify_graphs = captured.decode, captured.verify
-            self.graph_bytes = (captured.estimated_bytes, captured.measured_bytes)
-            self.startup_seconds["capture_graphs"] = time.perf_counter() - start
-        start = time.perf_counter()
-        switches = speculation_switches(config, captured, forced_cap, tp, self.device)
-        self.spec_switch = switches.proposer
-        """Whether a step's decodes draft (spec/switch.py; measured at start-up on CUDA)."""
-        self.forced_switch = switches.forced
-        """Whether a step verifies its forced runs (None: always)."""
-        if self.spec_switch.cost_ratios is not None or self.forced_switch is not None:
-            self.startup_seconds["time_speculation"] = time.perf_counter() - start
+        switches = speculation_switches(
+            config, captured, forced_cap, tp, self.device, self.startup_seconds
+        )
+        self.spec_switch, self.forced_switch = switches.proposer, switches.forced
+        """Whether a step's decodes draft; whether it verifies forced runs (None: always)."""
         self.sampler = Sampler(
             spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
         )

@@ -15,6 +15,7 @@ when they are captured; a measurement above the estimate is logged as a warning.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -124,9 +125,12 @@ def capture_graphs(
     plan: GraphPlan,
     max_model_len: int,
     estimated_bytes: int,
+    startup_seconds: dict[str, float] | None = None,
 ) -> CapturedGraphs:
     """Builds and captures the plan's graphs (writing padding into the pool's first
-    scratch page); logs their measured memory against the estimate."""
+    scratch page); logs their measured memory against the estimate. The capture's wall
+    time goes to startup_seconds["capture_graphs"]."""
+    start = time.perf_counter()
     page_size, scratch = kv_pool.page_size, kv_pool.scratch_page_ids[0]
     device = kv_pool.k_caches[0].device
 
@@ -142,6 +146,8 @@ def capture_graphs(
         log.warning("cuda_graph_memory_over_estimate", **fields)
     else:
         log.info("cuda_graph_memory", **fields)
+    if startup_seconds is not None:
+        startup_seconds["capture_graphs"] = time.perf_counter() - start
     return CapturedGraphs(decode, verify, estimated_bytes, measured)
 
 
@@ -217,12 +223,14 @@ def speculation_switches(
     max_forced_tokens: int,
     tp: TensorParallel,
     device: torch.device,
+    startup_seconds: dict[str, float] | None = None,
 ) -> Switches:
     """The executor's switches (spec/switch.py). The proposer's: the fixed cap when one is
     configured, else measured from the graphs when they were captured, else the
     unmeasured cap. Jump-forward's, with graphs: a step pads every decode to the
     verification rows, so its forced runs are weighed against that cost as drafts are
-    (its cap is max_num_seqs: the scheduler plans forced tokens at any batch size)."""
+    (its cap is max_num_seqs: the scheduler plans forced tokens at any batch size). The
+    timing's wall time goes to startup_seconds["time_speculation"]."""
     speculative = config.speculative
     fixed = speculative.max_batch_size
     measure = graphs is not None and graphs.verify is not None and (
@@ -231,7 +239,10 @@ def speculation_switches(
     timings = None
     if measure:
         assert graphs is not None and graphs.verify is not None
+        start = time.perf_counter()
         timings = agree_timings(time_steps(graphs.decode, graphs.verify), tp, device)
+        if startup_seconds is not None:
+            startup_seconds["time_speculation"] = time.perf_counter() - start
     if fixed is not None:
         proposer = SpecSwitch(fixed)
     elif speculative.enabled and timings is not None:
