@@ -61,6 +61,16 @@ REDIS_TIMEOUT_S = 1.0
 """Longest wait for one rate-limit call to Redis."""
 
 
+def _envoy_admin_url(text: str) -> str:
+    """--envoy-admin-url: empty (off) or http(s)://HOST:PORT."""
+    if text:
+        try:
+            EdgeAdmissionConfig(text)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gateway.main", description=__doc__)
     add_server_arguments(parser, default_port=50051)
@@ -75,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--envoy-admin-url",
+        type=_envoy_admin_url,
         default=os.environ.get("RADIXMESH_ENVOY_ADMIN_URL", ""),
         help="Envoy's admin interface (http://HOST:PORT): set the edge admission limit there "
         "from the scheduler's headroom (gateway/envoy/admission.py; default off)",

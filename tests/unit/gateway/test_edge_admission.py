@@ -168,3 +168,17 @@ async def test_envoy_not_answering_is_unavailable():
         assert edge.last_limits is None
     finally:
         await edge.close()
+
+
+def test_the_gateway_flag_takes_an_admin_url_or_nothing(capsys):
+    from gateway.main import build_parser
+
+    required = ["--model", "m", "--scheduler-address", "s:1"]
+    parser = build_parser()
+    url = "http://127.0.0.1:9901"
+    assert parser.parse_args([*required, "--envoy-admin-url", url]).envoy_admin_url == url
+    assert parser.parse_args([*required, "--envoy-admin-url", ""]).envoy_admin_url == ""
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args([*required, "--envoy-admin-url", "127.0.0.1:9901"])
+    assert info.value.code == 2
+    assert "--envoy-admin-url" in capsys.readouterr().err
