@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 def _show(row: dict) -> None:
     """One finished point, at once (a run cut short by its time limit keeps these)."""
     keep = ("program", "mode", "concurrency", "programs_per_s", "latency_p50_s", "latency_p99_s")
-    keep += ("computed_prompt_tokens_per_program", "num_errors", "forwards_per_select", "branch_prediction", "where")
+    keep += ("computed_prompt_tokens_per_program", "num_errors", "forwards_per_select", "branch_prediction", "where", "statement_done_s")
     print(json.dumps({k: row[k] for k in keep if k in row}), flush=True)
 
 

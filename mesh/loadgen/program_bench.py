@@ -150,7 +150,18 @@ def summarize(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
         "completion_tokens_per_program": sum(o.completion_tokens for o in ok) / n,
         "requests_per_program": sum(o.num_requests for o in ok) / n,
         "selects_per_program": sum(o.num_selects for o in ok) / n,
+        "statement_done_s": _timeline(ok),
     }
+
+
+def _timeline(outcomes: list[Outcome]) -> dict[str, float]:
+    """Per statement of the program's body: the mean seconds from the start to its end."""
+    ends: dict[str, list[float]] = {}
+    for o in outcomes:
+        for path, seconds in o.done_at_s.items():
+            ends.setdefault(path, []).append(seconds)
+    ordered = sorted(ends, key=lambda p: int(p.split("[", 1)[1].split("]", 1)[0]))
+    return {path: statistics.fmean(ends[path]) for path in ordered}
 
 
 def where_time_goes(before: Snapshot, after: Snapshot, wall_s: float, num_programs: int) -> dict[str, Any]:

@@ -54,6 +54,11 @@ class Outcome:
     """Client-driven: every prompt sent, in order."""
     consumed_texts: list[str] = field(default_factory=list)
     """Client-driven: generated texts that a later prompt of the program carries again."""
+    done_at_s: dict[str, float] = field(default_factory=dict)
+    """Per statement of the program's own body but appends ("body[3].select"): seconds
+    from the program's start to its end (server-side: the last VarSet or SelectScores in
+    it)."""
+    started: float = 0.0
 
     @property
     def computed_tokens(self) -> int:
@@ -91,6 +96,8 @@ class ServerSide:
                     branch_at = None
                 elif kind == "select":
                     out.num_selects += 1
+                if kind in ("var_set", "select"):
+                    out.done_at_s[top_level(event.statement)] = now - started
                 elif kind == "result":
                     for entry in event.result.usage:
                         out.add_usage(entry.usage)
@@ -118,9 +125,9 @@ class ClientDriven:
 
     async def run(self, program: pb.Program, inputs: dict[str, str]) -> Outcome:
         out = Outcome()
-        started = time.perf_counter()
+        started = out.started = time.perf_counter()
         try:
-            await self._body(program.body, _Context("", dict(inputs)), out)
+            await self._body(program.body, _Context("", dict(inputs)), out, top=True)
         except grpc.aio.AioRpcError as exc:
             out.error, out.error_message = exc.code().name, str(exc.details())[:300]
         except ValueError:  # a truncated JSON output, as the runtime refuses it
@@ -143,31 +150,36 @@ class ClientDriven:
         out.add_usage(complete.usage)
         return text, complete
 
-    async def _body(self, body: Any, ctx: _Context, out: Outcome) -> None:
-        for s in body:
+    async def _body(self, body: Any, ctx: _Context, out: Outcome, top: bool = False) -> None:
+        for i, s in enumerate(body):
             kind = s.WhichOneof("kind")
-            if kind == "append":
-                a = s.append
-                ctx.text += render(a.template, ctx.variables, "template") if a.template else a.text
-            elif kind == "gen":
-                await self._gen(s.gen, ctx, out)
-            elif kind == "select":
-                await self._select(s.select, ctx, out)
-            elif kind == "call":
-                args: dict[str, Any] = {k: render(v, ctx.variables, k) for k, v in s.call.args.items()}
-                if s.call.HasField("json_args"):
-                    args.update(integral_json(json_format.MessageToDict(s.call.json_args)))
-                await asyncio.sleep(self._rtt_s)  # the tool is the client's own call
-                ctx.variables[s.call.var] = (await self._tools.call(s.call.tool, args, None)).value
-            elif kind == "branch":
-                c = s.branch.condition
-                which = c.WhichOneof("kind")
-                value = getattr(c, which)
-                condition = Condition(ConditionKind(which), value.var, value.value, c.negate)
-                taken = holds(condition, ctx.variables, "condition")
-                await self._body(s.branch.then if taken else s.branch.otherwise, ctx, out)
-            elif kind == "fork":
-                await self._fork(s.fork, ctx, out)
+            await self._statement(s, kind, ctx, out)
+            if top and kind != "append":
+                out.done_at_s[f"body[{i}].{kind}"] = time.perf_counter() - out.started
+
+    async def _statement(self, s: Any, kind: str, ctx: _Context, out: Outcome) -> None:
+        if kind == "append":
+            a = s.append
+            ctx.text += render(a.template, ctx.variables, "template") if a.template else a.text
+        elif kind == "gen":
+            await self._gen(s.gen, ctx, out)
+        elif kind == "select":
+            await self._select(s.select, ctx, out)
+        elif kind == "call":
+            args: dict[str, Any] = {k: render(v, ctx.variables, k) for k, v in s.call.args.items()}
+            if s.call.HasField("json_args"):
+                args.update(integral_json(json_format.MessageToDict(s.call.json_args)))
+            await asyncio.sleep(self._rtt_s)  # the tool is the client's own call
+            ctx.variables[s.call.var] = (await self._tools.call(s.call.tool, args, None)).value
+        elif kind == "branch":
+            c = s.branch.condition
+            which = c.WhichOneof("kind")
+            value = getattr(c, which)
+            condition = Condition(ConditionKind(which), value.var, value.value, c.negate)
+            taken = holds(condition, ctx.variables, "condition")
+            await self._body(s.branch.then if taken else s.branch.otherwise, ctx, out)
+        elif kind == "fork":
+            await self._fork(s.fork, ctx, out)
 
     async def _gen(self, g: pb.Gen, ctx: _Context, out: Outcome) -> None:
         request = ipb.GenerateRequest(prompt=ctx.text, sampling=g.sampling)
@@ -212,3 +224,9 @@ class ClientDriven:
         for name in names:
             if name != f.index_var:
                 ctx.variables[name] = [c.variables.get(name, "") for c in branches]
+
+
+def top_level(path: str) -> str:
+    """The statement of the program's own body that a path is in ("body[2].fork" for
+    "body[2].fork.each.body[1].gen")."""
+    return ".".join(path.split(".")[:2])

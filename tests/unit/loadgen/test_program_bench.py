@@ -69,6 +69,18 @@ def test_a_points_summary_counts_only_finished_programs():
     assert (row["latency_p50_s"], row["latency_p99_s"]) == (2.0, 3.0)
     assert row["computed_prompt_tokens_per_program"] == 40
     assert row["requests_per_program"] == 5
+    assert row["statement_done_s"] == {}
+
+
+def test_a_points_summary_has_each_statements_mean_end():
+    from mesh.loadgen.program_client import top_level
+
+    assert top_level("body[2].fork.each.body[1].gen") == "body[2].fork"
+    assert top_level("body[10].select") == "body[10].select"
+    runs = [Outcome(done_at_s={"body[10].select": 3.0, "body[2].fork": 1.0}),
+            Outcome(done_at_s={"body[2].fork": 2.0, "body[10].select": 5.0})]  # fmt: skip
+    timeline = summarize(runs, wall_s=1.0)["statement_done_s"]
+    assert list(timeline.items()) == [("body[2].fork", 1.5), ("body[10].select", 4.0)]  # body order
 
 
 def test_the_targets_compare_the_two_ways_at_concurrency_16():
