@@ -11,7 +11,7 @@ from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
 from radixmesh.errors import InvalidArgument
-from radixmesh.sampling import Constraint, ConstraintKind
+from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from services.scheduler.core import SchedulerConfig
 
 
@@ -105,3 +105,20 @@ async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():
 def test_decode_steps_per_plan_out_of_range_is_refused(k):
     with pytest.raises(InvalidArgument, match="decode_steps_per_plan"):
         SchedulerConfig(decode_steps_per_plan=k)
+
+
+async def test_a_stop_inside_a_plan_commits_no_kv_past_the_last_token_fed():
+    """The plan advanced the request's planned position by all its steps; the commit takes
+    only the tokens whose KV a step computed (the stop token itself was never fed back)."""
+    prompt = next(p for p in _prompts(300, seed=7) if 0 in reference(p, 40)[3:])
+    expected = reference(prompt, 40, ignore_eos=False)  # ends at the toy's EOS (0)
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=32), page_size=1)
+    await rig.scheduler.start()
+    await rig.scheduler.submit("e", prompt, SamplingParams(max_tokens=40, temperature=0.0))
+    await rig.sink.wait("e")
+    await rig.scheduler.stop()
+    assert rig.sink.tokens["e"] == expected
+    assert max(plan.num_steps for plan in rig.toy.plans) > len(expected) - 1  # ended inside
+    (cached,) = rig.cache.match(prompt + expected + [7, 7, 7]).values()
+    assert cached == len(prompt) + len(expected) - 1  # pages of one token: exact
+    _assert_pool_clean(rig)
