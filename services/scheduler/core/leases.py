@@ -173,8 +173,18 @@ class Leases:
             log.warning("ending a hold failed", lease_id=lease_id, error=str(exc))
 
     async def drop(self, req: Request) -> None:
-        """Abort or error: end the lease inserting nothing."""
+        """An error (or a request yielding its lease): end the lease inserting nothing."""
         await self._end(req, None)
+
+    async def cut(self, req: Request) -> None:
+        """An abort or a deadline: the tokens whose KV the executor wrote become a cached
+        prefix, as at a normal finish (a stop string the edge matched ends a request this
+        way: the next turn of its conversation, or a program's next statement, reuses it).
+        Steps prepared before the abort still run the sequence and write only its own
+        tokens' KV, before any later step reads those pages."""
+        num_known = req.num_tokens - 1 if req.output_token_ids else req.num_tokens
+        num_computed = min(req.num_computed_tokens, num_known)
+        await self._end(req, req.all_token_ids[:num_computed])
 
     def forget_on_executor(self, ex: ExecutorState, req: Request) -> None:
         if req.on_executor:

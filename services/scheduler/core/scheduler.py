@@ -491,7 +491,8 @@ class SchedulerCore:
         if not (aborted or expired):
             return
         # their leases end together: over gRPC the verbs share the Batch stream's round trip
-        await asyncio.gather(*(self._forget(ex, r) for r in (*aborted.values(), *expired)))
+        cut = (*aborted.values(), *expired)
+        await asyncio.gather(*(self._forget(ex, r, keep_computed=True) for r in cut))
         updates = [self._end(req, finish_reason="abort") for req in aborted.values()]
         for req in expired:
             num_tokens = len(req.output_token_ids)
@@ -499,14 +500,15 @@ class SchedulerCore:
             updates.append(self._end(req, error=DeadlineExceeded(msg)))
         self._deliver(updates)
 
-    async def _forget(self, ex: ExecutorState, req: Request) -> None:
-        """Take req out of this executor: preparation, queue, batch, executor state, lease."""
+    async def _forget(self, ex: ExecutorState, req: Request, keep_computed: bool = False) -> None:
+        """Take req out of this executor: preparation, queue, batch, executor state, lease
+        (`keep_computed`: what its KV holds is committed to the prefix cache)."""
         if ex.preparing.pop(req.req_id, None) is not None:
             self._preparations.cancel(req.req_id)
         ex.queue.remove(req.req_id)
         ex.running.pop(req.req_id, None)
         self._leases.forget_on_executor(ex, req)
-        await self._leases.drop(req)
+        await (self._leases.cut(req) if keep_computed else self._leases.drop(req))
 
     async def _executor_failed(self, ex: ExecutorState, exc: Exception) -> None:
         """Requests that streamed nothing move to another executor; the rest end Unavailable."""
