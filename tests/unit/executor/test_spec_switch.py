@@ -23,7 +23,7 @@ from services.executor.core.spec.switch import (
     UNMEASURED_MAX_BATCH_SIZE,
     SpecSwitch,
 )
-from tests.unit.executor.conftest import TinyModel, greedy, make_core
+from tests.unit.executor.conftest import TinyModel, greedy, make_core, random_prompt
 from tests.unit.executor.test_speculative import generate, repeating_prompt, spec_core
 
 # bucket -> (decode s, verify s): verification is nearly free up to 4, dear from 8 on
@@ -65,6 +65,31 @@ def test_drafts_while_the_measured_gain_beats_the_cost_ratio() -> None:
     assert switch.gain == pytest.approx(0.9 * 2.0 + 0.1 * 1.0)
     switch.record(num_decodes=0, num_emitted=0)  # nothing to learn
     assert switch.gain == pytest.approx(1.9)
+
+
+def test_a_steps_expected_gain_stands_in_for_the_rolling_one() -> None:
+    switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
+    switch.record(num_decodes=4, num_emitted=4)  # the rolling gain says 1
+    assert not switch.allows(2)
+    assert switch.allows(2, expected_gain=1.5)  # this step's drafts expect 1.5 a decode
+    assert not switch.allows(2, expected_gain=1.2)  # 1.2 is not < 1.2
+    assert not switch.allows(8, expected_gain=5.0)  # past the cap, whatever it expects
+
+
+def test_a_sequence_whose_drafts_are_rejected_stops_drafting(llama_model: TinyModel) -> None:
+    from tests.unit.executor.test_speculative import FixedProposer
+
+    prompt = random_prompt(10, 7)
+    off = generate(make_core(llama_model, num_pages=1024), [prompt], [greedy(24, ignore_eos=True)], 0)[0]
+    core = spec_core(llama_model)
+    core._proposer = FixedProposer([3, 4, 5, 6])  # mostly rejected: its acceptance decays
+    core.spec_switch = SpecSwitch(256, {1: 1.5})
+    tokens, outputs = generate(core, [prompt], [greedy(24, ignore_eos=True)], 4)
+    assert tokens == off
+    decode_steps = sum(1 for o in outputs if o.token_id is not None) - 1  # after the prefill
+    # 1 + acceptance x draft length falls below 1.5 once the acceptance is about 0.24
+    assert core.spec_switch.num_declined > 0
+    assert core.spec_stats.snapshot().num_drafts < decode_steps
 
 
 def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
@@ -164,8 +189,8 @@ def test_a_core_stops_drafting_where_the_switch_declines(llama_model: TinyModel)
     sampling = [greedy(max_tokens=16, ignore_eos=True)] * len(prompts)
     off = generate(make_core(llama_model, num_pages=1024), prompts, sampling, 0)[0]
     core = spec_core(llama_model)
-    # verification measured at 3x a decode, drafts gaining 1.5 tokens per decode: declined
-    core.spec_switch = SpecSwitch(256, {1: 3.0, 4: 3.0}, gain=1.5)
+    # verification measured at 6x a decode: more than a draft of 4 can ever gain
+    core.spec_switch = SpecSwitch(256, {1: 6.0, 4: 6.0})
     declined = generate(core, prompts, sampling, 4)[0]
     assert core.spec_stats.snapshot().num_drafts == 0
     assert core.spec_switch.num_declined > 0

@@ -91,17 +91,17 @@ def plan_drafts(
     `allowed`: the plan's num_draft_tokens per sequence. Only decodes draft, and none in
     a step with prompt scoring. A constrained decode's draft starts with the tokens its
     grammar forces (`forced`: jump-forward, at any batch size); the proposer's guess
-    follows them, in a step the `switch` allows (spec/switch.py; without one: at most
-    limits.max_batch_size decodes). `forced_switch`: whether the step verifies forced
+    follows them, in a step the `switch` allows (spec/switch.py: within its cap, and where
+    the guesses' expected kept tokens pay for the verification; without one: at most
+    limits.max_batch_size decodes; a step that verifies forced runs keeps its guesses). `forced_switch`: whether the step verifies forced
     runs at all (None: it does). Each sequence's `num_forced_tokens` is set to the length
     of its forced head.
     """
     if not any(allowed) or any(s.sampling.prompt_logprobs_start is not None for s in seqs):
         return None
     num_decodes = sum(1 for q in num_tokens if q == 1)
-    if proposer is not None and not (
-        switch.allows(num_decodes) if switch is not None else num_decodes <= limits.max_batch_size
-    ):
+    max_batch = switch.max_batch_size if switch is not None else limits.max_batch_size
+    if num_decodes > max_batch:
         proposer = None
     if forced is not None and forced_switch is not None and not forced_switch.allows(num_decodes):
         forced = None
@@ -109,6 +109,8 @@ def plan_drafts(
         return None
     room = limits.max_num_batched_tokens - sum(num_tokens)
     drafts: list[list[int]] = []
+    expected = 0.0  # the guesses' tokens expected kept
+    any_forced = False
     for seq, q, cap in zip(seqs, num_tokens, allowed, strict=True):
         seq.num_forced_tokens = 0
         k = max_draft_len(seq, min(cap, room), limits) if cap and q == 1 else 0
@@ -117,14 +119,20 @@ def plan_drafts(
             continue
         tokens = forced.propose(seq.grammar, k) if forced and seq.grammar is not None else []
         seq.num_forced_tokens = len(tokens)
+        any_forced = any_forced or bool(tokens)
         if proposer is not None and len(tokens) < k:
             if seq.draft_length is None:
                 seq.draft_length = DraftLength(cap)
             context = [*seq.token_ids, *tokens] if tokens else seq.token_ids
             draft = proposer.propose(context, k - len(tokens))
-            tokens += draft.token_ids[: seq.draft_length.limit(draft.match_len)]
+            guess = draft.token_ids[: seq.draft_length.limit(draft.match_len)]
+            expected += seq.draft_length.acceptance * len(guess)
+            tokens += guess
         room -= len(tokens)
         drafts.append(tokens)
+    gain = (num_decodes + expected) / max(num_decodes, 1)
+    if expected and not any_forced and switch is not None and not switch.allows(num_decodes, gain):
+        return None  # guesses only, and they do not pay: a plain step
     return drafts if any(drafts) else None
 
 

@@ -8,8 +8,11 @@ decode (1 + accepted draft tokens, over all its decodes). The switch drafts whil
     verify(b) / decode(b) < tokens emitted per decode in drafted steps
 
 The cost ratio per bucket is measured at start-up by replaying both graphs
-(graph_setup.time_steps); the gain is a rolling mean over this executor's own drafted
-steps, starting optimistic (the first steps draft, and so measure it). While the rule
+(graph_setup.time_steps). The gain of a step with the proposer's drafts is what it
+expects: 1 per decode, plus each draft's length times its sequence's rolling acceptance
+(spec/adaptive.py; a new sequence starts at 1, so it tries, and so measures it). The
+gain of jump-forward's switch is a rolling mean over its own steps (`record`; a forced
+run's length is only known once proposed), starting optimistic. While the rule
 says no, one candidate step in `PROBE_EVERY` drafts anyway, so that the gain follows a
 workload that changes. Past the largest bucket whose ratio beats the best gain possible
 (every draft of k accepted: k + 1) speculation cannot pay: that bucket is the cap the
@@ -105,11 +108,14 @@ class SpecSwitch:
         mean, count = self._wall.get(key, (seconds, 0))
         self._wall[key] = (GAIN_DECAY * mean + (1 - GAIN_DECAY) * seconds, count + 1)
 
-    def allows(self, num_decodes: int) -> bool:
-        """Whether a step of `num_decodes` decodes drafts (changes state: counts a probe)."""
+    def allows(self, num_decodes: int, expected_gain: float | None = None) -> bool:
+        """Whether a step of `num_decodes` decodes drafts (changes state: counts a probe).
+        `expected_gain`: the step's own expected tokens per decode (its drafts weighed by
+        their sequences' rolling acceptance), in place of the rolling gain."""
         if num_decodes > self.max_batch_size:
             return False
-        if self.cost_ratios is None or self.ratio(num_decodes) < self.gain:
+        gain = self.gain if expected_gain is None else expected_gain
+        if self.cost_ratios is None or self.ratio(num_decodes) < gain:
             return True
         self.num_declined += 1
         if self.num_declined % PROBE_EVERY:
