@@ -30,7 +30,7 @@ class SpeculativeConfig:
     compute-bound and verifying k + 1 positions per sequence costs more than it saves.
     None (the default): measured at start-up on CUDA with graphs (a decode step timed
     against a verification step per batch size, then each step weighed against the
-    tokens drafts have been gaining: spec/switch.py), `UNMEASURED_MAX_BATCH_SIZE` (8)
+    tokens its drafts are expected to gain: spec/switch.py), `UNMEASURED_MAX_BATCH_SIZE` (8)
     elsewhere.
     A number: that fixed cap, nothing measured."""
     max_suffix_tokens: int = 1 << 18
