@@ -144,7 +144,7 @@ async def test_executor_stop_on_eos_ends_the_request():
     _assert_pool_clean(rig)
 
 
-async def test_abort_frees_every_page():
+async def test_abort_ends_every_lease_and_caches_what_was_computed():
     rig = make_rig(SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2))
     start = rig.stats()
     await rig.scheduler.start()
@@ -164,11 +164,11 @@ async def test_abort_frees_every_page():
     assert {rig.sink.finished[r].finish_reason for r in ("running", "queued", "other")} == {"abort"}
     assert len(rig.sink.tokens["running"]) >= 3
     assert rig.sink.tokens["queued"] == []
-    assert (end.num_free_pages, end.num_leases, end.num_cached_pages) == (
-        start.num_free_pages,
-        0,
-        0,
-    )
+    # every lease ended; what the running requests computed stays cached (their prompts'
+    # full pages at least), the queued one computed nothing
+    assert end.num_leases == 0
+    assert end.num_free_pages + end.num_cached_pages == start.num_free_pages
+    assert end.num_cached_pages > 0
     assert any("running" in p.finished_req_ids for p in rig.toy.plans)
 
 
