@@ -36,6 +36,8 @@ from services.executor.core.models.tensor_parallel import TensorParallel
 log = get_logger(__name__)
 
 _PREPARE, _EXECUTE, _STOP = "prepare", "execute", "stop"
+_PREPARE_NEXT, _STOP_SEQS = "prepare_next", "stop_seqs"
+"""A multi-step plan's later steps, and the sequences an abort plan stops in them."""
 _CONTROL_TIMEOUT = timedelta(days=365)
 
 
@@ -91,9 +93,27 @@ class LeaderCore:
         self._send((_PREPARE, plan))
         return self._core.prepare(plan)
 
+    def prepare_next(self, plan: StepPlan, substep: int) -> Any:
+        # under the lock with the local prepare: a `stop` (another thread) takes effect
+        # between the same two prepares on every rank
+        with self._send_lock:
+            self._check_running()
+            _broadcast((_PREPARE_NEXT, (plan, substep)), self._group)
+            return self._core.prepare_next(plan, substep)
+
+    def stop(self, req_ids: list[str]) -> None:
+        with self._send_lock:
+            self._check_running()
+            _broadcast((_STOP_SEQS, req_ids), self._group)
+            self._core.stop(req_ids)
+
     def execute(self, prepared: Any) -> StepResult:
         self._send((_EXECUTE, prepared.index))
         return self._core.execute(prepared)
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise InvalidArgument("the tensor-parallel group was stopped")
 
     def step(self, plan: StepPlan) -> StepResult:
         return self.execute(self.prepare(plan))
@@ -128,6 +148,11 @@ def run_follower(core: Any, group: Group) -> int:
                 log.info("follower_plan_refused", step_id=payload.step_id, reason=str(exc))
                 continue
             prepared[step.index] = step
+        elif kind == _PREPARE_NEXT:
+            step = core.prepare_next(*payload)
+            prepared[step.index] = step
+        elif kind == _STOP_SEQS:
+            core.stop(payload)
         elif kind == _EXECUTE:
             for index in [i for i in prepared if i < payload]:
                 del prepared[index]

@@ -161,3 +161,54 @@ def test_sizes_that_do_not_split_are_refused_naming_the_field(llama_model: TinyM
 def test_a_core_refuses_a_group_of_another_size(llama_model: TinyModel) -> None:
     with pytest.raises(InvalidArgument, match="tensor_parallel_size is 2 but the core was given a group of 1"):
         ExecutorCore(config_for(llama_model.path, 2))
+
+
+def multi_step_tokens(core: Any) -> dict[str, list[int]]:
+    """Two sequences prefilled, then one plan of 6 decode steps; "b" is stopped (as an
+    abort plan arriving does) after the plan's second step. Each one's tokens."""
+    from radixmesh.step import NewSequence, RunningSequence, StepPlan
+
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    news = [
+        NewSequence(r, p, len(p), 0, len(p), pages, greedy(20, ignore_eos=True))
+        for r, p, pages in (("a", random_prompt(7, seed=8), [0, 1, 2, 3]),
+                            ("b", random_prompt(5, seed=9), [4, 5, 6, 7]))
+    ]  # fmt: skip
+    plans = [StepPlan(1, new_seqs=news)]
+    plans.append(StepPlan(2, running_seqs=[RunningSequence(r, 1) for r in tokens], num_steps=6))
+    results = [core.execute(core.prepare(plans[0])), core.execute(core.prepare(plans[1]))]
+    results.append(core.execute(core.prepare_next(plans[1], 1)))
+    core.stop(["b"])
+    results += [core.execute(core.prepare_next(plans[1], i)) for i in range(2, 6)]
+    for result in results:
+        for out in result.outputs:
+            tokens[out.req_id].append(out.token_id)
+    return tokens
+
+
+def _rank_multi_step(rank: int, init_file: str, path: str, out: str) -> None:
+    group = init_group(rank, WORLD_SIZE, f"file://{init_file}", torch.device("cpu"))
+    try:
+        core = ExecutorCore(config_for(Path(path), WORLD_SIZE), None, group.tp)
+        result: dict[str, Any] = {}
+        if rank == 0:
+            leader = LeaderCore(core, group)
+            result["tokens"] = multi_step_tokens(leader)
+            leader.stop_followers()
+        else:
+            result["steps"] = run_follower(core, group)
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp2_runs_a_multi_step_plan_and_a_stop_inside_it_on_every_rank(
+    llama_model: TinyModel, tmp_path: Path
+) -> None:
+    args = (str(tmp_path / "init"), str(llama_model.path), str(tmp_path))
+    mp.start_processes(_rank_multi_step, args=args, nprocs=WORLD_SIZE, join=True, start_method="spawn")  # fmt: skip
+    leader, follower = (torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD_SIZE))
+    expected = multi_step_tokens(make_core(llama_model))
+    assert leader["tokens"] == expected
+    assert (len(expected["a"]), len(expected["b"])) == (7, 3)
+    assert follower["steps"] == 7  # the prefill and the plan's 6 steps, as on the leader
