@@ -5,19 +5,27 @@ kernel when the caller hands in the new tokens' keys and values, chosen per shap
 (the new tokens' keys and values as stored, [num_tokens, num_kv_heads, head_dim]), which a
 caller passes for steps of at least `prefill_attention_triton.min_dense_q_len` new tokens in
 one sequence (MIN_DENSE_Q_LEN). Without them, with a sliding window, or with a head_dim the
-dense kernel does not take, it is the paged kernel. Otherwise, on a CUDA device, the first call of a shape class (dtype, heads,
-head_dim, page size, and the longest new-token count's power-of-two bucket; the executor's
-start-up warm-up makes the first calls) times the paged kernel and every `DENSE_CANDIDATES`
-configuration on one random prompt of the bucket's length (not the call's own inputs: a
-warm-up's dummy batch stores every token in one page, so its cache disagrees with its
-dense K/V), drops a candidate that fails to compile or disagrees with the paged kernel's
-output, and keeps the fastest: a configuration slower than the paged kernel is never used. A shape first seen inside a CUDA graph capture gets
-the paged kernel (no timing there). The interpreter runs the dense kernel's small
-configuration, untimed. RADIXMESH_PREFILL_ATTENTION=paged (or dense) fixes the choice.
+dense kernel does not take, it is the paged kernel.
+
+Otherwise, on a CUDA device, a shape class (dtype, heads, head_dim, page size, and the
+longest new-token count's power-of-two bucket) goes by its plan: the paged kernel or one
+`DENSE_CANDIDATES` configuration. `decide_plans` makes the plans at start-up (the
+executor's warm-up, every bucket of `startup_buckets`): it times the paged kernel and each
+candidate on one random prompt of the bucket's length (not a call's inputs: a warm-up's
+dummy batch stores every token in one page, so its cache disagrees with its dense K/V),
+drops a candidate that fails to compile or disagrees with the paged kernel's output, and
+keeps the fastest, so a configuration slower than the paged kernel is never used. After
+it nothing is timed or compiled at a call: a bucket not decided takes the nearest decided
+bucket's plan, a shape class not decided the paged kernel. A caller that never ran
+`decide_plans` (a kernel benchmark) gets a shape timed on its first call instead, except
+inside a CUDA graph capture (the paged kernel). The interpreter runs the dense kernel's
+small configuration, untimed. RADIXMESH_PREFILL_ATTENTION=paged (or dense) fixes the choice.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import statistics
 import threading
@@ -44,20 +52,32 @@ if MODE not in MODES:
         f"RADIXMESH_PREFILL_ATTENTION must be one of {', '.join(MODES)}, got {MODE!r}"
     )
 
+_WS_VALUES = ("", "0", "1")
+WARP_SPECIALIZE = os.environ.get("RADIXMESH_PREFILL_WARP_SPECIALIZE", "")
+""""1" adds `WARP_SPECIALIZED_CANDIDATES` to what is timed (off by default: Triton 3.6's
+NVGPUWarpSpecialization pass fails on this kernel on the H200, after printing the MLIR)."""
+if WARP_SPECIALIZE not in _WS_VALUES:
+    raise ValueError(
+        f"RADIXMESH_PREFILL_WARP_SPECIALIZE must be 0 or 1 (or unset), got {WARP_SPECIALIZE!r}"
+    )
+
+WARP_SPECIALIZED_CANDIDATES: tuple[DenseConfig, ...] = (
+    DenseConfig(128, 128, num_warps=8, num_stages=2, tma=True, warp_specialize=True),
+    DenseConfig(128, 64, num_warps=4, num_stages=3, tma=True, warp_specialize=True),
+)
 DENSE_CANDIDATES: tuple[DenseConfig, ...] = (
     DenseConfig(128, 128, num_warps=8, num_stages=3, tma=True),
     DenseConfig(128, 128, num_warps=8, num_stages=2, tma=True),
     DenseConfig(128, 64, num_warps=4, num_stages=3, tma=True),
     DenseConfig(128, 64, num_warps=4, num_stages=4, tma=True),
     DenseConfig(64, 64, num_warps=4, num_stages=4, tma=True),
-    DenseConfig(128, 128, num_warps=8, num_stages=2, tma=True, warp_specialize=True),
-    DenseConfig(128, 64, num_warps=4, num_stages=3, tma=True, warp_specialize=True),
     DenseConfig(128, 64, num_warps=4, num_stages=3),
     DenseConfig(128, 128, num_warps=8, num_stages=2),
-)
+) + (WARP_SPECIALIZED_CANDIDATES if WARP_SPECIALIZE == "1" else ())
 """Shapes that fit Hopper's shared memory at head_dim 128 (8 warps only with 128 x 128
 tiles, as Triton's own attention tutorial keeps them on Hopper); `tma` falls back to plain
-loads where descriptors cannot be used, and the last two are the non-TMA controls."""
+loads where descriptors cannot be used, and the last two are the non-TMA controls. The
+warp-specialized ones only with RADIXMESH_PREFILL_WARP_SPECIALIZE=1."""
 
 _TUNE_ITERS = 10
 _SLEEP_CYCLES = 1_000_000
@@ -73,9 +93,30 @@ class PrefillPlan:
     timings_us: tuple[tuple[str, float], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ShapeClass:
+    """What a prefill choice is made for, with a bucket of the longest new-token count."""
+
+    device: torch.device
+    dtype: torch.dtype
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+
+    def key(self, bucket: int) -> tuple:
+        return (
+            self.device, self.dtype, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.page_size, bucket,
+        )  # fmt: skip
+
+
 PAGED = PrefillPlan("paged", None)
 _plans: dict[tuple, PrefillPlan] = {}
 _plans_lock = threading.Lock()
+_decided_only = False
+"""Set by `decide_plans` (the executor's start-up): from then on a call of a shape class
+never times anything, it takes the decided plan of the nearest bucket, or the paged kernel."""
 
 
 def _time_us(fn) -> float:
@@ -106,8 +147,15 @@ class _Case:
 
     @classmethod
     def like(cls, q: torch.Tensor, k_cache: torch.Tensor, q_len: int) -> _Case:
-        device, dtype = q.device, q.dtype
         _, page_size, num_kv_heads, head_dim = k_cache.shape
+        return cls.build(
+            ShapeClass(q.device, q.dtype, q.shape[1], num_kv_heads, head_dim, page_size), q_len
+        )
+
+    @classmethod
+    def build(cls, shape: ShapeClass, q_len: int) -> _Case:
+        device, dtype = shape.device, shape.dtype
+        page_size, num_kv_heads, head_dim = shape.page_size, shape.num_kv_heads, shape.head_dim
         gen = torch.Generator(device=device).manual_seed(q_len)
         num_pages = -(-q_len // page_size)
 
@@ -126,7 +174,7 @@ class _Case:
         lens = torch.tensor([q_len], dtype=torch.int32, device=device)
         cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
         args = (
-            randn(q_len, q.shape[1], head_dim), caches[0], caches[1], pages[None, :], cu, lens,
+            randn(q_len, shape.num_heads, head_dim), caches[0], caches[1], pages[None, :], cu, lens,
             head_dim**-0.5,
         )  # fmt: skip
         return cls(args, k_new, v_new, q_len)
@@ -158,14 +206,7 @@ def _tune(case: _Case) -> PrefillPlan:
     return PrefillPlan(best, configs[best], tuple(timings))
 
 
-def prefill_plan(key: tuple, make_case: Callable[[], _Case]) -> PrefillPlan:
-    """The plan of a shape class (tuned on its first call on CUDA, outside graph capture,
-    on the inputs `make_case` builds)."""
-    plan = _plans.get(key)
-    if plan is not None:
-        return plan
-    if torch.cuda.is_current_stream_capturing():
-        return PAGED
+def _decide(key: tuple, make_case: Callable[[], _Case]) -> PrefillPlan:
     with _plans_lock:
         plan = _plans.get(key)
         if plan is None:
@@ -175,6 +216,78 @@ def prefill_plan(key: tuple, make_case: Callable[[], _Case]) -> PrefillPlan:
                 plan = PrefillPlan(f"paged (tuning failed: {type(exc).__name__})", None)
             _plans[key] = plan
     return plan
+
+
+def _nearest(key: tuple) -> PrefillPlan:
+    """The decided plan of the bucket nearest `key`'s (by ratio; the larger on a tie) in
+    its shape class; the paged kernel where none of the class was decided."""
+    bucket = key[-1]
+    decided = [(k[-1], plan) for k, plan in list(_plans.items()) if k[:-1] == key[:-1]]
+    if not decided:
+        return PAGED
+    distance = lambda b: (abs(math.log2(b / bucket)), -b)  # noqa: E731
+    return min(decided, key=lambda d: distance(d[0]))[1]
+
+
+def prefill_plan(key: tuple, make_case: Callable[[], _Case]) -> PrefillPlan:
+    """The plan of a shape class. After `decide_plans` (serving): the decided one, or the
+    nearest bucket's, or the paged kernel, never timed. Before it (a bare kernel caller):
+    tuned on the first call outside graph capture, on the inputs `make_case` builds."""
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    if _decided_only:
+        return _nearest(key)
+    if torch.cuda.is_current_stream_capturing():
+        return PAGED
+    return _decide(key, make_case)
+
+
+def q_len_bucket(q_len: int) -> int:
+    """The power-of-two bucket (16, 32, ...) of a step's longest new-token count."""
+    return 1 << max(q_len - 1, 15).bit_length()
+
+
+MAX_STARTUP_BUCKETS = 8
+"""At most this many buckets are decided at start-up (128 .. 16,384 new tokens); a longer
+step takes the largest one's plan."""
+
+
+def startup_buckets(max_q_len: int) -> tuple[int, ...]:
+    """The buckets a step of up to `max_q_len` new tokens in one sequence can fall in that
+    the dense kernel may serve (from MIN_DENSE_Q_LEN's), at most MAX_STARTUP_BUCKETS."""
+    if max_q_len < MIN_DENSE_Q_LEN:
+        return ()
+    first, last = q_len_bucket(MIN_DENSE_Q_LEN), q_len_bucket(max_q_len)
+    count = min(last.bit_length() - first.bit_length() + 1, MAX_STARTUP_BUCKETS)
+    return tuple(first << i for i in range(count))
+
+
+def decide_plans(shape: ShapeClass, buckets: tuple[int, ...]) -> dict[int, PrefillPlan]:
+    """Every plan the shape class can need, made now (the start-up's work): each bucket
+    timed as on a first call, then the chosen configuration run once more on a length of
+    another integer specialization (one token short), so serving compiles nothing. From
+    then on no call times anything (`prefill_plan`). With RADIXMESH_PREFILL_ATTENTION
+    paged or dense there is nothing to decide (empty)."""
+    global _decided_only
+    plans: dict[int, PrefillPlan] = {}
+    if MODE == "auto":
+        for bucket in buckets:
+            plan = _decide(shape.key(bucket), functools.partial(_Case.build, shape, bucket))
+            if plan.config is not None:
+                try:
+                    _Case.build(shape, bucket - 1).dense(plan.config)
+                except Exception as exc:  # serve the bucket by the paged kernel instead
+                    plan = PrefillPlan(f"paged ({plan.name} failed: {type(exc).__name__})", None)
+                    _plans[shape.key(bucket)] = plan
+            plans[bucket] = plan
+    _decided_only = True
+    return plans
+
+
+def _timed_device(q: torch.Tensor) -> bool:
+    """Calls on this device go by the per-shape plans (a GPU, not the interpreter)."""
+    return not interpreting() and q.device.type == "cuda"
 
 
 def prefill_attention_triton(
@@ -224,11 +337,11 @@ def prefill_attention_triton(
     def dense(cfg: DenseConfig) -> torch.Tensor:
         return dense_prefill_attention(*args, k_new, v_new, q_len, cfg)
 
-    if interpreting() or q.device.type != "cuda":
+    if not _timed_device(q):
         return dense(INTERPRETER_CONFIG)
     if MODE == "dense":
         return dense(DENSE_CANDIDATES[0])
-    bucket = 1 << max(q_len - 1, 15).bit_length()  # 16, 32, ... tokens
+    bucket = q_len_bucket(q_len)
     key = (q.device, q.dtype, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], bucket)
     plan = prefill_plan(key, lambda: _Case.like(q, k_cache, bucket))
     if plan.config is None:
@@ -256,5 +369,8 @@ def chosen_plans() -> list[dict]:
 
 
 def reset_plans() -> None:
+    """Forget every plan, and time shapes on their first call again (as before start-up)."""
+    global _decided_only
     with _plans_lock:
         _plans.clear()
+        _decided_only = False

@@ -275,3 +275,95 @@ def test_timing_case_holds_its_dense_kv_in_its_pages_and_both_kernels_agree():
     ref = paged_attention_ref(*case.args)
     torch.testing.assert_close(case.paged(), ref, **tolerance(torch.float32))
     torch.testing.assert_close(case.dense(INTERPRETER_CONFIG), ref, **tolerance(torch.float32))
+
+
+def test_warp_specialized_configurations_are_timed_only_when_asked_for():
+    code = (
+        "from kernels import prefill_attention as p; "
+        "print(sum(c.warp_specialize for c in p.DENSE_CANDIDATES))"
+    )
+    counts = {}
+    for value in ("", "1"):
+        env = {**os.environ, "RADIXMESH_PREFILL_WARP_SPECIALIZE": value}
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        counts[value] = int(proc.stdout)
+    assert counts == {"": 0, "1": 2}
+    env = {**os.environ, "RADIXMESH_PREFILL_WARP_SPECIALIZE": "yes"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "RADIXMESH_PREFILL_WARP_SPECIALIZE must be 0 or 1" in proc.stderr
+
+
+def test_startup_buckets_cover_every_dense_step_up_to_the_limit_and_stay_bounded():
+    from kernels.prefill_attention import MAX_STARTUP_BUCKETS, q_len_bucket, startup_buckets
+
+    assert startup_buckets(127) == ()
+    assert startup_buckets(128) == (128,)
+    assert startup_buckets(129) == (128, 256)
+    assert startup_buckets(8192) == (128, 256, 512, 1024, 2048, 4096, 8192)
+    assert all(q_len_bucket(n) in startup_buckets(8192) for n in (128, 129, 1000, 4097, 8192))
+    huge = startup_buckets(1 << 20)
+    assert len(huge) == MAX_STARTUP_BUCKETS and huge[0] == 128 and huge[-1] == 128 << 7
+
+
+@pytest.fixture
+def startup_choice(monkeypatch):
+    """The choice as the executor's start-up makes it, on this machine's kernels (the
+    interpreter here): one small dense candidate, timings counted (paged slower)."""
+    from kernels import prefill_attention
+
+    prefill_attention.reset_plans()
+    monkeypatch.setattr(prefill_attention, "DENSE_CANDIDATES", (PLAIN,))
+    monkeypatch.setattr(prefill_attention, "_timed_device", lambda q: True)
+    timed = []
+
+    def counting_time(fn):
+        timed.append(fn)
+        return 2.0 if len(timed) % 2 else 1.0  # _tune times the paged kernel first
+
+    monkeypatch.setattr(prefill_attention, "_time_us", counting_time)
+    yield prefill_attention, timed
+    prefill_attention.reset_plans()
+
+
+def test_after_the_startup_choice_a_new_bucket_or_shape_times_and_compiles_nothing(
+    startup_choice, monkeypatch
+):
+    prefill_attention, timed = startup_choice
+    batch, k_new, v_new = _batch([(100, 0)], group=2, head_dim=16, seed=5)
+    shape = prefill_attention.ShapeClass(
+        batch.q.device, torch.float32, 4, 2, 16, batch.k_cache.shape[1]
+    )
+    plans = prefill_attention.decide_plans(shape, (64, 128))
+    assert sorted(plans) == [64, 128] and all(p.config == PLAIN for p in plans.values())
+    assert len(timed) == 4  # the paged kernel and the candidate, per bucket
+    assert {p["max_q_len_bucket"] for p in prefill_attention.chosen_plans()} == {64, 128}
+    timed.clear()
+
+    ran = []
+    real_dense, real_paged = prefill_attention.dense_prefill_attention, prefill_attention.paged_attention_triton
+    monkeypatch.setattr(
+        prefill_attention, "dense_prefill_attention",
+        lambda *a: ran.append(a[-1]) or real_dense(*a),
+    )  # fmt: skip
+    monkeypatch.setattr(
+        prefill_attention, "paged_attention_triton",
+        lambda *a, **k: ran.append("paged") or real_paged(*a, **k),
+    )  # fmt: skip
+    # a decided bucket, then one never decided (150 new tokens: bucket 256) takes 128's plan
+    for seqs in ([(100, 0)], [(150, 20)]):
+        batch, k_new, v_new = _batch(seqs, group=2, head_dim=16, seed=len(seqs) + seqs[0][0])
+        out = prefill_attention.prefill_attention_triton(
+            *_args(batch), max_q_len=seqs[0][0], k_new=k_new, v_new=v_new
+        )
+        torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.float32))
+    assert ran == [PLAIN, PLAIN]
+    # a shape class the start-up did not decide: the paged kernel
+    batch, k_new, v_new = _batch([(40, 0)], group=2, head_dim=32, seed=9)
+    out = prefill_attention.prefill_attention_triton(
+        *_args(batch), max_q_len=40, k_new=k_new, v_new=v_new
+    )
+    torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.float32))
+    assert ran[2:] == ["paged"] and timed == []
+    assert len(prefill_attention.chosen_plans()) == 2  # nothing decided at a call
