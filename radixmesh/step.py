@@ -55,9 +55,10 @@ class StepPlan:
     """Multi-step decode plan: decode steps the executor runs back to back (see
     `check_multi_step`); it answers with one result per step (`StepResult.substep`)."""
     abort_req_ids: list[str] = field(default_factory=list)
-    """Sequences ended without keeping their KV (aborted, past their deadline): stopped at
-    the executor's next step, also inside a multi-step plan still running when this plan
-    arrives, then forgotten before this plan runs, as finished_req_ids."""
+    """Sequences ended (aborted, past their deadline) keeping at most the KV of the tokens
+    already reported: stopped at the executor's next step, also inside a multi-step plan
+    still running when this plan arrives, then forgotten before this plan runs, as
+    finished_req_ids."""
 
     @property
     def num_scheduled_tokens(self) -> int:

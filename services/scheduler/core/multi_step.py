@@ -19,7 +19,9 @@ with its lease when it ends.
 Stop strings are matched where the text is, at the edge (the gateway cuts the
 text exactly and aborts the request); an abort that arrives while a plan
 runs goes out at once in a plan of its own (`abort_req_ids`), and the
-executor skips the sequence from its next step.
+executor skips the sequence from its next step. The lease's end commits only
+the tokens the scheduler has received (their KV is written), never the
+positions the plan had reserved past them.
 """
 
 from __future__ import annotations

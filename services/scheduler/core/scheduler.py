@@ -426,7 +426,8 @@ class SchedulerCore:
         """While a multi-step plan has more than the next step to run: a plan that only
         aborts the sequences just dropped (aborts, deadlines), so the executor skips them
         from its next step; one such plan in flight at a time. No preemption drops
-        between plans, so none of these sequences has KV the scheduler keeps."""
+        between plans: these leases ended with at most the KV of the tokens already
+        received committed (`Leases.cut`), which the steps before have written."""
         if self.config.decode_steps_per_plan == 1 or ex.num_in_flight < 2:
             return None  # the drops go with the next plan, before the step after next
         if not ex.dropped_req_ids or ex.abort_plan_step_id:
