@@ -5,13 +5,15 @@
 One `radixmesh serve --otlp-endpoint` (every request traced) exporting to an OTLP/gRPC
 receiver in this process, a `radixmesh bench` load of 64 concurrent streams (32 prompt
 words, 32 output tokens, --ignore-eos) for the whole run, and `radixmesh profile` of
-each service in turn (py-spy, every thread). A sample is tracing's when its stack is in
-OpenTelemetry or in the rooms' tracing code (services/common/tracing.py,
+each service in turn (py-spy, every thread). A sample is tracing's when it is of the
+batch span processor's thread (encoding and exporting) or its stack is in the rooms'
+tracing code (services/common/tracing.py,
 gateway/tracing.py, services/scheduler/tracing.py, services/executor/step_trace.py, the
 cache client's verb events); samples of threads waiting (the exporter's idle wait) count
-for nobody. Each service's share times its CPU seconds over its window (from
-/proc/<pid>/stat), over the whole mesh's CPU seconds in that window, summed over the
-services: tracing's share of the mesh's CPU, measured inside the traced mesh, so the
+for nobody. Each service's share times its CPU seconds over the whole profiled run
+(from /proc/<pid>/stat; the load is steady, each py-spy window a sample of it), over
+the whole mesh's (Envoy's included), summed over the services: tracing's share of the
+mesh's CPU, measured inside the traced mesh, so the
 run-to-run spread of two meshes (bench/tracing_overhead.py) does not enter it. Its
 error is the sampling's: about the square root of the tracing samples.
 """
@@ -35,9 +37,13 @@ from bench.tracing_overhead import cpu_seconds, start_mesh  # noqa: E402
 from tests.fixtures.otlp import OtlpReceiver  # noqa: E402
 
 TRACING = re.compile(
-    r"opentelemetry|services/common/tracing\.py|gateway/tracing\.py|scheduler/tracing\.py"
+    r"^thread \(\d+\): OtelBatchSpanRecordProcessor;|opentelemetry"
+    r"|services/common/tracing\.py|gateway/tracing\.py|scheduler/tracing\.py"
     r"|executor/step_trace\.py|_note_verbs|trace_interceptor\.py"
 )
+"""Tracing's stacks: the batch span processor's thread (it encodes and exports; py-spy
+names the SDK's files without their package, so the thread is how its frames are known)
+and every stack through the rooms' tracing code."""
 IDLE = re.compile(r"(Condition|Event)\.wait \(threading\.py:\d+\)$|_poll_wrapper")
 
 
@@ -74,29 +80,29 @@ def main() -> int:
         )  # fmt: skip
         try:
             time.sleep(10)  # the load's warm-up: every service busy
+            start = cpu_seconds(pids)
             for name in services:
-                before = cpu_seconds(pids)
                 subprocess.run(
                     [sys.executable, "-m", "mesh.cli", "profile", "--service", name,
                      "--seconds", str(args.seconds), "--out", str(tmp / name),
                      "--port", str(port)],
                     cwd=REPO, check=True, stdout=subprocess.DEVNULL,
                 )  # fmt: skip
-                used = cpu_seconds(pids)
-                window = {k: used[k] - before[k] for k in used}
                 traced, busy = shares(tmp / name / f"{name}.collapsed.txt")
-                share = traced / busy if busy else math.nan
-                rows[name] = {
-                    "tracing_samples": traced, "busy_samples": busy, "share": share,
-                    "cpu_s": window[name], "mesh_cpu_s": sum(window.values()),
-                    "share_of_mesh": share * window[name] / sum(window.values()),
-                    "share_of_mesh_error": math.sqrt(traced) / busy * window[name]
-                    / sum(window.values()) if busy else math.nan,
-                }  # fmt: skip
-                r = rows[name]
-                print(f"{name:>11}: {traced}/{busy} samples in tracing ({share:.1%} of its CPU), "
-                      f"{r['share_of_mesh']:.2%} +- {r['share_of_mesh_error']:.2%} of the mesh's",
-                      flush=True)  # fmt: skip
+                rows[name] = {"tracing_samples": traced, "busy_samples": busy,
+                              "share": traced / busy if busy else math.nan}  # fmt: skip
+                print(f"{name:>11}: {traced}/{busy} samples in tracing "
+                      f"({rows[name]['share']:.1%} of its CPU)", flush=True)  # fmt: skip
+            end = cpu_seconds(pids)
+            used = {k: end[k] - start[k] for k in end}
+            mesh_cpu = sum(used.values())
+            for name, r in rows.items():
+                weight = used[name] / mesh_cpu
+                r.update(cpu_s=used[name], mesh_cpu_s=mesh_cpu, share_of_mesh=r["share"] * weight,
+                         share_of_mesh_error=math.sqrt(r["tracing_samples"])
+                         / max(r["busy_samples"], 1) * weight)  # fmt: skip
+                print(f"{name:>11}: {used[name] / mesh_cpu:.1%} of the mesh's CPU, tracing "
+                      f"{r['share_of_mesh']:.2%} +- {r['share_of_mesh_error']:.2%} of it")  # fmt: skip
         finally:
             load.terminate()
             load.wait(30)
