@@ -83,7 +83,7 @@ from services.executor.core.spec.step import (
 )
 from services.executor.core.spec.verifier import Verifier
 from services.executor.core.step_sampling import StepSampler
-from services.executor.core.warmup import warm_prefill
+from services.executor.core.warmup import decide_prefill_attention, warm_prefill
 
 log = get_logger(__name__)
 
@@ -157,7 +157,8 @@ class ExecutorCore:
             del full
             spec = shard_spec(spec, tp)
         self.startup_seconds: dict[str, float] = {"load_weights": time.perf_counter() - start}
-        """Startup phases and their wall times: load_weights, then on CUDA warm_prefill
+        """Startup phases and their wall times: load_weights, then on CUDA
+        prefill_attention_choice (times the prefill attention per bucket), warm_prefill
         (compiles and tunes the prefill kernels) and capture_graphs."""
         self.model = Decoder(spec, weights, resolve_ops(config, self.device), max_model_len, tp)
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
@@ -172,7 +173,11 @@ class ExecutorCore:
             spec.num_layers, num_pages, config.page_size, spec.num_kv_heads, spec.head_dim,
             dtype, self.device, num_scratch_pages=int(use_graphs),
         )  # fmt: skip
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # every prefill attention choice before any forward
+            choice = decide_prefill_attention(
+                self.model, self.kv_pool, min(config.max_num_batched_tokens, max_model_len)
+            )
+            self.startup_seconds["prefill_attention_choice"] = choice.seconds
             start = time.perf_counter()
             warm_tokens = min(config.max_num_batched_tokens, max_model_len - 1, 4096)
             warm_prefill(self.model, self.kv_pool, warm_tokens, page_id=0)  # no page is held yet

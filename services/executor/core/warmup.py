@@ -1,15 +1,63 @@
-"""Start-up warm-up: prefill forwards on dummy inputs, so that requests do not pay the
-kernels' compilation and tuning (decode is warmed by capturing its CUDA graphs)."""
+"""Start-up warm-up: the prefill attention's per-shape choices, then prefill forwards on
+dummy inputs, so that requests do not pay the kernels' compilation and tuning (decode is
+warmed by capturing its CUDA graphs)."""
 
 from __future__ import annotations
 
 import itertools
+import time
+from dataclasses import dataclass
 
 import torch
 
+from kernels import prefill_attention
+from services.common.logging import get_logger
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.decoder import Decoder
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChoice:
+    """What the start-up decided for the prefill attention: plan name per bucket."""
+
+    buckets: tuple[int, ...]
+    chosen: dict[int, str]
+    seconds: float
+
+
+def decide_prefill_attention(model: Decoder, kv_pool: KVPool, max_q_len: int) -> PrefillChoice:
+    """Every prefill attention choice a step of up to `max_q_len` new tokens in one
+    sequence can need, made now: the buckets of `prefill_attention.startup_buckets`, timed
+    on this model's shape (this rank's heads). From then on a serving step times and
+    compiles nothing for it (an undecided shape takes the nearest bucket's plan or the
+    paged kernel). Nothing to decide where the model does not run the Triton prefill
+    kernel, has a sliding window, or keeps its cache in another dtype than it computes in.
+    Logged as `prefill_attention_choice`."""
+    start = time.perf_counter()
+    spec, k_cache = model.spec, kv_pool.k_caches[0]
+    uses_dense = (
+        model.ops.paged_attention is prefill_attention.prefill_attention_triton
+        and spec.sliding_window is None
+        and k_cache.dtype == model.weights.embed.dtype
+    )
+    buckets = prefill_attention.startup_buckets(max_q_len) if uses_dense else ()
+    shape = prefill_attention.ShapeClass(
+        k_cache.device, k_cache.dtype, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+        kv_pool.page_size,
+    )  # fmt: skip
+    plans = prefill_attention.decide_plans(shape, buckets) if buckets else {}
+    choice = PrefillChoice(
+        buckets, {b: plan.name for b, plan in plans.items()}, time.perf_counter() - start
+    )
+    log.info(
+        "prefill_attention_choice", mode=prefill_attention.MODE, buckets=list(buckets),
+        chosen={str(b): name for b, name in choice.chosen.items()},
+        seconds=round(choice.seconds, 3),
+    )  # fmt: skip
+    return choice
 
 
 def warm_prefill(model: Decoder, kv_pool: KVPool, num_tokens: int, page_id: int) -> None:

@@ -1,0 +1,88 @@
+"""The start-up makes every prefill attention choice a step can need; serving steps time
+and compile nothing for it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from structlog.testing import capture_logs
+
+from kernels import prefill_attention
+from kernels._triton import interpreting
+from kernels.dense_prefill_attention import DenseConfig
+from services.executor.core.forward_batch import BatchEntry, build_forward_batch
+from services.executor.core.models.decoder import Decoder
+from services.executor.core.warmup import decide_prefill_attention
+from tests.unit.executor.conftest import TinyModel, hf_logits, make_core, random_prompt
+
+SMALL = DenseConfig(block_m=32, block_n=16)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The chooser on this machine's kernels (the interpreter here) with one small dense
+    candidate; every call of its timing function recorded (the paged kernel slower)."""
+    prefill_attention.reset_plans()
+    monkeypatch.setattr(prefill_attention, "DENSE_CANDIDATES", (SMALL,))
+    monkeypatch.setattr(prefill_attention, "_timed_device", lambda q: True)
+    timed: list[object] = []
+
+    def counting_time(fn):
+        timed.append(fn)
+        return 2.0 if len(timed) % 2 else 1.0  # the paged kernel is timed first
+
+    monkeypatch.setattr(prefill_attention, "_time_us", counting_time)
+    yield timed
+    prefill_attention.reset_plans()
+
+
+def test_startup_decides_every_bucket_and_a_serving_step_of_a_new_one_times_nothing(
+    llama_model: TinyModel, counted: list[object]
+) -> None:
+    if not (interpreting() or torch.cuda.is_available()):
+        pytest.skip("Triton needs a CUDA device or TRITON_INTERPRET=1")
+    core = make_core(llama_model)
+    spec = core.model.spec
+    ops = dataclasses.replace(core.model.ops, paged_attention=prefill_attention.prefill_attention_triton)
+    model = Decoder(spec, core.model.weights, ops, core.info.max_model_len)
+    with capture_logs() as logs:
+        choice = decide_prefill_attention(model, core.kv_pool, 128)
+    assert choice.buckets == (128,) and choice.chosen == {128: SMALL.describe()}
+    assert len(counted) == 2  # the paged kernel and the candidate, once each
+    (event,) = [e for e in logs if e["event"] == "prefill_attention_choice"]
+    assert event["buckets"] == [128] and event["chosen"] == {"128": SMALL.describe()}
+    assert event["seconds"] >= 0 and event["mode"] == "auto"
+    (plan,) = prefill_attention.chosen_plans()
+    assert (plan["heads"], plan["kv_heads"], plan["head_dim"], plan["page_size"]) == (
+        spec.num_heads, spec.num_kv_heads, spec.head_dim, core.config.page_size,
+    )  # fmt: skip
+    counted.clear()
+
+    # a 140-token prompt: bucket 256, which the start-up did not time
+    tokens = random_prompt(140, seed=3)
+    entries = [BatchEntry(0, tokens, list(range(-(-140 // core.config.page_size))), True)]
+    batch = build_forward_batch(entries, core.config.page_size, core.device)
+    batch.logits_indices = torch.arange(batch.num_tokens)
+    logits = model.forward(batch, core.kv_pool)
+    assert counted == [] and len(prefill_attention.chosen_plans()) == 1
+    torch.testing.assert_close(logits, hf_logits(llama_model.hf, tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_nothing_is_decided_where_the_model_does_not_run_the_dense_kernel(
+    llama_model: TinyModel, counted: list[object]
+) -> None:
+    core = make_core(llama_model)
+    triton = dataclasses.replace(
+        core.model.ops, paged_attention=prefill_attention.prefill_attention_triton
+    )
+    windowed = dataclasses.replace(core.model.spec, sliding_window=64)
+    models = [
+        core.model,  # the torch ops
+        Decoder(windowed, core.model.weights, triton, core.info.max_model_len),
+    ]
+    for model in models:
+        choice = decide_prefill_attention(model, core.kv_pool, 4096)
+        assert choice.buckets == () and choice.chosen == {}
+    assert counted == [] and prefill_attention.chosen_plans() == []
