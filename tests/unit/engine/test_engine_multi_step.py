@@ -226,6 +226,7 @@ async def test_constrained_rows_decode_in_multi_step_plans_with_the_tokens_of_si
     from mesh.tiny_model import write_tiny_model
     from radixmesh.sampling import Constraint, ConstraintKind
     from services.executor.core.grammar import GrammarConfig, GrammarService
+    from services.executor.core.spec import SpeculativeConfig
 
     model = write_tiny_model(tmp_path / "tiny-tok", arch="llama", seed=0)
     schema = {
@@ -240,6 +241,7 @@ async def test_constrained_rows_decode_in_multi_step_plans_with_the_tokens_of_si
         config = EngineConfig.for_model(
             str(model), scheduler=SchedulerConfig(decode_steps_per_plan=k), device="cpu",
             page_size=4, num_pages=256, max_num_seqs=8,
+            speculative=SpeculativeConfig(jump_forward=False),  # forced runs keep k = 1
         )  # fmt: skip
         async with Engine(config, grammar=grammar) as engine:
             assert engine.executors[0].info.max_forced_tokens == 0
