@@ -4,7 +4,10 @@ The in-process Engine, greedy, `--batch-sizes` requests in flight (each slot tak
 `--requests-per-slot` requests in turn) under the PEOPLE
 schema of bench/structured.py (long enough that every request runs to
 --output-len), speculation off. One engine per mode (jump-forward off and on, side by
-side, each with its own KV pool of the size the batch needs), each warmed up, then
+side, each with its own KV pool of the size the batch needs), each warmed up with one
+untimed round of every measured shape (each batch size, prompts as long as the measured
+ones, of other token ids, WARM_OUTPUT_LEN tokens each, so that no first-use cost, a kernel
+compile or tuning or a graph upload, lands in a measured round), then
 `--rounds` rounds per batch size, alternating the modes. Greedy outputs are the same in both
 modes (checked here), so both produce the same tokens and tokens/s compares directly.
 Reported per batch size and mode: output tokens/s (all requests' tokens over the round's
@@ -37,6 +40,7 @@ from services.common.logging import configure_logging
 from services.executor.core.grammar import GrammarConfig, GrammarService
 
 MODES = ("off", "on")
+WARM_OUTPUT_LEN = 32
 
 
 async def _round(engine, prompts, sampling, constraint, concurrency: int) -> dict:
@@ -116,9 +120,15 @@ async def bench_modes(args: argparse.Namespace, model: str) -> dict[str, dict[in
             [rng.randrange(vocab // 4, vocab) for _ in range(args.prompt_len)]
             for _ in range(max(args.batch_sizes) * args.requests_per_slot)
         ]
-        warm = SamplingParams(max_tokens=16, temperature=0.0)
-        for engine in engines.values():
-            await _round(engine, prompts[:8], warm, constraint, 8)
+        warm = SamplingParams(max_tokens=min(args.output_len, WARM_OUTPUT_LEN), temperature=0.0)
+        warm_rng = random.Random(1)  # not the measured prompts: nothing cached for them
+        for batch in args.batch_sizes:  # untimed: every measured shape, on both engines
+            warm_prompts = [
+                [warm_rng.randrange(vocab // 4, vocab) for _ in range(args.prompt_len)]
+                for _ in range(batch)
+            ]
+            for engine in engines.values():
+                await _round(engine, warm_prompts, warm, constraint, batch)
         for batch in args.batch_sizes:
             work = prompts[: batch * args.requests_per_slot]
             for _ in range(args.rounds):

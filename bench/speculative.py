@@ -19,6 +19,13 @@ Workloads (text from the standard library's source, tokenized with the model's t
 Every request is greedy with exactly --output-len tokens; the outputs of every mode are
 compared token for token with speculation off ("identical" in the JSON). `--mode serve`
 runs the same through `radixmesh serve` (bench/spec_serve.py), one mesh per mode.
+
+Before any row is timed, each engine (or mesh) serves one untimed batch of every measured
+shape: every (workload, batch size), its prompts as long as the measured ones (multi_turn:
+as its second turn's) but of random token ids from another seed, so nothing a measured
+row reads from the cache or the drafts' sources comes from them, WARM_OUTPUT_LEN tokens
+each. So a first-use cost (a kernel compile or tuning, a graph upload) never lands in a
+measured row.
 """
 
 from __future__ import annotations
@@ -100,6 +107,31 @@ def make_prompts(workload: str, n: int, tokenizer, vocab: int, seed: int, prompt
     return [tokenizer.encode(t, add_special_tokens=False)[-prompt_len:] for t in texts]
 
 
+WARM_OUTPUT_LEN = 32
+WARM_SEED = 10_007
+"""The warm-up's prompts' seed: token ids no measured prompt starts with."""
+
+
+def warm_prompts(args, workload: str, batch: int, tokenizer, vocab: int) -> list[list[int]]:
+    """Prompts of the measured shape of (workload, batch): the same lengths (multi_turn's
+    second turn: prompt + answer + prompt), random token ids of WARM_SEED."""
+    measured = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)
+    lengths = [
+        2 * len(p) + args.output_len if workload == "multi_turn" else len(p) for p in measured
+    ]
+    rng = random.Random(WARM_SEED + batch)
+    return [[rng.randrange(10, vocab) for _ in range(n)] for n in lengths]
+
+
+def warm_shapes(args, tokenizer, vocab: int) -> list[list[list[int]]]:
+    """One batch of prompts per measured (workload, batch size), in the order they run."""
+    return [
+        warm_prompts(args, workload, batch, tokenizer, vocab)
+        for workload in args.workloads
+        for batch in args.batch_sizes
+    ]
+
+
 async def run_batch(engine, prompts: list[list[int]], output_len: int) -> tuple[list[list[int]], float, list[float]]:
     """(outputs, seconds, TPOT per request) of the prompts sent together."""
     sampling = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -141,8 +173,8 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
         switch = engine.executors[0].spec_switch
         print(f"{mode:<7} speculation switch: {switch.describe()}; CUDA graph bytes (estimated, "
               f"measured): {engine.executors[0].graph_bytes}", flush=True)
-        for batch in args.batch_sizes:  # warm-up: every batch shape once, short outputs
-            await run_batch(engine, make_prompts("random", batch, tokenizer, vocab, 99, 64), 8)
+        for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
+            await run_batch(engine, prompts, min(args.output_len, WARM_OUTPUT_LEN))
         for workload in args.workloads:
             for batch in args.batch_sizes:
                 prompts = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)
@@ -189,8 +221,8 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     mesh = ServedMesh(args.model, args.device, mode, args.port, ["--max-restarts", "0"])
     rows = {}
     try:
-        for batch in args.batch_sizes:  # warm-up
-            serve_batch(mesh.url, make_prompts("random", batch, tokenizer, vocab, 99, 64), 8)
+        for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
+            serve_batch(mesh.url, prompts, min(args.output_len, WARM_OUTPUT_LEN))
         for workload in args.workloads:
             for batch in args.batch_sizes:
                 prompts = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)

@@ -1,0 +1,117 @@
+"""bench/speculative.py and bench/jump_forward.py serve one untimed batch of every measured
+shape before they time anything, on prompts no measured row shares."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import types
+
+from radixmesh.sampling import SamplingParams
+
+
+class _Tokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [10 + ord(c) % 200 for c in text]
+
+
+class _Stats:
+    def __init__(self, owner: _FakeEngine) -> None:
+        self.owner = owner
+
+    def snapshot(self) -> types.SimpleNamespace:
+        self.owner.measuring = True  # the next batch is the measured one
+        return types.SimpleNamespace(
+            num_drafts=0, num_accepted_tokens=0, num_draft_tokens=0, num_forced_tokens=0
+        )
+
+
+class _FakeEngine:
+    def __init__(self, *args, **kwargs) -> None:
+        self.measuring = False
+        self.prefetches: list = []
+        core = types.SimpleNamespace(
+            info=types.SimpleNamespace(vocab_size=256), graph_bytes=None,
+            spec_switch=types.SimpleNamespace(describe=lambda: "fake"), spec_stats=_Stats(self),
+            _verify_graphs=None, execute=lambda prepared: None, forced_switch=None,
+        )  # fmt: skip
+        self.executors = [core]
+
+    async def __aenter__(self) -> _FakeEngine:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+
+def _check(calls: list[tuple[bool, list[list[int]]]], num_shapes: int) -> None:
+    """The first num_shapes batches are the warm-up, each measured batch's prompt lengths
+    are one of theirs, and no warm-up prompt starts like a measured one."""
+    warm = [prompts for measured, prompts in calls[:num_shapes]]
+    assert not any(measured for measured, _ in calls[:num_shapes])
+    timed = [prompts for measured, prompts in calls[num_shapes:] if measured]
+    assert len(timed) >= num_shapes
+    warm_lengths = [sorted(map(len, prompts)) for prompts in warm]
+    assert all(sorted(map(len, prompts)) in warm_lengths for prompts in timed)
+    later = {tuple(p[:16]) for _, prompts in calls[num_shapes:] for p in prompts}
+    assert not later & {tuple(p[:16]) for prompts in warm for p in prompts}
+
+
+def test_speculative_bench_warms_every_workload_and_batch_before_timing(monkeypatch) -> None:
+    bench = importlib.import_module("bench.speculative")
+    engines: list[_FakeEngine] = []
+    calls: list[tuple[bool, list[list[int]]]] = []
+
+    def make_engine(config):
+        engines.append(_FakeEngine())
+        return engines[-1]
+
+    async def run_batch(engine, prompts, output_len):
+        calls.append((engine.measuring, prompts))
+        engine.measuring = False
+        return [[11] * output_len for _ in prompts], 1.0, [0.01] * len(prompts)
+
+    monkeypatch.setattr(bench, "Engine", make_engine)
+    monkeypatch.setattr(bench, "EngineConfig", types.SimpleNamespace(for_model=lambda *a, **k: None))
+    monkeypatch.setattr(bench, "run_batch", run_batch)
+    args = bench.parse_args([
+        "--workloads", "code_edit", "multi_turn", "repeat", "random", "--batch-sizes", "1", "3",
+        "--prompt-len", "64", "--output-len", "8", "--device", "cpu",
+    ])  # fmt: skip
+    rows = asyncio.run(bench.bench_mode(args, "off", _Tokenizer()))
+    assert len(rows) == 8
+    num_shapes = 4 * 2
+    assert all(len(p) > 0 for _, prompts in calls for p in prompts)
+    _check(calls, num_shapes)
+    warm_lengths = {len(p) for _, prompts in calls[:num_shapes] for p in prompts}
+    assert 2 * 64 + 8 in warm_lengths  # multi_turn's second turn, not only its first
+
+
+def test_jump_forward_bench_warms_every_batch_size_on_both_engines(monkeypatch) -> None:
+    bench = importlib.import_module("bench.jump_forward")
+    calls: list[tuple[int, int, list[list[int]], SamplingParams]] = []
+
+    async def fake_round(engine, prompts, sampling, constraint, concurrency):
+        calls.append((id(engine), concurrency, prompts, sampling))
+        return {"wall_s": 1.0, "tpots": [], "outputs": [], "ttfts": []}
+
+    monkeypatch.setattr(bench, "_round", fake_round)
+    monkeypatch.setattr(
+        bench, "GrammarService",
+        types.SimpleNamespace(from_model_dir=lambda *a, **k: types.SimpleNamespace(close=lambda wait: None)),
+    )  # fmt: skip
+    monkeypatch.setattr(bench, "_engine_config", lambda args, model, mode: None)
+    monkeypatch.setattr("mesh.engine.Engine", lambda config, grammar=None: _FakeEngine())
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--batch-sizes", "1", "4", "--rounds", "1", "--prompt-len", "24"])
+    asyncio.run(bench.bench_modes(args, "unused"))
+    warm, timed = calls[:4], calls[4:]
+    assert [c[1] for c in warm] == [1, 1, 4, 4] and len({c[0] for c in warm}) == 2
+    assert all(c[3].max_tokens == min(args.output_len, bench.WARM_OUTPUT_LEN) for c in warm)
+    assert [c[1] for c in timed] == [1, 1, 4, 4]
+    assert all(len(p) == 24 for c in calls for p in c[2])
+    measured = {tuple(p) for c in timed for p in c[2]}
+    assert not measured & {tuple(p) for c in warm for p in c[2]}
+
