@@ -153,7 +153,8 @@ class _Case:
         )
 
     @classmethod
-    def build(cls, shape: ShapeClass, q_len: int) -> _Case:
+    def build(cls, shape: ShapeClass, q_len: int, width: int | None = None) -> _Case:
+        """`width`: the page table's, padded past the prompt's pages (default: no padding)."""
         device, dtype = shape.device, shape.dtype
         page_size, num_kv_heads, head_dim = shape.page_size, shape.num_kv_heads, shape.head_dim
         gen = torch.Generator(device=device).manual_seed(q_len)
@@ -171,10 +172,12 @@ class _Case:
             cache = torch.zeros((num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device)
             cache.view(-1, num_kv_heads, head_dim)[slots] = new
             caches.append(cache)
+        table = torch.zeros((1, max(width or 0, num_pages)), dtype=torch.int32, device=device)
+        table[0, :num_pages] = pages
         lens = torch.tensor([q_len], dtype=torch.int32, device=device)
         cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
         args = (
-            randn(q_len, shape.num_heads, head_dim), caches[0], caches[1], pages[None, :], cu, lens,
+            randn(q_len, shape.num_heads, head_dim), caches[0], caches[1], table, cu, lens,
             head_dim**-0.5,
         )  # fmt: skip
         return cls(args, k_new, v_new, q_len)
@@ -263,10 +266,18 @@ def startup_buckets(max_q_len: int) -> tuple[int, ...]:
     return tuple(first << i for i in range(count))
 
 
+def _other_width(bucket: int, page_size: int) -> int:
+    """A page-table width of the other class than the bucket's own timing case has (a
+    multiple of 16 or not: the compiler specializes the row stride on it)."""
+    width = -(-bucket // page_size)
+    return width + 1 if width % 16 == 0 else -(-width // 16) * 16
+
+
 def decide_plans(shape: ShapeClass, buckets: tuple[int, ...]) -> dict[int, PrefillPlan]:
     """Every plan the shape class can need, made now (the start-up's work): each bucket
-    timed as on a first call, then the chosen configuration run once more on a length of
-    another integer specialization (one token short), so serving compiles nothing. From
+    timed as on a first call, then the chosen configuration run once more in the other
+    integer specializations a serving call can hit (one token short, the page table's
+    width of the other class), so serving compiles nothing. From
     then on no call times anything (`prefill_plan`). With RADIXMESH_PREFILL_ATTENTION
     paged or dense there is nothing to decide (empty)."""
     global _decided_only
@@ -274,12 +285,12 @@ def decide_plans(shape: ShapeClass, buckets: tuple[int, ...]) -> dict[int, Prefi
     if MODE == "auto":
         for bucket in buckets:
             plan = _decide(shape.key(bucket), functools.partial(_Case.build, shape, bucket))
-            if plan.config is not None:
-                try:
-                    _Case.build(shape, bucket - 1).dense(plan.config)
-                except Exception as exc:  # serve the bucket by the paged kernel instead
-                    plan = PrefillPlan(f"paged ({plan.name} failed: {type(exc).__name__})", None)
-                    _plans[shape.key(bucket)] = plan
+            other = _Case.build(shape, bucket - 1, _other_width(bucket, shape.page_size))
+            try:
+                other.dense(plan.config) if plan.config is not None else other.paged()
+            except Exception as exc:  # serve the bucket by the paged kernel instead
+                plan = PrefillPlan(f"paged ({plan.name} failed: {type(exc).__name__})", None)
+                _plans[shape.key(bucket)] = plan
             plans[bucket] = plan
     _decided_only = True
     return plans

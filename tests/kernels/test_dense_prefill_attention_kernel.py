@@ -27,9 +27,9 @@ PLAIN = DenseConfig(block_m=32, block_n=16)
 TMA = DenseConfig(block_m=32, block_n=16, tma=True)
 
 
-def _batch(seqs, *, group=4, head_dim=64, page_size=16, dtype=torch.float32, seed=0):
+def _batch(seqs, *, group=4, head_dim=64, page_size=16, dtype=torch.float32, seed=0, kv_heads=2):
     batch = make_paged_batch(
-        [q for q, _ in seqs], [q + p for q, p in seqs], num_kv_heads=2, group=group,
+        [q for q, _ in seqs], [q + p for q, p in seqs], num_kv_heads=kv_heads, group=group,
         head_dim=head_dim, page_size=page_size, dtype=dtype, seed=seed,
     )  # fmt: skip
     k_new, v_new = [], []
@@ -367,3 +367,36 @@ def test_after_the_startup_choice_a_new_bucket_or_shape_times_and_compiles_nothi
     torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.float32))
     assert ran[2:] == ["paged"] and timed == []
     assert len(prefill_attention.chosen_plans()) == 2  # nothing decided at a call
+
+
+@pytest.mark.gpu
+def test_on_gpu_after_the_startup_choice_serving_calls_time_and_compile_nothing(monkeypatch):
+    """The 8B shape's buckets up to 1,024 decided; then calls of decided and undecided
+    buckets (odd lengths, a cached prefix, two sequences, page-table widths of both
+    classes) run without a timing and without a new compiled kernel."""
+    from kernels import dense_prefill_attention as dense_module
+    from kernels import paged_attention, prefill_attention
+
+    prefill_attention.reset_plans()
+    device = torch.device("cuda", torch.cuda.current_device())
+    shape = prefill_attention.ShapeClass(device, torch.bfloat16, 32, 8, 128, 16)
+    plans = prefill_attention.decide_plans(shape, prefill_attention.startup_buckets(1024))
+    assert sorted(plans) == [128, 256, 512, 1024]
+    timed = []
+    monkeypatch.setattr(prefill_attention, "_time_us", lambda fn: timed.append(fn) or 1.0)
+
+    def compiled() -> int:
+        kernels = (dense_module._dense_prefill_kernel, paged_attention._paged_prefill_kernel)
+        return sum(len(cache[0]) for k in kernels for cache in k.device_caches.values())
+
+    before = compiled()
+    for seqs in ([(300, 37)], [(1500, 0), (700, 300)], [(129, 0)], [(230, 0)]):
+        batch, k_new, v_new = _batch(
+            seqs, group=4, head_dim=128, dtype=torch.bfloat16, seed=3, kv_heads=8
+        )
+        out = prefill_attention.prefill_attention_triton(
+            *_args(batch), max_q_len=max(q for q, _ in seqs), k_new=k_new, v_new=v_new
+        )
+        torch.testing.assert_close(out, paged_attention_ref(*_args(batch)), **tolerance(torch.bfloat16))
+    assert timed == [] and compiled() == before
+    prefill_attention.reset_plans()
