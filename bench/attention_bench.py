@@ -1,6 +1,7 @@
 """Attention paths side by side: decode one-launch against split + merge over contexts, and
-prefill (paged kernel, each dense-K/V configuration, the per-shape choice) against torch
-SDPA's cuDNN backend.
+prefill (paged kernel, each dense-K/V configuration, the per-shape choice as the executor's
+start-up makes it for every bucket, with the seconds it took) against torch SDPA's cuDNN
+backend.
 
 - decode: batch 1, 8 and 64 at contexts 128 .. 8192 (32 query / 8 KV heads, head_dim 128,
   bf16, page size 16, the page table exactly as wide as the context), each path timed as
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,6 +129,16 @@ def prefill_rows(
             lambda cfg=cfg: dense_prefill_attention(*args, k_new, v_new, q_len, cfg)
         )
     prefill_attention.reset_plans()
+    if device.type == "cuda":  # as the executor's start-up decides: every bucket up to q_len
+        start = time.perf_counter()
+        shape_class = prefill_attention.ShapeClass(
+            args[0].device, shape.dtype, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+            shape.page_size,
+        )  # fmt: skip
+        buckets = prefill_attention.startup_buckets(q_len)
+        prefill_attention.decide_plans(shape_class, buckets)
+        print(f"  {name}: prefill_attention_choice over buckets {list(buckets)} took "
+              f"{time.perf_counter() - start:.1f} s")  # fmt: skip
     candidates["auto"] = lambda: prefill_attention.prefill_attention_triton(
         *args, max_q_len=q_len, k_new=k_new, v_new=v_new
     )
@@ -140,9 +152,9 @@ def prefill_rows(
             continue
         rows.append({"case": name, "kernel": label, "ms": ms,
                      "tflops": round(flops / ms / 1e9, 1)})  # fmt: skip
-    plans = prefill_attention.chosen_plans()
-    if plans:
-        print(f"  {name}: the per-shape choice took {plans[0]['chosen']!r} from {plans[0]['timings_us']}")
+    for plan in prefill_attention.chosen_plans():
+        print(f"  {name}: bucket {plan['max_q_len_bucket']} chose {plan['chosen']!r} from "
+              f"{plan['timings_us']}")
     if prefix == 0:  # SDPA on the same tensors, [1, heads, seq, head_dim]
         def dense(t: torch.Tensor) -> torch.Tensor:
             return t.transpose(0, 1).unsqueeze(0).contiguous()
