@@ -146,7 +146,7 @@ def main() -> int:
             for side, port, pids in sides if i % 2 == 0 else sides[::-1]:
                 before, cpu_before = counter.num_spans, cpu_seconds(pids)
                 report = bench(port, args, tmp / f"{side}-{i}.json")
-                time.sleep(2.5)  # the batch span processor exports every second: count it
+                time.sleep(6.0)  # the batch span processor exports every 5 s: count it
                 used = cpu_seconds(pids)
                 tokens = report["total_output_tokens"]
                 cpu[side].append({k: (used[k] - cpu_before[k]) / tokens * 1e3 for k in used})

@@ -29,7 +29,10 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from radixmesh.errors import InvalidArgument
+
 ENV_ENDPOINT = "RADIXMESH_OTLP_ENDPOINT"
+ENV_EXPORT_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
 TRACEPARENT = "traceparent"
 MAX_LINKS = 4096
 """Links one span may carry: an executor step links to every traced sequence in it (the
@@ -42,8 +45,11 @@ EXPORT_QUEUE_SPANS = 16384
 overflows in a second at batch 64 with every request traced)."""
 EXPORT_BATCH_SPANS = 2048
 """Spans per OTLP export call: one call per second at about that rate, not four."""
-EXPORT_DELAY_MS = 1000
-"""Longest a finished span waits for its export (the queue filling sends sooner)."""
+EXPORT_DELAY_MS = 5000
+"""Longest a finished span waits for its export (a full batch goes sooner); the SDK's own
+default, overridden by $OTEL_BSP_SCHEDULE_DELAY (ms). Each export is a gRPC call of a few
+milliseconds of CPU whatever its size, so at ten spans a second a call a second was
+about as costly as the spans themselves."""
 _PROPAGATOR = TraceContextTextMapPropagator()
 _STATE: dict[str, Any] = {"provider": None, "service": None}
 _TRACERS: dict[tuple[int, str], tuple[Any, trace.Tracer]] = {}
@@ -61,6 +67,7 @@ __all__ = [
     "enabled",
     "endpoint_from_env",
     "epoch_ns",
+    "export_delay_ms",
     "link_to",
     "record_span",
     "recording_span",
@@ -99,12 +106,26 @@ def configure_tracing(service: str, endpoint: str | None, sample_rate: float = 1
         BatchSpanProcessor(
             exporter,
             max_queue_size=EXPORT_QUEUE_SPANS,
-            schedule_delay_millis=EXPORT_DELAY_MS,
+            schedule_delay_millis=export_delay_ms(),
             max_export_batch_size=EXPORT_BATCH_SPANS,
         )
     )
     _STATE.update(provider=provider, service=service)
     return True
+
+
+def export_delay_ms() -> int:
+    """The batch span processor's delay: $OTEL_BSP_SCHEDULE_DELAY, else EXPORT_DELAY_MS."""
+    value = os.environ.get(ENV_EXPORT_DELAY, "").strip()
+    if not value:
+        return EXPORT_DELAY_MS
+    try:
+        delay = int(value)
+    except ValueError:
+        delay = 0
+    if delay <= 0:
+        raise InvalidArgument(f"{ENV_EXPORT_DELAY} must be a positive number of ms, got {value!r}")
+    return delay
 
 
 def _linked_or_ratio(rate: float) -> Any:

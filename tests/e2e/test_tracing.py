@@ -22,7 +22,8 @@ TIMEOUT_S = 60
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
-    with OtlpReceiver() as receiver:
+    with OtlpReceiver() as receiver, pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "500")  # spans exported within half a second
         mesh = start_serve(
             tmp_path_factory.mktemp("traced"), "--otlp-endpoint", receiver.endpoint
         )

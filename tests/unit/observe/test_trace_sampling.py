@@ -134,3 +134,14 @@ def test_a_failed_cache_verb_of_a_traced_request_ends_its_span_with_the_error(mo
     (span,) = exported.get_finished_spans()
     assert span.name == "cache.release" and span.status.status_code is StatusCode.ERROR
     assert format(span.parent.span_id, "016x") == "b7ad6b7169203331"
+
+
+def test_spans_wait_five_seconds_for_their_export_unless_the_sdks_variable_says(monkeypatch):
+    monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
+    assert tracing.export_delay_ms() == 5000
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "250")
+    assert tracing.export_delay_ms() == 250
+    for bad in ("0", "-5", "soon"):
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", bad)
+        with pytest.raises(InvalidArgument, match="OTEL_BSP_SCHEDULE_DELAY"):
+            tracing.export_delay_ms()
