@@ -28,7 +28,6 @@ import torch
 from radixmesh.errors import FailedPrecondition, InvalidArgument
 from radixmesh.step import (
     NewSequence,
-    RunningSequence,
     SequenceOutput,
     StepPlan,
     StepResult,
@@ -56,7 +55,7 @@ from services.executor.core.models.tensor_parallel import (
     shard_weights,
     weights_to,
 )
-from services.executor.core.plan_checks import PlanLimits, steps_left, validate_plan
+from services.executor.core.plan_checks import PlanLimits, next_decodes, validate_plan
 from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
     describe_executor,
@@ -303,7 +302,7 @@ class ExecutorCore:
         start = time.perf_counter()
         with self._lock:
             if substep:
-                plan = self._next_decodes(plan)
+                plan = next_decodes(plan, self._seqs, self.info.max_model_len)
             else:
                 for req_id in (*plan.finished_req_ids, *plan.abort_req_ids):
                     self._drop(req_id)
@@ -435,17 +434,6 @@ class ExecutorCore:
         self._grammar.shutdown()
 
     # -- state ---------------------------------------------------------------
-
-    def _next_decodes(self, plan: StepPlan) -> StepPlan:
-        """The next step of a multi-step plan: a decode of each of its sequences still
-        running (the plan's check made their pages cover every step they may run)."""
-        max_model_len = self.info.max_model_len
-        running = []
-        for r in plan.running_seqs:
-            seq = self._seqs.get(r.req_id)
-            if seq is not None and not seq.stopped and steps_left(seq, max_model_len) > 0:
-                running.append(RunningSequence(r.req_id, 1))
-        return StepPlan(plan.step_id, running_seqs=running)
 
     def _admit_grammars(self, new_seqs: list[NewSequence]) -> dict[str, SequenceGrammar]:
         grammars: dict[str, SequenceGrammar] = {}

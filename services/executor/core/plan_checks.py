@@ -137,3 +137,14 @@ def _check_page_ids(where: str, page_ids: list[int], limits: PlanLimits) -> None
     num_pages = limits.num_pages
     if page_ids and any(not 0 <= p < num_pages for p in page_ids):
         raise InvalidArgument(f"{where}.page_ids must be in [0, {num_pages})")
+
+
+def next_decodes(plan: StepPlan, seqs: dict[str, SequenceState], max_model_len: int) -> StepPlan:
+    """The next step of a multi-step plan: a decode of each of its sequences still
+    running (the plan's check made their pages cover every step they may run)."""
+    running = []
+    for r in plan.running_seqs:
+        seq = seqs.get(r.req_id)
+        if seq is not None and not seq.stopped and steps_left(seq, max_model_len) > 0:
+            running.append(RunningSequence(r.req_id, 1))
+    return StepPlan(plan.step_id, running_seqs=running)
