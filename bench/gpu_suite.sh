@@ -117,7 +117,7 @@ step_ceilings() {
 
 step_kernel_tests_gpu() {
     [ "$GPU" = 1 ] || { echo "== kernel_tests_gpu: skipped (no CUDA)"; return 0; }
-    run_step kernel_tests_gpu 120 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels
+    run_step kernel_tests_gpu 300 $PY -m pytest -q -p no:cacheprovider -m gpu tests/kernels
 }
 
 # attention: decode one-launch against split + merge at batch 1, 8, 64 and contexts 128..8192
@@ -251,7 +251,7 @@ step_unit_tests_gpu() {  # the executor's own GPU tests: CUDA against CPU and tr
     # only the files holding GPU tests: the rest import client libraries the GPU machine lacks
     local files
     mapfile -t files < <(grep -rl "mark.gpu" tests/unit --include="test_*.py" | sort)
-    run_step unit_tests_gpu 240 $PY -m pytest -q -p no:cacheprovider -m gpu "${files[@]}"
+    run_step unit_tests_gpu 480 $PY -m pytest -q -p no:cacheprovider -m gpu "${files[@]}"
 }
 
 step_summary() {
