@@ -479,6 +479,8 @@ def _bound_numbers(out: dict[str, Any], types: Any, planner: _Planner, path: str
         if isinstance(out.get(key), bool):
             planner.note(path, key, "the boolean form (draft 4); write a number")
             out.pop(key)
+    if types == {"integer"}:
+        _whole_bounds(out, planner, path)
     limit = FLOAT_LIMIT if "number" in types else INT_LIMIT
     low = max((out[k] for k in ("minimum", "exclusiveMinimum") if k in out), default=None)
     high = min((out[k] for k in ("maximum", "exclusiveMaximum") if k in out), default=None)
@@ -486,6 +488,22 @@ def _bound_numbers(out: dict[str, Any], types: Any, planner: _Planner, path: str
         out["minimum"] = -limit
     if high is None and (low is None or low < limit):
         out["maximum"] = limit
+
+
+def _whole_bounds(out: dict[str, Any], planner: _Planner, path: str) -> None:
+    """An integer's bounds as the whole numbers they admit, inclusive: the grammar library
+    refuses a fractional integer bound (a maximum of 0.5, say from an allOf with a number)."""
+    lows = [math.ceil(out.pop("minimum"))] if "minimum" in out else []
+    lows += [math.floor(out.pop("exclusiveMinimum")) + 1] if "exclusiveMinimum" in out else []
+    highs = [math.floor(out.pop("maximum"))] if "maximum" in out else []
+    highs += [math.ceil(out.pop("exclusiveMaximum")) - 1] if "exclusiveMaximum" in out else []
+    if lows:
+        out["minimum"] = max(lows)
+    if highs:
+        out["maximum"] = min(highs)
+    if lows and highs and out["minimum"] > out["maximum"]:
+        planner.note(path, "maximum", "no value satisfies minimum and maximum as an integer")
+        out.pop("minimum"), out.pop("maximum")
 
 
 def _literal_set(s: Schema) -> set[str] | None:

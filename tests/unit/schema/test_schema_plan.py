@@ -87,6 +87,27 @@ def test_all_of_of_objects_folds_into_one_object(sampler):
     assert {v["a"] for v in values} <= {3, 4, 5}
 
 
+def test_fractional_integer_bounds_become_the_whole_numbers_they_admit(sampler):
+    """The grammar library refuses an integer bound that is not whole (here from an allOf of
+    an integer and a number in [0, 0.5]); the plan writes the whole numbers it admits."""
+    schema = {
+        "type": "object",
+        "allOf": [
+            {"properties": {"id": {"type": "integer"}}, "required": ["id"]},
+            {"properties": {"id": {"type": "number", "minimum": -2.5, "maximum": 0.5}}},
+        ],
+    }
+    assert plan_json_schema(schema).unenforced == ()
+    values = assert_all_valid(sampler, schema)
+    assert {v["id"] for v in values} <= {-2, -1, 0}
+    odd = {"type": "integer", "exclusiveMinimum": 1.5, "exclusiveMaximum": 4}
+    assert {v for v in assert_all_valid(sampler, odd)} <= {2, 3}
+    empty = plan_json_schema({"type": "integer", "minimum": 0.2, "maximum": 0.8})
+    assert [(u.keyword, u.reason) for u in empty.unenforced] == [
+        ("maximum", "no value satisfies minimum and maximum as an integer")
+    ]
+
+
 def test_a_ref_inside_all_of_on_an_array_holds_its_items(sampler):
     schema = {
         "type": "array",
