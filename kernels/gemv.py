@@ -25,7 +25,7 @@ config is used, untimed (`dense_gemv` keeps F.linear there).
 
 from __future__ import annotations
 
-import statistics
+import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import interpreting, tl, triton
+from kernels.tuning import cuda_time_us, fastest, within
 
 MAX_ROWS = 8
 """Rows (decode sequences) the GEMV serves: programs take them in pairs; from 3 rows on the
@@ -302,32 +303,13 @@ MODE = "auto"
 (the default split-K config, untimed): set by benchmarks for A/B runs."""
 
 
-_SLEEP_CYCLES = 1_000_000
-"""The device spins this long (about 0.5 ms) before each timed call, so the host has queued
-the call before the device reaches it: the events time the kernel, not the Python launch
-(in a decode graph there is none)."""
-
-
 def _time_us(fn: Callable[[], object], flush: torch.Tensor) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(_TUNE_ITERS):
-        flush.zero_()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(_SLEEP_CYCLES)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return cuda_time_us(fn, iters=_TUNE_ITERS, warmups=2, flush=flush)
 
 
 def _bound(
     fn: GemvFn, x: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, b: torch.Tensor | None
-) -> Callable[[], object]:
+) -> Callable[[], torch.Tensor]:
     return lambda: fn(x, w, s, b)
 
 
@@ -343,10 +325,7 @@ def _tune(
     fallbacks: Mapping[str, GemvFn],
 ) -> GemvPlan:
     """Times every candidate (and the fallbacks) on this call's own inputs; the fastest
-    whose output agrees with the first fallback's wins (the first fallback otherwise)."""
-    reference_name, reference_fn = next(iter(fallbacks.items()))
-    expected = reference_fn(x, weight, scale, bias).float()
-    tolerance = 1e-2 * float(expected.abs().max()) + 1e-6
+    whose output agrees with the first fallback's wins (`fastest`)."""
     options: dict[str, GemvFn] = dict(fallbacks)
     for cfg in CANDIDATES[weight.element_size()]:
         options[cfg.describe()] = _splitk_fn(cfg)
@@ -354,18 +333,10 @@ def _tune(
         flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=x.device)
     except torch.OutOfMemoryError:  # timed with warm L2 then: still a ranking
         flush = torch.empty(1, dtype=torch.uint8, device=x.device)
-    timings: list[tuple[str, float]] = []
-    for name, fn in options.items():
-        try:
-            got = fn(x, weight, scale, bias).float()
-        except Exception:  # a config the device cannot run (resources): not a candidate
-            continue
-        if name != reference_name and not float((got - expected).abs().max()) <= tolerance:
-            continue
-        timings.append((name, round(_time_us(_bound(fn, x, weight, scale, bias), flush), 2)))
+    runs = {name: _bound(fn, x, weight, scale, bias) for name, fn in options.items()}
+    best = fastest(runs, functools.partial(_time_us, flush=flush), within(1e-2, 1e-6))
     del flush
-    best = min(timings, key=lambda t: t[1]) if timings else (reference_name, 0.0)
-    return GemvPlan(best[0], options[best[0]], tuple(timings))
+    return GemvPlan(best.name, options[best.name], best.timings_us)
 
 
 def gemv_plan(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from kernels.dense_prefill_attention import (
     dense_supported,
 )
 from kernels.paged_attention import check_window, paged_attention_triton
+from kernels.tuning import cuda_time_us, fastest, within
 
 MODES = ("auto", "paged", "dense")
 MODE = os.environ.get("RADIXMESH_PREFILL_ATTENTION", "auto")
@@ -80,9 +80,6 @@ loads where descriptors cannot be used, and the last two are the non-TMA control
 warp-specialized ones only with RADIXMESH_PREFILL_WARP_SPECIALIZE=1."""
 
 _TUNE_ITERS = 10
-_SLEEP_CYCLES = 1_000_000
-"""The device spins this long before each timed call, so the events time the kernel and
-not the Python launch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +116,8 @@ _decided_only = False
 never times anything, it takes the decided plan of the nearest bucket, or the paged kernel."""
 
 
-def _time_us(fn) -> float:
-    fn()
-    times = []
-    for _ in range(_TUNE_ITERS):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(_SLEEP_CYCLES)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+def _time_us(fn: Callable[[], object]) -> float:
+    return cuda_time_us(fn, iters=_TUNE_ITERS, warmups=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,22 +177,14 @@ class _Case:
 
 def _tune(case: _Case) -> PrefillPlan:
     """The fastest of the paged kernel and the dense candidates that agree with it."""
-    expected = case.paged().float()
-    tolerance = 2e-2 * float(expected.abs().max()) + 1e-3
-    timings = [("paged", round(_time_us(case.paged), 2))]
     configs: dict[str, DenseConfig | None] = {"paged": None}
-    for cfg in DENSE_CANDIDATES:
-        name = cfg.describe()
-        try:
-            got = case.dense(cfg).float()
-        except Exception:  # a configuration this device or triton cannot run
-            continue
-        if not float((got - expected).abs().max()) <= tolerance:
-            continue
-        timings.append((name, round(_time_us(lambda cfg=cfg: case.dense(cfg)), 2)))
-        configs[name] = cfg
-    best = min(timings, key=lambda t: t[1])[0]
-    return PrefillPlan(best, configs[best], tuple(timings))
+    configs.update((cfg.describe(), cfg) for cfg in DENSE_CANDIDATES)
+    runs = {
+        name: case.paged if cfg is None else functools.partial(case.dense, cfg)
+        for name, cfg in configs.items()
+    }
+    best = fastest(runs, _time_us, within(2e-2, 1e-3))
+    return PrefillPlan(best.name, configs[best.name], best.timings_us)
 
 
 def _decide(key: tuple, make_case: Callable[[], _Case]) -> PrefillPlan:
