@@ -42,6 +42,9 @@ class PreparedRequest:
     group_id: str = ""
     """Program group: the requests of one select or one fork share a name, so the scheduler
     admits them together and computes their shared pages once ("": none)."""
+    group_size: int = 0
+    """How many requests that group has in all, when known up front (a select's choices), so
+    the scheduler can wait for every one of them; 0: not said."""
 
 
 def prepare_request(

@@ -23,6 +23,7 @@ class SchedulerBackend:
         parameters = inspect.signature(client.generate).parameters
         self._holds = "hold_id" in parameters and hasattr(client, "release_hold")
         self._groups = "group_id" in parameters
+        self._group_sizes = "group_size" in parameters
 
     @property
     def supports_holds(self) -> bool:
@@ -33,9 +34,13 @@ class SchedulerBackend:
         return True
 
     def submit(self, request: PreparedRequest) -> AsyncIterator[RequestUpdate]:
-        extra = {"hold_id": request.hold_id} if self._holds and request.hold_id else {}
+        extra: dict[str, str | int] = {}
+        if self._holds and request.hold_id:
+            extra["hold_id"] = request.hold_id
         if self._groups and request.group_id:
             extra["group_id"] = request.group_id
+            if self._group_sizes and request.group_size:
+                extra["group_size"] = request.group_size
         return self._client.generate(
             request.req_id,
             request.prompt_token_ids,

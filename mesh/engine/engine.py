@@ -225,11 +225,13 @@ class Engine:
         req_id: str | None = None,
         hold_id: str = "",
         group_id: str = "",
+        group_size: int = 0,
     ) -> RequestStream:
         """Queue a request and return its stream. Raises InvalidArgument, ResourceExhausted
         or Unavailable at once when it cannot be queued. With `hold_id`, a normal finish
         keeps its context locked in the cache until `release_hold(hold_id)`; requests with
-        one `group_id` are scheduled as one program group."""
+        one `group_id` are scheduled as one program group (`group_size`: its requests in
+        all, when known)."""
         scheduler = self._running()
         if timeout_s is not None and not timeout_s > 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
@@ -250,6 +252,7 @@ class Engine:
                 deadline=deadline,
                 hold_id=hold_id,
                 group_id=group_id,
+                group_size=group_size,
             )
         except RadixmeshError:
             self._streams.pop(req_id, None)

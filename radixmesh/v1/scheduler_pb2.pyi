@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("req_id", "model", "token_ids", "sampling", "constraint", "priority", "deadline_unix_ms", "hold_id", "traceparent", "group_id")
+    __slots__ = ("req_id", "model", "token_ids", "sampling", "constraint", "priority", "deadline_unix_ms", "hold_id", "traceparent", "group_id", "group_size")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class SubmitRequest(_message.Message):
     HOLD_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -29,7 +30,8 @@ class SubmitRequest(_message.Message):
     hold_id: str
     traceparent: str
     group_id: str
-    def __init__(self, req_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ..., priority: _Optional[_Union[_inference_pb2.Priority, str]] = ..., deadline_unix_ms: _Optional[int] = ..., hold_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., group_id: _Optional[str] = ...) -> None: ...
+    group_size: int
+    def __init__(self, req_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ..., priority: _Optional[_Union[_inference_pb2.Priority, str]] = ..., deadline_unix_ms: _Optional[int] = ..., hold_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., group_id: _Optional[str] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("req_id",)

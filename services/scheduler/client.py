@@ -99,13 +99,16 @@ class SchedulerClient:
         deadline_unix_ms: int = 0,
         hold_id: str = "",
         group_id: str = "",
+        group_size: int = 0,
     ) -> AsyncIterator[RequestUpdate]:
         """The request's updates until its finish or error; leaving early aborts it.
 
         With `hold_id`, a normal finish keeps the request's context (prompt + output)
         locked in the prefix cache under that name (replacing a hold of the same name)
         until `release_hold`, or until this client's stream closes. Requests with one
-        `group_id` (a select's choices, a fork's branches) are scheduled as one group."""
+        `group_id` (a select's choices, a fork's branches) are scheduled as one group;
+        `group_size`, the group's requests in all when known (0: not said), lets an idle
+        executor wait until every one of them is in."""
         stream = self._current()
         if req_id in stream.queues:
             raise InvalidArgument(f"req_id: {req_id!r} is already running on this client")
@@ -118,6 +121,7 @@ class SchedulerClient:
             deadline_unix_ms=deadline_unix_ms,
             hold_id=hold_id,
             group_id=group_id,
+            group_size=group_size,
             traceparent=tracing.current_traceparent(),
         )
         if constraint is not None:

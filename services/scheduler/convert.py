@@ -31,6 +31,8 @@ class Submission:
     """The stream's name for the context hold a normal finish makes; empty: none."""
     group_id: str = ""
     """The stream's name of the program group the request belongs to; empty: none."""
+    group_size: int = 0
+    """How many requests that group has in all; 0: not said."""
 
 
 def submission_from_proto(
@@ -61,4 +63,5 @@ def submission_from_proto(
         deadline=deadline,
         hold_id=msg.hold_id,
         group_id=msg.group_id,
+        group_size=msg.group_size,
     )

@@ -192,6 +192,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         deadline=sub.deadline,
                         hold_id=stream.core_id(sub.hold_id) if sub.hold_id else "",
                         group_id=stream.core_id(sub.group_id) if sub.group_id else "",
+                        group_size=sub.group_size,
                     )
                 if trace is not None:
                     trace.arrived(req.arrival_time)

@@ -80,8 +80,9 @@ async def test_closing_the_stream_ends_its_holds(mesh):  # noqa: F811
 
 
 async def test_scoring_requests_sent_together_finish_in_one_step(mesh):  # noqa: F811
-    """A select's choices over a held context, sent back to back on one stream: the
-    scheduler queues them concurrently and runs them in one step, every time."""
+    """A select's choices over a held context, sent back to back on one stream as the
+    program runtime sends them (one group that says its size): the scheduler queues them
+    concurrently and runs them in one step, every time, however loaded the machine."""
     address, cache_address, _, _ = mesh
     context = tokens(30, seed=6)
     async with grpc.aio.insecure_channel(address) as channel:
@@ -93,7 +94,11 @@ async def test_scoring_requests_sent_together_finish_in_one_step(mesh):  # noqa:
             for i, req_id in enumerate(req_ids):
                 sampling = ipb.SamplingParams(max_tokens=0, prompt_logprobs_start=30)
                 submit = scheduler_pb2.SubmitRequest(
-                    req_id=req_id, token_ids=context + tokens(3 + i, seed=10 + i), sampling=sampling
+                    req_id=req_id,
+                    token_ids=context + tokens(3 + i, seed=10 + i),
+                    sampling=sampling,
+                    group_id=f"select-{trial}",
+                    group_size=len(req_ids),
                 )
                 client.outbox.put_nowait(scheduler_pb2.StreamRequest(submit=submit))
             seen = len(client.responses)

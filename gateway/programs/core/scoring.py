@@ -88,6 +88,7 @@ async def score_choices(
         starts = [start] * len(choice_tokens) + [len(head)] * len(choice_tokens)
     else:
         starts = [start] * len(choice_tokens)
+    requests = [dataclasses.replace(r, group_size=len(requests)) for r in requests]
     results = await asyncio.gather(
         *(prompt_logprobs(run.deps.backend, r, n) for r, n in zip(requests, starts, strict=True))
     )

@@ -20,9 +20,10 @@ Score-only requests with the same scoring start and no name count as one group t
   group the older rule holds (sharing.py): a request waits until the leader's
   prefill reaches the tree, one step later.
 - Arrival: a group's members reach the scheduler one submit at a time. An idle
-  executor waits for a group that just began to arrive (`settle_wait`: until no member
-  came for GROUP_QUIET_S, at most GROUP_SETTLE_S after the first), so its members start
-  in one step instead of the first alone. A busy executor does not wait: the plan it
+  executor waits for a group that just began to arrive (`settle_wait`), so its members
+  start in one step instead of the first alone: a group that said its size (a select's
+  choices) until every member is in, at most GROUP_COMPLETE_S after the first; any other
+  until no member came for GROUP_QUIET_S, at most GROUP_SETTLE_S after the first. A busy executor does not wait: the plan it
   builds while a step runs leaves such a group out, for the plan after, which it joins
   whole (it would finish no sooner split: its late members would start in that plan).
 - Preemption: an unrelated request of the same or a lower class never preempts a
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Mapping
 
 import structlog
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.step import StepResult
 from services.scheduler.core.request import Request, StepShare
 from services.scheduler.core.results import take_prompt_logprobs
@@ -46,6 +48,13 @@ GROUP_QUIET_S = 0.004
 """An idle executor waits until a new group's last member arrived this long ago..."""
 GROUP_SETTLE_S = 0.02
 """...and no longer than this after its first member arrived."""
+GROUP_COMPLETE_S = 0.25
+"""A group that said its size (`Request.group_size`) waits for its missing members, at
+most this long after its first arrived: its sender has them all in hand (a select's
+choices), so only a loaded machine spreads them out, and then by more than the quiet
+time. It waits for no quiet time once complete."""
+MAX_GROUP_SIZE = 4096
+"""The most requests a group may say it has."""
 
 
 def same_group(a: Request, b: Request) -> bool:
@@ -193,23 +202,42 @@ def lend_prompt_logprobs(result: StepResult, requests: Mapping[str, Request]) ->
 def arriving_groups(queued: Iterable[Request], started: Iterable[Request], now: float) -> dict[str, float]:
     """Named groups still arriving, each with the seconds left until it counts as in: the
     queued ones none of whose members has started (a member that follows a started one
-    takes its pages from the tree anyway), whose last member came less than GROUP_QUIET_S
-    ago and whose first less than GROUP_SETTLE_S ago."""
+    takes its pages from the tree anyway) and that are not complete. A group that said
+    its size is complete once that many members are queued, or GROUP_COMPLETE_S after its
+    first; any other once its last member came GROUP_QUIET_S ago, or GROUP_SETTLE_S after
+    its first."""
     begun = {r.group_id for r in started if r.group_id is not None}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
+    size: dict[str, int] = {}
+    count: dict[str, int] = {}
     for req in queued:
         group = req.group_id
         if group is None or group in begun or req.lease_id is not None:
             continue
         first[group] = min(first.get(group, req.arrival_time), req.arrival_time)
         last[group] = max(last.get(group, req.arrival_time), req.arrival_time)
+        size[group] = max(size.get(group, 0), req.group_size)
+        count[group] = count.get(group, 0) + 1
     out = {}
     for group, start in first.items():
-        left = min(last[group] + GROUP_QUIET_S, start + GROUP_SETTLE_S) - now
-        if left > 0:
-            out[group] = left
+        if size[group]:
+            end = start + GROUP_COMPLETE_S if count[group] < size[group] else now
+        else:
+            end = min(last[group] + GROUP_QUIET_S, start + GROUP_SETTLE_S)
+        if end > now:
+            out[group] = end - now
     return out
+
+
+def check_group_size(group_id: str, group_size: int) -> None:
+    """Raise InvalidArgument unless group_size is 0, or in [1, MAX_GROUP_SIZE] with a group."""
+    if not group_size:
+        return
+    if not 0 < group_size <= MAX_GROUP_SIZE:
+        raise InvalidArgument(f"group_size: must be in [1, {MAX_GROUP_SIZE}], got {group_size}")
+    if not group_id:
+        raise InvalidArgument(f"group_size ({group_size}) needs a group_id")
 
 
 def settle_wait(queued: Iterable[Request], started: Iterable[Request], now: float) -> float:
@@ -227,6 +255,7 @@ def members_of(req: Request, requests: Iterable[Request]) -> list[Request]:
 __all__ = [
     "StepShare",
     "arriving_groups",
+    "check_group_size",
     "keep_feasible_shares",
     "lend_prompt_logprobs",
     "members_of",

@@ -88,6 +88,9 @@ class Request:
     group_id: str | None = None
     """Program group (the choices of one select, the branches of one fork): admitted
     together, never partly preempted by unrelated work (see groups.py)."""
+    group_size: int = 0
+    """How many requests the group has in all, when its sender said (a select's
+    choices); 0: not said. The largest any member says counts (see groups.py)."""
     group_arrival_time: float = 0.0
     """Arrival of the group's first member (its own arrival when it has no group); set at
     submit, so a group's members sort together as preemption victims."""

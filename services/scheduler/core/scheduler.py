@@ -33,7 +33,12 @@ from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
-from services.scheduler.core.groups import lend_prompt_logprobs, members_of, settle_wait
+from services.scheduler.core.groups import (
+    check_group_size,
+    lend_prompt_logprobs,
+    members_of,
+    settle_wait,
+)
 from services.scheduler.core.holds import Holds
 from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
@@ -181,6 +186,7 @@ class SchedulerCore:
         deadline: float | None = None,
         hold_id: str = "",
         group_id: str = "",
+        group_size: int = 0,
     ) -> Request:
         """Queue a request; its updates go to the sink. Raises on bad input or overload.
 
@@ -188,7 +194,9 @@ class SchedulerCore:
         locked in the prefix cache under that name, replacing a hold of the same name,
         until `release_hold` (see holds.py). Requests with one `group_id` (a select's
         choices, a fork's branches) are scheduled as one group (groups.py): routed to
-        one executor, admitted together, never partly preempted by unrelated work.
+        one executor, admitted together, never partly preempted by unrelated work;
+        `group_size` (the group's requests in all, 0: not said) lets an idle executor
+        wait for every member before it starts them.
 
         A constrained request first has its constraint prepared (compiled) on the
         executor routing picks, in a task of its own; it joins that executor's
@@ -205,6 +213,7 @@ class SchedulerCore:
         if not candidates:
             raise Unavailable(f"no executor serves model {model!r}")
         check_prompt(tokens, candidates)
+        check_group_size(group_id, group_size)
         start = sampling.prompt_logprobs_start
         if start is not None and start > len(tokens):
             raise InvalidArgument(
@@ -222,6 +231,7 @@ class SchedulerCore:
             deadline=deadline,
             hold_id=hold_id or None,
             group_id=group_id or None,
+            group_size=group_size,
         )
         req.group_arrival_time = req.arrival_time
         # before the cache round trip: refuse at once (see queue_wait.py)
@@ -300,6 +310,7 @@ class SchedulerCore:
         member = next(iter(members_of(req, self._requests.values())), None)
         if member is not None:  # a group runs on one executor (it shares its context there)
             req.group_arrival_time = min(req.group_arrival_time, member.group_arrival_time)
+            req.group_size = max(req.group_size, member.group_size)
             same = [ex for ex in candidates if ex.executor_id == member.executor_id]
             candidates = same or candidates
         executor_id, num_shared = route(
@@ -379,7 +390,9 @@ class SchedulerCore:
     async def _settle_groups(self, ex: ExecutorState) -> None:
         """Wait (at most groups.GROUP_SETTLE_S) for the members of a group still arriving."""
         while (wait := settle_wait(ex.queue, ex.running.values(), self._clock())) > 0:
-            await asyncio.sleep(wait)
+            ex.wake.clear()  # a member's submit wakes it (the loop plans right after)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ex.wake.wait(), wait)
 
     async def _idle(self, ex: ExecutorState) -> None:
         """Wait for a submit or abort, or for the next deadline of this executor's requests."""

@@ -18,7 +18,8 @@ async def test_a_selects_choices_and_a_forks_branches_are_each_one_group(deps, b
     )
     events = [e async for e in ProgramRun(compile_program(message), {}, deps, "g").events()]
     assert isinstance(events[-1], ev.ProgramResult)
-    groups = [(r.sampling.max_tokens, r.group_id) for r in backend.requests]
-    assert groups[0] == (2, "")  # the Gen before the fork
-    assert groups[1:4] == [(2, "g/fork/body[2].fork")] * 3
-    assert groups[4:] == [(0, "g/select/body[3].select")] * 3
+    groups = [(r.sampling.max_tokens, r.group_id, r.group_size) for r in backend.requests]
+    assert groups[0] == (2, "", 0)  # the Gen before the fork
+    # a fork's branches may send several requests each: it says no size
+    assert groups[1:4] == [(2, "g/fork/body[2].fork", 0)] * 3
+    assert groups[4:] == [(0, "g/select/body[3].select", 3)] * 3  # all its choices

@@ -11,6 +11,7 @@ written by a request other than the one the tree says, shows up as a corruption.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -332,6 +333,57 @@ async def test_the_wait_for_a_group_is_bounded(gap):
     assert rig.toy.corruptions == []
     for req_id in ids:
         assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
+
+
+@pytest.mark.parametrize("complete", [True, False])
+async def test_a_group_that_said_its_size_waits_for_every_member_past_the_quiet_time(complete):
+    """Members spread further apart than the quiet time and the settle bound (a loaded
+    machine) still start in one step when the group said its size; an incomplete one
+    starts GROUP_COMPLETE_S after its first member, its last member following."""
+    from services.scheduler.core.groups import GROUP_COMPLETE_S, GROUP_SETTLE_S
+
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE, manual_clock=True)
+    await rig.scheduler.start()
+    ids = [f"m{i}" for i in range(4)]
+    for i, req_id in enumerate(ids[:3]):
+        rig.clock[0] = i * GROUP_SETTLE_S  # each past the unsized group's whole wait
+        await rig.scheduler.submit(req_id, PROMPT, greedy(2), group_id="g", group_size=4)
+        await let_loop_run()
+    assert rig.toy.plans == []  # three of four are in: it waits
+    if complete:
+        rig.clock[0] = 3 * GROUP_SETTLE_S
+        await rig.scheduler.submit(ids[3], PROMPT, greedy(2), group_id="g", group_size=4)
+    else:
+        rig.clock[0] = GROUP_COMPLETE_S
+        await until_planned(rig)
+        await rig.scheduler.submit(ids[3], PROMPT, greedy(2), group_id="g", group_size=4)
+        rig.clock[0] += GROUP_COMPLETE_S  # were the others done, it would wait anew
+    await rig.sink.wait(*ids)
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, ids)
+    firsts = {r: steps[0] for r, steps in starts.items()}
+    if complete:
+        assert len(set(firsts.values())) == 1, starts  # no quiet time waited: it was whole
+    else:
+        assert len({firsts[r] for r in ids[:3]}) == 1 and firsts[ids[3]] > firsts[ids[0]], starts
+    assert rig.toy.corruptions == []
+    for req_id in ids:
+        assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
+
+
+@pytest.mark.parametrize(
+    ("group_id", "group_size", "needle"),
+    [("", 2, "needs a group_id"), ("g", 5000, "group_size: must be in [1, 4096]")],
+)
+async def test_a_bad_group_size_is_refused_with_its_reason(group_id, group_size, needle):
+    from radixmesh.errors import InvalidArgument
+
+    rig = make_rig(SchedulerConfig(), num_pages=64, page_size=PAGE)
+    await rig.scheduler.start()
+    with pytest.raises(InvalidArgument, match=re.escape(needle)):
+        await rig.scheduler.submit("r", PROMPT, greedy(2), group_id=group_id, group_size=group_size)
+    await rig.scheduler.stop()
 
 
 async def test_members_arriving_after_their_group_began_start_together_from_the_tree():
