@@ -5,23 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
-import urllib.error
-import urllib.request
 
 import grpc
 import openai
 import pytest
 from aiohttp import web
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gateway.core.tokenizer import Tokenizer
 from gateway.envoy import GatewayAddress, RateLimit, render_envoy_config
-from gateway.envoy.process import EnvoyProcess, validate_config
+from gateway.envoy.process import validate_config
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
 from services.common.health import wait_for_serving
+from tests.fixtures.envoy import EdgeEnvoy, FakeGateway, http_call, start_envoy
 from tests.fixtures.gateway_fakes import make_model_folder, running_fake_scheduler
 
 
@@ -45,52 +42,17 @@ class FakeInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.TokenizeResponse(token_ids=[len(request.prompt)], max_model_len=64)
 
 
-class Backends:
-    """An aiohttp app and a grpc.aio server on their own event loop thread."""
+class Backends(FakeGateway):
+    """The fake Inference servicer; an OpenAI route that echoes what it got."""
 
     def __init__(self) -> None:
-        self.http_port = free_port()
-        self.grpc_port = free_port()
+        super().__init__(FakeInference())
         self.http_requests: list[tuple[str, str, dict]] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.http_port).start()
-        self._grpc = grpc.aio.server()
-        inference_pb2_grpc.add_InferenceServicer_to_server(FakeInference(), self._grpc)
-        health_servicer = health.aio.HealthServicer()
-        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
-        self._grpc.add_insecure_port(f"127.0.0.1:{self.grpc_port}")
-        await self._grpc.start()
-
-    async def _stop(self) -> None:
-        await self._grpc.stop(grace=None)
-        await self._runner.cleanup()
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def _models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.http_requests.append((request.method, request.path, body))
         return web.json_response(
@@ -100,47 +62,23 @@ class Backends:
 
 @pytest.fixture(scope="module")
 def backends():
-    b = Backends()
-    b.start()
-    yield b
-    b.stop()
+    with Backends() as b:
+        yield b
 
 
-def start_envoy(tmp_path, backends, rate_limit: RateLimit | None) -> EnvoyProcess:
-    public_port, admin_port = free_port(), free_port()
-    config = render_envoy_config(
-        public_port,
-        admin_port,
-        [GatewayAddress("127.0.0.1", backends.grpc_port, backends.http_port)],
-        rate_limit=rate_limit,
-        health_check_interval_s=0.5,
-    )
-    path = tmp_path / f"envoy-{public_port}.yaml"
-    path.write_text(config)
-    validate_config(path)
-    envoy = EnvoyProcess(path, admin_port, access_log_path=tmp_path / f"access-{public_port}.log")
-    envoy.public_port = public_port
-    envoy.start()
-    return envoy
+def start_edge(tmp_path, backends, rate_limit: RateLimit | None) -> EdgeEnvoy:
+    return start_envoy(tmp_path, backends.address, validate=True, rate_limit=rate_limit)
 
 
 @pytest.fixture(scope="module")
 def envoy(tmp_path_factory, backends):
-    proc = start_envoy(tmp_path_factory.mktemp("envoy"), backends, RateLimit(1000, 1.0))
+    proc = start_edge(tmp_path_factory.mktemp("envoy"), backends, RateLimit(1000, 1.0))
     yield proc
     assert proc.stop() == 0
 
 
-def http(method: str, url: str, body: dict | None = None) -> tuple[int, dict, dict]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
+def http(method: str, url: str, body: dict | None = None) -> tuple[int, dict, bytes]:
+    return http_call(method, url, None if body is None else json.dumps(body).encode())
 
 
 def test_rendered_config_validates_and_bad_one_does_not(tmp_path):
@@ -215,7 +153,7 @@ def test_admin_serves_prometheus_stats(envoy):
 
 
 def test_rate_limit_answers_429_and_resource_exhausted(tmp_path, backends):
-    envoy = start_envoy(tmp_path, backends, RateLimit(max_tokens=3, fill_interval_s=3600))
+    envoy = start_edge(tmp_path, backends, RateLimit(max_tokens=3, fill_interval_s=3600))
     try:
         url = f"http://127.0.0.1:{envoy.public_port}/v1/models"
         results = [http("GET", url) for _ in range(4)]
@@ -230,10 +168,7 @@ def test_rate_limit_answers_429_and_resource_exhausted(tmp_path, backends):
     finally:
         assert envoy.stop() == 0
     # The access log is flushed on exit: one JSON object per request.
-    entries = [
-        json.loads(line)
-        for line in (tmp_path / f"access-{envoy.public_port}.log").read_text().splitlines()
-    ]
+    entries = envoy.access_log()
     http_entries = [e for e in entries if e["path"] == "/v1/models"]
     assert [e["status"] for e in http_entries] == [200, 200, 200, 429]
     assert all(e["method"] == "GET" and e["duration_ms"] >= 0 for e in http_entries)
@@ -252,14 +187,11 @@ async def test_whole_edge_envoy_gateway_process_fake_scheduler(tmp_path):
         )  # fmt: skip
         try:
             await wait_for_serving(f"127.0.0.1:{grpc_port}", "", timeout=120)
-            public_port, admin_port = free_port(), free_port()
-            config = tmp_path / "envoy.yaml"
             address = GatewayAddress("127.0.0.1", grpc_port, http_port)
-            config.write_text(
-                render_envoy_config(public_port, admin_port, [address], health_check_interval_s=0.5)
+            envoy = await asyncio.to_thread(
+                start_envoy, tmp_path, address, keep_access_log=False
             )
-            envoy = EnvoyProcess(config, admin_port)
-            await asyncio.to_thread(envoy.start)
+            public_port = envoy.public_port
             try:
                 clusters = await asyncio.to_thread(envoy.admin_get, "/clusters")
                 flags = [

@@ -11,25 +11,21 @@ import asyncio
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 import grpc
 import pytest
 from aiohttp import web
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gateway.capacity_watch import watch_capacity
 from gateway.core.capacity import CapacityGate
 from gateway.core.tokenizer import Tokenizer
-from gateway.envoy import UNLIMITED, GatewayAddress, render_envoy_config
+from gateway.envoy import UNLIMITED
 from gateway.envoy.admission import EdgeAdmission, EdgeAdmissionConfig, runtime_key
-from gateway.envoy.process import EnvoyProcess
 from radixmesh.retry_after import retry_after_of
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2
-from services.common.config import free_port
 from services.scheduler.client import SchedulerClient
+from tests.fixtures.envoy import FakeGateway, http_call, start_envoy, wait_healthy
 from tests.fixtures.gateway_fakes import make_model_folder, running_fake_scheduler
 
 
@@ -47,17 +43,16 @@ class HeldInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.TokenizeResponse(token_ids=[1], max_model_len=64)
 
 
-class HeldBackends:
+class HeldBackends(FakeGateway):
     """A gateway's two ports, on their own event loop: chat completions and Generate wait
     for `release()` while `holding`; the rest answer at once."""
 
     def __init__(self) -> None:
-        self.http_port, self.grpc_port = free_port(), free_port()
+        super().__init__(HeldInference(self))
         self.holding = False
         self.arrived = 0
         self._arrivals = threading.Condition()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._release = asyncio.Event()
 
     async def arrive(self) -> None:
         with self._arrivals:
@@ -76,45 +71,12 @@ class HeldBackends:
 
     def release(self) -> None:
         self.holding = False
-        self._loop.call_soon_threadsafe(self._release.set)
+        self.call_soon(self._release.set)
 
-    def start(self) -> None:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    async def _start(self) -> None:
-        self._release = asyncio.Event()
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.http_port).start()
-        self._grpc = grpc.aio.server()
-        inference_pb2_grpc.add_InferenceServicer_to_server(HeldInference(self), self._grpc)
-        health_servicer = health.aio.HealthServicer()
-        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
-        self._grpc.add_insecure_port(f"127.0.0.1:{self.grpc_port}")
-        await self._grpc.start()
-
-    async def _stop(self) -> None:
-        await self._grpc.stop(grace=None)
-        await self._runner.cleanup()
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def _models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": []})
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def chat(self, request: web.Request) -> web.Response:
         await request.read()
         await self.arrive()
         return web.json_response({"ok": True})
@@ -122,32 +84,15 @@ class HeldBackends:
 
 @pytest.fixture(scope="module")
 def backends():
-    b = HeldBackends()
-    b.start()
-    yield b
-    b.stop()
+    with HeldBackends() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")
 def envoy(tmp_path_factory, backends):
     tmp = tmp_path_factory.mktemp("envoy-admission")
-    public_port, admin_port = free_port(), free_port()
-    path = tmp / "envoy.yaml"
-    path.write_text(
-        render_envoy_config(
-            public_port,
-            admin_port,
-            [GatewayAddress("127.0.0.1", backends.grpc_port, backends.http_port)],
-            health_check_interval_s=0.5,
-        )
-    )
-    proc = EnvoyProcess(path, admin_port, access_log_path=tmp / "access.log", drain_time_s=1)
-    proc.public_port = public_port
-    proc.start()
-    deadline = time.monotonic() + 10  # the first health checks mark the backends healthy
-    while '"healthy"' not in proc.admin_get("/clusters?format=json").lower():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    proc = start_envoy(tmp, backends.address, drain_time_s=1)
+    wait_healthy(proc)  # the first health checks mark the backends healthy
     yield proc
     proc.stop()
 
@@ -162,17 +107,7 @@ async def edge(envoy, backends):
 
 
 def request(envoy, method: str, path: str, data: bytes | None = None) -> tuple[int, dict, bytes]:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{envoy.public_port}{path}",
-        data,
-        method=method,
-        headers={"content-type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
+    return http_call(method, f"http://127.0.0.1:{envoy.public_port}{path}", data, timeout_s=30)
 
 
 def chat(envoy) -> tuple[int, dict, bytes]:

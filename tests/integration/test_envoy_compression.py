@@ -3,22 +3,17 @@ replies from a gateway-side interceptor for a client that sends gzip; content un
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
-import threading
-import urllib.request
 
 import grpc
 import pytest
 from aiohttp import web
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gateway.compression import ENCODING_METADATA, ResponseCompressionInterceptor, asks_for_gzip
-from gateway.envoy import GatewayAddress, render_envoy_config
-from gateway.envoy.process import EnvoyProcess
+from gateway.envoy import render_envoy_config
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
-from services.common.config import free_port
+from tests.fixtures.envoy import FakeGateway, http_call, start_envoy
 
 NUM_MODELS = 64
 
@@ -44,52 +39,17 @@ class ManyModels(inference_pb2_grpc.InferenceServicer):
             yield inference_pb2.GenerateResponse(request_id="r", chunk=inference_pb2.Chunk(text=word))
 
 
-class Backends:
+class Backends(FakeGateway):
     """An OpenAI-shaped HTTP app and a gRPC server with the compression interceptor."""
 
     def __init__(self) -> None:
-        self.http_port, self.grpc_port = free_port(), free_port()
-        self.servicer = ManyModels()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        super().__init__(ManyModels(), interceptors=[ResponseCompressionInterceptor()])
 
-    def start(self) -> None:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.http_port).start()
-        self._grpc = grpc.aio.server(interceptors=[ResponseCompressionInterceptor()])
-        inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, self._grpc)
-        health_servicer = health.aio.HealthServicer()
-        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, self._grpc)
-        self._grpc.add_insecure_port(f"127.0.0.1:{self.grpc_port}")
-        await self._grpc.start()
-
-    async def _stop(self) -> None:
-        await self._grpc.stop(grace=None)
-        await self._runner.cleanup()
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def _models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.Request) -> web.Response:
         data = [{"id": m, "object": "model", "owned_by": "radixmesh"} for m in model_ids()]
         return web.json_response({"object": "list", "data": data})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if not body.get("stream"):
             return web.json_response({"choices": [{"text": "word " * 200}]})
@@ -103,38 +63,22 @@ class Backends:
 
 @pytest.fixture(scope="module")
 def backends():
-    started = Backends()
-    started.start()
-    yield started
-    started.stop()
-
-
-def start_envoy(tmp, backends: Backends) -> tuple[EnvoyProcess, int]:
-    public_port, admin_port = free_port(), free_port()
-    path = tmp / f"envoy-{public_port}.yaml"
-    address = GatewayAddress("127.0.0.1", backends.grpc_port, backends.http_port)
-    path.write_text(
-        render_envoy_config(public_port, admin_port, [address], health_check_interval_s=0.5)
-    )
-    envoy = EnvoyProcess(path, admin_port, access_log_path=tmp / f"access-{public_port}.log")
-    envoy.start()
-    return envoy, public_port
+    with Backends() as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def port(tmp_path_factory, backends):
-    envoy, public_port = start_envoy(tmp_path_factory.mktemp("envoy-gzip"), backends)
-    yield public_port
+    envoy = start_envoy(tmp_path_factory.mktemp("envoy-gzip"), backends.address)
+    yield envoy.public_port
     assert envoy.stop() == 0
 
 
 def fetch(url: str, headers: dict[str, str], body: dict | None = None):
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, headers={"content-type": "application/json", **headers}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return {k.lower(): v for k, v in response.headers.items()}, response.read()
+    status, got, raw = http_call("GET" if data is None else "POST", url, data, headers)
+    assert status == 200, raw
+    return {k.lower(): v for k, v in got.items()}, raw
 
 
 @pytest.mark.parametrize(
@@ -161,7 +105,8 @@ def test_event_streams_pass_uncompressed(port):
 
 
 def test_a_grpc_client_that_sends_gzip_gets_gzip_with_the_same_content(backends, tmp_path):
-    envoy, port = start_envoy(tmp_path, backends)
+    envoy = start_envoy(tmp_path, backends.address)
+    port = envoy.public_port
     try:
         replies = _list_models_plain_and_gzipped(port)
     finally:
@@ -171,7 +116,7 @@ def test_a_grpc_client_that_sends_gzip_gets_gzip_with_the_same_content(backends,
     assert [r.chunk.text for r in streamed] == ["a", "b", "c"]
     # Envoy told the gateway which call came gzipped
     assert backends.servicer.encodings[-2:] == [None, "gzip"]
-    entries = [json.loads(line) for line in (tmp_path / f"access-{port}.log").open()]
+    entries = envoy.access_log()
     sent = [int(e["bytes_sent"]) for e in entries if e["path"].endswith("/ListModels")]
     assert len(sent) == 2 and sent[1] < sent[0] / 3, sent  # plain first, then gzip
 

@@ -14,13 +14,13 @@ from gateway.core.auth import Admission
 from gateway.core.models import ModelRegistry
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig
 from gateway.core.tokenizer import Tokenizer
-from gateway.envoy import GatewayAddress, render_envoy_config
-from gateway.envoy.process import EnvoyProcess
+from gateway.envoy import GatewayAddress
 from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
 from services.scheduler.client import SchedulerClient
+from tests.fixtures.envoy import start_envoy
 from tests.fixtures.gateway_fakes import make_model_folder, running_fake_scheduler
 from tests.fixtures.runtime import running_runtime
 
@@ -46,19 +46,10 @@ async def edge(tmp_path):
             lambda s: inference_pb2_grpc.add_InferenceServicer_to_server(servicer, s),
             ["radixmesh.v1.Inference"],
         ) as gateway_runtime:
-            public_port, admin_port = free_port(), free_port()
-            config = tmp_path / "envoy.yaml"
             address = GatewayAddress("127.0.0.1", gateway_runtime.port, http_port)
-            config.write_text(
-                render_envoy_config(
-                    public_port, admin_port, [address], access_log=False,
-                    health_check_interval_s=0.5,
-                )
-            )  # fmt: skip
-            envoy = EnvoyProcess(config, admin_port)
-            envoy.start()
+            envoy = start_envoy(tmp_path, address, keep_access_log=False, access_log=False)
             try:
-                yield public_port
+                yield envoy.public_port
             finally:
                 envoy.stop()
         await runner.cleanup()

@@ -3,47 +3,28 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
 
-from gateway.envoy import TRANSCODE_ERROR_PREFIX, GatewayAddress, render_envoy_config
-from gateway.envoy.process import EnvoyProcess
+from gateway.envoy import TRANSCODE_ERROR_PREFIX, GatewayAddress
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
+from tests.fixtures.envoy import http_call, start_envoy
 
 
 @pytest.fixture(scope="module")
 def envoy_alone(tmp_path_factory):
     """Envoy in front of a gateway address where nothing listens."""
     tmp = tmp_path_factory.mktemp("envoy-alone")
-    public_port, admin_port = free_port(), free_port()
-    config = render_envoy_config(
-        public_port,
-        admin_port,
-        [GatewayAddress("127.0.0.1", free_port(), free_port())],
-        health_check_interval_s=0.5,
-    )
-    path = tmp / "envoy.yaml"
-    path.write_text(config)
-    envoy = EnvoyProcess(path, admin_port, drain_time_s=1)
-    envoy.public_port = public_port
-    envoy.start()
+    address = GatewayAddress("127.0.0.1", free_port(), free_port())
+    envoy = start_envoy(tmp, address, keep_access_log=False, drain_time_s=1)
     yield envoy
     envoy.stop()
 
 
 def post(url: str, body: dict) -> tuple[int, str, bytes]:
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), method="POST", headers={"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.headers.get("content-type", ""), response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("content-type", ""), exc.read()
+    return post_raw(url, json.dumps(body).encode())
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -78,11 +59,7 @@ def test_no_gateway_is_a_json_503_on_the_transcoded_routes(envoy_alone, path):
 
 def test_no_gateway_is_a_json_503_on_a_transcoded_get(envoy_alone):
     url = f"http://127.0.0.1:{envoy_alone.public_port}/v1/list_models"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            status, body = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, body = exc.code, exc.read()
+    status, _, body = http_call("GET", url)
     assert status == 503 and json.loads(body)["error"]["code"] == "unavailable"
 
 
@@ -100,14 +77,8 @@ def test_the_404_route_keeps_its_own_body(envoy_alone):
 
 
 def post_raw(url: str, data: bytes) -> tuple[int, str, bytes]:
-    request = urllib.request.Request(
-        url, data, method="POST", headers={"content-type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.headers.get("content-type", ""), response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("content-type", ""), exc.read()
+    status, headers, body = http_call("POST", url, data)
+    return status, headers.get("content-type", ""), body
 
 
 @pytest.mark.parametrize(
