@@ -8,10 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased
 
 from radixmesh.cache_types import Lease
 from radixmesh.errors import NotFound
@@ -21,6 +18,7 @@ from services.cache.core import CacheCore
 from services.cache.server import CacheServicer
 from services.cache.store import InProcessStore, StoreConfig
 from services.common import tracing
+from tests.fixtures.otlp import spans_in_memory
 from tests.fixtures.runtime import running_runtime
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -55,10 +53,7 @@ async def cache(servicer: CacheServicer) -> AsyncIterator[CacheClient]:
 
 @pytest.fixture
 def exported(monkeypatch) -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(tracing._linked_or_ratio(1.0)))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setitem(tracing._STATE, "provider", provider)
+    exporter = spans_in_memory(monkeypatch, sample_rate=1.0)
     monkeypatch.setattr("services.common.server.shutdown_tracing", lambda: None)
     return exporter
 

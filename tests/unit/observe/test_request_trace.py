@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from radixmesh.errors import ResourceExhausted
 from radixmesh.sampling import Priority, SamplingParams
 from services.common import tracing
 from services.scheduler.core.request import Request
 from services.scheduler.tracing import RequestTrace
+from tests.fixtures.otlp import spans_in_memory
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 @pytest.fixture
 def exported(monkeypatch):
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setitem(tracing._STATE, "provider", provider)
-    return exporter
+    return spans_in_memory(monkeypatch)
 
 
 def test_one_span_with_events_covers_queue_chunks_preemption_and_decode(exported, monkeypatch):

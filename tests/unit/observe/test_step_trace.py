@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, SequenceOutput, StepPlan, StepResult
 from services.common import tracing
 from services.executor.step_trace import StepTraces
+from tests.fixtures.otlp import spans_in_memory
 
 A = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 B = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -18,11 +16,7 @@ B = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 @pytest.fixture
 def exported(monkeypatch):
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setitem(tracing._STATE, "provider", provider)
-    return exporter
+    return spans_in_memory(monkeypatch)
 
 
 def links(*traceparents: str) -> list[tracing.Link]:

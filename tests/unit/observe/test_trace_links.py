@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from mesh.engine.ports import InProcessCache
 from radixmesh import wire
@@ -20,6 +17,7 @@ from services.executor.server import ExecutorServicer, _Stream
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.scheduler import SchedulerCore
 from services.scheduler.tracing import RequestTrace
+from tests.fixtures.otlp import spans_in_memory
 from tests.unit.scheduler.sched_fakes import greedy, make_rig
 
 GATEWAY = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -28,11 +26,7 @@ OTHER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 @pytest.fixture
 def exported(monkeypatch):
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setitem(tracing._STATE, "provider", provider)
-    return exporter
+    return spans_in_memory(monkeypatch)
 
 
 class RecordingCache(InProcessCache):

@@ -7,10 +7,7 @@ import math
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased
 
 from gateway.tracing import request_trace, timed_event
 from radixmesh.errors import InvalidArgument
@@ -21,6 +18,7 @@ from services.cache.store import InProcessStore, StoreConfig
 from services.common import tracing
 from services.common.config import ServerConfig, add_server_arguments
 from services.scheduler.tracing import RequestTrace
+from tests.fixtures.otlp import spans_in_memory
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -28,11 +26,7 @@ UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
 
 def install(monkeypatch, rate: float) -> InMemorySpanExporter:
     """The provider configure_tracing builds (its sampler at `rate`), exporting in memory."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(tracing._linked_or_ratio(rate)))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setitem(tracing._STATE, "provider", provider)
-    return exporter
+    return spans_in_memory(monkeypatch, sample_rate=rate)
 
 
 def test_rate_zero_starts_no_trace_but_continues_a_sampled_caller(monkeypatch):
