@@ -1,12 +1,12 @@
 """Validity of strict JSON-schema outputs sampled at temperature 1 from the tiny random model.
 
 The in-process Engine (scheduler, cache and executor cores, a real GrammarService), the
-bounded order schema of tests/e2e/test_structured.py, batches of 8 requests with seeds
-1000 * batch + i, max_tokens 512 (more than the schema's longest output). A small KV pool
-(`--num-pages`) makes the scheduler preempt and resume constrained requests. Every output
-is decoded strictly as UTF-8, parsed and validated with `jsonschema`; reported: outputs
-that finished "stop" and validate, invalid ones, and those that ended otherwise (length,
-abort), each printed with its text.
+bounded order schema of tests/e2e/test_structured.py (tests/data/order_schema.json),
+batches of 8 requests with seeds 1000 * batch + i, max_tokens 512 (more than the schema's
+longest output). A small KV pool (`--num-pages`) makes the scheduler preempt and resume
+constrained requests. Every output is decoded strictly as UTF-8, parsed and validated
+with `jsonschema`; reported: outputs that finished "stop" and validate, invalid ones, and
+those that ended otherwise (length, abort), each printed with its text.
 
     python -m bench.structured_validity --num-requests 96 --num-pages 96 --jump-forward on
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,8 +29,10 @@ from services.executor.core.grammar import GrammarConfig, GrammarService
 from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.config import JUMP_FORWARD_MODES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-from test_structured import ORDER_SCHEMA
+ORDER_SCHEMA_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "order_schema.json"
+ORDER_SCHEMA = json.loads(ORDER_SCHEMA_PATH.read_text())
+"""The bounded order schema tests/e2e/test_structured.py checks the mesh with (read as data,
+like the schema corpus bench/structured_compile.py reads)."""
 
 PROMPT = "Describe one order as JSON."
 

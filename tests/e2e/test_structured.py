@@ -14,6 +14,7 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import jsonschema
@@ -28,40 +29,9 @@ from services.executor.core.grammar.compiler import compiler_reason
 MAX_TOKENS = 512
 """More tokens than any output the bounded constraints below allow: each must finish "stop"."""
 MESSAGES = [{"role": "user", "content": "Describe one order as JSON."}]
+ORDER_SCHEMA_PATH = Path(__file__).resolve().parents[1] / "data" / "order_schema.json"
 
-ORDER_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "order_id": {"type": "string", "pattern": "^ORD-[0-9]{4}$"},
-        "customer": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "minLength": 1, "maxLength": 12},
-                "vip": {"type": "boolean"},
-            },
-            "required": ["name", "vip"],
-            "additionalProperties": False,
-        },
-        "items": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": 3,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "sku": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"},
-                    "quantity": {"type": "integer", "minimum": 1, "maximum": 99},
-                },
-                "required": ["sku", "quantity"],
-                "additionalProperties": False,
-            },
-        },
-        "status": {"enum": ["pending", "shipped", "delivered"]},
-        "note": {"type": ["string", "null"], "maxLength": 8},
-    },
-    "required": ["order_id", "customer", "items", "status", "note"],
-    "additionalProperties": False,
-}
+ORDER_SCHEMA = json.loads(ORDER_SCHEMA_PATH.read_text())
 """A realistic nested schema whose every string, number and array is bounded."""
 
 UNRESOLVABLE_SCHEMA = {
