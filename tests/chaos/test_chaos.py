@@ -12,11 +12,14 @@ import asyncio
 import json
 import signal
 import time
+import urllib.request
 
 import aiohttp
 import grpc
 import pytest
 
+from gateway.envoy import CLUSTERS, UNLIMITED
+from gateway.envoy.admission import SETTINGS, runtime_key
 from mesh.faults import ServeProcess, Tally, one_stream, stream_load
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.cache.client import CacheClient
@@ -74,7 +77,6 @@ async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
     assert {o.kind for o in warm} == {"completed"}
     # long outputs: the batch each pool holds (its pages over a request's prompt plus
     # max_tokens) is smaller than the burst, whatever the machine's speed
-    before = envoy_refusals(mesh)
     outcomes = await stream_load(mesh.http, num_streams, OVERLOAD_MAX_TOKENS, deadline_s=150)
     tally = Tally.of(outcomes)
     assert tally.counts["cut"] == tally.counts["hung"] == tally.counts["reset"] == 0, tally
@@ -83,14 +85,22 @@ async def test_overload_is_refused_early_and_nothing_accepted_is_lost(mesh):
     assert all(o.error_code == "resource_exhausted" and o.retry_after for o in refused)
     assert max(o.seconds for o in refused) < 10.0  # refused on arrival, not after waiting
     assert tally.counts["completed"] + len(refused) == num_streams, tally
-    assert envoy_refusals(mesh) > before  # some by Envoy itself, from the gateway's limit
+    # the gateway keeps Envoy's own limit set from the scheduler's headroom. Which of the
+    # two refuses a burst's excess is a matter of timing (a limit written before the burst
+    # admits what the headroom then was); Envoy's refusals themselves are pinned down in
+    # tests/integration/test_envoy_admission.py
+    limits = envoy_limits(mesh)
+    assert limits and all(v < UNLIMITED for v in limits.values()), limits
 
 
-def envoy_refusals(mesh: ServeProcess) -> int:
-    """429s Envoy answered itself so far (its access log's upstream-overflow flag)."""
-    log = mesh.log_dir / "envoy-access.log"
-    entries = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-    return sum((e.get("status"), e.get("flags")) == (429, "UO") for e in entries)
+def envoy_limits(mesh: ServeProcess) -> dict[str, int]:
+    """The admission limits (runtime key -> value) set in the mesh's Envoy now."""
+    [envoy] = [s for s in mesh.endpoints["services"] if s["name"] == "envoy"]
+    url = f"http://127.0.0.1:{envoy['admin_port']}/runtime"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        entries = json.loads(response.read())["entries"]
+    keys = [runtime_key(c, s) for c in CLUSTERS for s in SETTINGS]
+    return {k: int(entries[k]["final_value"]) for k in keys if k in entries}
 
 
 async def test_a_dead_executor_cuts_nothing_and_comes_back(mesh):
