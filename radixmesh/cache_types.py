@@ -9,6 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True, slots=True)
+class PageCopy:
+    """Copy the KV of slots [0, num_tokens) of page `src_page_id` into the same slots of
+    page `dst_page_id` (all layers, keys and values)."""
+
+    src_page_id: int
+    dst_page_id: int
+    num_tokens: int
+
+
 @dataclass(slots=True)
 class Lease:
     """Pages held for one sequence on one pool (result of `acquire`; a snapshot)."""
@@ -19,6 +29,16 @@ class Lease:
     """The page table: the locked cached prefix's pages first, then the leased new pages."""
     num_cached_tokens: int
     """Length of the locked cached prefix (a multiple of page_size); its KV is in the pages."""
+    page_copy: PageCopy | None = None
+    """The prefix continues into a cached partial page: copy its first num_tokens slots
+    into the lease's first new page (`dst_page_id`) and those tokens are computed too.
+    The source stays allocated until the lease ends; the copy must run before any step
+    the holder sends after it ends the lease. None: nothing to copy."""
+
+    @property
+    def num_reused_tokens(self) -> int:
+        """Tokens whose KV the holder need not compute: the prefix and the copied ones."""
+        return self.num_cached_tokens + (self.page_copy.num_tokens if self.page_copy else 0)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixmesh.cache_types import PageCopy
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, SamplingParams
 
@@ -30,6 +31,10 @@ class NewSequence:
     traceparent: str = ""
     """W3C traceparent of the request's span when it is traced (the executor links its
     step spans to it); "" otherwise."""
+    page_copy: PageCopy | None = None
+    """Before this step's forward, copy the KV of a cached partial page's first slots into
+    the page holding num_computed_tokens (they end right after the copied slots; the cache's
+    lease granted the copy). None: nothing to copy."""
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from radixmesh.cache_types import (
     CommitResult,
     Continuation,
     Lease,
+    PageCopy,
     PoolStats,
 )
 from radixmesh.errors import InvalidArgument, NotFound
@@ -142,7 +143,11 @@ class CacheCore:
     ) -> Lease:
         """Changes state: locks the longest cached prefix of `tokens` and leases pages so
         the lease covers `num_tokens` tokens, evicting unlocked leaves when free pages run
-        short. ResourceExhausted, with nothing changed, when even eviction cannot make room."""
+        short. ResourceExhausted, with nothing changed, when even eviction cannot make room.
+
+        Where the prefix ends at a node whose kept partial page (tail) agrees with the
+        next i >= 1 tokens, the lease carries a `page_copy` of those i tokens into its
+        first new page (counted as hit tokens) and keeps the tail until it ends."""
         pool = self._pool(executor_id)
         if not holder:
             raise InvalidArgument("holder must not be empty")
@@ -157,7 +162,8 @@ class CacheCore:
         num_new_pages = -(-num_tokens // pool.page_size) - num_prefix_pages
         if num_new_pages > pool.allocator.num_free:
             pool.check_room(num_new_pages, tree.num_unlocked_pages(match))
-        pool.count_query(len(tokens), match.num_tokens)
+        num_copied = 0 if match.partial else tree.tail_match(match.node, tokens, match.num_tokens)
+        pool.count_query(len(tokens), match.num_tokens + num_copied)
         now = self._clock()
         node = tree.split_match(match)
         tree.lock(node, now)
@@ -167,6 +173,13 @@ class CacheCore:
         state = LeaseState(
             lease_id, pool, holder, node, match.num_tokens, num_prefix_pages, page_ids
         )
+        if num_copied:  # num_new_pages >= 1: num_tokens > the prefix and the copied tokens
+            assert node.tail is not None
+            state.source = node.tail
+            node.tail.num_sources += 1
+            state.page_copy = PageCopy(
+                node.tail.page_id, page_ids[num_prefix_pages], num_copied
+            )
         self._leases[lease_id] = pool.leases[lease_id] = state
         self._holder_leases.setdefault(holder, set()).add(lease_id)
         self._holder_deadline[holder] = now + self.config.lease_ttl_s
@@ -190,8 +203,10 @@ class CacheCore:
         self, lease_id: str, tokens: Sequence[int], keep_locked: bool = False
     ) -> CommitResult:
         """Changes state: inserts the full pages of `tokens` (whose KV the lease's pages
-        hold, in order) into the tree, frees the lease's copies of pages another commit
-        inserted meanwhile, its partial tail page and unused pages, unlocks, ends the lease.
+        hold, in order) into the tree and keeps its partial last page as the tail of the
+        node it ends at (`RadixTree.attach_tail`); frees the lease's copies of pages
+        another commit inserted meanwhile, a tail the tree does not take and unused pages,
+        unlocks, ends the lease.
 
         With `keep_locked` the lease lives on as a lock on the committed path (taken
         before the old lock is dropped): its page table is the committed full pages, it
@@ -218,12 +233,27 @@ class CacheCore:
         num_full_pages = len(tokens) // ps
         # Packed before anything changes: a bad token id raises with no state changed.
         new_tokens = pack_tokens(tokens[cached : num_full_pages * ps])
+        tail_tokens = pack_tokens(
+            tokens[num_full_pages * ps :] if self.config.keep_partial_pages else ()
+        )
         first = state.num_prefix_pages
         own_pages = state.page_ids[first:]
-        inserted = pool.tree.insert(
-            state.node, new_tokens, own_pages[: num_full_pages - first], self._clock()
+        tree = pool.tree
+        inserted = tree.insert(
+            state.node,
+            new_tokens,
+            own_pages[: num_full_pages - first],
+            self._clock(),
+            split_end=bool(tail_tokens),
         )
-        to_free = inserted.duplicate_page_ids + own_pages[num_full_pages - first :]
+        to_free = inserted.duplicate_page_ids + own_pages[num_full_pages - first + 1 :]
+        self._drop_source(state)  # before the tail is placed: it may replace its source
+        if tail_tokens:
+            assert inserted.end is not None
+            freed = tree.attach_tail(inserted.end, tail_tokens, own_pages[num_full_pages - first])
+            to_free += [] if freed is None else [freed]
+        elif num_full_pages - first < len(own_pages):
+            to_free.append(own_pages[num_full_pages - first])
         pool.allocator.free(to_free)
         pool.num_leased_pages -= len(own_pages)
         if keep_locked:
@@ -241,6 +271,7 @@ class CacheCore:
         """Changes state: ends a lease without inserting; frees its own pages, drops its locks."""
         state = self._lease(lease_id)
         state.pool.return_pages(state.page_ids[state.num_prefix_pages :])
+        self._drop_source(state)
         self._end_lease(state)
 
     def heartbeat(self, holder: str) -> int:
@@ -300,6 +331,14 @@ class CacheCore:
         state.page_ids = tree.path_page_ids(node)
         self._renew(state.holder)
 
+    @staticmethod
+    def _drop_source(state: LeaseState) -> None:
+        """Changes state: the lease no longer needs the tail it copies from."""
+        if state.source is not None:
+            state.source.num_sources -= 1
+            state.source = None
+        state.page_copy = None
+
     def _end_lease(self, state: LeaseState) -> None:
         """Changes state: drops the lease's locks and its records (its pages are handled)."""
         state.pool.tree.unlock(state.node)
@@ -314,5 +353,9 @@ class CacheCore:
     @staticmethod
     def _snapshot(state: LeaseState) -> Lease:
         return Lease(
-            state.lease_id, state.pool.executor_id, list(state.page_ids), state.num_cached_tokens
+            state.lease_id,
+            state.pool.executor_id,
+            list(state.page_ids),
+            state.num_cached_tokens,
+            state.page_copy,
         )

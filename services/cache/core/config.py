@@ -17,6 +17,9 @@ class CacheConfig:
     """Name of the policy in `EVICTION_POLICIES` that picks which unlocked leaf goes first."""
     max_pages_per_pool: int = 2**31 - 1
     """Largest pool a register call may ask for (page ids are int32 on the wire)."""
+    keep_partial_pages: bool = True
+    """A commit keeps its sequence's partial last page as the tail of the node it ends at,
+    for a later sequence that continues the same text to copy (off: the page is freed)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lease_ttl_s) and self.lease_ttl_s > 0):

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from radixmesh.cache_types import PoolStats
+from radixmesh.cache_types import PageCopy, PoolStats
 from radixmesh.errors import ResourceExhausted
 from services.cache.core.allocator import PageAllocator
 from services.cache.core.eviction import EvictionPolicy
-from services.cache.core.radix import RadixNode, RadixTree, TreeMatch
+from services.cache.core.radix import RadixNode, RadixTree, Tail, TreeMatch
 
 
 @dataclass(slots=True, eq=False)
@@ -25,6 +25,10 @@ class LeaseState:
     num_prefix_pages: int
     page_ids: list[int]
     """The page table: `num_prefix_pages` tree pages, then the lease's own pages."""
+    page_copy: PageCopy | None = None
+    """The copy of a tail into the first own page the lease was granted with."""
+    source: Tail | None = None
+    """The tail `page_copy` reads (kept while the lease lives), or None."""
 
 
 @dataclass(slots=True, eq=False)

@@ -15,6 +15,14 @@ A node's `lock_count` is the number of leases holding it (a lease locks its whol
 to the root), so an unlocked node has only unlocked descendants. Only unlocked leaves
 are evicted; the tree keeps `num_cached_pages` and `num_locked_pages` up to date
 incrementally.
+
+A node may also keep a partial page after its whole pages (`tail`: one page holding the
+first t < page_size tokens that followed it in a committed sequence). A tail is never
+shared in place: the next sequence writes into the rest of its page. A sequence that
+matches the node and then agrees with i >= 1 tokens of its tail copies those tokens' KV
+into its own first new page instead of computing them (`tail_match`). A tail counts as
+one of its node's pages (cached, locked with the node, evicted first when the node is a
+victim) and is never freed while a lease still has to copy from it (`num_sources`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,17 @@ def pack_tokens(tokens: Sequence[int]) -> array:
 
 
 @dataclass(slots=True, eq=False)
+class Tail:
+    """A node's partial last page: `tokens` (1 to page_size - 1 of them) fill its first
+    slots of page `page_id`."""
+
+    tokens: array
+    page_id: int
+    num_sources: int = 0
+    """Leases that copy from this page and have not ended: it is kept while any does."""
+
+
+@dataclass(slots=True, eq=False)
 class RadixNode:
     parent: RadixNode | None
     """None for the root and for a node that was evicted (detached)."""
@@ -58,6 +77,13 @@ class RadixNode:
     last_access: float
     children: dict[tuple[int, ...], RadixNode] = field(default_factory=dict)
     lock_count: int = 0
+    tail: Tail | None = None
+    """The partial page after `tokens`, if kept (never on the root)."""
+
+    @property
+    def num_pages(self) -> int:
+        """Pages this node holds: its whole pages and its tail's."""
+        return len(self.page_ids) + (self.tail is not None)
 
 
 @dataclass(slots=True)
@@ -81,6 +107,8 @@ class InsertResult:
     """Pages that became part of the tree."""
     duplicate_page_ids: list[int]
     """Offered pages whose tokens the tree already held; the caller frees them."""
+    end: RadixNode | None = None
+    """With `split_end`: the node whose path ends exactly at the inserted tokens."""
 
 
 class RadixTree:
@@ -136,9 +164,22 @@ class RadixTree:
         )
         node = match.node
         while node.parent is not None and not node.lock_count:
-            num += len(node.page_ids)
+            num += node.num_pages
             node = node.parent
         return num
+
+    @staticmethod
+    def tail_match(node: RadixNode, tokens: Sequence[int], pos: int) -> int:
+        """Read-only: how many of tokens[pos:] agree with `node`'s tail (0 without one);
+        `pos` is where `node`'s path ends."""
+        tail = node.tail
+        if tail is None:
+            return 0
+        edge = tail.tokens
+        n, limit = 0, min(len(edge), len(tokens) - pos)
+        while n < limit and edge[n] == tokens[pos + n]:
+            n += 1
+        return n
 
     @staticmethod
     def is_evictable(node: RadixNode) -> bool:
@@ -164,7 +205,7 @@ class RadixTree:
         """Changes state: one more lease holds `node` and its ancestors; touches them."""
         while node.parent is not None:
             if not node.lock_count:
-                self.num_locked_pages += len(node.page_ids)
+                self.num_locked_pages += node.num_pages
             node.lock_count += 1
             node.last_access = now
             node = node.parent
@@ -176,20 +217,27 @@ class RadixTree:
             if node.lock_count < 0:
                 raise AssertionError("radix node lock_count went negative")
             if not node.lock_count:
-                self.num_locked_pages -= len(node.page_ids)
+                self.num_locked_pages -= node.num_pages
                 if not node.children:
                     self.policy.push(node)
             node = node.parent
 
     def insert(
-        self, node: RadixNode, tokens: array, page_ids: list[int], now: float
+        self,
+        node: RadixNode,
+        tokens: array,
+        page_ids: list[int],
+        now: float,
+        split_end: bool = False,
     ) -> InsertResult:
         """Changes state: inserts packed `tokens` (full pages, from `pack_tokens`) below
         `node`, where they continue its path; `page_ids` are their pages, one per page.
         The tree may keep `tokens` itself as a new leaf's edge: the caller hands it over.
 
         Pages whose tokens are already in the tree are not inserted; they come back in
-        `duplicate_page_ids` for the caller to free. The walked path is touched.
+        `duplicate_page_ids` for the caller to free. The walked path is touched. With
+        `split_end`, an edge the tokens end inside is split there, and `end` is the node
+        that ends at them (for `attach_tail`).
         """
         ps = self.page_size
         end = len(tokens)
@@ -206,11 +254,11 @@ class RadixTree:
                 self.num_cached_pages += len(leaf.page_ids)
                 self.policy.push(leaf)
                 self._maybe_compact()
-                return InsertResult(len(leaf.page_ids), duplicates)
+                return InsertResult(len(leaf.page_ids), duplicates, leaf)
             edge = child.tokens
             num_pages = _num_equal_pages(tokens, pos, edge, min(len(edge), end - pos) // ps, ps)
-            if num_pages * ps < len(edge) and pos + num_pages * ps < end:
-                child = self._split(child, num_pages)  # the sequence diverges inside the edge
+            if num_pages * ps < len(edge) and (split_end or pos + num_pages * ps < end):
+                child = self._split(child, num_pages)  # the sequence leaves or ends inside
             first = pos // ps
             duplicates += page_ids[first : first + num_pages]
             pos += num_pages * ps
@@ -218,7 +266,29 @@ class RadixTree:
             if self.is_evictable(child):
                 self.policy.push(child)
             node = child
-        return InsertResult(0, duplicates)
+        return InsertResult(0, duplicates, node)
+
+    def attach_tail(self, node: RadixNode, tokens: array, page_id: int) -> int | None:
+        """Changes state: keeps page `page_id`, whose first slots hold the KV of packed
+        `tokens` (1 to page_size - 1 of them, continuing `node`'s path), as `node`'s tail.
+        Returns the page the caller frees, if any: `page_id` itself when the tree does
+        not take it (at the root, when the tail kept already starts with `tokens`, or
+        when a lease still copies from the tail kept), else the replaced tail's page (the
+        newer text wins)."""
+        if node.parent is None or not 0 < len(tokens) < self.page_size:
+            return page_id
+        old = node.tail
+        if old is not None and (old.num_sources or old.tokens[: len(tokens)] == tokens):
+            return page_id
+        node.tail = Tail(tokens, page_id)
+        if old is not None:
+            return old.page_id
+        self.num_cached_pages += 1
+        if node.lock_count:
+            self.num_locked_pages += 1
+        if self.is_evictable(node):
+            self.policy.push(node)
+        return None
 
     def evict(self, num_pages: int) -> list[int]:
         """Changes state: frees pages of unlocked leaves, least valuable leaf first, until
@@ -231,6 +301,13 @@ class RadixTree:
             victim = policy.pop_victim(self.is_evictable)
             if victim is None:
                 break
+            if victim.tail is not None:  # the partial last page goes first
+                freed.append(victim.tail.page_id)
+                victim.tail = None
+                self.num_cached_pages -= 1
+                if len(freed) >= num_pages:
+                    policy.push(victim)
+                    break
             need = num_pages - len(freed)
             keep = len(victim.page_ids) - need
             if keep >= need:  # a long leaf: cut its tail; a short one goes whole (cheaper)

@@ -46,6 +46,7 @@ from services.executor.core.graph_setup import (
 )
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
+from services.executor.core.page_copy import SlotCopies, copy_slots, step_copies
 from services.executor.core.models.decoder import Decoder
 from services.executor.core.models.tensor_parallel import (
     SINGLE,
@@ -114,6 +115,8 @@ class PreparedStep:
     """Speculative decoding: each sampler's draft, verified after its token (k + 1 logits
     rows, most empty); None when the step verifies none."""
     prepare_seconds: float = 0.0
+    copies: SlotCopies | None = None
+    """KV slots the new sequences' `page_copy`s copy before the forward."""
     substep: int = 0
     """Which step of its plan this is (a multi-step plan prepares one per step)."""
 
@@ -308,6 +311,7 @@ class ExecutorCore:
                     self._drop(req_id)
                 validate_plan(plan, self._seqs, self._limits)
                 check_not_verifying(plan, self._seqs)
+            copies = step_copies(plan.new_seqs, self.kv_pool, self.device)  # checks too
             grammars = self._admit_grammars(plan.new_seqs)  # may refuse: before changes
             seqs: list[SequenceState] = []
             num_tokens: list[int] = []
@@ -328,6 +332,7 @@ class ExecutorCore:
                     num_tokens.append(running.num_scheduled_tokens)
                     allowed.append(running.num_draft_tokens)
             prepared = PreparedStep(plan.step_id, self._num_prepared, substep=substep)
+            prepared.copies = copies
             all_executed = self._num_executed == self._num_prepared
             drafts = step_drafts(
                 self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits,
@@ -358,6 +363,8 @@ class ExecutorCore:
             self._num_executed = prepared.index + 1
         batch = prepared.batch
         outputs: list[SequenceOutput] = []
+        if prepared.copies is not None:  # before the forward reads them; never in a graph
+            copy_slots((*self.kv_pool.k_caches, *self.kv_pool.v_caches), prepared.copies)
         if batch is not None:
             batch.load_device_tokens(self._last_tokens)
             samplers = prepared.samplers

@@ -70,7 +70,7 @@ async def admit_waiting(
             continue
         if budget.num_tokens <= 0 or budget.num_seqs <= 0:
             continue  # keeps its lease and goes first next step
-        new_seqs.append(_start(ex, budget, req))
+        new_seqs.append(_start(ex, budget, req, leases))
         stats.admitted(req, now)
     return new_seqs
 
@@ -176,8 +176,9 @@ def _cut_short(first: Request, num_members: int, num_tokens: int, step_tokens: i
     return first.lease_id is None and num_members > 1 and num_tokens < need <= step_tokens
 
 
-def _start(ex: ExecutorState, budget: StepBudget, req: Request) -> NewSequence:
-    """req holds its lease: it joins the batch with its first chunk."""
+def _start(ex: ExecutorState, budget: StepBudget, req: Request, leases: Leases) -> NewSequence:
+    """req holds its lease: it joins the batch with its first chunk (after the copy of a
+    cached partial page its lease was granted with, if any)."""
     ex.queue.remove(req.req_id)
     req.status = RequestStatus.RUNNING
     ex.running[req.req_id] = req
@@ -194,6 +195,7 @@ def _start(ex: ExecutorState, budget: StepBudget, req: Request) -> NewSequence:
         sampling=req.sampling,
         constraint=req.constraint,
         traceparent=req.trace.traceparent if req.trace is not None else "",
+        page_copy=leases.take_copy(req),
     )
     req.num_unsent_pages = 0
     if req.trace is not None:

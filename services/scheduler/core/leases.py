@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import structlog
 
+from radixmesh.cache_types import PageCopy
 from radixmesh.errors import RadixmeshError, ResourceExhausted
 from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.executor_state import ExecutorState
@@ -38,6 +39,8 @@ class Leases:
         self._lookahead = config.page_lookahead
         self.inflight = InflightPrefixes()
         """Prompt pages being computed, for admission to wait on instead of recomputing."""
+        self._copies: dict[str, PageCopy] = {}
+        """Granted leases' copies of a cached partial page not yet sent (`take_copy`)."""
 
     async def admit(
         self, ex: ExecutorState, req: Request, max_cached_tokens: int | None = None
@@ -66,15 +69,23 @@ class Leases:
             req.lease_id = grant.lease_id
             req.page_table = list(grant.page_ids)
             req.num_unsent_pages = 0
-            req.num_computed_tokens = grant.num_cached_tokens
+            # tokens copied from a cached partial page count as computed once it is sent
+            req.num_computed_tokens = grant.num_reused_tokens
             req.num_admitted_tokens = len(tokens)
+            if grant.page_copy is not None:
+                self._copies[req.req_id] = grant.page_copy
             if req.num_cached_tokens is None:
-                req.num_cached_tokens = grant.num_cached_tokens
+                req.num_cached_tokens = grant.num_reused_tokens
             self.inflight.register(
                 req, page_size, req.num_computed_tokens, len(tokens), tentative=False
             )
             return True
         return False
+
+    def take_copy(self, req: Request) -> PageCopy | None:
+        """The copy req's lease was granted with, for req's first step (its NewSequence);
+        None when there is none or it was taken."""
+        return self._copies.pop(req.req_id, None)
 
     async def publish(self, ex: ExecutorState, req: Request, num_tokens: int) -> bool:
         """Put req's first num_tokens (whole pages of its lease that the step being planned
@@ -149,6 +160,7 @@ class Leases:
         commit_tokens = req.all_token_ids[:num_computed]
         lease_id = req.lease_id
         if hold and lease_id is not None and commit_tokens:
+            self._copies.pop(req.req_id, None)  # sent: a finished request had its steps
             self.inflight.forget(req)
             req.lease_id = None
             req.page_table = []
@@ -192,6 +204,9 @@ class Leases:
             req.on_executor = False
 
     async def _end(self, req: Request, commit_tokens: list[int] | None) -> None:
+        unsent = self._copies.pop(req.req_id, None)
+        if unsent is not None and commit_tokens:  # never started: the copy never ran
+            commit_tokens = commit_tokens[: req.num_computed_tokens - unsent.num_tokens]
         self.inflight.forget(req)
         req.step_share = None
         lease_id, req.lease_id = req.lease_id, None

@@ -13,7 +13,14 @@ def check_pool(core: CacheCore, executor_id: str = "exec-0") -> None:
     cached: list[int] = []
     locked_pages = 0
     expected_locks: dict[int, int] = {}
+    sources: dict[int, int] = {}
     for state in pool.leases.values():
+        if state.source is not None:
+            assert state.node.tail is state.source, "a lease copies from a tail not of its node"
+            sources[id(state.source)] = sources.get(id(state.source), 0) + 1
+            assert state.page_copy is not None
+            assert state.page_copy.src_page_id == state.source.page_id
+            assert state.page_copy.dst_page_id == state.page_ids[state.num_prefix_pages]
         node = state.node
         while node.parent is not None:
             expected_locks[id(node)] = expected_locks.get(id(node), 0) + 1
@@ -28,8 +35,12 @@ def check_pool(core: CacheCore, executor_id: str = "exec-0") -> None:
         assert node.key == tuple(node.tokens[:ps])
         assert node.parent.children[node.key] is node
         cached += node.page_ids
+        if node.tail is not None:
+            assert 0 < len(node.tail.tokens) < ps
+            assert node.tail.num_sources == sources.get(id(node.tail), 0)
+            cached.append(node.tail.page_id)
         if node.lock_count:
-            locked_pages += len(node.page_ids)
+            locked_pages += node.num_pages
     leased = [p for s in pool.leases.values() for p in s.page_ids[s.num_prefix_pages :]]
     everything = free + cached + leased
     assert len(everything) == len(set(everything)), "a page is in two places"

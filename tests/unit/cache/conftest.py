@@ -32,8 +32,14 @@ def clock() -> FakeClock:
 def make_core(clock: FakeClock) -> Callable[..., CacheCore]:
     """A core with one pool "exec-0" of model "m" (pass num_pages=0 for none)."""
 
-    def make(num_pages: int = 16, page_size: int = 4, lease_ttl_s: float = 30.0) -> CacheCore:
-        core = CacheCore(CacheConfig(lease_ttl_s=lease_ttl_s), clock=clock)
+    def make(
+        num_pages: int = 16,
+        page_size: int = 4,
+        lease_ttl_s: float = 30.0,
+        keep_partial_pages: bool = True,
+    ) -> CacheCore:
+        config = CacheConfig(lease_ttl_s=lease_ttl_s, keep_partial_pages=keep_partial_pages)
+        core = CacheCore(config, clock=clock)
         if num_pages:
             core.register_pool("exec-0", "m", num_pages, page_size)
         return core

@@ -221,7 +221,7 @@ def test_extend_appends_new_pages(make_core):
 
 
 def test_commit_inserts_full_pages_and_frees_tail_and_unused_pages(make_core):
-    core = make_core()
+    core = make_core(keep_partial_pages=False)  # a partial last page is freed
     lease = core.acquire("exec-0", seq(100, 6), 20, "h")  # 5 pages
     result = core.commit(lease.lease_id, seq(100, 10))  # 2 full pages + 2 tokens
     assert (result.num_cached_tokens, result.num_new_pages, result.num_freed_pages) == (8, 2, 3)
@@ -234,7 +234,7 @@ def test_commit_inserts_full_pages_and_frees_tail_and_unused_pages(make_core):
 
 
 def test_commit_deduplicates_pages_inserted_by_another_lease(make_core):
-    core = make_core()
+    core = make_core(keep_partial_pages=False)  # a partial last page is freed
     tokens = seq(100, 12)
     first = core.acquire("exec-0", tokens, 12, "h")
     second = core.acquire("exec-0", tokens, 14, "h")  # nothing cached yet: computes it too

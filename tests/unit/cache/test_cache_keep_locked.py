@@ -15,7 +15,7 @@ def seq(start: int, n: int) -> list[int]:
 
 
 def test_a_kept_lease_locks_exactly_the_committed_pages(make_core):
-    core = make_core(num_pages=16)
+    core = make_core(num_pages=16, keep_partial_pages=False)
     lease = core.acquire("exec-0", [], 20, "sched")  # 5 pages
     result = core.commit(lease.lease_id, seq(100, 14), keep_locked=True)
     assert result.num_cached_tokens == 12

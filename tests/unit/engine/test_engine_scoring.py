@@ -52,12 +52,13 @@ def pool(engine):
 # -- prompt log probabilities ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("start", "num_cached"), [(1, 0), (6, 4), (13, 12), (20, 16)])
+@pytest.mark.parametrize(("start", "num_cached"), [(1, 0), (6, 4), (13, 12), (20, 17)])
 async def test_prompt_logprobs_equal_a_full_forward_partly_cached_or_not(
     make_engine, hf, start, num_cached
 ):
     """A 24-token prompt whose first 17 tokens are cached: the cache serves at most the
-    page-aligned start - 1 tokens, and every scored position equals transformers'."""
+    page-aligned start - 1 tokens (past 4 pages, the 17th from the copy of its partial
+    page), and every scored position equals transformers'."""
     engine = await make_engine()
     prompt = tokens(24, seed=start)
     await engine.complete(prompt[:17], greedy(1))  # caches 16 tokens (4 pages)
@@ -113,7 +114,8 @@ async def test_scoring_choices_over_one_held_context_runs_in_one_step(make_engin
     scheduled = [p for p in plans if p.new_seqs or p.running_seqs]
     assert len(scheduled) == 1 and len(scheduled[0].new_seqs) == len(choices)
     for choice, result in zip(choices, results, strict=True):
-        assert result.num_cached_tokens == 16  # the held context, page-aligned below 17
+        # the held context below 17: its 4 pages in place, the 17th token copied
+        assert result.num_cached_tokens == 17
         expected = reference(hf, context + choice, len(context))
         assert [e.logprob for e in result.prompt_logprobs] == pytest.approx(expected, abs=2e-4)
 
@@ -167,7 +169,7 @@ async def test_held_pages_survive_page_pressure_that_evicts_and_preempts_others(
     )
     context = tokens(41, seed=9)
     await engine.complete(context, greedy(1), hold_id="ctx")  # 41 computed: 10 pages
-    assert pool(engine).num_locked_pages == 10
+    assert pool(engine).num_locked_pages == 11  # and the 41st token's partial page
     await engine.complete(tokens(30, seed=10), greedy(1))  # cached, evictable
     before = engine.scheduler.num_preemptions
     others = [tokens(20, seed=11 + i) for i in range(4)]
@@ -175,9 +177,9 @@ async def test_held_pages_survive_page_pressure_that_evicts_and_preempts_others(
     assert all(len(r.token_ids) == 16 for r in results)
     stats = pool(engine)
     assert stats.num_evicted_pages > 0 and engine.scheduler.num_preemptions > before
-    assert stats.num_locked_pages == 10
+    assert stats.num_locked_pages == 11
     again = await engine.complete([*context, 5], greedy(1))
-    assert again.num_cached_tokens == 40  # the held context was never evicted
+    assert again.num_cached_tokens == 41  # the held context was never evicted (40 + 1 copied)
     await engine.release_hold("ctx")
     stats = pool(engine)
     assert (stats.num_leases, stats.num_locked_pages, stats.num_leased_pages) == (0, 0, 0)

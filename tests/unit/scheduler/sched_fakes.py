@@ -70,6 +70,8 @@ class ToyExecutor:
         self.next_step_id = 1
         self.num_substeps_run = 0
         """Later steps of multi-step plans run (each plan's first step is in `plans`)."""
+        self.num_copied_tokens = 0
+        """Slots the plans' page copies (NewSequence.page_copy) copied."""
 
     def stop(self, req_ids: list[str]) -> None:
         """A plan's abort_req_ids, as it arrives: later steps of a multi-step plan skip them."""
@@ -102,6 +104,15 @@ class ToyExecutor:
         self.plans.append(plan)
         for req_id in (*plan.finished_req_ids, *plan.abort_req_ids):
             self.seqs.pop(req_id, None)
+        copies = [new.page_copy for new in plan.new_seqs if new.page_copy is not None]
+        slots = [  # every copy of the step reads before any writes, as the executor's
+            (c.dst_page_id, off, self.kv[c.src_page_id][off])
+            for c in copies
+            for off in range(c.num_tokens)
+        ]
+        for page, off, token in slots:
+            self.kv[page][off] = token
+        self.num_copied_tokens += len(slots)
         work = []
         for new in plan.new_seqs:
             assert new.req_id not in self.seqs, f"{new.req_id} sent twice"

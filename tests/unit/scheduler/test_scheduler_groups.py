@@ -159,25 +159,25 @@ async def test_a_held_context_survives_page_pressure_while_other_requests_are_pr
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, page_lookahead=0)
     rig = make_rig(config, num_pages=16, page_size=PAGE)
     await rig.scheduler.start()
-    context = list(range(30, 47))  # 17 tokens + 1 output: 4 full pages held
+    context = list(range(30, 47))  # 17 tokens + 1 output: 4 full pages held, and the tail
     await rig.scheduler.submit("ctx", context, greedy(1), hold_id="prog/ctx")
     await rig.sink.wait("ctx")
     held = rig.scheduler.holds.get("prog/ctx")
     assert held is not None and held.num_pages == 4
-    assert rig.stats().num_locked_pages == 4
+    assert rig.stats().num_locked_pages == 5  # the 17th token's partial page too
     # 12 pages left for three requests that grow to 6 pages each: they preempt each other
     others = {f"o{i}": [80 + i, 81, 82, 83, 84] for i in range(3)}
     for req_id, prompt in others.items():
         await rig.scheduler.submit(req_id, prompt, greedy(18))
     await rig.sink.wait(*others)
     assert rig.scheduler.num_preemptions > 0
-    assert rig.stats().num_locked_pages == 4  # never evicted, never unlocked
+    assert rig.stats().num_locked_pages == 5  # never evicted, never unlocked
     tail = rig.sink.tokens["ctx"]
     assert rig.cache.match(context + tail)[rig.port.info.executor_id] == 16
     # a later request over the held context finds it cached, and its tokens are right
     await rig.scheduler.submit("next", context + tail + [99], greedy(2))
     await rig.sink.wait("next")
-    assert rig.sink.first["next"].num_cached_tokens == 16
+    assert rig.sink.first["next"].num_cached_tokens == 17  # 16 in place, 1 copied
     assert rig.sink.tokens["next"] == reference(context + tail + [99], 2)
     assert await rig.scheduler.release_hold("prog/ctx")
     assert rig.stats().num_locked_pages == 0 and rig.stats().num_leases == 0
@@ -329,7 +329,8 @@ async def test_the_wait_for_a_group_is_bounded(gap):
     starts = new_seq_plans(rig, ids)
     assert len({steps[0] for r, steps in starts.items() if r != late}) == 1, starts
     assert starts[late][0] > starts[ids[0]][0], starts
-    assert rig.sink.first[late].num_cached_tokens == 4 * PAGE  # the group's pages, cached
+    # the group's pages, cached, and the first token of the partial page after them copied
+    assert rig.sink.first[late].num_cached_tokens == 4 * PAGE + 1
     assert rig.toy.corruptions == []
     for req_id in ids:
         assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
@@ -407,7 +408,8 @@ async def test_members_arriving_after_their_group_began_start_together_from_the_
     starts = new_seq_plans(rig, ["m0", "m1", "m2"])
     assert starts["m1"][0] > starts["m0"][0]
     assert starts["m1"] == starts["m2"], starts
-    assert rig.sink.first["m1"].num_cached_tokens == rig.sink.first["m2"].num_cached_tokens == 4 * PAGE
+    # m0's 4 pages in place and the first token of its partial page (its tail) copied
+    assert rig.sink.first["m1"].num_cached_tokens == rig.sink.first["m2"].num_cached_tokens == 4 * PAGE + 1
     assert rig.toy.corruptions == []
     for req_id in ("m1", "m2"):
         assert rig.sink.tokens[req_id] == reference(PROMPT, 3)
