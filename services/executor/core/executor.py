@@ -46,7 +46,6 @@ from services.executor.core.graph_setup import (
 )
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.loader import load_weights, read_model_folder
-from services.executor.core.page_copy import SlotCopies, copy_slots, step_copies
 from services.executor.core.models.decoder import Decoder
 from services.executor.core.models.tensor_parallel import (
     SINGLE,
@@ -56,6 +55,7 @@ from services.executor.core.models.tensor_parallel import (
     shard_weights,
     weights_to,
 )
+from services.executor.core.page_copy import SlotCopies, copy_slots, step_copies
 from services.executor.core.plan_checks import PlanLimits, next_decodes, validate_plan
 from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
@@ -70,7 +70,13 @@ from services.executor.core.resources import (
 from services.executor.core.sampling import Sampler, SamplingInputs
 from services.executor.core.sequence import SequenceState, check_finish
 from services.executor.core.spec import Proposer, SpecStats, make_proposer
-from services.executor.core.spec.drafting import DraftLimits, check_not_verifying
+from services.executor.core.spec.drafting import (
+    NO_DRAFTS,
+    DraftChoice,
+    DraftLimits,
+    check_not_verifying,
+    choose_drafting,
+)
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
     drafted_lengths,
@@ -269,6 +275,19 @@ class ExecutorCore:
                 if seq is not None:
                     seq.stopped = True
 
+    def drafting(self, plan: StepPlan, substep: int = 0) -> DraftChoice:
+        """What the plan's step `substep` may draft (drafting.choose_drafting), for
+        `prepare(plan, drafting=...)`; a later step of a multi-step plan drafts nothing.
+        Call it once per step (it counts jump-forward's switch decision), on the prepare
+        thread: a step that may draft is prepared only once the step before executed."""
+        if substep or (self._proposer is None and self._forced is None):
+            return NO_DRAFTS
+        with self._lock:
+            return choose_drafting(
+                self._proposer is not None, self._forced is not None, plan, self._seqs,
+                self._draft_limits, self.spec_switch, self.forced_switch,
+            )  # fmt: skip
+
     def prepare_next(self, plan: StepPlan, substep: int) -> PreparedStep:
         """Step `substep` (>= 1) of a multi-step plan (`plan.num_steps`), prepared after
         step `substep` - 1 under the same contract as `prepare`: each of the plan's running
@@ -277,9 +296,10 @@ class ExecutorCore:
         admitted, and the plan's first step checked the pages."""
         return self._prepare(plan, substep)
 
-    def prepare(self, plan: StepPlan) -> PreparedStep:
+    def prepare(self, plan: StepPlan, drafting: DraftChoice | None = None) -> PreparedStep:
         """Everything of a step that does not need the results of steps not yet executed
         (the plan's first step; `prepare_next` the later ones of a multi-step plan).
+        `drafting`: what the step may draft (`drafting()`; None: decided here).
 
         Contract:
         - Prepared steps are executed in the order prepared, each once. Step N + 1
@@ -298,10 +318,12 @@ class ExecutorCore:
           is still missing a token from an unexecuted step; the grammar bitmask is
           always built at execute time (it follows the tokens sampled before).
         """
-        return self._prepare(plan, 0)
+        return self._prepare(plan, 0, drafting)
 
     @torch.inference_mode()
-    def _prepare(self, plan: StepPlan, substep: int) -> PreparedStep:
+    def _prepare(
+        self, plan: StepPlan, substep: int, drafting: DraftChoice | None = NO_DRAFTS
+    ) -> PreparedStep:
         start = time.perf_counter()
         with self._lock:
             if substep:
@@ -336,7 +358,7 @@ class ExecutorCore:
             all_executed = self._num_executed == self._num_prepared
             drafts = step_drafts(
                 self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits,
-                self._forced, self.spec_switch, self.forced_switch,
+                self._forced, self.spec_switch, self.forced_switch, drafting,
             )  # fmt: skip
             self._num_prepared += 1
             if seqs:

@@ -5,8 +5,9 @@ prepare thread runs `ExecutorCore.prepare` (checks, state, host arrays,
 upload), the execute thread `ExecutorCore.execute` (forward, sampling, finish
 detection). Plan N + 1 is prepared while step N executes (on CUDA, while
 execute waits for the sampled tokens), and no further ahead: its prepare
-starts once step N - 1 has executed; a plan that allows draft tokens (or
-follows one) is prepared once step N has executed. With `overlap_prepare` off (by default
+starts once step N - 1 has executed; a plan the core says may draft
+(`ExecutorCore.drafting`: its switches allow it), or one that follows it, is
+prepared once step N has executed, and any other prepare drafts nothing. With `overlap_prepare` off (by default
 on CPU, where there is no device time to hide and two threads only contend
 for the interpreter) prepares run on the execute thread, between steps. On a
 device "cuda:N" both threads make it their current device (`bind_device`,
@@ -38,6 +39,7 @@ import torch
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint
 from radixmesh.step import MAX_STEPS_PER_PLAN, StepPlan, StepResult
+from services.executor.core.spec.drafting import NO_DRAFTS
 
 if TYPE_CHECKING:
     from services.executor.core.executor import ExecutorCore, PreparedStep
@@ -72,7 +74,7 @@ class PlanRun(Generic[R]):
         self._executes: deque[Future[R | None]] = deque(maxlen=2)
         """Loop thread: the last two plans' executes; plan N + 1's prepare waits for the older."""
         self._drafts_before = False
-        """Loop thread: the plan submitted last allowed draft tokens."""
+        """Prepare thread: the core said the step prepared last may draft."""
         self.last_prepare: Future[PreparedStep | None] | None = None
         """Loop thread: the last prepare queued (`StepPipeline.run_after` waits for it)."""
         self.closed = False
@@ -101,26 +103,38 @@ class PlanRun(Generic[R]):
         return [self._submit_one(plan, substep) for substep in range(num_steps)]
 
     def _submit_one(self, plan: StepPlan, substep: int) -> Future[R | None]:
-        """Queue one step's prepare and execute; the prepare waits for the execute two steps
-        back, or the one just before when this step or that one may verify drafts (a draft
-        is proposed from the token sampled last, and a verified one moves the position)."""
+        """Queue one step's prepare and execute (see `_prepare` for what the prepare waits for)."""
         executes = self._executes
-        drafts = any(r.num_draft_tokens for r in plan.running_seqs)
-        if executes and (drafts or self._drafts_before):
-            gate: Future[R | None] | None = executes[-1]
-        else:
-            gate = executes[0] if len(executes) == executes.maxlen else None
-        self._drafts_before = drafts
-        prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, gate, substep)
+        last = executes[-1] if executes else None
+        older = executes[0] if len(executes) == executes.maxlen else None
+        prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, last, older, substep)
         self.last_prepare = prepare
         execute = self._pipeline.step_thread.submit(self._execute, plan, prepare)
         executes.append(execute)
         return execute
 
     def _prepare(
-        self, plan: StepPlan, gate: Future[R | None] | None, substep: int
+        self,
+        plan: StepPlan,
+        last: Future[R | None] | None,
+        older: Future[R | None] | None,
+        substep: int,
     ) -> PreparedStep | None:
-        """On the prepare thread, once `gate` (step N - 1 for step N + 1) has executed."""
+        """On the prepare thread: step N + 1 is prepared once step N - 1 (`older`) has
+        executed, or step N (`last`) when the core says this step may draft
+        (`ExecutorCore.drafting`, asked first) or the step before may have (a draft is
+        proposed from the token sampled last, and a verified one moves the position). A
+        step prepared without waiting for `last` is told to draft nothing."""
+        if self.closed or self.prepare_failed or self.execute_failed:
+            return None
+        try:
+            drafting = self._core.drafting(plan, substep)
+        except BaseException:
+            self.prepare_failed = True
+            raise
+        may_draft = drafting != NO_DRAFTS
+        gate = last if may_draft or self._drafts_before else older
+        self._drafts_before = may_draft
         if gate is not None:
             wait([gate])
         if self.closed or self.prepare_failed or self.execute_failed:
@@ -130,7 +144,7 @@ class PlanRun(Generic[R]):
         try:
             if substep:
                 return self._core.prepare_next(plan, substep)
-            return self._core.prepare(plan)
+            return self._core.prepare(plan, drafting)  # NO_DRAFTS unless it waited for `last`
         except BaseException:
             self.prepare_failed = True
             raise

@@ -89,9 +89,9 @@ class LeaderCore:
                 raise InvalidArgument("the tensor-parallel group was stopped")
             _broadcast(message, self._group)
 
-    def prepare(self, plan: StepPlan) -> Any:
-        self._send((_PREPARE, plan))
-        return self._core.prepare(plan)
+    def prepare(self, plan: StepPlan, drafting: Any = None) -> Any:
+        self._send((_PREPARE, (plan, drafting)))  # the leader's drafting choice on every rank
+        return self._core.prepare(plan, drafting)
 
     def prepare_next(self, plan: StepPlan, substep: int) -> Any:
         # under the lock with the local prepare: a `stop` (another thread) takes effect
@@ -143,9 +143,9 @@ def run_follower(core: Any, group: Group) -> int:
             return executed
         if kind == _PREPARE:
             try:
-                step = core.prepare(payload)
+                step = core.prepare(*payload)
             except RadixmeshError as exc:
-                log.info("follower_plan_refused", step_id=payload.step_id, reason=str(exc))
+                log.info("follower_plan_refused", step_id=payload[0].step_id, reason=str(exc))
                 continue
             prepared[step.index] = step
         elif kind == _PREPARE_NEXT:

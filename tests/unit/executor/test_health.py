@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from radixmesh.step import DeviceHealth, StepPlan, StepResult
 from radixmesh.v1 import executor_pb2, executor_pb2_grpc
 from radixmesh.wire import result_from_proto, result_to_proto
+from services.executor.core.spec.drafting import NO_DRAFTS, DraftChoice
 from services.executor.health import (
     GAUGES,
     DeviceHealthCollector,
@@ -235,7 +236,10 @@ class EmptyCore:
     num_seqs = 0
     device = torch.device("cpu")
 
-    def prepare(self, plan: StepPlan) -> StepPlan:
+    def drafting(self, plan: StepPlan, substep: int = 0) -> DraftChoice:
+        return NO_DRAFTS
+
+    def prepare(self, plan: StepPlan, drafting: DraftChoice | None = None) -> StepPlan:
         return plan
 
     def execute(self, prepared: StepPlan) -> StepResult:

@@ -12,10 +12,12 @@ import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind
-from radixmesh.step import StepPlan, StepResult
+from radixmesh.step import RunningSequence, StepPlan, StepResult
 from services.executor.core.pipeline import StepPipeline, prepare_constraint
+from services.executor.core.spec.drafting import NO_DRAFTS, DraftChoice
 
 WAIT_S = 10.0
+MAY_DRAFT = DraftChoice(proposer=False, forced=True)
 
 
 class RecordingCore:
@@ -28,14 +30,25 @@ class RecordingCore:
         self.num_executed = 0
         self.fail: dict[tuple[str, int], Exception] = {}
         self.before_execute: dict[int, Callable[[], None]] = {}
+        self.drafts: set[int] = set()
+        """Plans whose steps the core says may draft."""
+        self.given: dict[int, DraftChoice | None] = {}
+        """The drafting choice each prepare was given."""
+        self.asked: list[int] = []
+        """The plans whose drafting was asked, in order."""
 
     def _record(self, verb: str, step_id: int) -> None:
         self.calls.append((verb, step_id, self.num_executed, threading.current_thread().name))
         if (error := self.fail.get((verb, step_id))) is not None:
             raise error
 
-    def prepare(self, plan: StepPlan) -> int:
+    def drafting(self, plan: StepPlan, substep: int = 0) -> DraftChoice:
+        self.asked.append(plan.step_id)
+        return MAY_DRAFT if plan.step_id in self.drafts else NO_DRAFTS
+
+    def prepare(self, plan: StepPlan, drafting: DraftChoice | None = None) -> int:
         self._record("prepare", plan.step_id)
+        self.given[plan.step_id] = drafting
         return plan.step_id
 
     def execute(self, step_id: int) -> StepResult:
@@ -87,6 +100,37 @@ async def test_plan_n_plus_1_is_prepared_during_step_n_and_no_further_ahead():
             assert thread.startswith("test-prepare")
         else:
             assert thread.startswith("test-step")
+
+
+def drafted_plan(step_id: int) -> StepPlan:
+    return StepPlan(step_id, running_seqs=[RunningSequence("a", 1, [], 4)])
+
+
+async def test_a_plan_allowing_drafts_that_the_core_declines_is_prepared_during_the_step_before():
+    core = RecordingCore()  # every plan allows draft tokens; the core drafts only in plan 4
+    core.drafts = {4}
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    prepared = {step_id: threading.Event() for step_id in range(1, 7)}
+    overlapped: dict[int, bool] = {}
+    run = pipeline.open(
+        core,  # type: ignore[arg-type]
+        after_execute=lambda plan, result: result,
+        before_prepare=lambda plan: prepared[plan.step_id].set(),
+    )
+    for step_id in (1, 2, 5):  # plan 3 (before a drafting plan) and 4 (drafts) aside
+        def hold(step_id: int = step_id) -> None:
+            overlapped[step_id] = prepared[step_id + 1].wait(WAIT_S)
+
+        core.before_execute[step_id] = hold
+    futures = [run.submit(drafted_plan(step_id)) for step_id in range(1, 7)]
+    assert answers(futures) == [1, 2, 3, 4, 5, 6]
+    await pipeline.close()
+    assert overlapped == {1: True, 2: True, 5: True}
+    num_executed_at = {step_id: n for verb, step_id, n, _ in core.calls if verb == "prepare"}
+    assert num_executed_at[4] == 3  # may draft: prepared once step 3 executed
+    assert num_executed_at[5] == 4  # after a drafting step: once it executed
+    assert core.given == {**dict.fromkeys((1, 2, 3, 5, 6), NO_DRAFTS), 4: MAY_DRAFT}
+    assert core.asked == [1, 2, 3, 4, 5, 6]  # once per step
 
 
 async def test_after_a_failed_execute_later_plans_answer_none_and_the_error_is_counted():

@@ -51,10 +51,10 @@ class ProbedCore:
     def _record(self, verb: str, step_id: int) -> None:
         self.calls.append((verb, step_id, self.num_executed, threading.current_thread().name))
 
-    def prepare(self, plan: Any) -> PreparedStep:
+    def prepare(self, plan: Any, drafting: Any = None) -> PreparedStep:
         self._record("prepare", plan.step_id)
         try:
-            return self.core.prepare(plan)
+            return self.core.prepare(plan, drafting)
         finally:
             self.prepared[plan.step_id].set()
 

@@ -30,6 +30,57 @@ class DraftLimits:
     max_num_batched_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class DraftChoice:
+    """What a step may draft, decided once per step before its prepare waits for anything
+    (`choose_drafting`): the proposer's guesses, the grammars' forced runs. A prepare given
+    NO_DRAFTS drafts nothing, whatever the switches would say by then."""
+
+    proposer: bool
+    forced: bool
+
+
+NO_DRAFTS = DraftChoice(proposer=False, forced=False)
+
+
+def choose_drafting(
+    has_proposer: bool,
+    has_forced: bool,
+    plan: StepPlan,
+    seqs: dict[str, SequenceState],
+    limits: DraftLimits,
+    switch: SpecSwitch | None = None,
+    forced_switch: SpecSwitch | None = None,
+) -> DraftChoice:
+    """Whether the plan's step may draft, from the plan alone: some decode allowed draft
+    tokens, no prompt scoring, and the proposer within its switch's cap or jump-forward's
+    switch allowing the step (that call counts: make it once per step). NO_DRAFTS when not.
+
+    `seqs`: the held sequences (running ones are looked up for their sampling)."""
+    if not (has_proposer or has_forced):
+        return NO_DRAFTS
+    allowed = False
+    num_decodes = 0
+    for new in plan.new_seqs:
+        if new.sampling.prompt_logprobs_start is not None:
+            return NO_DRAFTS
+        num_decodes += new.num_scheduled_tokens == 1
+    for running in plan.running_seqs:
+        seq = seqs.get(running.req_id)
+        if seq is None or not running.num_scheduled_tokens:
+            continue
+        if seq.sampling.prompt_logprobs_start is not None:
+            return NO_DRAFTS
+        allowed = allowed or running.num_draft_tokens > 0
+        num_decodes += running.num_scheduled_tokens == 1
+    if not allowed:
+        return NO_DRAFTS
+    max_batch = switch.max_batch_size if switch is not None else limits.max_batch_size
+    proposer = has_proposer and num_decodes <= max_batch
+    forced = has_forced and (forced_switch is None or forced_switch.allows(num_decodes))
+    return DraftChoice(proposer, forced) if proposer or forced else NO_DRAFTS
+
+
 def check_not_verifying(plan: StepPlan, seqs: dict[str, SequenceState]) -> None:
     """A sequence whose draft a prepared step verifies has no known position until that
     step executes: speculation needs prepares between steps (overlap_prepare off)."""
@@ -85,8 +136,12 @@ def plan_drafts(
     forced: ForcedTokens | None = None,
     switch: SpecSwitch | None = None,
     forced_switch: SpecSwitch | None = None,
+    choice: DraftChoice | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing.
+
+    `choice`: what `choose_drafting` decided for the step (None: decided here, as it would);
+    the proposer and the forced runs are used only where it allows them.
 
     `allowed`: the plan's num_draft_tokens per sequence. Only decodes draft, and none in
     a step with prompt scoring. A constrained decode's draft starts with the tokens its
@@ -100,10 +155,15 @@ def plan_drafts(
     if not any(allowed) or any(s.sampling.prompt_logprobs_start is not None for s in seqs):
         return None
     num_decodes = sum(1 for q in num_tokens if q == 1)
-    max_batch = switch.max_batch_size if switch is not None else limits.max_batch_size
-    if num_decodes > max_batch:
+    if choice is None:
+        max_batch = switch.max_batch_size if switch is not None else limits.max_batch_size
+        allow_forced = forced is not None and (
+            forced_switch is None or forced_switch.allows(num_decodes)
+        )
+        choice = DraftChoice(num_decodes <= max_batch, allow_forced)
+    if not choice.proposer:
         proposer = None
-    if forced is not None and forced_switch is not None and not forced_switch.allows(num_decodes):
+    if not choice.forced:
         forced = None
     if proposer is None and forced is None:
         return None

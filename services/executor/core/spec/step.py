@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from radixmesh.step import SequenceOutput
-from services.executor.core.spec.drafting import DraftLimits, expand_rows, plan_drafts
+from services.executor.core.spec.drafting import (
+    NO_DRAFTS,
+    DraftChoice,
+    DraftLimits,
+    expand_rows,
+    plan_drafts,
+)
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
 from services.executor.core.spec.switch import SpecSwitch
@@ -38,14 +44,18 @@ def step_drafts(
     forced: ForcedTokens | None = None,
     switch: SpecSwitch | None = None,
     forced_switch: SpecSwitch | None = None,
+    choice: DraftChoice | None = None,
 ) -> list[list[int]] | None:
     """Each scheduled sequence's draft (most empty); None when the step drafts nothing:
-    speculation and jump-forward (`forced`) off, a prepared step not executed yet, or no
+    speculation and jump-forward (`forced`) off, a prepared step not executed yet, the
+    step's `choice` (drafting.choose_drafting; None: decided here) NO_DRAFTS, or no
     decode drafts. `switch` / `forced_switch`: whether the step's decodes get the
     proposer's drafts / their forced runs."""
-    if (proposer is None and forced is None) or not all_executed:
+    if (proposer is None and forced is None) or not all_executed or choice == NO_DRAFTS:
         return None
-    return plan_drafts(proposer, seqs, num_tokens, allowed, limits, forced, switch, forced_switch)
+    return plan_drafts(
+        proposer, seqs, num_tokens, allowed, limits, forced, switch, forced_switch, choice
+    )
 
 
 def record_gain(
