@@ -29,6 +29,7 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 
+from radixmesh.cache_types import PageCopy
 from radixmesh.errors import InvalidArgument, error_for_code
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
@@ -44,7 +45,7 @@ from radixmesh.step import (
     TokenLogprobs,
 )
 from radixmesh.updates import RequestUpdate
-from radixmesh.v1 import executor_pb2, inference_pb2, scheduler_pb2
+from radixmesh.v1 import cache_pb2, executor_pb2, inference_pb2, scheduler_pb2
 
 __all__ = [
     "constraint_from_proto",
@@ -196,6 +197,17 @@ def priority_to_proto(priority: Priority) -> inference_pb2.Priority:
 # -- plans --------------------------------------------------------------------
 
 
+def page_copy_to_proto(copy: PageCopy) -> cache_pb2.PageCopy:
+    return cache_pb2.PageCopy(
+        src_page_id=copy.src_page_id, dst_page_id=copy.dst_page_id, num_tokens=copy.num_tokens
+    )
+
+
+def page_copy_from_proto(msg: cache_pb2.PageCopy) -> PageCopy:
+    """The copy as sent; its bounds are checked where it runs (the executor)."""
+    return PageCopy(msg.src_page_id, msg.dst_page_id, msg.num_tokens)
+
+
 def _new_seq_from_proto(msg: executor_pb2.NewSequence) -> NewSequence:
     req_id = msg.req_id
     if not req_id:
@@ -214,6 +226,7 @@ def _new_seq_from_proto(msg: executor_pb2.NewSequence) -> NewSequence:
         sampling=sampling_from_proto(msg.sampling, where),
         constraint=constraint,
         traceparent=msg.traceparent,
+        page_copy=page_copy_from_proto(msg.page_copy) if msg.HasField("page_copy") else None,
     )
 
 
@@ -258,6 +271,8 @@ def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
             new.sampling.CopyFrom(sampling_to_proto(seq.sampling))
         if seq.constraint is not None:
             new.constraint.CopyFrom(constraint_to_proto(seq.constraint))
+        if seq.page_copy is not None:
+            new.page_copy.CopyFrom(page_copy_to_proto(seq.page_copy))
     for run in plan.running_seqs:
         msg.running_seqs.add(
             req_id=run.req_id,

@@ -69,14 +69,26 @@ class AcquireRequest(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
-    __slots__ = ("lease_id", "num_cached_tokens", "page_ids")
+    __slots__ = ("lease_id", "num_cached_tokens", "page_ids", "page_copy")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PAGE_IDS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_COPY_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     num_cached_tokens: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, lease_id: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    page_copy: PageCopy
+    def __init__(self, lease_id: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., page_copy: _Optional[_Union[PageCopy, _Mapping]] = ...) -> None: ...
+
+class PageCopy(_message.Message):
+    __slots__ = ("src_page_id", "dst_page_id", "num_tokens")
+    SRC_PAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    DST_PAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    src_page_id: int
+    dst_page_id: int
+    num_tokens: int
+    def __init__(self, src_page_id: _Optional[int] = ..., dst_page_id: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class ExtendRequest(_message.Message):
     __slots__ = ("lease_id", "num_pages")

@@ -155,7 +155,8 @@ class CacheServicer:
 
     def Commit(self, request, context):
         """Changes state: inserts a computed sequence into the tree, so its full
-        pages become a reusable prefix, then ends the lease (or, with
+        pages become a reusable prefix (its partial last page is kept after them,
+        for a later sequence to copy), then ends the lease (or, with
         keep_locked, keeps it as a lock on the committed path).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -22,36 +22,37 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from radixmesh.v1 import cache_pb2 as radixmesh_dot_v1_dot_cache__pb2
 from radixmesh.v1 import inference_pb2 as radixmesh_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bradixmesh/v1/executor.proto\x12\x0cradixmesh.v1\x1a\x1cradixmesh/v1/inference.proto\"\x8b\x02\n\x0bNewSequence\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\r\x12\x10\n\x08page_ids\x18\x06 \x03(\x05\x12.\n\x08sampling\x18\x07 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12,\n\nconstraint\x18\x08 \x01(\x0b\x32\x18.radixmesh.v1.Constraint\x12\x13\n\x0btraceparent\x18\t \x01(\t\"t\n\x0fRunningSequence\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x19\n\x11\x61ppended_page_ids\x18\x02 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x03 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\r\"\xc1\x01\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12+\n\x08new_seqs\x18\x02 \x03(\x0b\x32\x19.radixmesh.v1.NewSequence\x12\x33\n\x0crunning_seqs\x18\x03 \x03(\x0b\x32\x1d.radixmesh.v1.RunningSequence\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\t\x12\x11\n\tnum_steps\x18\x05 \x01(\r\x12\x15\n\rabort_req_ids\x18\x06 \x03(\t\"\xf7\x02\n\x0eSequenceOutput\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x30\n\x08logprobs\x18\x03 \x01(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x37\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12 \n\x18prompt_logprobs_position\x18\x07 \x01(\r\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x08 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\t \x01(\r\x12\x19\n\x11num_forced_tokens\x18\n \x01(\rB\x0b\n\t_token_idB\x18\n\x16_matched_stop_token_id\"\x9f\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12-\n\x07outputs\x18\x02 \x03(\x0b\x32\x1c.radixmesh.v1.SequenceOutput\x12\x14\n\x0cstep_seconds\x18\x03 \x01(\x01\x12*\n\x06health\x18\x04 \x01(\x0b\x32\x1a.radixmesh.v1.DeviceHealth\x12\x0f\n\x07substep\x18\x05 \x01(\r\"\xec\x01\n\x0c\x44\x65viceHealth\x12\x1e\n\x11utilization_ratio\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x1e\n\x11memory_used_bytes\x18\x02 \x01(\x04H\x01\x88\x01\x01\x12\x1f\n\x12memory_total_bytes\x18\x03 \x01(\x04H\x02\x88\x01\x01\x12 \n\x13temperature_celsius\x18\x04 \x01(\x02H\x03\x88\x01\x01\x42\x14\n\x12_utilization_ratioB\x14\n\x12_memory_used_bytesB\x15\n\x13_memory_total_bytesB\x16\n\x14_temperature_celsius\"H\n\x18PrepareConstraintRequest\x12,\n\nconstraint\x18\x01 \x01(\x0b\x32\x18.radixmesh.v1.Constraint\"4\n\x19PrepareConstraintResponse\x12\x17\n\x0f\x63ompile_seconds\x18\x01 \x01(\x01\"\x10\n\x0eGetInfoRequest\"\xe1\x02\n\x0fGetInfoResponse\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x11\n\tnum_pages\x18\x05 \x01(\r\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\n \x01(\r\x12\x14\n\x0c\x61rchitecture\x18\x0b \x01(\t\x12\r\n\x05\x64type\x18\x0c \x01(\t\x12\x18\n\x10max_draft_tokens\x18\r \x01(\r\x12\"\n\x1amax_speculative_batch_size\x18\x0e \x01(\r\x12\x19\n\x11max_forced_tokens\x18\x0f \x01(\r2\xf6\x01\n\x08\x45xecutor\x12<\n\x04Step\x12\x16.radixmesh.v1.StepPlan\x1a\x18.radixmesh.v1.StepResult(\x01\x30\x01\x12\x46\n\x07GetInfo\x12\x1c.radixmesh.v1.GetInfoRequest\x1a\x1d.radixmesh.v1.GetInfoResponse\x12\x64\n\x11PrepareConstraint\x12&.radixmesh.v1.PrepareConstraintRequest\x1a\'.radixmesh.v1.PrepareConstraintResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bradixmesh/v1/executor.proto\x12\x0cradixmesh.v1\x1a\x18radixmesh/v1/cache.proto\x1a\x1cradixmesh/v1/inference.proto\"\xb6\x02\n\x0bNewSequence\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\r\x12\x10\n\x08page_ids\x18\x06 \x03(\x05\x12.\n\x08sampling\x18\x07 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12,\n\nconstraint\x18\x08 \x01(\x0b\x32\x18.radixmesh.v1.Constraint\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12)\n\tpage_copy\x18\n \x01(\x0b\x32\x16.radixmesh.v1.PageCopy\"t\n\x0fRunningSequence\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x19\n\x11\x61ppended_page_ids\x18\x02 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x03 \x01(\r\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\r\"\xc1\x01\n\x08StepPlan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12+\n\x08new_seqs\x18\x02 \x03(\x0b\x32\x19.radixmesh.v1.NewSequence\x12\x33\n\x0crunning_seqs\x18\x03 \x03(\x0b\x32\x1d.radixmesh.v1.RunningSequence\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\t\x12\x11\n\tnum_steps\x18\x05 \x01(\r\x12\x15\n\rabort_req_ids\x18\x06 \x03(\t\"\xf7\x02\n\x0eSequenceOutput\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x15\n\x08token_id\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x30\n\x08logprobs\x18\x03 \x01(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x37\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12 \n\x18prompt_logprobs_position\x18\x07 \x01(\r\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x08 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\t \x01(\r\x12\x19\n\x11num_forced_tokens\x18\n \x01(\rB\x0b\n\t_token_idB\x18\n\x16_matched_stop_token_id\"\x9f\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12-\n\x07outputs\x18\x02 \x03(\x0b\x32\x1c.radixmesh.v1.SequenceOutput\x12\x14\n\x0cstep_seconds\x18\x03 \x01(\x01\x12*\n\x06health\x18\x04 \x01(\x0b\x32\x1a.radixmesh.v1.DeviceHealth\x12\x0f\n\x07substep\x18\x05 \x01(\r\"\xec\x01\n\x0c\x44\x65viceHealth\x12\x1e\n\x11utilization_ratio\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x1e\n\x11memory_used_bytes\x18\x02 \x01(\x04H\x01\x88\x01\x01\x12\x1f\n\x12memory_total_bytes\x18\x03 \x01(\x04H\x02\x88\x01\x01\x12 \n\x13temperature_celsius\x18\x04 \x01(\x02H\x03\x88\x01\x01\x42\x14\n\x12_utilization_ratioB\x14\n\x12_memory_used_bytesB\x15\n\x13_memory_total_bytesB\x16\n\x14_temperature_celsius\"H\n\x18PrepareConstraintRequest\x12,\n\nconstraint\x18\x01 \x01(\x0b\x32\x18.radixmesh.v1.Constraint\"4\n\x19PrepareConstraintResponse\x12\x17\n\x0f\x63ompile_seconds\x18\x01 \x01(\x01\"\x10\n\x0eGetInfoRequest\"\xe1\x02\n\x0fGetInfoResponse\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x11\n\tnum_pages\x18\x05 \x01(\r\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\n \x01(\r\x12\x14\n\x0c\x61rchitecture\x18\x0b \x01(\t\x12\r\n\x05\x64type\x18\x0c \x01(\t\x12\x18\n\x10max_draft_tokens\x18\r \x01(\r\x12\"\n\x1amax_speculative_batch_size\x18\x0e \x01(\r\x12\x19\n\x11max_forced_tokens\x18\x0f \x01(\r2\xf6\x01\n\x08\x45xecutor\x12<\n\x04Step\x12\x16.radixmesh.v1.StepPlan\x1a\x18.radixmesh.v1.StepResult(\x01\x30\x01\x12\x46\n\x07GetInfo\x12\x1c.radixmesh.v1.GetInfoRequest\x1a\x1d.radixmesh.v1.GetInfoResponse\x12\x64\n\x11PrepareConstraint\x12&.radixmesh.v1.PrepareConstraintRequest\x1a\'.radixmesh.v1.PrepareConstraintResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixmesh.v1.executor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NEWSEQUENCE']._serialized_start=76
-  _globals['_NEWSEQUENCE']._serialized_end=343
-  _globals['_RUNNINGSEQUENCE']._serialized_start=345
-  _globals['_RUNNINGSEQUENCE']._serialized_end=461
-  _globals['_STEPPLAN']._serialized_start=464
-  _globals['_STEPPLAN']._serialized_end=657
-  _globals['_SEQUENCEOUTPUT']._serialized_start=660
-  _globals['_SEQUENCEOUTPUT']._serialized_end=1035
-  _globals['_STEPRESULT']._serialized_start=1038
-  _globals['_STEPRESULT']._serialized_end=1197
-  _globals['_DEVICEHEALTH']._serialized_start=1200
-  _globals['_DEVICEHEALTH']._serialized_end=1436
-  _globals['_PREPARECONSTRAINTREQUEST']._serialized_start=1438
-  _globals['_PREPARECONSTRAINTREQUEST']._serialized_end=1510
-  _globals['_PREPARECONSTRAINTRESPONSE']._serialized_start=1512
-  _globals['_PREPARECONSTRAINTRESPONSE']._serialized_end=1564
-  _globals['_GETINFOREQUEST']._serialized_start=1566
-  _globals['_GETINFOREQUEST']._serialized_end=1582
-  _globals['_GETINFORESPONSE']._serialized_start=1585
-  _globals['_GETINFORESPONSE']._serialized_end=1938
-  _globals['_EXECUTOR']._serialized_start=1941
-  _globals['_EXECUTOR']._serialized_end=2187
+  _globals['_NEWSEQUENCE']._serialized_start=102
+  _globals['_NEWSEQUENCE']._serialized_end=412
+  _globals['_RUNNINGSEQUENCE']._serialized_start=414
+  _globals['_RUNNINGSEQUENCE']._serialized_end=530
+  _globals['_STEPPLAN']._serialized_start=533
+  _globals['_STEPPLAN']._serialized_end=726
+  _globals['_SEQUENCEOUTPUT']._serialized_start=729
+  _globals['_SEQUENCEOUTPUT']._serialized_end=1104
+  _globals['_STEPRESULT']._serialized_start=1107
+  _globals['_STEPRESULT']._serialized_end=1266
+  _globals['_DEVICEHEALTH']._serialized_start=1269
+  _globals['_DEVICEHEALTH']._serialized_end=1505
+  _globals['_PREPARECONSTRAINTREQUEST']._serialized_start=1507
+  _globals['_PREPARECONSTRAINTREQUEST']._serialized_end=1579
+  _globals['_PREPARECONSTRAINTRESPONSE']._serialized_start=1581
+  _globals['_PREPARECONSTRAINTRESPONSE']._serialized_end=1633
+  _globals['_GETINFOREQUEST']._serialized_start=1635
+  _globals['_GETINFOREQUEST']._serialized_end=1651
+  _globals['_GETINFORESPONSE']._serialized_start=1654
+  _globals['_GETINFORESPONSE']._serialized_end=2007
+  _globals['_EXECUTOR']._serialized_start=2010
+  _globals['_EXECUTOR']._serialized_end=2256
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from radixmesh.v1 import cache_pb2 as _cache_pb2
 from radixmesh.v1 import inference_pb2 as _inference_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -8,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class NewSequence(_message.Message):
-    __slots__ = ("req_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_scheduled_tokens", "page_ids", "sampling", "constraint", "traceparent")
+    __slots__ = ("req_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_scheduled_tokens", "page_ids", "sampling", "constraint", "traceparent", "page_copy")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +19,7 @@ class NewSequence(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_COPY_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_prompt_tokens: int
@@ -27,7 +29,8 @@ class NewSequence(_message.Message):
     sampling: _inference_pb2.SamplingParams
     constraint: _inference_pb2.Constraint
     traceparent: str
-    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    page_copy: _cache_pb2.PageCopy
+    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., constraint: _Optional[_Union[_inference_pb2.Constraint, _Mapping]] = ..., traceparent: _Optional[str] = ..., page_copy: _Optional[_Union[_cache_pb2.PageCopy, _Mapping]] = ...) -> None: ...
 
 class RunningSequence(_message.Message):
     __slots__ = ("req_id", "appended_page_ids", "num_scheduled_tokens", "num_draft_tokens")

@@ -31,6 +31,7 @@ from radixmesh.errors import RadixmeshError, Unavailable, error_for_code
 from radixmesh.status import status_of_number
 from radixmesh.v1 import cache_pb2 as pb
 from radixmesh.v1 import cache_pb2_grpc
+from radixmesh.wire import page_copy_from_proto
 from services.common import tracing
 from services.common.health import RECONNECT_OPTIONS
 from services.common.interceptor import error_from_rpc_error
@@ -45,6 +46,9 @@ def lease_from_pb(executor_id: str, response: pb.AcquireResponse) -> Lease:
         executor_id=executor_id,
         page_ids=list(response.page_ids),
         num_cached_tokens=response.num_cached_tokens,
+        page_copy=(
+            page_copy_from_proto(response.page_copy) if response.HasField("page_copy") else None
+        ),
     )
 
 

@@ -4,15 +4,19 @@ protobuf -> objects, lives with the client in `services.cache.client`)."""
 from __future__ import annotations
 
 from radixmesh.v1 import cache_pb2 as pb
+from radixmesh.wire import page_copy_to_proto
 from services.cache.core import CommitResult, Lease, PoolStats
 
 _STATS_FIELDS = tuple(PoolStats.__slots__)  # PoolStats and pb.PoolStats share field names
 
 
 def lease_to_pb(lease: Lease) -> pb.AcquireResponse:
-    return pb.AcquireResponse(
+    msg = pb.AcquireResponse(
         lease_id=lease.lease_id, num_cached_tokens=lease.num_cached_tokens, page_ids=lease.page_ids
     )
+    if lease.page_copy is not None:
+        msg.page_copy.CopyFrom(page_copy_to_proto(lease.page_copy))
+    return msg
 
 
 def commit_to_pb(result: CommitResult) -> pb.CommitResponse:

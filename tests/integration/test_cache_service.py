@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh.cache_types import Lease
+from radixmesh.cache_types import Lease, PageCopy
 from radixmesh.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.cache.client import (
     AcquireOp,
@@ -96,9 +96,11 @@ async def test_unary_acquire_commit_match_and_stats(client, request):
     assert (await client.match(seq(100, 10), model="m"))[pool] == 8
     again = await client.acquire(pool, seq(100, 10), 16, "sched")
     assert again.num_cached_tokens == 8 and again.page_ids[:2] == lease.page_ids[:2]
+    # the partial third page was kept: its 2 tokens come as a copy into the first new page
+    assert again.page_copy == PageCopy(lease.page_ids[2], again.page_ids[2], 2)
     stats = (await client.stats(pool))[0]
-    assert (stats.num_cached_pages, stats.num_locked_pages, stats.num_leased_pages) == (2, 2, 2)
-    assert (stats.num_free_pages, stats.num_leases, stats.num_prefix_queries) == (12, 1, 3)
+    assert (stats.num_cached_pages, stats.num_locked_pages, stats.num_leased_pages) == (3, 3, 2)
+    assert (stats.num_free_pages, stats.num_leases, stats.num_prefix_queries) == (11, 1, 3)
     await client.release(again.lease_id)
     with pytest.raises(NotFound, match="lease_id"):
         await client.release(again.lease_id)
