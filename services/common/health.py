@@ -3,7 +3,9 @@
 Unlike the stock asyncio servicer, `set` is a plain method (no await), so
 `ServiceRuntime.set_serving()` can be called from sync code on the loop thread,
 and `enter_graceful_shutdown` ends open Watch streams after they have seen
-NOT_SERVING, so a watcher never holds up the server's grace period.
+NOT_SERVING, so a watcher never holds up the server's grace period;
+`wait_watchers_ended` lets the runtime cancel the calls left at the end of
+the grace only after every watcher has been told.
 Call every method from the event loop's thread.
 """
 
@@ -28,6 +30,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         self._status: dict[str, int] = {"": SERVING}
         self._changed = asyncio.Event()
         self._shutting_down = False
+        self._num_watchers = 0
+        self._watchers_ended = asyncio.Event()  # set once shutting down with no Watch open
 
     def set(self, service: str, status: int) -> None:
         """Set a service's status and wake its watchers (ignored once shutting down)."""
@@ -48,6 +52,12 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             self._status[service] = NOT_SERVING
         self._shutting_down = True
         self._notify()
+        if self._num_watchers == 0:
+            self._watchers_ended.set()
+
+    async def wait_watchers_ended(self) -> None:
+        """Return once shutting down and every Watch stream has sent NOT_SERVING and ended."""
+        await self._watchers_ended.wait()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -62,14 +72,28 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
+        self._num_watchers += 1
+        try:
+            await self._follow(request.service, context)
+        finally:
+            self._num_watchers -= 1
+            if self._shutting_down and self._num_watchers == 0:
+                self._watchers_ended.set()
+
+    async def _follow(self, service: str, context) -> None:
         last = None
         while True:
-            changed = self._changed  # taken before reading, so no change is missed
-            status = self._status.get(request.service, SERVICE_UNKNOWN)
+            # The event, the status and the shutdown flag are read together, before the
+            # write: a shutdown that lands while a write is in flight sets `changed`, and
+            # the next turn sends its NOT_SERVING. Reading the flag after the write would
+            # end the stream with the stale status as its last message.
+            changed = self._changed
+            status = self._status.get(service, SERVICE_UNKNOWN)
+            final = self._shutting_down
             if status != last:
                 await context.write(health_pb2.HealthCheckResponse(status=status))
                 last = status
-            if self._shutting_down:
+            if final:
                 return
             await changed.wait()
 

@@ -39,8 +39,12 @@ __all__ = ["ServerConfig", "ServiceRuntime", "add_server_arguments", "run_servic
 log = get_logger(__name__)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# How long shutdown waits for cancelled handlers to unwind after the grace period.
+# How long shutdown waits for cancelled handlers to unwind after the grace period, and at
+# the end of the grace for open health Watch streams to send their NOT_SERVING.
 _UNWIND_SECONDS = 2.0
+# grpc's own grace for `server.stop`: never reached, since the runtime ends the grace
+# itself (`_cancel_calls_after`); finite, as an event loop's timer must be.
+_STOP_WITHOUT_DEADLINE_S = 10 * 365 * 24 * 3600.0
 
 
 class ServiceRuntime:
@@ -195,7 +199,7 @@ class ServiceRuntime:
         self._health.enter_graceful_shutdown()
         try:
             if self._server is not None:
-                await self._server.stop(grace)
+                await self._stop_server(self._server, grace)
                 await self._wait_handlers_unwound()
             if on_shutdown is not None:
                 await on_shutdown()
@@ -204,6 +208,26 @@ class ServiceRuntime:
                 await self._metrics.stop()
             await asyncio.to_thread(shutdown_tracing)
             log.info("shutdown_finished")
+
+    async def _stop_server(self, server: grpc.aio.Server, grace: float) -> None:
+        """Refuse new calls now, in the loop step that turned health NOT_SERVING; give
+        in-flight calls `grace` seconds, then cancel what still runs, but only once every
+        open Watch stream has sent its NOT_SERVING (even with a grace of 0)."""
+        cancel = asyncio.ensure_future(self._cancel_calls_after(server, grace))
+        try:
+            # Its first step, before any await, shuts the grpc core's door on new calls.
+            await server.stop(_STOP_WITHOUT_DEADLINE_S)
+        finally:
+            cancel.cancel()
+
+    async def _cancel_calls_after(self, server: grpc.aio.Server, grace: float) -> None:
+        await asyncio.sleep(grace)
+        try:
+            await asyncio.wait_for(self._health.wait_watchers_ended(), timeout=_UNWIND_SECONDS)
+        except TimeoutError:
+            log.warning("health_watchers_still_open")
+        log.info("grace_ended", num_active=self._errors.num_active)
+        await server.stop(None)  # a later stop with less grace wins: cancels every call
 
     async def _wait_handlers_unwound(self) -> None:
         """Calls cancelled at the end of grace unwind before `on_shutdown` closes the core."""
