@@ -1,0 +1,334 @@
+"""The scheduler's and the gateway's host work per decode step and per output token.
+
+    python bench/host_overhead.py                       # both, batch 64 and 256
+    python bench/host_overhead.py --part scheduler --batch 256 --profile
+
+Scheduler: the real SchedulerCore over the real cache core, a null executor (one
+token per sequence per step, no model, its own time taken out), and the real
+servicer's delivery (`SchedulerServicer.deliver`: one StreamResponse per stream
+per step, serialized as gRPC would). Printed per decode step at full batch (CPU time):
+results into request updates and their stream writes, and plan building.
+
+Gateway: per streamed request the OpenAI chat path (parse, tokenize, the
+scheduler client's stream read with protobuf parsing of each step's response,
+the choice's detokenizer and stop matcher, the SSE chunk's JSON) or the gRPC
+path's response build; a fake scheduler stub sends one pre-serialized
+StreamResponse per step carrying every request's token. Printed: microseconds
+of CPU per output token and per request (arrival to submit). The HTTP write and
+the Envoy hop are not in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import random
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from scheduler_core import NullExecutor  # noqa: E402  (bench/scheduler_core.py)
+
+from mesh.engine.ports import InProcessCache  # noqa: E402
+from radixmesh.executor_info import ExecutorInfo  # noqa: E402
+from radixmesh.sampling import SamplingParams  # noqa: E402
+from radixmesh.step import StepResult  # noqa: E402
+from radixmesh.v1 import scheduler_pb2  # noqa: E402
+from services.cache.core import CacheCore  # noqa: E402
+from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates  # noqa: E402
+from services.scheduler.server import SchedulerServicer, _Stream  # noqa: E402
+
+# -- the scheduler ---------------------------------------------------------------------------
+
+
+class _TimedNull(NullExecutor):
+    """The null executor, its own time counted apart."""
+
+    def __init__(self, info: ExecutorInfo) -> None:
+        super().__init__(info)
+        self.seconds = 0.0
+
+    async def next_result(self) -> StepResult:
+        t = time.process_time()
+        result = await super().next_result()
+        self.seconds += time.process_time() - t
+        return result
+
+
+async def scheduler_run(batch: int, output_len: int, prompt_len: int, k: int) -> dict[str, float]:
+    page_size = 16
+    num_pages = batch * ((prompt_len + output_len) // page_size + 8)
+    cache = CacheCore()
+    cache.register_pool("null-0", "null", num_pages, page_size)
+    info = ExecutorInfo("null-0", "null", page_size, num_pages, 1 << 20, 1 << 20)
+    executor = _TimedNull(info)
+    servicer = SchedulerServicer()
+    stream = _Stream(1)
+    servicer._streams[1] = stream
+    remaining = batch
+    done = asyncio.Event()
+    marks: list[tuple[float, float, float]] = []  # (wall, executor s, deliver s) per step
+    deliver_s = [0.0]
+
+    def sink(updates: StepUpdates) -> None:
+        nonlocal remaining
+        t = time.process_time()
+        servicer.deliver(updates)
+        while not stream.outbox.empty():
+            response = stream.outbox.get_nowait()
+            if response is not None:
+                response.SerializeToString()  # what grpc does with each yielded message
+        deliver_s[0] += time.process_time() - t
+        marks.append((time.process_time(), executor.seconds, deliver_s[0]))
+        remaining -= sum(1 for u in updates.updates if u.finished)
+        if remaining == 0:
+            done.set()
+
+    config = SchedulerConfig(
+        max_num_batched_tokens=max(8192, batch * prompt_len),
+        max_num_seqs=batch,
+        decode_steps_per_plan=k,
+    )
+    core = SchedulerCore(config, InProcessCache(cache), [executor], sink)
+    servicer.attach(core)
+    rng = random.Random(0)
+    sampling = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    for i in range(batch):
+        stream.req_ids.add(f"r{i}")
+        prompt = [rng.randrange(10, 30000) for _ in range(prompt_len)]
+        await core.submit(stream.core_id(f"r{i}"), prompt, sampling)
+    await core.start()
+    await done.wait()
+    await core.stop()
+    # full-batch decode steps: past the first fifth (admission), before the last tenth
+    lo, hi = len(marks) // 5, len(marks) - len(marks) // 10
+    walls = [b[0] - a[0] for a, b in zip(marks[lo:hi], marks[lo + 1 : hi + 1], strict=True)]
+    execs = [b[1] - a[1] for a, b in zip(marks[lo:hi], marks[lo + 1 : hi + 1], strict=True)]
+    dels = [b[2] - a[2] for a, b in zip(marks[lo:hi], marks[lo + 1 : hi + 1], strict=True)]
+    host = [w - e for w, e in zip(walls, execs, strict=True)]
+    return {
+        "steps": len(walls),
+        "host_us": statistics.median(host) * 1e6,
+        "host_mean_us": statistics.fmean(host) * 1e6,
+        "deliver_us": statistics.median(dels) * 1e6,
+        "executor_us": statistics.median(execs) * 1e6,
+    }
+
+
+# -- the gateway -----------------------------------------------------------------------------
+
+
+def _tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    from gateway.core.tokenizer import Tokenizer
+    from mesh.tiny_model import BOS, EOS, PAD, train_tokenizer
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(), bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
+    hf.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+        "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    return Tokenizer(hf, 4096, name="bench")
+
+
+class _FakeCall:
+    """Scheduler.Stream as the client sees it: reads the submits, then sends each step."""
+
+    def __init__(self, requests: AsyncIterator[Any], steps: list[bytes], gate: _Gate) -> None:
+        self._requests = requests
+        self._steps = steps
+        self._gate = gate
+        self.req_ids: list[str] = []
+
+    def cancel(self) -> None:
+        pass
+
+    async def __aiter__(self) -> AsyncIterator[scheduler_pb2.StreamResponse]:
+        async for message in self._requests:
+            if message.WhichOneof("op") == "submit":
+                self.req_ids.append(message.submit.req_id)
+                if len(self.req_ids) == self._gate.batch:
+                    break
+        self._gate.started()
+        for data in self._steps:
+            # req ids "0".."B-1" are the gateway's: the steps were built with the same names
+            yield scheduler_pb2.StreamResponse.FromString(data)
+            await self._gate.step_consumed()
+
+
+class _FakeStub:
+    def __init__(self, steps: list[bytes], gate: _Gate) -> None:
+        self._steps, self._gate = steps, gate
+
+    def Stream(self, requests: AsyncIterator[Any]) -> _FakeCall:
+        return _FakeCall(requests, self._steps, self._gate)
+
+
+class _Gate:
+    """Paces the fake stream: the next step goes out once every request wrote this one."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self.written = 0
+        self._event = asyncio.Event()
+        self.start_cpu = 0.0
+
+    def started(self) -> None:
+        self.start_cpu = time.process_time()
+
+    def wrote(self) -> None:
+        self.written += 1
+        if self.written >= self.batch:
+            self._event.set()
+
+    async def step_consumed(self) -> None:
+        await self._event.wait()
+        self._event.clear()
+        self.written = 0
+
+
+def _steps(req_ids: list[str], token_ids: list[int], output_len: int) -> list[bytes]:
+    steps = []
+    for s in range(output_len):
+        response = scheduler_pb2.StreamResponse(step_id=s + 1)
+        for i, req_id in enumerate(req_ids):
+            update = response.updates.add(req_id=req_id)
+            update.token_ids.append(token_ids[(s + i) % len(token_ids)])
+            if s == 0:
+                update.num_prompt_tokens, update.num_cached_tokens = 20, 0
+            if s == output_len - 1:
+                update.finish_reason = "length"
+        steps.append(response.SerializeToString())
+    return steps
+
+
+async def gateway_run(batch: int, output_len: int, api: str) -> dict[str, float]:
+    from gateway import convert
+    from gateway.core import openai_responses as resp
+    from gateway.core.memory import GatewayMemory
+    from gateway.core.openai import parse_chat_request
+    from gateway.core.prepare import prepare_request
+    from gateway.openai_http import _Reply
+    from gateway.programs.core.plugins import PluginChain
+    from services.scheduler.client import SchedulerClient
+
+    tokenizer = _tokenizer()
+    text = "the quick brown fox jumps over the lazy dog, hello world " * 8
+    token_ids = tokenizer.encode_prompt(text)
+    req_ids = [resp.new_response_id(True) for _ in range(batch)]
+    gate = _Gate(batch)
+    client = SchedulerClient.__new__(SchedulerClient)
+    client._owns_channel, client._channel = False, None
+    client._stub = _FakeStub(_steps(req_ids, token_ids, output_len), gate)
+    client._stream = None
+    memory, plugins = GatewayMemory(), PluginChain()
+    num_bytes = [0]
+
+    async def one(response_id: str) -> None:
+        body = {
+            "model": "bench",
+            "messages": [{"role": "user", "content": "tell me about the quick brown fox"}],
+            "max_tokens": output_len,
+            "stream": True,
+        }
+        request = plugins.apply_to_request(parse_chat_request(body))
+        prepared = prepare_request(request, tokenizer, response_id, 0, ())
+        events = plugins.apply_to_events(
+            memory.generate(prepared, tokenizer, client, ""), streamed=True
+        )
+        reply = _Reply(request, prepared, "bench", response_id, tokenizer)
+        offsets = [0]
+        if api == "openai":
+            num_bytes[0] += len(resp.sse(reply._first_chunk(0)))
+        async for event in events:
+            if api == "openai":
+                num_bytes[0] += len(resp.sse(reply._chunk(event, offsets)))
+            else:
+                for message in convert.event_to_responses(response_id, event):
+                    num_bytes[0] += len(message.SerializeToString())
+            gate.wrote()
+
+    t0 = time.process_time()
+    tasks = [asyncio.create_task(one(r)) for r in req_ids]
+    while not gate.start_cpu:
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    end = time.process_time()
+    await client.close()
+    return {
+        "us_per_token": (end - gate.start_cpu) / (batch * output_len) * 1e6,
+        "us_per_request": (gate.start_cpu - t0) / batch * 1e6,
+        "bytes": num_bytes[0],
+    }
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def _run(coro: Any, profile: bool) -> Any:
+    if not profile:
+        return asyncio.run(coro)
+    prof = cProfile.Profile()
+    result = prof.runcall(asyncio.run, coro)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--part", choices=["scheduler", "gateway", "both"], default="both")
+    p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=32, help="scheduler: prompt tokens")
+    p.add_argument("--decode-steps-per-plan", type=int, default=1, help="scheduler: k")
+    p.add_argument("--repeat", type=int, default=3, help="runs per figure (the median)")
+    p.add_argument("--profile", action="store_true", help="cProfile one run, top 25 by tottime")
+    args = p.parse_args()
+    for batch in args.batch:
+        if args.part in ("scheduler", "both"):
+            runs = [
+                _run(
+                    scheduler_run(
+                        batch, args.output_len, args.prompt_len, args.decode_steps_per_plan
+                    ),
+                    args.profile,
+                )
+                for _ in range(1 if args.profile else args.repeat)
+            ]
+            r = sorted(runs, key=lambda x: x["host_us"])[len(runs) // 2]
+            print(
+                f"scheduler batch {batch} k {args.decode_steps_per_plan}: per decode step "
+                f"{r['host_us']:.0f} us host (mean {r['host_mean_us']:.0f}; of it stream "
+                f"delivery {r['deliver_us']:.0f} us), {r['host_us'] / batch:.2f} us per "
+                f"sequence; null executor {r['executor_us']:.0f} us taken out; "
+                f"{r['steps']} steps; runs {[round(x['host_us']) for x in runs]}"
+            )
+        if args.part in ("gateway", "both"):
+            for api in ("openai", "grpc"):
+                runs = [
+                    _run(gateway_run(batch, args.output_len, api), args.profile)
+                    for _ in range(1 if args.profile else args.repeat)
+                ]
+                r = sorted(runs, key=lambda x: x["us_per_token"])[len(runs) // 2]
+                print(
+                    f"gateway {api} batch {batch}: {r['us_per_token']:.1f} us CPU per output "
+                    f"token, {r['us_per_request']:.0f} us per request before its first step; "
+                    f"runs {[round(x['us_per_token'], 1) for x in runs]}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
