@@ -83,19 +83,35 @@ async def test_a_killed_child_comes_back_on_its_port_with_its_log_kept(superviso
 
 async def test_a_restart_that_does_not_serve_raises_and_leaves_nothing_running(supervisor, tmp_path):
     flag = tmp_path / "broken"
-    code = (
-        "import pathlib, sys, time\n"
-        f"if pathlib.Path({str(flag)!r}).exists(): sys.exit(4)\n"
-        "time.sleep(60)\n"
-    )
-    spec = python("flaky", code, timeout_s=0.5)
-    with pytest.raises(ServiceFailed):
-        await supervisor.start_stage([spec])  # never serves: times out, stays running
+    code = f"import pathlib, sys\nsys.exit(4 if pathlib.Path({str(flag)!r}).exists() else 3)\n"
+    # Both starts end with the child's own exit, awaited; the 30 s start timeout is only a
+    # bound (a 0.5 s one lost to a loaded machine's interpreter start-up).
+    spec = python("flaky", code)
+    with pytest.raises(ServiceFailed, match="exited with code 3"):
+        await supervisor.start_stage([spec])
     await supervisor.stop_all()
     flag.write_text("")
     with pytest.raises(ServiceFailed, match="exited with code 4 before it was SERVING"):
         await supervisor.restart("flaky")
     assert supervisor.exited()[0].process.returncode == 4
+
+
+async def test_a_restart_that_never_serves_is_stopped_at_its_timeout(supervisor, tmp_path):
+    flag = tmp_path / "hangs"
+    code = (
+        "import pathlib, sys, time\n"
+        f"if not pathlib.Path({str(flag)!r}).exists(): sys.exit(3)\n"
+        "time.sleep(60)\n"
+    )
+    # The first run's exit is awaited, not raced against the timeout; the restart never
+    # serves, so its short timeout is the event itself and cannot flake.
+    first = await supervisor.spawn(python("silent", code, timeout_s=0.5))
+    assert await first.process.wait() == 3
+    flag.write_text("")
+    with pytest.raises(ServiceFailed, match=r"not SERVING after 0\.5s"):
+        await supervisor.restart("silent")
+    [silent] = supervisor.exited()  # stopped by the supervisor, not left running
+    assert silent.process.returncode == -signal.SIGTERM
 
 
 async def test_restart_refuses_a_running_or_unknown_child(supervisor):
