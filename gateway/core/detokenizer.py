@@ -8,6 +8,22 @@ tokens, and emits the difference, keeping back text that still ends in an
 incomplete character (U+FFFD). The window starts a few tokens before the last
 emitted position and moves forward as text is emitted, so the cost per token is
 constant, not proportional to the output's length.
+
+The window is two offsets into the tokens held (the scheme of vLLM's
+incremental detokenizer): tokens before `read_offset` have had their text
+emitted and are decoded only as left context, from `prefix_offset` on; the text
+of a step is what the decode from `prefix_offset` to the end adds past the
+decode of the context alone. That difference is right only when the context
+ends on a character boundary. The prompt's last token can end inside a
+character (a token-id prompt, or a byte-level split right at the boundary):
+its dangling bytes decode to U+FFFD alone, and joined to the output's leading
+continuation bytes they decode to one real character, so the difference would
+drop the output's first bytes. So the prompt's tokens that leave an incomplete
+character at the context's end are not taken as context: the output's first
+bytes are then decoded as its own, exactly as `decode(output_ids)` decodes
+them. The window's context taken from the output always ends on a boundary,
+since text is emitted (and the window moved) only when it does not end in
+U+FFFD.
 """
 
 from __future__ import annotations
@@ -31,7 +47,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, decode: Decode, prompt_token_ids: Sequence[int] = ()) -> None:
         self._decode = decode
-        self._tokens: list[int] = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
+        self._tokens: list[int] = _prompt_context(decode, prompt_token_ids)
         # tokens[prefix_offset:read_offset] is context already emitted;
         # tokens[read_offset:] is not yet emitted.
         self._prefix_offset = 0
@@ -67,3 +83,11 @@ class IncrementalDetokenizer:
         del self._tokens[: max(0, len(self._tokens) - NUM_CONTEXT_TOKENS)]
         self._prefix_offset = 0
         self._read_offset = len(self._tokens)
+
+
+def _prompt_context(decode: Decode, prompt_token_ids: Sequence[int]) -> list[int]:
+    """The prompt's last tokens, less any at its end that leave a character incomplete."""
+    context = list(prompt_token_ids[-NUM_CONTEXT_TOKENS:])
+    while context and decode(context).endswith(REPLACEMENT):
+        context.pop()
+    return context

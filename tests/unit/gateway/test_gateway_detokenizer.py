@@ -87,3 +87,63 @@ def test_decode_window_stays_small(tokenizer):
     assert len(output_ids) > 300
     # Context plus the longest run of tokens inside one character (4 UTF-8 bytes).
     assert max(window_sizes) <= NUM_CONTEXT_TOKENS + 4
+
+
+class ByteTokenizer:
+    """A byte-level vocabulary: each token id stands for a fixed string of bytes."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    def decode(self, ids) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+# "é" is C3 A9, "€" is E2 82 AC, "😀" is F0 9F 98 80.
+BYTES = ByteTokenizer([b"ab", b"\xc3", b"\xa9", b"\xa9cd", b"\xe2\x82", b"\xac!", b"\xf0\x9f", b"\x98", b"\x80", b"x"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("prompt_ids", "output_ids"),
+    [
+        ([0, 1], [2, 9]),  # é split: C3 | A9
+        ([0, 1], [3]),  # C3 | A9 "cd" in one token
+        ([0, 4], [5, 9]),  # € split: E2 82 | AC "!"
+        ([0, 6], [7, 8, 9]),  # 😀 split: F0 9F | 98, 80
+        ([0, 6, 7], [8]),  # F0 9F 98 | 80
+    ],
+)
+def test_a_character_split_at_the_prompt_boundary_streams_as_the_output_decoded_alone(
+    prompt_ids, output_ids
+):
+    pieces = _stream(BYTES, prompt_ids, output_ids, [1] * len(output_ids))
+    text = "".join(pieces)
+    assert text == BYTES.decode(output_ids)  # no byte of the output dropped or repeated
+    assert text.startswith("\ufffd")  # the output's leading continuation bytes, alone
+
+
+def test_the_prompt_context_still_reaches_back_past_a_split_character():
+    """Only the trailing tokens that leave a character open are dropped from the context."""
+    seen = []
+
+    def decode(ids):
+        seen.append(list(ids))
+        return BYTES.decode(ids)
+
+    detok = IncrementalDetokenizer(decode, [9, 0, 9, 1])
+    assert detok.push([9]) == "x"
+    assert seen[-1] == [9, 0, 9, 9]  # context "xabx", then the output's "x"
+
+
+def test_random_byte_tokens_stream_as_their_decode_whatever_the_prompt():
+    rng = random.Random(7)
+    for _ in range(300):
+        prompt_ids = [rng.randrange(len(BYTES.pieces)) for _ in range(rng.randint(0, 8))]
+        output_ids = [rng.randrange(len(BYTES.pieces)) for _ in range(rng.randint(1, 12))]
+        chunking, left = [], len(output_ids)
+        while left:
+            size = min(left, rng.randint(1, 3))
+            chunking.append(size)
+            left -= size
+        text = "".join(_stream(BYTES, prompt_ids, output_ids, chunking))
+        assert text == BYTES.decode(output_ids), (prompt_ids, output_ids, chunking)
