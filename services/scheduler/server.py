@@ -79,19 +79,32 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def deliver(self, batch: StepUpdates) -> None:
         """The core's sink: one StreamResponse per stream with updates in this batch."""
         responses: dict[int, scheduler_pb2.StreamResponse] = {}
+        last_no, stream, add = "", None, None  # a step's updates come mostly from one stream
         for update in batch.updates:
             stream_no, _, req_id = update.req_id.partition("/")
-            stream = self._streams.get(int(stream_no))
+            if stream_no != last_no:
+                last_no, stream = stream_no, self._streams.get(int(stream_no))
+                if stream is not None:
+                    response = responses.get(stream.stream_id)
+                    if response is None:
+                        response = responses[stream.stream_id] = scheduler_pb2.StreamResponse(
+                            step_id=batch.step_id
+                        )
+                    add = response.updates.add
             if stream is None or req_id not in stream.req_ids:
                 continue
-            response = responses.get(stream.stream_id)
-            if response is None:
-                response = responses[stream.stream_id] = scheduler_pb2.StreamResponse(
-                    step_id=batch.step_id
-                )
-            wire.update_to_proto(update, req_id, response.updates.add())
+            assert add is not None
+            if _is_plain(update):  # tokens only: the same message, fewer checks
+                msg = add()
+                msg.req_id = req_id
+                msg.token_ids.extend(update.token_ids)
+                continue
+            wire.update_to_proto(update, req_id, add())
             if update.finished:
                 stream.req_ids.discard(req_id)
+        for stream_id, response in list(responses.items()):
+            if not response.updates:  # its updates were all of requests it no longer has
+                del responses[stream_id]
         for stream_id, response in responses.items():
             stream = self._streams[stream_id]
             stream.outbox.put_nowait(response)
@@ -211,6 +224,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if self._core is None:
             raise Unavailable("the scheduler is starting: no executors connected yet")
         return self._core
+
+
+def _is_plain(update: RequestUpdate) -> bool:
+    """The update carries token ids only (what `wire.update_to_proto` would write is
+    req_id and token_ids)."""
+    return (
+        update.finish_reason is None
+        and update.error is None
+        and update.num_prompt_tokens is None
+        and update.matched_stop_token_id is None
+        and update.speculation is None
+        and not update.logprobs
+        and not update.prompt_logprobs
+    )
 
 
 async def _release_holds(core: SchedulerCore, hold_ids: list[str]) -> None:

@@ -42,14 +42,24 @@ def read_outputs(
     """Changes the requests (tokens, prompt log probabilities, positions) and the stats;
     outputs of requests no longer on `ex` (aborted meanwhile) are skipped."""
     outcome = StepOutcome()
+    updates, executor_id = outcome.updates, ex.executor_id
+    decoded: list[Request] = []
+    """Requests whose only news is one token (most of a decode step): their stats together."""
     for out in result.outputs:
         req = requests.get(out.req_id)
-        if req is None or req.executor_id != ex.executor_id:
+        if req is None or req.executor_id != executor_id:
             continue  # aborted meanwhile
         if out.prompt_logprobs:
             take_prompt_logprobs(req, out.prompt_logprobs, out.prompt_logprobs_position)
-        if out.token_id is None and out.finish_reason is None:
-            continue  # a prefill chunk that did not reach the end of the prompt
+        token_id = out.token_id
+        if token_id is None:
+            if out.finish_reason is None:
+                continue  # a prefill chunk that did not reach the end of the prompt
+        elif _is_plain(out) and req.reported:
+            req.output_token_ids.append(token_id)
+            updates.append(RequestUpdate(req.req_id, [token_id]))
+            decoded.append(req)
+            continue
         update = start_update(req)
         if out.token_id is not None:
             _take_tokens(req, out, update)
@@ -63,8 +73,19 @@ def read_outputs(
             if req.hold_id is not None and out.finish_reason in ("stop", "length"):
                 outcome.holding.append(req)
             stats.finished(req, now, out.finish_reason, "OK")
-        outcome.updates.append(update)
+        updates.append(update)
+    stats.tokens(decoded, now)
     return outcome
+
+
+def _is_plain(out: SequenceOutput) -> bool:
+    """out is one sampled token and nothing else: no drafts, logprobs or finish."""
+    return (
+        out.finish_reason is None
+        and out.logprobs is None
+        and not out.num_draft_tokens
+        and not out.accepted_token_ids
+    )
 
 
 def _take_tokens(req: Request, out: SequenceOutput, update: RequestUpdate) -> None:

@@ -40,9 +40,10 @@ class Histogram:
         """counts[i]: values in (bounds[i-1], bounds[i]]; the last one: above every bound."""
         self.sum = 0.0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
+    def observe(self, value: float, n: int = 1) -> None:
+        """n values equal to value."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.sum += value * n
 
     @property
     def count(self) -> int:
@@ -136,6 +137,28 @@ class SchedulerStats:
         self.num_generation_tokens += 1
         if req.trace is not None:
             req.trace.on_token(now)
+
+    def tokens(self, reqs: Sequence[Request], now: float) -> None:
+        """`token` for each of reqs; the equal gaps of requests that decoded together
+        (their last tokens came from one step) are observed at once."""
+        gaps: dict[tuple[str, float], int] = {}
+        for req in reqs:
+            last = req.last_token_time
+            if last is None:
+                self.token(req, now)
+                continue
+            key = (req.model, last)
+            gaps[key] = gaps.get(key, 0) + 1
+            req.last_token_time = now
+            if req.trace is not None:
+                req.trace.on_token(now)
+        for (model, last), n in gaps.items():
+            gap = now - last
+            self.inter_token_latency.observe(gap, n)
+            totals = self.model_totals(model)
+            totals.itl_sum += gap * n
+            totals.itl_count += n
+            self.num_generation_tokens += n
 
     def finished(self, req: Request, now: float, finish_reason: str | None, code: str) -> None:
         self.e2e_latency[req.priority].observe(now - req.arrival_time)
