@@ -31,6 +31,7 @@ from services.common.health import HEALTH_SERVICE_NAME, NOT_SERVING, SERVING, He
 from services.common.interceptor import ErrorInterceptor
 from services.common.logging import get_logger
 from services.common.metrics import MetricsServer
+from services.common.process_exit import EXIT_SECONDS, exit_after
 from services.common.trace_interceptor import TraceInterceptor
 from services.common.tracing import configure_tracing, shutdown_tracing
 
@@ -237,17 +238,27 @@ class ServiceRuntime:
             log.warning("handlers_still_running", num_active=self._errors.num_active)
 
 
-def run_service(main: Coroutine[Any, Any, int | None]) -> int:
-    """Run a service's async main to completion (uvloop when installed); its exit code."""
+def run_service(
+    main: Coroutine[Any, Any, int | None], exit_seconds: float = EXIT_SECONDS
+) -> int:
+    """Run a service's async main to completion (uvloop when installed); its exit code.
+
+    For a process's entry point only: once `main` has returned, the process is given
+    `exit_seconds` to exit before it is ended (`services.common.process_exit`)."""
     try:
         import uvloop
 
         loop_factory = uvloop.new_event_loop
     except ImportError:
         loop_factory = None
+    runner = asyncio.Runner(loop_factory=loop_factory)
+    code = 1  # main raised: its traceback is printed on the way out
     try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            result = runner.run(main)
+        result = runner.run(main)
+        code = 0 if result is None else int(result)
     except KeyboardInterrupt:
-        return 130
-    return 0 if result is None else int(result)
+        code = 130
+    finally:
+        exit_after(code, exit_seconds)  # before close() joins the default executor's threads
+        runner.close()
+    return code
