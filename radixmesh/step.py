@@ -32,9 +32,11 @@ class NewSequence:
     """W3C traceparent of the request's span when it is traced (the executor links its
     step spans to it); "" otherwise."""
     page_copy: PageCopy | None = None
-    """Before this step's forward, copy the KV of a cached partial page's first slots into
-    the page holding num_computed_tokens (they end right after the copied slots; the cache's
-    lease granted the copy). None: nothing to copy."""
+    """Copy the KV of a partial page's first slots into the page holding
+    num_computed_tokens (which ends right after them), in each layer of this step after its
+    KV writes and before its attention: the source is a partial page the cache kept (the
+    lease granted the copy) or a page another sequence of this step computes (a group's
+    leader). None: nothing to copy."""
 
 
 @dataclass(slots=True)

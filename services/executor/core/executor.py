@@ -55,7 +55,7 @@ from services.executor.core.models.tensor_parallel import (
     shard_weights,
     weights_to,
 )
-from services.executor.core.page_copy import SlotCopies, copy_slots, step_copies
+from services.executor.core.page_copy import SlotCopies, copy_slots, step_copies, upload
 from services.executor.core.plan_checks import PlanLimits, next_decodes, validate_plan
 from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
 from services.executor.core.resources import (
@@ -385,8 +385,11 @@ class ExecutorCore:
             self._num_executed = prepared.index + 1
         batch = prepared.batch
         outputs: list[SequenceOutput] = []
-        if prepared.copies is not None:  # before the forward reads them; never in a graph
-            copy_slots((*self.kv_pool.k_caches, *self.kv_pool.v_caches), prepared.copies)
+        if prepared.copies is not None:  # each layer copies after its KV writes (page_copy.py)
+            if batch is None:
+                copy_slots((*self.kv_pool.k_caches, *self.kv_pool.v_caches), prepared.copies)
+            else:
+                batch.slot_copies = upload(prepared.copies, self.device)
         if batch is not None:
             batch.load_device_tokens(self._last_tokens)
             samplers = prepared.samplers
@@ -397,13 +400,14 @@ class ExecutorCore:
             )
             pending = self._grammar.start(grammar_rows, grammar_lens)
             scoring, scored = prepared.scoring, {}
+            plain = batch.slot_copies is None  # copies run between a layer's writes and reads
             if scoring is not None:  # an extend that scores prompt tokens: never a graph
                 logits, hidden = self.model.forward_scored(batch, self.kv_pool, scoring.rows)
                 entries = score(hidden, self.model.lm_head, scoring)
                 scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries, strict=True)}
-            elif self._graphs is not None and self._graphs.can_run(batch):
+            elif plain and self._graphs is not None and self._graphs.can_run(batch):
                 logits = self._graphs.run(batch)
-            elif self._verify_graphs is not None and self._verify_graphs.can_run(batch):
+            elif plain and self._verify_graphs is not None and self._verify_graphs.can_run(batch):
                 logits = self._verify_graphs.run(batch)
             else:
                 logits = self.model.forward(batch, self.kv_pool)

@@ -49,6 +49,10 @@ class ForwardBatch:
     """[D] int64 rows of the device token buffer that hold those tokens."""
     sample_rows: torch.Tensor | None = None
     """[S] int64 buffer rows of the sequences that sample, in batch order (None: none given)."""
+    slot_copies: tuple[torch.Tensor, torch.Tensor] | None = None
+    """([N], [N]) int64 KV slots (source, destination) each layer copies after it stores
+    the step's keys and values, before attention (page_copy.py); such a batch never runs
+    in a CUDA graph."""
 
     @property
     def num_tokens(self) -> int:

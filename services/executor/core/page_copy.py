@@ -1,16 +1,20 @@
-"""Copies of KV page slots: a new sequence that continues a cached partial page.
+"""Copies of KV page slots: a new sequence that continues a partial page.
 
 The cache keeps a committed sequence's partial last page (its first t < page_size
 slots) and never shares it in place, because a sequence continuing that text writes into
 the rest of its page. Instead, a new sequence whose prefix reaches i >= 1 tokens into
 such a page gets `NewSequence.page_copy`: slots [0, i) of the source page are copied into
-its first own page, and its num_computed_tokens counts them.
+its first own page, and its num_computed_tokens counts them. The scheduler also sends one
+for a member of a program group whose shared prefix ends inside a page that its leader
+computes in the same step: the source is then the leader's own page.
 
-The copies of a step run, batched (one gather and one scatter per KV tensor, over every
-copy of the step), on the device stream before the step's forward and outside any
-captured CUDA graph. They copy the raw bytes of every slot, whatever the KV dtype. A
-tensor-parallel rank copies its own heads: every rank runs the same plans over its shard
-of the pool.
+So each layer runs the step's copies, batched (one gather and one scatter per KV tensor,
+over every copy of the step), right after it stores the step's keys and values and before
+its attention reads them: a source written in the same step is complete, and no row reads
+a destination before it is. A step with copies never runs in a CUDA graph (it holds new
+sequences; `ForwardBatch.slot_copies`). The copies move the raw bytes of each slot,
+whatever the KV dtype. A tensor-parallel rank copies its own heads: every rank runs the
+same plans over its shard of the pool.
 """
 
 from __future__ import annotations
@@ -94,18 +98,24 @@ def plan_copies(copies: Sequence[PageCopy], page_size: int, pin: bool) -> SlotCo
     return SlotCopies(slots[0], slots[1])
 
 
-def copy_slots(caches: Sequence[torch.Tensor], copies: SlotCopies) -> None:
-    """Copies the slots of `copies` in every KV tensor of `caches` ([num_pages,
-    page_size, ...] each, on one device), as bytes, on the current stream (the indices
-    are uploaded on it first)."""
-    if not caches:
-        return
-    device = caches[0].device
-    src = copies.src.to(device, non_blocking=True)
-    dst = copies.dst.to(device, non_blocking=True)
+def upload(copies: SlotCopies, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot indices on `device`, uploaded on the current stream."""
+    return copies.src.to(device, non_blocking=True), copies.dst.to(device, non_blocking=True)
+
+
+def copy_layer_slots(caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copies KV slots src[k] -> dst[k] in each of `caches` ([num_pages, page_size, ...]
+    tensors of one device; `src` and `dst` on it), as bytes."""
     for cache in caches:
         slots = _byte_slots(cache)
         slots.index_copy_(0, dst, slots.index_select(0, src))
+
+
+def copy_slots(caches: Sequence[torch.Tensor], copies: SlotCopies) -> None:
+    """Copies the slots of `copies` in every KV tensor of `caches` (a step with copies but
+    no forward)."""
+    if caches:
+        copy_layer_slots(caches, *upload(copies, caches[0].device))
 
 
 def _byte_slots(cache: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from radixmesh.cache_types import PageCopy
 from radixmesh.errors import ResourceExhausted
 from radixmesh.step import NewSequence
 from services.scheduler.core.budget import StepBudget
@@ -23,6 +24,7 @@ from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.groups import (
     arriving_groups,
     keep_feasible_shares,
+    num_common_tokens,
     order_groups,
     publish_targets,
     share_tokens,
@@ -182,6 +184,10 @@ def _start(ex: ExecutorState, budget: StepBudget, req: Request, leases: Leases) 
     ex.queue.remove(req.req_id)
     req.status = RequestStatus.RUNNING
     ex.running[req.req_id] = req
+    page_copy = leases.take_copy(req) or _leader_copy(ex, req)
+    if page_copy is not None and req.step_share is not None:
+        req.num_computed_tokens += page_copy.num_tokens
+        req.num_cached_tokens = (req.num_cached_tokens or 0) + page_copy.num_tokens
     num_tokens = min(req.num_admitted_tokens - req.num_computed_tokens, budget.num_tokens)
     # a leader whose tail pages the pool could not lend again runs up to its pages
     num_tokens = min(num_tokens, len(req.page_table) * ex.page_size - req.num_computed_tokens)
@@ -195,7 +201,7 @@ def _start(ex: ExecutorState, budget: StepBudget, req: Request, leases: Leases) 
         sampling=req.sampling,
         constraint=req.constraint,
         traceparent=req.trace.traceparent if req.trace is not None else "",
-        page_copy=leases.take_copy(req),
+        page_copy=page_copy,
     )
     req.num_unsent_pages = 0
     if req.trace is not None:
@@ -204,6 +210,34 @@ def _start(ex: ExecutorState, budget: StepBudget, req: Request, leases: Leases) 
     req.on_executor = True
     budget.take(num_tokens)
     return new
+
+
+def _leader_copy(ex: ExecutorState, req: Request) -> PageCopy | None:
+    """A group member that takes its leader's whole pages in place (its step share) also
+    copies the first slots of the leader's next page, as far as their tokens agree, the
+    leader's KV reaches with this step and req needs no logits there; None when that is
+    no token. The copy runs in the step that computes it (after each layer's writes), and
+    the leader's page is freed only by a commit or release made after this plan is sent.
+    """
+    share, page_size = req.step_share, ex.page_size
+    if share is None or req.num_computed_tokens != share.num_tokens:
+        return None
+    leader, index = share.leader, share.num_tokens // page_size
+    if ex.running.get(leader.req_id) is not leader or index >= len(leader.page_table):
+        return None
+    tokens = req.all_token_ids
+    limit = min(
+        num_common_tokens(leader.all_token_ids, tokens),
+        leader.num_computed_tokens,  # what its steps up to this one compute
+        len(tokens) - 1,  # the last token's logits are req's own
+        share.num_tokens + page_size - 1,
+    )
+    start = req.sampling.prompt_logprobs_start
+    if start is not None:
+        limit = min(limit, start - 1)
+    if limit <= share.num_tokens or index >= len(req.page_table):
+        return None
+    return PageCopy(leader.page_table[index], req.page_table[index], limit - share.num_tokens)
 
 
 async def _true() -> bool:

@@ -59,6 +59,29 @@ def test_copied_tokens_give_the_logits_of_recomputing_them(core, llama_model: Ti
     assert not torch.allclose(wrong[0], tops[0], atol=1e-4, rtol=0)
 
 
+def test_a_copy_from_a_page_written_in_the_same_step_reads_it_written(
+    core, llama_model: TinyModel
+) -> None:
+    """A group's member takes its leader's whole pages in place and the first slots of the
+    leader's partial page by copy, in the step where the leader computes them."""
+    context = random_prompt(10, seed=63)
+    leader = context + random_prompt(4, seed=64)
+    member = context + random_prompt(5, seed=65)
+    plan = StepPlan(
+        30,
+        new_seqs=[
+            new_seq("leader", leader, [30, 31, 32, 33], 0, None),
+            new_seq("member", member, [30, 31, 34, 35], 10, PageCopy(32, 34, 2)),
+        ],
+    )
+    outs = {o.req_id: o for o in core.step(plan).outputs}
+    core.step(StepPlan(31, finished_req_ids=["leader", "member"]))
+    for req_id, tokens in (("leader", leader), ("member", member)):
+        top = torch.tensor([lp for _, lp in outs[req_id].logprobs.top])  # type: ignore[union-attr]
+        reference = hf_logits(llama_model.hf, tokens)[-1].log_softmax(-1).topk(5).values
+        torch.testing.assert_close(top, reference, atol=1e-4, rtol=0)
+
+
 def test_copies_of_one_step_are_batched_over_every_layer() -> None:
     caches = [torch.arange(6 * 4 * 2 * 3, dtype=torch.float32).view(6, 4, 2, 3) for _ in range(3)]
     caches.append(torch.arange(6 * 4 * 2 * 3, dtype=torch.bfloat16).view(6, 4, 2, 3))

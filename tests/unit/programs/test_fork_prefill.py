@@ -1,9 +1,11 @@
 """A Fork's branches do not prefill the context again: counted from the run's own usage
 (prompt tokens minus cached ones, per statement), the context's whole pages are computed
-once, by one branch, in the step that starts them all; each other branch computes only
-the context's last partial page and its own text. The select after the join finds the
-context's pages cached. So what the program computes exceeds its unique tokens by at most
-a partial page per other branch and choice."""
+once, by one branch, in the step that starts them all; each other branch takes them in
+place, copies the context's last partial page from that branch's in the same step, and
+computes only its own text: the branches compute exactly their unique positions. The
+select after the join finds the context's pages cached, and its choices share their
+common text the same way, each computing only the last shared position (its logits score
+the choice) beside its own tokens."""
 
 from __future__ import annotations
 
@@ -60,10 +62,13 @@ async def test_a_forks_branches_compute_the_context_once_counted_from_usage(deps
     fork_usage = [u.usage for u in result.usage if ".fork" in u.statement]
     assert len(fork_usage) == NUM_BRANCHES
     cached = sorted(u.cached_tokens for u in fork_usage)
-    assert cached[0] == 0 and cached[1:] == [shared] * (NUM_BRANCHES - 1), cached  # one computes it
+    # one computes it; the others take its whole pages in place and copy the rest of the
+    # common text from its partial page, in the same step
+    assert common > shared
+    assert cached[0] == 0 and cached[1:] == [common] * (NUM_BRANCHES - 1), cached
     computed = sum(u.prompt_tokens - u.cached_tokens for u in fork_usage)
-    assert computed == len(prompts[0]) + sum(len(p) - shared for p in prompts[1:])
-    assert computed - unique_positions(prompts) <= (NUM_BRANCHES - 1) * (PAGE_SIZE - 1)
+    assert computed == len(prompts[0]) + sum(len(p) - common for p in prompts[1:])
+    assert computed == unique_positions(prompts)
 
     (select_usage,) = [u.usage for u in result.usage if u.statement.endswith(".select")]
     context = num_common_tokens(list(choices[0].prompt_token_ids), list(prompts[0]))
@@ -71,5 +76,6 @@ async def test_a_forks_branches_compute_the_context_once_counted_from_usage(deps
     assert select_usage.cached_tokens >= NUM_BRANCHES * cached_context > 0
     select_computed = select_usage.prompt_tokens - select_usage.cached_tokens
     new_positions = unique_positions([r.prompt_token_ids for r in choices]) - cached_context
-    # each choice but the one computing them takes the choices' shared whole pages
-    assert select_computed - new_positions <= (NUM_BRANCHES - 1) * PAGE_SIZE
+    # each choice but the one computing them takes the choices' shared whole pages and
+    # copies the rest of their common text but its last position, whose logits score it
+    assert select_computed - new_positions <= NUM_BRANCHES - 1

@@ -104,15 +104,6 @@ class ToyExecutor:
         self.plans.append(plan)
         for req_id in (*plan.finished_req_ids, *plan.abort_req_ids):
             self.seqs.pop(req_id, None)
-        copies = [new.page_copy for new in plan.new_seqs if new.page_copy is not None]
-        slots = [  # every copy of the step reads before any writes, as the executor's
-            (c.dst_page_id, off, self.kv[c.src_page_id][off])
-            for c in copies
-            for off in range(c.num_tokens)
-        ]
-        for page, off, token in slots:
-            self.kv[page][off] = token
-        self.num_copied_tokens += len(slots)
         work = []
         for new in plan.new_seqs:
             assert new.req_id not in self.seqs, f"{new.req_id} sent twice"
@@ -132,8 +123,21 @@ class ToyExecutor:
                 work.append((running.req_id, seq, running.num_scheduled_tokens))
         for req_id, seq, n in work:  # every KV write of the step happens before any read
             self._write(req_id, seq, n)
+        self._copy([new.page_copy for new in plan.new_seqs if new.page_copy is not None])
         outputs = [self._sample(req_id, seq, n) for req_id, seq, n in work]
         return StepResult(plan.step_id, outputs)
+
+    def _copy(self, copies: list) -> None:
+        """The step's page copies, as the executor's layers run them: after the step's
+        writes, before any read, every source read before any destination is written."""
+        slots = [
+            (c.dst_page_id, off, self.kv[c.src_page_id][off])
+            for c in copies
+            for off in range(c.num_tokens)
+        ]
+        for page, off, token in slots:
+            self.kv[page][off] = token
+        self.num_copied_tokens += len(slots)
 
     def _slot(self, seq: _Seq, pos: int) -> tuple[int, int]:
         return seq.page_ids[pos // self.page_size], pos % self.page_size

@@ -62,12 +62,15 @@ async def test_a_forks_branches_start_in_one_step_and_compute_their_shared_pages
     starts = new_seq_plans(rig, ids)
     assert len({s for steps in starts.values() for s in steps}) == 1, starts  # one step
     assert all(len(steps) == 1 for steps in starts.values()), starts  # none preempted
-    # the first computes the whole prompt; the others only what follows its 4 pages
-    num_shared = 4 * PAGE
+    # the first computes the whole prompt; the others only what follows its 4 pages and
+    # the 17th token, copied from the first's partial page in the same step (the 18th
+    # they compute: its logits are theirs)
+    num_shared = 4 * PAGE + 1
     expected = len(PROMPT) + (len(ids) - 1) * (len(PROMPT) - num_shared)
     assert scheduled_prefill_tokens(rig, ids) == expected
     cached = sorted(rig.sink.first[r].num_cached_tokens for r in ids)
     assert cached == [0] + [num_shared] * (len(ids) - 1)
+    assert rig.toy.num_copied_tokens == len(ids) - 1
     # the others read the leader's pages within the same forward: same page ids, no mix-up
     plan = next(p for p in rig.toy.plans if p.new_seqs)
     tables = [s.page_ids[:4] for s in plan.new_seqs]
@@ -287,7 +290,7 @@ async def test_an_idle_executor_waits_for_a_group_still_arriving_and_starts_it_i
     await rig.scheduler.stop()
     starts = new_seq_plans(rig, ids)
     assert len({s for steps in starts.values() for s in steps}) == 1, starts
-    num_shared = 4 * PAGE
+    num_shared = 4 * PAGE + 1  # 4 pages in place, 1 token copied from the leader's 5th
     expected = len(PROMPT) + (len(ids) - 1) * (len(PROMPT) - num_shared)
     assert scheduled_prefill_tokens(rig, ids) == expected  # the shared pages once
     assert rig.toy.corruptions == []
@@ -446,7 +449,8 @@ async def test_a_busy_executor_leaves_a_group_still_arriving_for_its_next_plan()
     starts = new_seq_plans(rig, ["m0", "m1"])
     assert starts["m0"] == starts["m1"], starts
     assert starts["m0"][0] > 3  # not the plan built while m0 was the only one in
-    assert rig.sink.first["m1"].num_cached_tokens == 4 * PAGE  # taken in that step
+    # taken in that step: 4 pages in place, the 17th token copied from m0's 5th page
+    assert rig.sink.first["m1"].num_cached_tokens == 4 * PAGE + 1
     assert rig.toy.corruptions == []
     for req_id in ("m0", "m1"):
         assert rig.sink.tokens[req_id] == reference(PROMPT, 2)
@@ -468,7 +472,7 @@ async def test_a_group_whose_first_chunk_would_stop_short_of_its_shared_pages_wa
     starts = new_seq_plans(rig, ["first", *ids])
     assert starts["g0"] == starts["g1"], starts
     assert starts["g0"][0] > starts["first"][0]
-    assert scheduled_prefill_tokens(rig, ids) == len(PROMPT) + (len(PROMPT) - 4 * PAGE)
+    assert scheduled_prefill_tokens(rig, ids) == len(PROMPT) + (len(PROMPT) - 4 * PAGE - 1)
     assert rig.toy.corruptions == []
     for req_id in ids:
         assert rig.sink.tokens[req_id] == reference(PROMPT, 2)

@@ -23,6 +23,7 @@ from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.fp8 import Fp8Weight, Weight, empty_fp8, linear, quantize_weight
 from services.executor.core.models.spec import ModelSpec
+from services.executor.core.page_copy import copy_layer_slots
 
 if TYPE_CHECKING:
     from services.executor.core.models.tensor_parallel import TensorParallel
@@ -258,6 +259,8 @@ class Decoder:
         else:
             q, k = ops.rotary(q, k, batch.positions, self.cos_sin_cache)
             ops.kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
+        if batch.slot_copies is not None:  # a partial page's KV, after this step's writes
+            copy_layer_slots((k_cache, v_cache), *batch.slot_copies)
         window = spec.sliding_window
         if batch.is_decode:
             out = ops.paged_decode_attention(
