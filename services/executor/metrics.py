@@ -10,7 +10,7 @@ service's to report (`radixmesh_cache_*`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -38,6 +38,14 @@ class StepMetrics:
     spec_accepted_tokens: Counter
     spec_accepted_by_position: Counter
     spec_forced_tokens: Counter
+    _steps_ok: Counter = field(init=False)
+    _tokens_by_kind: tuple[Counter, Counter, Counter] = field(init=False)
+    """tokens_total's prefill, extend and decode children (a label lookup costs per step)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_steps_ok", self.steps_total.labels("ok"))
+        kinds = tuple(self.tokens_total.labels(k) for k in ("prefill", "extend", "decode"))
+        object.__setattr__(self, "_tokens_by_kind", kinds)
 
     @classmethod
     def create(cls) -> StepMetrics:
@@ -83,6 +91,11 @@ class StepMetrics:
             ),
         )
 
+    def record_decodes(self, num_decodes: int, result: StepResult, num_running_seqs: int) -> None:
+        """After a step that succeeded and ran `num_decodes` decodes and nothing else (a
+        later step of a multi-step plan), as `record` of such a plan."""
+        self._record(result, num_running_seqs, num_decodes, 0, 0, num_decodes)
+
     def record(self, plan: StepPlan, result: StepResult, num_running_seqs: int) -> None:
         """After a step that succeeded."""
         num_prefill = num_extend = num_decode = 0
@@ -99,7 +112,18 @@ class StepMetrics:
             else:
                 num_prefill += num
             num_seqs += num > 0
-        self.steps_total.labels("ok").inc()
+        self._record(result, num_running_seqs, num_seqs, num_prefill, num_extend, num_decode)
+
+    def _record(
+        self,
+        result: StepResult,
+        num_running_seqs: int,
+        num_seqs: int,
+        num_prefill: int,
+        num_extend: int,
+        num_decode: int,
+    ) -> None:
+        self._steps_ok.inc()
         self.running_sequences.set(num_running_seqs)
         self._record_drafts(result)
         if num_seqs == 0:
@@ -107,13 +131,13 @@ class StepMetrics:
         self.step_seconds.observe(result.step_seconds)
         self.batch_sequences.observe(num_seqs)
         self.step_tokens.observe(num_prefill + num_extend + num_decode)
-        tokens = self.tokens_total
+        prefill, extend, decode = self._tokens_by_kind
         if num_prefill:
-            tokens.labels("prefill").inc(num_prefill)
+            prefill.inc(num_prefill)
         if num_extend:
-            tokens.labels("extend").inc(num_extend)
+            extend.inc(num_extend)
         if num_decode:
-            tokens.labels("decode").inc(num_decode)
+            decode.inc(num_decode)
 
     def _record_drafts(self, result: StepResult) -> None:
         num_drafts = num_draft_tokens = num_accepted = num_forced = 0

@@ -333,10 +333,13 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             if output.finish_reason is not None:
                 stream.ended.append(output.req_id)
         stream.num_steps += 1
-        if result.substep:  # a later step of a multi-step plan: the decodes it ran
-            decodes = [RunningSequence(out.req_id, 1) for out in result.outputs]
-            plan = StepPlan(plan.step_id, running_seqs=decodes)
-        self._metrics.record(plan, result, core.num_seqs)
+        if not result.substep:
+            self._metrics.record(plan, result, core.num_seqs)
+        else:  # a later step of a multi-step plan: the decodes it ran
+            self._metrics.record_decodes(len(result.outputs), result, core.num_seqs)
+            if tracing.enabled():
+                decodes = [RunningSequence(out.req_id, 1) for out in result.outputs]
+                plan = StepPlan(plan.step_id, running_seqs=decodes)
         links = stream.links.pop(plan.step_id, None) if not result.substep else None
         if tracing.enabled():
             stream.step_traces.on_result(plan, result, links)

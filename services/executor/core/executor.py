@@ -16,13 +16,11 @@ sampling, finish detection). `step(plan)` is `execute(prepare(plan))`.
 
 from __future__ import annotations
 
-import itertools
 import random
 import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from radixmesh.errors import FailedPrecondition, InvalidArgument
@@ -36,7 +34,7 @@ from radixmesh.step import (
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import StepGraphs
-from services.executor.core.forward_batch import ForwardBatch, PageTables, build_batch
+from services.executor.core.forward_batch import ForwardBatch, PageTables
 from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
 from services.executor.core.graph_setup import (
     capture_graphs,
@@ -57,7 +55,7 @@ from services.executor.core.models.tensor_parallel import (
 )
 from services.executor.core.page_copy import SlotCopies, copy_slots, step_copies, upload
 from services.executor.core.plan_checks import PlanLimits, next_decodes, validate_plan
-from services.executor.core.prompt_scoring import PromptScoring, plan_scoring, score
+from services.executor.core.prompt_scoring import PromptScoring, score
 from services.executor.core.resources import (
     describe_executor,
     max_forced_tokens,
@@ -79,15 +77,14 @@ from services.executor.core.spec.drafting import (
 )
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
-    drafted_lengths,
     observe_step,
     record_forced_gain,
     record_gain,
     rows_over_drafts,
-    start_verifying,
     step_drafts,
 )
 from services.executor.core.spec.verifier import Verifier
+from services.executor.core.step_batch import next_step_seqs, prepare_batch, prepare_decodes
 from services.executor.core.step_sampling import StepSampler
 from services.executor.core.warmup import decide_prefill_attention, warm_prefill
 
@@ -231,6 +228,9 @@ class ExecutorCore:
         self._num_prepared = 0
         self._num_executed = 0
         self._seqs: dict[str, SequenceState] = {}
+        self._decodes: tuple[int, list[SequenceState]] | None = None
+        """The plan prepared last and the sequences its step ran (a multi-step plan's next
+        step runs those still going: step_batch.py)."""
         self._page_tables = PageTables(config.max_num_seqs, -(-max_model_len // config.page_size))
         self._free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self._last_tokens = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
@@ -326,6 +326,19 @@ class ExecutorCore:
     ) -> PreparedStep:
         start = time.perf_counter()
         with self._lock:
+            before = self._decodes
+            if substep and before is not None and before[0] == plan.step_id:
+                prepared = PreparedStep(plan.step_id, self._num_prepared, substep=substep)
+                self._num_prepared += 1
+                decodes = next_step_seqs(before[1], self.info.max_model_len)
+                if decodes:
+                    prepare_decodes(
+                        prepared, decodes, self._page_tables, self.config.page_size, self.device,
+                        self._step_sampler,
+                    )  # fmt: skip
+                self._decodes = (plan.step_id, decodes)
+                prepared.prepare_seconds = time.perf_counter() - start
+                return prepared
             if substep:
                 plan = next_decodes(plan, self._seqs, self.info.max_model_len)
             else:
@@ -362,7 +375,11 @@ class ExecutorCore:
             )  # fmt: skip
             self._num_prepared += 1
             if seqs:
-                self._prepare_batch(prepared, seqs, num_tokens, drafts)
+                prepare_batch(
+                    prepared, seqs, num_tokens, drafts, self._page_tables, self.config.page_size,
+                    self.device, self._step_sampler,
+                )  # fmt: skip
+            self._decodes = (plan.step_id, prepared.seqs)
         prepared.prepare_seconds = time.perf_counter() - start
         return prepared
 
@@ -522,81 +539,6 @@ class ExecutorCore:
         if not seq.released:
             seq.released = True
             self._free_rows.append(seq.row)
-
-    # -- prepare ---------------------------------------------------------------
-
-    def _prepare_batch(
-        self,
-        prepared: PreparedStep,
-        seqs: list[SequenceState],
-        num_tokens: list[int],
-        drafts: list[list[int]] | None = None,
-    ) -> None:
-        """`drafts`: per sequence, draft tokens to verify after its decoded token (their
-        positions join the batch; their state advances when the step executes)."""
-        n = len(seqs)
-        planned = np.array(num_tokens, dtype=np.int64)  # the plan's tokens, without drafts
-        num_logits = None
-        if drafts is not None:  # a drafted decode runs its last token from the host
-            num_tokens, num_logits = drafted_lengths(num_tokens, drafts)
-        rows = np.fromiter((s.row for s in seqs), dtype=np.int64, count=n)
-        starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
-        known = np.fromiter((s.num_known_tokens for s in seqs), dtype=np.int64, count=n)
-        on_device = np.fromiter((s.has_device_token for s in seqs), dtype=bool, count=n)
-        q_lens = np.array(num_tokens, dtype=np.int64)
-        samples = starts + planned == known
-        if any(s.sampling.prompt_logprobs_start is not None for s in seqs):
-            score_only = np.fromiter((s.sampling.score_only for s in seqs), dtype=bool, count=n)
-            ends = samples & score_only  # max_tokens 0: the prompt's end samples nothing
-            prepared.scored_to_end = [seqs[i] for i in np.flatnonzero(ends).tolist()]
-            samples &= ~ends
-            prepared.scoring = plan_scoring(seqs, starts.tolist(), num_tokens, self.device)
-        from_device = samples & on_device  # then q_len is 1: the decode of the last sample
-        if num_logits is not None:
-            from_device &= num_logits == 1
-        if from_device.all():
-            token_ids = np.zeros(n, dtype=np.int64)
-        else:
-            token_ids = np.fromiter(
-                itertools.chain.from_iterable(
-                    (0,) if d else s.token_ids[c : c + q] + (drafts[i] if drafts else [])
-                    for i, (s, c, q, d) in enumerate(
-                        zip(seqs, starts.tolist(), num_tokens, from_device.tolist(), strict=True)
-                    )
-                ),
-                dtype=np.int64,
-                count=int(q_lens.sum()),
-            )
-        prepared.batch = build_batch(
-            rows, starts, q_lens, samples, from_device, token_ids,
-            self._page_tables, self.config.page_size, self.device, num_logits,
-        )  # fmt: skip
-        prepared.seqs = seqs
-        sample_idx = np.flatnonzero(samples).tolist()
-        prepared.samplers = [seqs[i] for i in sample_idx]
-        sampler_rows = np.full(n, -1, dtype=np.int64)
-        sampler_rows[samples] = np.arange(len(sample_idx))
-        prepared.sampler_rows = sampler_rows.tolist()
-        prepared.output_lens = [
-            seqs[i].num_known_tokens - seqs[i].num_prompt_tokens for i in sample_idx
-        ]
-        if drafts is not None:
-            prepared.drafts = [drafts[i] for i in sample_idx]
-            start_verifying(seqs, drafts)
-        for seq, q in zip(seqs, num_tokens, strict=True):
-            seq.num_computed_tokens += q
-        for seq in prepared.samplers:
-            seq.num_known_tokens += 1
-            seq.has_device_token = True
-        if drafts is not None:
-            return  # sampling inputs cover every verified row: built at execute time
-        if all(
-            len(s.token_ids) + 1 == s.num_known_tokens or not s.sampling.has_penalties
-            for s in prepared.samplers
-        ):  # penalties read token histories: complete unless a step before is unexecuted
-            prepared.sampling_inputs = self._step_sampler.inputs(
-                prepared.samplers, prepared.output_lens
-            )
 
     # -- execute -------------------------------------------------------------
 

@@ -61,15 +61,17 @@ def check_finish(
 ) -> tuple[str | None, int | None]:
     """(finish_reason, matched_stop_token_id) after `token_id` was appended to `seq`."""
     params = seq.sampling
-    may_stop = seq.num_output_tokens > params.min_tokens
-    if may_stop and token_id in params.stop_token_ids:
-        return "stop", token_id
-    if may_stop and not params.ignore_eos and token_id in eos_token_ids:
-        return "stop", token_id
+    num_tokens = len(seq.token_ids)
+    num_output = num_tokens - seq.num_prompt_tokens
+    if num_output > params.min_tokens:
+        if token_id in params.stop_token_ids:
+            return "stop", token_id
+        if not params.ignore_eos and token_id in eos_token_ids:
+            return "stop", token_id
     if seq.grammar is not None and seq.grammar.matcher.is_stop_token(token_id):
         return "stop", None
-    if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+    if params.max_tokens is not None and num_output >= params.max_tokens:
         return "length", None
-    if len(seq.token_ids) >= max_model_len:
+    if num_tokens >= max_model_len:
         return "length", None
     return None, None

@@ -5,6 +5,7 @@ next decode."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ class StepSampler:
     last_tokens: torch.Tensor
     """The core's device buffer of each row's last sampled token (written here)."""
     eos_token_ids: Sequence[int]
+    _kept: tuple[list[SequenceState], SamplingInputs] | None = None
+    """The last inputs that depend on nothing but their rows' parameters, with their rows."""
 
     def inputs(
         self,
@@ -35,7 +38,28 @@ class StepSampler:
         grammar_ends: frozenset[int] = _NONE,
     ) -> SamplingInputs:
         """`grammar_ends`: rows whose grammar allows only stop tokens; min_tokens is lifted
-        there (the grammar wins: it ends the sequence with "stop")."""
+        there (the grammar wins: it ends the sequence with "stop").
+
+        Inputs that read neither output lengths nor token histories (every row greedy, no
+        penalty, no row short of min_tokens, which output lengths only leave) are kept and
+        given again to the same sequences in the same order: the steps of a decode batch
+        that does not change (a multi-step plan's) build them once."""
+        kept = self._kept
+        if (
+            kept is not None
+            and not grammar_ends
+            and len(kept[0]) == len(seqs)
+            and all(map(operator.is_, kept[0], seqs))
+        ):
+            return kept[1]
+        inputs = self._build(seqs, output_lens, grammar_ends)
+        static = inputs.all_greedy and not inputs.needs_processing and not grammar_ends
+        self._kept = (list(seqs), inputs) if static else None
+        return inputs
+
+    def _build(
+        self, seqs: list[SequenceState], output_lens: list[int], grammar_ends: frozenset[int]
+    ) -> SamplingInputs:
         # Token histories matter only to penalties: other rows pass empty lists (no copies).
         penalised = [s.sampling.has_penalties for s in seqs]
         num_prompt = [s.num_prompt_tokens for s in seqs]
@@ -79,5 +103,7 @@ class StepSampler:
             keep = torch.tensor(kept, dtype=torch.int64, device=self.last_tokens.device)
             self.last_tokens[sample_rows[keep]] = result.token_ids[keep]
         token_ids = result.token_ids.tolist()
+        if result.logprobs is None:  # no row asked for them
+            return [(t, None) if ok else None for t, ok in zip(token_ids, live, strict=True)]
         logprobs = result.logprobs_by_row([s.sampling for s in seqs], token_ids)
         return [(token_ids[i], logprobs[i]) if live[i] else None for i in range(len(seqs))]

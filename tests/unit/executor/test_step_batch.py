@@ -1,0 +1,133 @@
+"""A multi-step plan's later steps prepared from the step before (core/step_batch.py) and
+the sampling inputs kept across the steps of a batch that does not change."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+import torch
+
+from radixmesh.sampling import SamplingParams
+from radixmesh.step import NewSequence, RunningSequence, StepPlan
+from services.executor.core.pipeline import StepPipeline
+from services.executor.core.sampling import Sampler
+from services.executor.core.sequence import SequenceState
+from services.executor.core.step_batch import next_step_seqs
+from services.executor.core.step_sampling import StepSampler
+from tests.unit.executor.conftest import TinyModel, make_core, random_prompt
+
+VOCAB = 64
+STEP_IDS = itertools.count(1)
+
+
+def state(req_id: str, sampling: SamplingParams, num_output: int = 2, row: int = 0) -> SequenceState:
+    tokens = list(range(3 + num_output))
+    return SequenceState(
+        req_id, tokens, 3, len(tokens) - 1, len(tokens), 2, sampling, seed=7, row=row,
+        has_device_token=True,
+    )  # fmt: skip
+
+
+def step_sampler() -> StepSampler:
+    return StepSampler(Sampler(VOCAB, "cpu"), torch.zeros(8, dtype=torch.int64), [1])
+
+
+def test_greedy_inputs_are_kept_for_the_same_sequences_in_the_same_order():
+    sampler = step_sampler()
+    seqs = [state("a", SamplingParams(temperature=0.0), row=0), state("b", SamplingParams(temperature=0.0), row=1)]
+    first = sampler.inputs(seqs, [2, 2])
+    assert sampler.inputs(list(seqs), [3, 3]) is first  # a later step: lengths grew
+    assert sampler.inputs(seqs[::-1], [3, 3]) is not first
+    assert sampler.inputs(seqs[:1], [3]) is not first
+    lifted = sampler.inputs(seqs, [3, 3], frozenset({0}))
+    assert lifted is not first and sampler.inputs(seqs, [3, 3], frozenset({0})) is not lifted
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.8, seed=3),  # its draw is keyed by its output length
+        SamplingParams(temperature=0.0, min_tokens=5),  # EOS suppressed until 5 tokens
+        SamplingParams(temperature=0.0, presence_penalty=0.5),  # reads the history
+    ],
+)
+def test_inputs_that_read_lengths_or_histories_are_built_every_step(sampling):
+    sampler = step_sampler()
+    seqs = [state("a", SamplingParams(temperature=0.0)), state("b", sampling, row=1)]
+    first = sampler.inputs(seqs, [2, 2])
+    second = sampler.inputs(seqs, [3, 3])
+    assert second is not first
+    if sampling.temperature > 0:
+        assert first.keys is not None and second.keys is not None
+        assert not torch.equal(first.keys, second.keys)
+    if sampling.min_tokens:
+        assert first.suppress_rows is not None
+
+
+def test_the_next_step_runs_the_sequences_still_going():
+    going = state("going", SamplingParams(temperature=0.0, max_tokens=9))
+    ended = state("ended", SamplingParams(temperature=0.0))
+    ended.finished = True
+    stopped = state("stopped", SamplingParams(temperature=0.0))
+    stopped.stopped = True
+    at_max = state("at_max", SamplingParams(temperature=0.0, max_tokens=2))  # 2 known outputs
+    at_context = state("at_context", SamplingParams(temperature=0.0), num_output=3)
+    before = [going, ended, stopped, at_max, at_context]
+    assert next_step_seqs(before, max_model_len=6) == [going]  # at_context holds 6
+    assert next_step_seqs(before, max_model_len=5) == []
+
+
+def generate(core, prompts, samplings, num_steps: int, rounds: int, overlap: bool) -> dict:
+    """Every prompt admitted, then `rounds` plans of `num_steps` decode steps each through
+    a step pipeline; each request's tokens."""
+    pages = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
+    news = [
+        NewSequence(f"r{i}", p, len(p), 0, len(p), pages[i], s)
+        for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))
+    ]
+
+    async def run() -> dict:
+        pipeline = StepPipeline("test", overlap_prepare=overlap)
+        pipeline.attach(core)
+        stream = pipeline.open(core, after_execute=lambda plan, result: result)
+        tokens: dict[str, list[int]] = {n.req_id: [] for n in news}
+        futures = stream.submit_steps(StepPlan(next(STEP_IDS), new_seqs=news))
+        for _ in range(rounds):
+            running = [RunningSequence(n.req_id, 1) for n in news]
+            futures += stream.submit_steps(
+                StepPlan(next(STEP_IDS), running_seqs=running, num_steps=num_steps)
+            )
+        for future in futures:
+            for out in (await asyncio.wrap_future(future)).outputs:
+                if out.token_id is not None:
+                    tokens[out.req_id].append(out.token_id)
+        await pipeline.close()
+        return tokens
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_plans_of_four_steps_give_the_tokens_of_single_steps_with_mixed_sampling(
+    llama_model: TinyModel, overlap
+):
+    prompts = [random_prompt(n, seed=n) for n in (5, 9, 3, 7)]
+    samplings = [
+        SamplingParams(temperature=0.0, max_tokens=6),  # ends inside the second plan
+        SamplingParams(temperature=0.9, seed=11, max_tokens=30),
+        SamplingParams(temperature=0.0, max_tokens=30, frequency_penalty=0.7),
+        SamplingParams(temperature=0.0, max_tokens=30, min_tokens=9),
+    ]
+    results = []
+    for num_steps, rounds in ((1, 12), (4, 3)):
+        core = make_core(llama_model, num_pages=64, max_num_seqs=8)
+        try:
+            results.append(generate(core, prompts, samplings, num_steps, rounds, overlap))
+        finally:
+            core.shutdown()
+    single, multi = results
+    assert multi == single
+    lengths = [len(t) for t in multi.values()]
+    assert lengths[0] <= 6 and lengths[1:] == [13, 13, 13]  # r0 ends inside a plan
