@@ -38,6 +38,23 @@ def core(llama_model: TinyModel):
     return make_core(llama_model)  # page_size 4, 64 pages
 
 
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_copies_on_cuda_give_the_tokens_of_recomputing(llama_model: TinyModel, cuda_graphs: bool):
+    """The copies run on the device stream between a layer's writes and reads; the steps
+    that carry them never replay a graph, the decodes after them do."""
+    cuda = make_core(llama_model, device="cuda", cuda_graphs=cuda_graphs)
+    context, more = random_prompt(10, seed=66), random_prompt(3, seed=67)
+    cuda.step(StepPlan(1, new_seqs=[new_seq("ctx", context, [30, 31, 32], 0, None)]))
+    cuda.step(StepPlan(2, finished_req_ids=["ctx"]))
+    tokens, tops = run(cuda, 3, new_seq("c", context + more, [30, 31, 33, 34], 10, PageCopy(32, 33, 2)))
+    expected, expected_tops = run(cuda, 10, new_seq("f", context + more, [40, 41, 42, 43], 0, None))
+    assert tokens == expected
+    for got, want in zip(tops, expected_tops, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=0)
+
+
 def test_copied_tokens_give_the_logits_of_recomputing_them(core, llama_model: TinyModel) -> None:
     context, more = random_prompt(10, seed=60), random_prompt(5, seed=61)
     # the context computed on pages 30, 31 and 32 (slots 0 and 1 of 32: its partial page)
@@ -82,17 +99,26 @@ def test_a_copy_from_a_page_written_in_the_same_step_reads_it_written(
         torch.testing.assert_close(top, reference, atol=1e-4, rtol=0)
 
 
-def test_copies_of_one_step_are_batched_over_every_layer() -> None:
-    caches = [torch.arange(6 * 4 * 2 * 3, dtype=torch.float32).view(6, 4, 2, 3) for _ in range(3)]
-    caches.append(torch.arange(6 * 4 * 2 * 3, dtype=torch.bfloat16).view(6, 4, 2, 3))
+CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_copies_of_one_step_are_batched_over_every_layer(device: str) -> None:
+    def cache(dtype: torch.dtype) -> torch.Tensor:
+        return torch.arange(6 * 4 * 2 * 3, device=device).view(6, 4, 2, 3).to(dtype)
+
+    caches = [cache(torch.float32) for _ in range(3)] + [cache(torch.bfloat16)]
+    if device == "cuda":  # an FP8 KV tensor is copied as its bytes
+        caches.append(cache(torch.float8_e4m3fn))
     before = [c.clone() for c in caches]
-    copies = plan_copies([PageCopy(1, 4, 3), PageCopy(2, 5, 1)], 4, pin=False)
+    copies = plan_copies([PageCopy(1, 4, 3), PageCopy(2, 5, 1)], 4, pin=device == "cuda")
     assert copies is not None
     copy_slots(caches, copies)
-    for cache, old in zip(caches, before, strict=True):
-        assert torch.equal(cache[4, :3], old[1, :3]) and torch.equal(cache[4, 3], old[4, 3])
-        assert torch.equal(cache[5, :1], old[2, :1]) and torch.equal(cache[5, 1:], old[5, 1:])
-        assert torch.equal(cache[:4], old[:4])
+    for got, old in zip((c.view(torch.uint8) for c in caches), before, strict=True):
+        old = old.view(torch.uint8)
+        assert torch.equal(got[4, :3], old[1, :3]) and torch.equal(got[4, 3], old[4, 3])
+        assert torch.equal(got[5, :1], old[2, :1]) and torch.equal(got[5, 1:], old[5, 1:])
+        assert torch.equal(got[:4], old[:4])
     assert plan_copies([], 4, pin=False) is None
 
 
