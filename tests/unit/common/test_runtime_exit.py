@@ -46,24 +46,30 @@ async def stop_and_time(left: str) -> tuple[float, int, list[dict]]:
     return stopped_after, proc.returncode, lines
 
 
-@pytest.mark.parametrize(
-    ("left", "holder"),
-    [("to_thread", "asyncio_0"), ("pool", "stuck-pool_0"), ("thread", "stuck-thread")],
-)
-async def test_a_process_left_with_a_blocked_thread_exits_within_its_grace(left, holder):
-    stopped_after, code, lines = await stop_and_time(left)
+async def test_a_blocked_to_thread_call_holds_the_runner_only_until_the_exit_deadline():
+    stopped_after, code, lines = await stop_and_time("to_thread")
     assert stopped_after < GRACE_SECONDS
     assert code == 0
-    events = [line["event"] for line in lines]
-    assert events[-2:] == ["shutdown_finished", "exit_forced"]
+    assert [line["event"] for line in lines][-2:] == ["shutdown_finished", "exit_forced"]
     forced = lines[-1]
     assert forced["after_seconds"] == EXIT_SECONDS
-    assert any(thread.startswith(f"{holder} (") for thread in forced["threads"]), forced
-    assert any("in wait" in thread for thread in forced["threads"])  # where it is blocked
+    assert any(frame.startswith("runners.py") and frame.endswith(" in close")
+               for frame in forced["main_thread"]), forced  # fmt: skip
+    assert any(thread.startswith("asyncio_0 (") and " in wait" in thread
+               for thread in forced["threads"]), forced  # fmt: skip
 
 
-async def test_a_process_with_nothing_left_exits_at_once_without_forcing():
+@pytest.mark.parametrize(("left", "holder"), [("pool", "stuck-pool_0"), ("thread", "stuck-thread")])
+async def test_threads_left_running_are_named_and_not_waited_for(left, holder):
+    stopped_after, code, lines = await stop_and_time(left)
+    assert stopped_after < EXIT_SECONDS  # no join, no deadline needed
+    assert code == 0
+    assert [line["event"] for line in lines][-2:] == ["shutdown_finished", "threads_left"]
+    assert any(thread.startswith(f"{holder} (") for thread in lines[-1]["threads"]), lines[-1]
+
+
+async def test_a_process_with_nothing_left_exits_at_once():
     stopped_after, code, lines = await stop_and_time("nothing")
     assert code == 0
-    assert stopped_after < EXIT_SECONDS  # nothing waited for the deadline
+    assert stopped_after < EXIT_SECONDS
     assert [line["event"] for line in lines][-1] == "shutdown_finished"
