@@ -19,7 +19,7 @@ subtracts its timed forward (synchronised on CUDA). Reported per batch size,
 median over --rounds rounds, per decode step and less the forward: the wall
 time, the process's CPU time, and the step thread's CPU time (on CPU every
 prepare and execute runs there; the least disturbed by other processes on a
-shared machine).
+shared machine; its best round is reported too).
 
 --profile FILE: cProfile of the step thread over one more round per batch size,
 saved to FILE.b<B> and summarised as self time per step by where it runs.
@@ -180,8 +180,8 @@ async def measure(args: argparse.Namespace, model: str, batch_size: int) -> dict
     await serve_round(servicer, messages[:3], forward, k)  # warm-up
     rounds = [await serve_round(servicer, messages, forward, k) for _ in range(args.rounds)]
 
-    def per_step(name: str) -> float:
-        return round(statistics.median(getattr(r, name) / r.steps * 1e6 for r in rounds), 1)
+    def per_step(name: str, pick: Any = statistics.median) -> float:
+        return round(pick(getattr(r, name) / r.steps * 1e6 for r in rounds), 1)
 
     row: dict[str, Any] = {
         "batch_size": batch_size,
@@ -189,6 +189,7 @@ async def measure(args: argparse.Namespace, model: str, batch_size: int) -> dict
         "host_us_per_step": per_step("wall"),
         "host_cpu_us_per_step": per_step("cpu"),
         "step_thread_cpu_us_per_step": per_step("step_thread_cpu"),
+        "best_step_thread_cpu_us_per_step": per_step("step_thread_cpu", min),
     }
     if args.profile:
         profile = cProfile.Profile()
@@ -237,7 +238,8 @@ def main() -> None:
             f"batch {row['batch_size']:3d}, k {row['steps_per_plan']}: host "
             f"{row['host_us_per_step']:.0f} us/step, process cpu "
             f"{row['host_cpu_us_per_step']:.0f} us/step, step thread cpu "
-            f"{row['step_thread_cpu_us_per_step']:.0f} us/step"
+            f"{row['step_thread_cpu_us_per_step']:.0f} us/step "
+            f"(best round {row['best_step_thread_cpu_us_per_step']:.0f})"
         )
         for name, us in row.get("profile_us_per_step", []):
             print(f"    {us:8.1f} us  {name}")

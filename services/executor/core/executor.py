@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -444,7 +445,13 @@ class ExecutorCore:
                     batch.sample_rows, logits, live, masks,
                 )  # fmt: skip
             with self._lock:
-                for seq, row in zip(prepared.seqs, prepared.sampler_rows, strict=True):
+                fast = prepared.samplers is prepared.seqs and not (masks.refused or verified or scored)
+                if fast:  # every row decodes (a multi-step plan's later step)
+                    self._finish_decodes(prepared.seqs, sampled, outputs)
+                pairs: Iterable[tuple[SequenceState, int]] = (
+                    () if fast else zip(prepared.seqs, prepared.sampler_rows, strict=True)
+                )
+                for seq, row in pairs:
                     if seq.finished:
                         continue  # ended by an earlier step; the scheduler did not know yet
                     if row in masks.refused:
@@ -548,6 +555,18 @@ class ExecutorCore:
         log.error("grammar_refused_sampled_token", req_id=seq.req_id, token_id=seq.token_ids[-1])
         self._end(seq)
         return SequenceOutput(seq.req_id, None, finish_reason="abort")
+
+    def _finish_decodes(
+        self,
+        seqs: list[SequenceState],
+        sampled: list[tuple[int, TokenLogprobs | None] | None],
+        outputs: list[SequenceOutput],
+    ) -> None:
+        """Each sequence's sampled token where every one sampled (None: ended before)."""
+        finish = self._finish_sample
+        for seq, sample in zip(seqs, sampled, strict=True):
+            if sample is not None:
+                outputs.append(finish(seq, *sample))
 
     def _finish_sample(
         self, seq: SequenceState, token_id: int, logprobs: TokenLogprobs | None

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from services.executor.core.forward_batch import PageTables, build_batch
-from services.executor.core.plan_checks import steps_left
 from services.executor.core.prompt_scoring import plan_scoring
 from services.executor.core.sequence import SequenceState
 from services.executor.core.spec.step import drafted_lengths, start_verifying
@@ -33,11 +32,15 @@ if TYPE_CHECKING:
 
 def next_step_seqs(before: list[SequenceState], max_model_len: int) -> list[SequenceState]:
     """The decodes of a multi-step plan's next step, from those of the step before."""
-    return [
-        s
-        for s in before
-        if not s.finished and not s.stopped and steps_left(s, max_model_len) > 0
-    ]
+    going = []
+    for seq in before:  # plan_checks.steps_left(seq) > 0, inline: once per row and step
+        known = seq.num_known_tokens
+        max_tokens = seq.sampling.max_tokens
+        if seq.finished or seq.stopped or known >= max_model_len:
+            continue
+        if max_tokens is None or known - seq.num_prompt_tokens < max_tokens:
+            going.append(seq)
+    return going
 
 
 def prepare_decodes(
