@@ -27,6 +27,7 @@ from gateway.core.limits import OFF_LOOP_BODY_BYTES, OFF_LOOP_CHARS, input_chars
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
 from gateway.core.openai import parse_chat_request, parse_completion_request, parse_json_body
+from gateway.core.output import ChoiceDelta
 from gateway.core.prepare import PreparedRequest, prepare_request
 from gateway.core.request import GatewayRequest
 from gateway.core.structured import schema_fields
@@ -179,6 +180,11 @@ class OpenAIHttpServer:
         return web.json_response(reply.whole(merged), headers={"x-request-id": response_id})
 
 
+_MARKER = "\x00text\x00"
+_MARKER_JSON = json.dumps(_MARKER, ensure_ascii=False).encode()
+_NO_TEMPLATE: Any = object()
+
+
 class _Reply:
     """Builds one request's response, whole or streamed."""
 
@@ -198,6 +204,8 @@ class _Reply:
         self.echo_text = ""
         if request.echo:
             self.echo_text = request.input.prompt or tokenizer.decode(prepared.prompt_token_ids)
+        self._templates: dict[int, tuple[bytes, bytes] | None] = {}
+        """Per choice: its plain text chunk's SSE bytes around the text (see chunk_sse)."""
         self.echo_first: resp.TokenLogprob | None = None
         """With echo and logprobs: the prompt's first token (its logprob is null)."""
         if request.echo and prepared.sampling.logprobs:
@@ -249,7 +257,7 @@ class _Reply:
                 if self.echo_first is not None and event.delta.index not in echoed:
                     echoed.add(event.delta.index)  # the echo, with the prompt's logprobs
                     await response.write(resp.sse(self._echo_chunk(event)))
-                await response.write(resp.sse(self._chunk(event, offsets)))
+                await response.write(self.chunk_sse(event, offsets))
                 if event.usage is not None:
                     finals.append(event)
             if self.request.include_usage:
@@ -265,6 +273,30 @@ class _Reply:
         await response.write(resp.SSE_DONE)
         await response.write_eof()
         return response
+
+    def chunk_sse(self, event: ChoiceEvent, offsets: list[int]) -> bytes:
+        """The event's chunk as a server-sent event. A plain text delta (no finish,
+        logprobs or schema outcome: most of a stream) fills the choice's chunk template,
+        written once per choice, with the JSON string of its text: the same bytes."""
+        d = event.delta
+        if d.finish_reason is None and d.logprobs is None and event.schema is None:
+            template = self._templates.get(d.index, _NO_TEMPLATE)
+            if template is _NO_TEMPLATE:
+                template = self._templates[d.index] = self._template(d.index)
+            if template is not None:
+                text = json.dumps(d.text, ensure_ascii=False).encode()
+                return template[0] + text + template[1]
+        return resp.sse(self._chunk(event, offsets))
+
+    def _template(self, index: int) -> tuple[bytes, bytes] | None:
+        """The SSE bytes of choice index's plain chunk before and after its text's JSON
+        string (None where the marker text is not found exactly once)."""
+        event = ChoiceEvent(ChoiceDelta(index, text=_MARKER))
+        data = resp.sse(self._plain_chunk(event, [0] * (index + 1)))
+        head, found, tail = data.partition(_MARKER_JSON)
+        if not found or _MARKER_JSON in tail:
+            return None
+        return head, tail
 
     def _logprobs(self, event: ChoiceEvent) -> list[resp.PositionLogprobs] | None:
         """The choice's logprobs; with echo, the prompt's lead (after `echo_first`)."""

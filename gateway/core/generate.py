@@ -61,6 +61,12 @@ async def generate(
 ) -> AsyncGenerator[ChoiceEvent, None]:
     """Submit all choices of a prepared request; yield their events as they arrive."""
     choices = split_choices(prepared)
+    if len(choices) == 1:  # one choice: its events as it makes them, no task or queue between
+        events = _choice_events(0, choices[0], tokenizer, upstream)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
+        return
     queue: asyncio.Queue[ChoiceEvent | BaseException | None] = asyncio.Queue()
     tasks = [
         asyncio.create_task(
@@ -91,6 +97,24 @@ async def _run_choice(
     upstream: Upstream,
     queue: asyncio.Queue[ChoiceEvent | BaseException | None],
 ) -> None:
+    """One of several choices: its events, then its error if any, then None, onto queue."""
+    events = _choice_events(index, choice, tokenizer, upstream)
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                await queue.put(event)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # handed to the consumer, which raises it
+        await queue.put(exc)
+    await queue.put(None)
+
+
+async def _choice_events(
+    index: int, choice: PreparedRequest, tokenizer: Tokenizer, upstream: Upstream
+) -> AsyncGenerator[ChoiceEvent, None]:
+    """One choice's events until its finish; an error raises; leaving early (or a stop
+    string) aborts it upstream."""
     stream = ChoiceStream(
         index,
         tokenizer,
@@ -143,17 +167,13 @@ async def _run_choice(
                 else None
             )
             outcome = observe(watch, delta.text, delta.finish_reason)
-            await queue.put(ChoiceEvent(delta, usage, outcome))
+            yield ChoiceEvent(delta, usage, outcome)
             if stream.finished:
                 break
         if not stream.finished:  # the upstream ended without a finish: report it as aborted
             delta = stream.on_update([], finish_reason="abort")
             usage = stream.usage(num_prompt_tokens, num_cached_tokens)
-            await queue.put(ChoiceEvent(delta, usage, observe(watch, delta.text, "abort")))
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:  # handed to the consumer, which raises it
-        await queue.put(exc)
+            yield ChoiceEvent(delta, usage, observe(watch, delta.text, "abort"))
     finally:
         aclose = getattr(updates, "aclose", None)
         if aclose is not None:
@@ -162,7 +182,6 @@ async def _run_choice(
         if not finished_upstream:
             with contextlib.suppress(Exception):
                 await asyncio.shield(upstream.abort(choice.req_id))
-    await queue.put(None)
 
 
 async def collect(events: AsyncIterator[ChoiceEvent], n: int) -> list[ChoiceEvent]:

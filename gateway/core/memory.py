@@ -20,6 +20,7 @@ session at once: the last to finish wins.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
@@ -148,6 +149,11 @@ class GatewayMemory:
                 return
         finals: list[ChoiceEvent] = []
         events = generate(prepared, tokenizer, upstream)
+        if key is None and not session_id:  # nothing to store: the events as they come
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event
+            return
         try:
             merged: dict[int, ChoiceDelta] = {}
             async for event in events:

@@ -17,6 +17,7 @@ opens a new stream.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
@@ -30,6 +31,32 @@ from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import tracing
 
 
+class _Inbox:
+    """One request's updates, in order: an asyncio.Queue's put_nowait and get for one
+    reader, without its bookkeeping (a step's response wakes every running request)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[RequestUpdate] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, update: RequestUpdate) -> None:
+        self._items.append(update)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> RequestUpdate:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
 class _Stream:
     """One open Stream call: an outbox feeding the request iterator, a reader task."""
 
@@ -37,7 +64,7 @@ class _Stream:
         self, stub: scheduler_pb2_grpc.SchedulerStub, on_lost: Callable[[_Stream], None]
     ) -> None:
         self.outbox: asyncio.Queue[scheduler_pb2.StreamRequest | None] = asyncio.Queue()
-        self.queues: dict[str, asyncio.Queue[RequestUpdate]] = {}
+        self.queues: dict[str, _Inbox] = {}
         self.call = stub.Stream(self._requests())
         self.reader = asyncio.create_task(self._read(on_lost), name="scheduler-stream-reader")
 
@@ -126,8 +153,7 @@ class SchedulerClient:
         )
         if constraint is not None:
             submit.constraint.CopyFrom(wire.constraint_to_proto(constraint))
-        queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
-        stream.queues[req_id] = queue
+        queue = stream.queues[req_id] = _Inbox()
         stream.outbox.put_nowait(scheduler_pb2.StreamRequest(submit=submit))
         finished = False
         try:
