@@ -57,11 +57,15 @@ def event_to_responses(request_id: str, event: ChoiceEvent) -> list[inference_pb
     responses = []
     prompt_logprobs = delta.prompt_logprobs or ()
     if delta.text or delta.token_ids:
-        chunk = inference_pb2.Chunk(index=delta.index, text=delta.text, token_ids=delta.token_ids)
+        response = inference_pb2.GenerateResponse(request_id=request_id)
+        chunk = response.chunk  # filled in place: no copy of a separate Chunk
+        chunk.index = delta.index
+        chunk.text = delta.text
+        chunk.token_ids.extend(delta.token_ids)
         _add_positions(chunk.logprobs, delta.logprobs or ())
         _add_positions(chunk.prompt_logprobs, prompt_logprobs)
         prompt_logprobs = ()
-        responses.append(inference_pb2.GenerateResponse(request_id=request_id, chunk=chunk))
+        responses.append(response)
     if delta.finish_reason is not None:
         usage = event.usage
         complete = inference_pb2.Complete(
