@@ -175,6 +175,46 @@ def build_batch(
     )
 
 
+def build_decode_batch(
+    rows: np.ndarray,
+    starts: np.ndarray,
+    page_tables: PageTables,
+    page_size: int,
+    device: torch.device,
+) -> ForwardBatch:
+    """`build_batch` of a step in which each of the B sequences (B >= 1) decodes the token
+    held on the device at its row, and samples: the same batch, from fewer array ops."""
+    num_seqs = len(rows)
+    seq_lens = starts + 1
+    pages_needed = (seq_lens + page_size - 1) // page_size
+    width = int(pages_needed.max())
+    page_table = page_tables.table[rows, :width]  # a copy: later appends do not reach it
+    if num_seqs > 1 and pages_needed.min() < width:
+        page_table[np.arange(width) >= pages_needed[:, None]] = 0
+    slot_mapping = (
+        page_table[np.arange(num_seqs), starts // page_size].astype(np.int64) * page_size
+        + starts % page_size
+    )
+    arrays = [
+        np.zeros(num_seqs, dtype=np.int64),
+        starts,
+        np.arange(num_seqs + 1, dtype=np.int32),
+        seq_lens.astype(np.int32),
+        page_table,
+        slot_mapping,
+        np.arange(num_seqs, dtype=np.int64),  # every sequence's one row samples
+        rows,
+        np.arange(num_seqs, dtype=np.int64),  # every token is on the device
+        rows,
+    ]
+    t = upload(arrays, device)
+    return ForwardBatch(
+        input_ids=t[0], positions=t[1], cu_seqlens_q=t[2], seq_lens=t[3], page_table=t[4],
+        slot_mapping=t[5], logits_indices=t[6], is_decode=True, max_q_len=1, sample_rows=t[7],
+        token_dst=t[8], token_src=t[9],
+    )  # fmt: skip
+
+
 def upload(
     arrays: list[np.ndarray], device: torch.device, packed: bool | None = None
 ) -> list[torch.Tensor]:

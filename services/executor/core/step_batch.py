@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from services.executor.core.forward_batch import PageTables, build_batch
+from services.executor.core.forward_batch import PageTables, build_batch, build_decode_batch
 from services.executor.core.prompt_scoring import plan_scoring
 from services.executor.core.sequence import SequenceState
 from services.executor.core.spec.step import drafted_lengths, start_verifying
@@ -56,11 +56,7 @@ def prepare_decodes(
     n = len(seqs)
     rows = np.fromiter((s.row for s in seqs), dtype=np.int64, count=n)
     starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
-    every = np.ones(n, dtype=bool)
-    prepared.batch = build_batch(
-        rows, starts, np.ones(n, dtype=np.int64), every, every, np.zeros(n, dtype=np.int64),
-        page_tables, page_size, device,
-    )  # fmt: skip
+    prepared.batch = build_decode_batch(rows, starts, page_tables, page_size, device)
     prepared.seqs = prepared.samplers = seqs
     prepared.sampler_rows = list(range(n))
     output_lens = prepared.output_lens = [s.num_known_tokens - s.num_prompt_tokens for s in seqs]

@@ -6,11 +6,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan
+from services.executor.core.forward_batch import (
+    ForwardBatch,
+    PageTables,
+    build_batch,
+    build_decode_batch,
+)
 from services.executor.core.pipeline import StepPipeline
 from services.executor.core.sampling import Sampler
 from services.executor.core.sequence import SequenceState
@@ -64,6 +71,28 @@ def test_inputs_that_read_lengths_or_histories_are_built_every_step(sampling):
         assert not torch.equal(first.keys, second.keys)
     if sampling.min_tokens:
         assert first.suppress_rows is not None
+
+
+@pytest.mark.parametrize("num_seqs", [1, 2, 7, 64])
+def test_a_decode_batch_is_the_general_batch_of_one_device_token_per_sequence(num_seqs):
+    rng = np.random.default_rng(num_seqs)
+    tables = PageTables(80, 12)
+    for row in range(80):
+        tables.write(row, 0, rng.integers(0, 500, 12).tolist())
+    rows = rng.permutation(80)[:num_seqs].astype(np.int64)
+    starts = rng.integers(0, 12 * 16 - 1, num_seqs).astype(np.int64)  # widths differ
+    every = np.ones(num_seqs, dtype=bool)
+    general = build_batch(
+        rows, starts, np.ones(num_seqs, dtype=np.int64), every, every,
+        np.zeros(num_seqs, dtype=np.int64), tables, 16, torch.device("cpu"),
+    )  # fmt: skip
+    decode = build_decode_batch(rows, starts, tables, 16, torch.device("cpu"))
+    for name in ForwardBatch.__slots__:
+        a, b = getattr(general, name), getattr(decode, name)
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        else:
+            assert a == b, name
 
 
 def test_the_next_step_runs_the_sequences_still_going():
