@@ -308,6 +308,7 @@ async def gateway_run(batch: int, output_len: int, api: str) -> dict[str, float]
         "mean_us_per_token": (end - gate.start_cpu) / (batch * output_len) * 1e6,
         "us_per_request": (gate.start_cpu - t0) / batch * 1e6,
         "bytes": num_bytes[0],
+        "steps": len(gate.marks),
     }
 
 
