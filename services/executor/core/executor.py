@@ -229,6 +229,8 @@ class ExecutorCore:
         self._num_prepared = 0
         self._num_executed = 0
         self._seqs: dict[str, SequenceState] = {}
+        self._drafting: tuple[StepPlan, DraftChoice] | None = None
+        """The plan `drafting` was asked about last and its answer, for its prepare."""
         self._decodes: tuple[int, list[SequenceState]] | None = None
         """The plan prepared last and the sequences its step ran (a multi-step plan's next
         step runs those still going: step_batch.py)."""
@@ -282,12 +284,15 @@ class ExecutorCore:
         Call it once per step (it counts jump-forward's switch decision), on the prepare
         thread: a step that may draft is prepared only once the step before executed."""
         if substep or (self._proposer is None and self._forced is None):
-            return NO_DRAFTS
-        with self._lock:
-            return choose_drafting(
-                self._proposer is not None, self._forced is not None, plan, self._seqs,
-                self._draft_limits, self.spec_switch, self.forced_switch,
-            )  # fmt: skip
+            choice = NO_DRAFTS
+        else:
+            with self._lock:
+                choice = choose_drafting(
+                    self._proposer is not None, self._forced is not None, plan, self._seqs,
+                    self._draft_limits, self.spec_switch, self.forced_switch,
+                )  # fmt: skip
+        self._drafting = (plan, choice)
+        return choice
 
     def prepare_next(self, plan: StepPlan, substep: int) -> PreparedStep:
         """Step `substep` (>= 1) of a multi-step plan (`plan.num_steps`), prepared after
@@ -300,7 +305,8 @@ class ExecutorCore:
     def prepare(self, plan: StepPlan, drafting: DraftChoice | None = None) -> PreparedStep:
         """Everything of a step that does not need the results of steps not yet executed
         (the plan's first step; `prepare_next` the later ones of a multi-step plan).
-        `drafting`: what the step may draft (`drafting()`; None: decided here).
+        `drafting`: what the step may draft; None: what `drafting(plan)` answered last for
+        this plan object, else decided here.
 
         Contract:
         - Prepared steps are executed in the order prepared, each once. Step N + 1
@@ -319,6 +325,9 @@ class ExecutorCore:
           is still missing a token from an unexecuted step; the grammar bitmask is
           always built at execute time (it follows the tokens sampled before).
         """
+        if drafting is None and self._drafting is not None and self._drafting[0] is plan:
+            drafting = self._drafting[1]
+        self._drafting = None
         return self._prepare(plan, 0, drafting)
 
     @torch.inference_mode()

@@ -123,8 +123,9 @@ class PlanRun(Generic[R]):
         """On the prepare thread: step N + 1 is prepared once step N - 1 (`older`) has
         executed, or step N (`last`) when the core says this step may draft
         (`ExecutorCore.drafting`, asked first) or the step before may have (a draft is
-        proposed from the token sampled last, and a verified one moves the position). A
-        step prepared without waiting for `last` is told to draft nothing."""
+        proposed from the token sampled last, and a verified one moves the position). The
+        core's prepare follows the answer it gave for the plan, so a step prepared without
+        waiting for `last` drafts nothing."""
         if self.closed or self.prepare_failed or self.execute_failed:
             return None
         try:
@@ -144,7 +145,7 @@ class PlanRun(Generic[R]):
         try:
             if substep:
                 return self._core.prepare_next(plan, substep)
-            return self._core.prepare(plan, drafting)  # NO_DRAFTS unless it waited for `last`
+            return self._core.prepare(plan)  # with `drafting`: NO_DRAFTS unless it waited
         except BaseException:
             self.prepare_failed = True
             raise

@@ -79,6 +79,8 @@ class LeaderCore:
         self._group = group
         self._send_lock = threading.Lock()  # the prepare and execute threads both send
         self._stopped = False
+        self._choice: tuple[StepPlan, Any] | None = None
+        """The plan `drafting` was asked about last and the wrapped core's answer."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._core, name)
@@ -89,7 +91,15 @@ class LeaderCore:
                 raise InvalidArgument("the tensor-parallel group was stopped")
             _broadcast(message, self._group)
 
+    def drafting(self, plan: StepPlan, substep: int = 0) -> Any:
+        choice = self._core.drafting(plan, substep)
+        self._choice = (plan, choice)
+        return choice
+
     def prepare(self, plan: StepPlan, drafting: Any = None) -> Any:
+        if drafting is None and self._choice is not None and self._choice[0] is plan:
+            drafting = self._choice[1]
+        self._choice = None
         self._send((_PREPARE, (plan, drafting)))  # the leader's drafting choice on every rank
         return self._core.prepare(plan, drafting)
 

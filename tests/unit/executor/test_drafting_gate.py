@@ -154,3 +154,33 @@ async def test_through_the_pipeline_a_declined_step_overlaps_the_step_before(mod
     assert tokens == expected
     assert overlapped == [True, True]
     assert on.spec_stats.snapshot().num_drafts == 0  # no probe within these few steps
+
+
+def first_draft(core: ExecutorCore, declined_at: int | None = None) -> tuple[int, int]:
+    """Decodes until a step drafts (or step `declined_at`, whose plan `drafting` is asked
+    about under a declining switch, then prepared with the switch allowing everything):
+    (that step's id, its draft tokens)."""
+    result = core.step(admit())
+    step_id = 1
+    while result.outputs[0].finish_reason is None:
+        step_id += 1
+        plan = decode(step_id)
+        if step_id == declined_at:
+            core.forced_switch = declining()
+            assert core.drafting(plan) == NO_DRAFTS
+            core.forced_switch = None  # deciding for itself, the step would draft now
+        result = core.execute(core.prepare(plan))
+        if step_id == declined_at or result.outputs[0].num_draft_tokens:
+            return step_id, result.outputs[0].num_draft_tokens
+    raise AssertionError("the sequence ended without a draft")
+
+
+def test_a_prepare_follows_the_answer_drafting_gave_for_its_plan(model_dir, grammar):
+    deciding, following = make_core(model_dir, grammar), make_core(model_dir, grammar)
+    try:
+        step_id, num_drafted = first_draft(deciding)
+        assert first_draft(following, declined_at=step_id) == (step_id, 0)
+    finally:
+        deciding.shutdown()
+        following.shutdown()
+    assert num_drafted > 0

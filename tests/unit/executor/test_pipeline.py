@@ -32,8 +32,6 @@ class RecordingCore:
         self.before_execute: dict[int, Callable[[], None]] = {}
         self.drafts: set[int] = set()
         """Plans whose steps the core says may draft."""
-        self.given: dict[int, DraftChoice | None] = {}
-        """The drafting choice each prepare was given."""
         self.asked: list[int] = []
         """The plans whose drafting was asked, in order."""
 
@@ -46,9 +44,8 @@ class RecordingCore:
         self.asked.append(plan.step_id)
         return MAY_DRAFT if plan.step_id in self.drafts else NO_DRAFTS
 
-    def prepare(self, plan: StepPlan, drafting: DraftChoice | None = None) -> int:
+    def prepare(self, plan: StepPlan) -> int:
         self._record("prepare", plan.step_id)
-        self.given[plan.step_id] = drafting
         return plan.step_id
 
     def execute(self, step_id: int) -> StepResult:
@@ -129,7 +126,6 @@ async def test_a_plan_allowing_drafts_that_the_core_declines_is_prepared_during_
     num_executed_at = {step_id: n for verb, step_id, n, _ in core.calls if verb == "prepare"}
     assert num_executed_at[4] == 3  # may draft: prepared once step 3 executed
     assert num_executed_at[5] == 4  # after a drafting step: once it executed
-    assert core.given == {**dict.fromkeys((1, 2, 3, 5, 6), NO_DRAFTS), 4: MAY_DRAFT}
     assert core.asked == [1, 2, 3, 4, 5, 6]  # once per step
 
 
