@@ -17,6 +17,7 @@ pages back (possibly the sequence itself).
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from radixmesh.errors import ResourceExhausted
 from radixmesh.step import RunningSequence
@@ -38,36 +39,61 @@ def wants_decode(req: Request, max_model_len: int) -> bool:
 
 
 async def schedule_running(
-    ex: ExecutorState, leases: Leases, budget: StepBudget
+    ex: ExecutorState, leases: Leases, budget: StepBudget, *, fast: bool = True
 ) -> list[RunningSequence]:
-    decodes = sorted((r for r in ex.running.values() if not r.prefilling), key=victim_order)
-    prefills = sorted((r for r in ex.running.values() if r.prefilling), key=victim_order)
-    pending = decodes + prefills
+    """This step's share of every running sequence, decodes first (see the module's doc).
+
+    With `fast`, a sequence whose page table already covers its step is planned without
+    the page work (growing the table, making room) that only one crossing a page boundary
+    or out of reserved pages needs; `fast=False` sends every sequence through it. Both
+    build the same plans (the page work is a no-op on such a sequence)."""
+    decodes: list[Request] = []
+    prefills: list[Request] = []
+    for r in ex.running.values():
+        (prefills if r.prefilling else decodes).append(r)
+    decodes.sort(key=victim_order)
+    prefills.sort(key=victim_order)
+    info = ex.info
+    page_size, max_model_len = ex.page_size, info.max_model_len
+    max_draft = info.max_draft_tokens
+    if len(decodes) > info.max_speculative_batch_size:
+        max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
+    # per [no constraint, constraint]: tokens unverified steps may add (slack), and the
+    # draft cap (forced tokens are always accepted: they pay at any batch size)
+    forced = info.max_forced_tokens
+    slacks = (
+        max(info.max_draft_tokens, 0) * ex.num_in_flight,
+        max(info.max_draft_tokens, forced) * ex.num_in_flight,
+    )
+    caps = (max(max_draft, 0), max(max_draft, forced))
+    # no request's decode wish changes while this step is planned (no result is read)
+    decoding = {r.req_id for r in decodes if wants_decode(r, max_model_len)}
     # pages ahead for every decode that needs them, asked for at once (one round trip
     # over gRPC); one that is refused retries below, where preemption makes room
-    page_size, max_model_len = ex.page_size, ex.info.max_model_len
-    max_draft = ex.info.max_draft_tokens
-    if len(decodes) > ex.info.max_speculative_batch_size:
-        max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
-
-    def draft_cap(r: Request) -> int:
-        # forced tokens are always accepted: they pay at any batch size
-        forced = ex.info.max_forced_tokens if r.constraint is not None else 0
-        return max(max_draft, forced)
-
-    def slack(r: Request) -> int:  # tokens unverified steps may add
-        drafted = ex.info.max_forced_tokens if r.constraint is not None else 0
-        return max(ex.info.max_draft_tokens, drafted) * ex.num_in_flight
-
     growing = [
-        r
+        (r, r.num_computed_tokens + 1 + s)
         for r in decodes
-        if wants_decode(r, max_model_len)
-        and r.num_computed_tokens + slack(r) >= len(r.page_table) * page_size
+        if r.req_id in decoding
+        and r.num_computed_tokens + (s := slacks[r.constraint is not None])
+        >= len(r.page_table) * page_size
     ]
-    await asyncio.gather(
-        *(leases.grow(ex, r, r.num_computed_tokens + 1 + slack(r)) for r in growing)
-    )
+    if growing:
+        await asyncio.gather(*(leases.grow(ex, r, n) for r, n in growing))
+    return await _schedule(ex, leases, budget, decodes, prefills, decoding, slacks, caps, fast)
+
+
+async def _schedule(
+    ex: ExecutorState,
+    leases: Leases,
+    budget: StepBudget,
+    decodes: list[Request],
+    prefills: list[Request],
+    decoding: set[str],
+    slacks: tuple[int, int],
+    caps: tuple[int, int],
+    fast: bool,
+) -> list[RunningSequence]:
+    page_size, step_id = ex.page_size, ex.next_step_id
     scheduled: list[RunningSequence] = []
     # a draft takes only what the step's other work leaves: a token for each later decode,
     # the running prefills' chunks, and, with a sequence slot free, the waiting prompts
@@ -75,20 +101,28 @@ async def schedule_running(
     prefill_need = sum(r.num_admitted_tokens - r.num_computed_tokens for r in prefills)
     if len(ex.queue) and budget.num_seqs > len(ex.running):
         prefill_need = budget.num_tokens
+    pending = deque(decodes)
+    pending.extend(prefills)
     while pending and budget.num_tokens > 0 and budget.num_seqs > 0:
-        req = pending.pop(0)
-        decodes_left -= not req.prefilling
-        if req.prefilling:
+        req = pending.popleft()
+        prefilling = req.prefilling
+        if prefilling:
             num_tokens = min(req.num_admitted_tokens - req.num_computed_tokens, budget.num_tokens)
-        elif wants_decode(req, ex.info.max_model_len):
-            num_tokens = 1
+            needed, cap = num_tokens, 0
         else:
-            continue
-        needed = num_tokens + (0 if req.prefilling else slack(req))
-        if not await _make_room(ex, leases, budget, req, pending, needed):
+            decodes_left -= 1
+            if req.req_id not in decoding:
+                continue
+            constrained = req.constraint is not None
+            num_tokens, cap = 1, caps[constrained]
+            needed = 1 + slacks[constrained]
+        covered = req.num_computed_tokens + needed <= len(req.page_table) * page_size
+        if not (fast and covered) and not await _make_room(
+            ex, leases, budget, req, pending, needed
+        ):
             continue
         num_draft = 0
-        if not req.prefilling and (cap := draft_cap(req)):
+        if cap:
             left = budget.num_tokens - num_tokens - decodes_left - prefill_need
             num_draft = max(0, min(cap, left))
             if num_draft > 0 and not await leases.grow(
@@ -98,7 +132,7 @@ async def schedule_running(
         appended = req.page_table[len(req.page_table) - req.num_unsent_pages :]
         req.num_unsent_pages = 0
         if req.trace is not None:
-            req.trace.on_scheduled(num_tokens, req.prefilling, ex.next_step_id)
+            req.trace.on_scheduled(num_tokens, prefilling, step_id)
         scheduled.append(RunningSequence(req.req_id, num_tokens, appended, num_draft))
         req.num_computed_tokens += num_tokens
         budget.take(num_tokens + num_draft)
@@ -110,7 +144,7 @@ async def _make_room(
     leases: Leases,
     budget: StepBudget,
     req: Request,
-    pending: list[Request],
+    pending: deque[Request],
     num_tokens: int,
 ) -> bool:
     """Grow req's pages for this step, preempting others; False when req itself yields."""
