@@ -66,17 +66,17 @@ async def schedule_running(
         max(info.max_draft_tokens, forced) * ex.num_in_flight,
     )
     caps = (max(max_draft, 0), max(max_draft, forced))
-    # no request's decode wish changes while this step is planned (no result is read)
-    decoding = {r.req_id for r in decodes if wants_decode(r, max_model_len)}
+    # no request's decode wish changes while this step is planned (no result is read);
     # pages ahead for every decode that needs them, asked for at once (one round trip
     # over gRPC); one that is refused retries below, where preemption makes room
-    growing = [
-        (r, r.num_computed_tokens + 1 + s)
-        for r in decodes
-        if r.req_id in decoding
-        and r.num_computed_tokens + (s := slacks[r.constraint is not None])
-        >= len(r.page_table) * page_size
-    ]
+    decoding: set[str] = set()
+    growing: list[tuple[Request, int]] = []
+    for r in decodes:
+        if wants_decode(r, max_model_len):
+            decoding.add(r.req_id)
+            end = r.num_computed_tokens + 1 + slacks[r.constraint is not None]
+            if end > len(r.page_table) * page_size:
+                growing.append((r, end))
     if growing:
         await asyncio.gather(*(leases.grow(ex, r, n) for r, n in growing))
     return await _schedule(ex, leases, budget, decodes, prefills, decoding, slacks, caps, fast)
@@ -105,14 +105,14 @@ async def _schedule(
     pending.extend(prefills)
     while pending and budget.num_tokens > 0 and budget.num_seqs > 0:
         req = pending.popleft()
-        prefilling = req.prefilling
+        prefilling = req.req_id not in decoding and req.prefilling
         if prefilling:
             num_tokens = min(req.num_admitted_tokens - req.num_computed_tokens, budget.num_tokens)
             needed, cap = num_tokens, 0
         else:
             decodes_left -= 1
             if req.req_id not in decoding:
-                continue
+                continue  # nothing more to decode
             constrained = req.constraint is not None
             num_tokens, cap = 1, caps[constrained]
             needed = 1 + slacks[constrained]
