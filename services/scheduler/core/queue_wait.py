@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from radixmesh.capacity import ModelCapacity
 from radixmesh.errors import InvalidArgument, ResourceExhausted
+from radixmesh.executor_info import ExecutorInfo
 from radixmesh.retry_after import with_retry_after
 from radixmesh.sampling import Priority
 from services.scheduler.core.executor_state import ExecutorState
@@ -99,6 +100,8 @@ class QueueWaits:
         """Requests finished per second, per executor id."""
         self._last_pages: dict[str, int] = {}
         """Per executor id: the pages the last finished request held at its end."""
+        self._capacities: dict[str, tuple[tuple[object, ...], ExecutorInfo, int]] = {}
+        """Per executor id: `batch_capacity` and the state it was computed in."""
 
     def note_finished(self, executor_id: str, now: float, num_pages: int = 0) -> None:
         """Changes state: a request on `executor_id` finished at `now`, holding num_pages
@@ -170,7 +173,7 @@ class QueueWaits:
         """Read-only: how long a new request of `priority` would wait in ex's queue."""
         counts = ex.queue.count_by_priority()
         queued = sum(n for p, n in counts.items() if p <= priority)
-        capacity = batch_capacity(ex, self._max_num_seqs)
+        capacity = self.batch_capacity(ex)
         num_ahead = num_ahead_past_capacity(queued, len(ex.running), capacity)
         return estimate_wait_s(num_ahead, self.rate(ex, now))
 
@@ -180,8 +183,26 @@ class QueueWaits:
         that lands on it fills the pool, not the slots), else its slots."""
         pages = self._last_pages.get(ex.executor_id)
         if ex.running or not pages:
-            return batch_capacity(ex, self._max_num_seqs)
+            return self.batch_capacity(ex)
         return max(1, min(self._max_num_seqs, ex.info.num_pages // pages))
+
+    def batch_capacity(self, ex: ExecutorState) -> int:
+        """`batch_capacity`, walked once per step: again only when a plan was built or a
+        result read since, or the running set changed (pages change only then; a plan
+        being built over a remote cache may grow them during its awaits, which the next
+        figure counts)."""
+        state = (
+            ex.next_step_id,
+            ex.last_result_step,
+            len(ex.running),
+            next(reversed(ex.running), None),  # an admission appends: the last one changes
+        )
+        cached = self._capacities.get(ex.executor_id)
+        if cached is not None and cached[0] == state and cached[1] is ex.info:
+            return cached[2]
+        capacity = batch_capacity(ex, self._max_num_seqs)
+        self._capacities[ex.executor_id] = (state, ex.info, capacity)
+        return capacity
 
     def _finished_on(self, executor_id: str) -> Throughput:
         throughput = self._throughput.get(executor_id)

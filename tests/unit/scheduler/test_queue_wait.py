@@ -189,3 +189,50 @@ async def test_an_idle_executors_headroom_counts_the_pool_not_the_slots():
     room = capacity.headroom[Priority.INTERACTIVE]
     assert max_num_ahead(4.0, rate) + 1 < room <= 16 + max_num_ahead(4.0, rate) + 1  # not 256
     await rig.scheduler.stop()
+
+
+async def test_the_batch_capacity_kept_per_step_equals_the_walk(monkeypatch):
+    from services.scheduler.core import queue_wait
+
+    walk = queue_wait.batch_capacity
+    num_walks = 0
+
+    def counted(ex, max_num_seqs):
+        nonlocal num_walks
+        num_walks += 1
+        return walk(ex, max_num_seqs)
+
+    monkeypatch.setattr(queue_wait, "batch_capacity", counted)
+    config = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=8)
+    rig = make_rig(config, num_pages=24)  # tight: requests grow, finish, get preempted
+    waits = rig.scheduler._queue_waits
+    (ex,) = rig.scheduler._executors.values()
+    seen, cached = [], 0
+
+    def compare() -> None:
+        nonlocal cached
+        value = waits.batch_capacity(ex)
+        before = num_walks
+        assert waits.batch_capacity(ex) == value == walk(ex, 8)  # the state it was kept in
+        cached += num_walks == before
+        seen.append(value)
+
+    sink = rig.scheduler._sink
+
+    def checking_sink(batch):
+        compare()  # inside the step's result processing: finished ones just left
+        sink(batch)
+
+    rig.scheduler._sink = checking_sink
+    await rig.scheduler.start()
+    req_ids = []
+    for i in range(24):
+        req_ids.append(f"r{i}")
+        await rig.scheduler.submit(f"r{i}", list(range(1, 2 + i % 13)), greedy(4 + (i * 7) % 30))
+        compare()  # between steps: admissions and page growth since the last figure
+        if i % 3 == 2:
+            await rig.sink.next_batch()
+    await rig.sink.wait(*req_ids)
+    await rig.scheduler.stop()
+    assert len(set(seen)) > 2  # the figure moved with the running set and its pages
+    assert cached == len(seen)  # the second ask of each state walked nothing
