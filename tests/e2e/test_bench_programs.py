@@ -56,11 +56,15 @@ def test_server_side_is_one_call_and_client_driven_one_per_statement(report):
         assert 4 <= r["requests_per_program"] <= 5  # the select's 3, then one or two Gens
 
 
-def test_the_server_computes_no_more_prompt_tokens_than_the_client(report):
-    for concurrency in (1, 4):
-        server = sum(r["computed_prompt_tokens_per_program"] for r in rows(report, mode="server", concurrency=concurrency) if r["program"] != "json")
-        client = sum(r["computed_prompt_tokens_per_program"] for r in rows(report, mode="client", concurrency=concurrency) if r["program"] != "json")
-        assert 0 < server <= client
+def test_the_server_computes_its_programs_unique_prompt_tokens_within_the_target(report):
+    """Server-side, every program computes at most 1.05x the unique prompt tokens in it
+    (issue target; a context's partial last page is copied, not recomputed). The
+    client-driven way copies those pages too, so it is no longer the bound: in these tiny
+    shapes it computes a few percent less on select, fork and triage (see RESULTS)."""
+    for r in rows(report, mode="server"):
+        if r["program"] == "json" and not r["unique_tokens_per_program"]:
+            continue
+        assert 0 < r["computed_prompt_tokens_per_program"] <= 1.05 * r["unique_tokens_per_program"], r
     for r in report["rows"]:
         if r["program"] == "json" and not r["unique_tokens_per_program"]:
             continue  # no client-driven JSON program finished to count them on
