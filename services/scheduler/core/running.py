@@ -71,8 +71,13 @@ async def schedule_running(
     # over gRPC); one that is refused retries below, where preemption makes room
     decoding: set[str] = set()
     growing: list[tuple[Request, int]] = []
-    for r in decodes:
-        if wants_decode(r, max_model_len):
+    for r in decodes:  # wants_decode, inline (the hottest loop of a decode step)
+        expected, max_tokens = r.num_computed_tokens + 1, r.sampling.max_tokens
+        if (
+            r.on_executor
+            and expected < max_model_len
+            and (max_tokens is None or expected - len(r.prompt_token_ids) < max_tokens)
+        ):
             decoding.add(r.req_id)
             end = r.num_computed_tokens + 1 + slacks[r.constraint is not None]
             if end > len(r.page_table) * page_size:

@@ -8,7 +8,7 @@ import random
 import pytest
 from sched_fakes import greedy, make_rig, reference
 
-from radixmesh.sampling import Priority
+from radixmesh.sampling import Priority, SamplingParams
 from services.scheduler.core import SchedulerConfig, running
 from services.scheduler.core import scheduler as scheduler_module
 
@@ -81,3 +81,34 @@ async def test_the_fast_path_builds_the_general_paths_plans(case, monkeypatch):
     assert general_calls >= num_running
     assert fast_calls < general_calls / 2
 
+
+
+async def test_the_step_decodes_exactly_what_wants_decode_names():
+    from sched_fakes import ToyExecutor, ToyExecutorPort
+
+    from services.scheduler.core.budget import StepBudget
+    from services.scheduler.core.executor_state import ExecutorState
+    from services.scheduler.core.request import Request
+
+    toy = ToyExecutor(num_pages=1024, page_size=4, max_model_len=40)
+    ex = ExecutorState.create(ToyExecutorPort("e", toy), SchedulerConfig(max_num_seqs=64))
+    rng = random.Random(5)
+    for i in range(48):
+        prompt = list(range(1, rng.randint(2, 12)))
+        max_tokens = rng.choice([None, 1, 3, 8, 40])
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        req = Request(f"r{i}", prompt, sampling, float(i))
+        # decoding (not prefilling): every prompt token computed, some outputs sampled
+        req.output_token_ids = [7] * rng.randint(0, 30)
+        req.num_admitted_tokens = len(prompt)
+        req.num_computed_tokens = len(prompt) + max(0, len(req.output_token_ids) - 1)
+        req.on_executor = rng.random() < 0.8
+        req.page_table = list(range(i * 16, i * 16 + 12))  # covers 48 > max_model_len
+        ex.running[req.req_id] = req
+    expected = [r.req_id for r in ex.running.values() if running.wants_decode(r, 40)]
+    assert 5 < len(expected) < 40  # both kinds present
+    budget = StepBudget(num_tokens=1024, num_seqs=64)
+    leases = None  # every page table covers its step: no page work asked for
+    seqs = await running.schedule_running(ex, leases, budget)  # type: ignore[arg-type]
+    assert sorted(s.req_id for s in seqs) == sorted(expected)
+    assert all(s.num_scheduled_tokens == 1 and s.appended_page_ids == [] for s in seqs)
