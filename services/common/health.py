@@ -73,12 +73,15 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
 
     async def Watch(self, request: health_pb2.HealthCheckRequest, context) -> None:
         self._num_watchers += 1
-        try:
-            await self._follow(request.service, context)
-        finally:
-            self._num_watchers -= 1
-            if self._shutting_down and self._num_watchers == 0:
-                self._watchers_ended.set()
+        # Counted out once the call is done, its OK status sent, not when this returns:
+        # calls cancelled between the two would end with an error instead.
+        context.add_done_callback(self._watch_done)
+        await self._follow(request.service, context)
+
+    def _watch_done(self, _context) -> None:
+        self._num_watchers -= 1
+        if self._shutting_down and self._num_watchers == 0:
+            self._watchers_ended.set()
 
     async def _follow(self, service: str, context) -> None:
         last = None

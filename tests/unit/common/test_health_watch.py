@@ -28,6 +28,9 @@ class HeldWriteContext:
             self._wrote.notify_all()
         await self.release.wait()
 
+    def add_done_callback(self, callback) -> None:
+        pass  # the call's end is not simulated here (test_runtime_shutdown.py has it)
+
     async def wait_written(self, num_writes: int) -> None:
         async with self._wrote:
             await self._wrote.wait_for(lambda: len(self.written) >= num_writes)
