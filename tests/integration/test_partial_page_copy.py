@@ -5,30 +5,12 @@ continuation computes only its own tokens, with the tokens of a full recompute."
 
 from __future__ import annotations
 
-import random
-
-import grpc
-
 from radixmesh.sampling import SamplingParams
-from radixmesh.v1 import cache_pb2, cache_pb2_grpc
 from services.scheduler.client import SchedulerClient
-from tests.fixtures.tiny_llama import VOCAB
-from tests.integration.test_scheduler_service import EXECUTOR_ID, _greedy, mesh  # noqa: F401
+from tests.integration.test_scheduler_holds import pool_stats, tokens
+from tests.integration.test_scheduler_service import _greedy, mesh  # noqa: F401
 
 GREEDY = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, VOCAB) for _ in range(n)]
-
-
-async def pool_stats(cache_address: str) -> cache_pb2.PoolStats:
-    async with grpc.aio.insecure_channel(cache_address) as channel:
-        response = await cache_pb2_grpc.CacheStub(channel).GetStats(
-            cache_pb2.GetStatsRequest(executor_id=EXECUTOR_ID)
-        )
-    return response.pools[0]
 
 
 async def run(client: SchedulerClient, req_id: str, prompt: list[int]):
