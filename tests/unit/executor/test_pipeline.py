@@ -69,23 +69,29 @@ def answers(futures) -> list[int | None]:
     return [None if (r := f.result(timeout=WAIT_S)) is None else r.step_id for f in futures]
 
 
-async def test_plan_n_plus_1_is_prepared_during_step_n_and_no_further_ahead():
-    core = RecordingCore()
-    pipeline = make_pipeline(core, overlap_prepare=True)
-    prepared = {step_id: threading.Event() for step_id in range(1, 7)}
+def open_overlap_run(core: RecordingCore, pipeline, held_steps):
+    """A run whose steps in held_steps each start only once the next plan is being prepared
+    (with prepares on the step thread they would wait in vain); returns the run and, per
+    held step, whether that prepare came (filled as the steps run)."""
+    prepared = {step_id: threading.Event() for step_id in range(1, 8)}
     overlapped: dict[int, bool] = {}
     run = pipeline.open(
         core,  # type: ignore[arg-type]
         after_execute=lambda plan, result: result,
         before_prepare=lambda plan: prepared[plan.step_id].set(),
     )
-    for step_id in range(1, 6):
-        # Step N starts only once plan N + 1 is being prepared: with prepares on the step
-        # thread this would wait in vain.
+    for step_id in held_steps:
         def hold(step_id: int = step_id) -> None:
             overlapped[step_id] = prepared[step_id + 1].wait(WAIT_S)
 
         core.before_execute[step_id] = hold
+    return run, overlapped
+
+
+async def test_plan_n_plus_1_is_prepared_during_step_n_and_no_further_ahead():
+    core = RecordingCore()
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    run, overlapped = open_overlap_run(core, pipeline, range(1, 6))
     futures = [run.submit(StepPlan(step_id)) for step_id in range(1, 7)]
     assert answers(futures) == [1, 2, 3, 4, 5, 6]
     await pipeline.close()
@@ -107,18 +113,8 @@ async def test_a_plan_allowing_drafts_that_the_core_declines_is_prepared_during_
     core = RecordingCore()  # every plan allows draft tokens; the core drafts only in plan 4
     core.drafts = {4}
     pipeline = make_pipeline(core, overlap_prepare=True)
-    prepared = {step_id: threading.Event() for step_id in range(1, 7)}
-    overlapped: dict[int, bool] = {}
-    run = pipeline.open(
-        core,  # type: ignore[arg-type]
-        after_execute=lambda plan, result: result,
-        before_prepare=lambda plan: prepared[plan.step_id].set(),
-    )
-    for step_id in (1, 2, 5):  # plan 3 (before a drafting plan) and 4 (drafts) aside
-        def hold(step_id: int = step_id) -> None:
-            overlapped[step_id] = prepared[step_id + 1].wait(WAIT_S)
-
-        core.before_execute[step_id] = hold
+    # plan 3 (before a drafting plan) and 4 (drafts) are not held
+    run, overlapped = open_overlap_run(core, pipeline, (1, 2, 5))
     futures = [run.submit(drafted_plan(step_id)) for step_id in range(1, 7)]
     assert answers(futures) == [1, 2, 3, 4, 5, 6]
     await pipeline.close()
