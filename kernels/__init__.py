@@ -48,6 +48,10 @@ class Ops:
     """`rotary` then `kv_store` of the rotated keys in one op (returns the rotated q); None
     when the set has no fused form, or a backend replaced `rotary` or `kv_store` (the model
     then calls those two)."""
+    batch_invariant: bool = False
+    """The set of `kernels.batch_invariant.batch_invariant_ops`: a row's linear and decode
+    attention do not depend on the rest of the batch, and the model runs an extend's
+    attention as decode rows (not an op: backends cannot replace it)."""
 
 
 REFERENCE_OPS = Ops(

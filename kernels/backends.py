@@ -107,7 +107,7 @@ def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.devic
     from kernels.backend_checks import check
 
     device = torch.device(device)
-    fields = {f.name for f in dataclasses.fields(ops)} - {"name"}
+    fields = {f.name for f in dataclasses.fields(ops)} - {"name", "batch_invariant"}
     chosen: dict[str, KernelOverride] = {}
     for override in overrides:
         if override.op not in fields:
