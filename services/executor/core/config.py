@@ -54,6 +54,13 @@ class ExecutorConfig:
     tensor_parallel_size: int = 1
     """Ranks of the tensor-parallel group this executor is (one process and one device
     each; see models/tensor_parallel.py). The group is one executor to the mesh."""
+    batch_invariant: bool = False
+    """A sequence's logits do not depend on the rest of the batch, its size, or whether its
+    positions run as a decode or as a verification extend: one fixed-tile matmul for every
+    row count, decode attention split by each row's own length, every extend's attention
+    run as decode rows (kernels/batch_invariant.py). Greedy outputs are then the same with
+    speculation on or off at any batch size, at some cost in speed. Plain (not FP8) weights
+    and one rank only."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative decoding (drafts from prompt lookup or recent outputs); off by default.
     On, prepares run between steps (no overlap): a draft needs the token sampled last."""
@@ -94,4 +101,14 @@ class ExecutorConfig:
         if not 1 <= self.tensor_parallel_size <= 64:
             raise bad(
                 "tensor_parallel_size", f"must be in [1, 64], got {self.tensor_parallel_size}"
+            )
+        if self.batch_invariant and self.quantization == "fp8":
+            raise InvalidArgument(
+                "executor.batch_invariant cannot be combined with executor.quantization fp8: "
+                "the batch-invariant matmul takes plain weights only"
+            )
+        if self.batch_invariant and self.tensor_parallel_size > 1:
+            raise InvalidArgument(
+                "executor.batch_invariant cannot be combined with executor.tensor_parallel_size "
+                f"{self.tensor_parallel_size}: the ranks' all-reduce is not batch-invariant"
             )

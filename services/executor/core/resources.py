@@ -7,6 +7,7 @@ import torch
 
 from kernels import Ops, get_ops
 from kernels.backends import KernelBackendError, discover, load_spec, with_overrides
+from kernels.batch_invariant import batch_invariant_ops
 from radixmesh.errors import InvalidArgument
 from radixmesh.executor_info import ExecutorInfo
 from services.executor.core.config import ExecutorConfig
@@ -19,14 +20,16 @@ ACTIVATION_SLACK_BYTES = 512 << 20
 
 def resolve_ops(config: ExecutorConfig, device: torch.device) -> Ops:
     """The device's op set with the configured kernel backends in place, each checked
-    against its op's torch reference first. InvalidArgument names a refused op."""
+    against its op's torch reference first, then the batch-invariant mode's linear and
+    decode attention when it is on. InvalidArgument names a refused op."""
     try:
         overrides = [load_spec(spec) for spec in config.kernel_backends]
         if config.kernel_entry_points:
             overrides += discover()
-        return with_overrides(get_ops(device), overrides, device)
+        ops = with_overrides(get_ops(device), overrides, device)
     except KernelBackendError as exc:
         raise InvalidArgument(f"executor.kernel_backends: {exc}") from None
+    return batch_invariant_ops(ops, device) if config.batch_invariant else ops
 
 
 def resolve_device(name: str) -> torch.device:

@@ -90,7 +90,7 @@ def greedy_tokens(core: ExecutorCore, prompt: list[int]) -> list[int]:
 
 
 def test_every_reference_passes_its_own_check_and_every_op_has_one():
-    ops = {f.name for f in dataclasses.fields(REFERENCE_OPS)} - {"name"}
+    ops = {f.name for f in dataclasses.fields(REFERENCE_OPS)} - {"name", "batch_invariant"}
     assert ops <= set(CASES)
     overrides = [KernelOverride(op, getattr(REFERENCE_OPS, op), "reference") for op in ops]
     assert with_overrides(get_ops(CPU), overrides, CPU).name.startswith("torch-reference+")

@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernels import Ops
+from kernels.batch_invariant import decode_rows
 from kernels.rotary import rope_cos_sin_cache
+from radixmesh.errors import InvalidArgument
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.fp8 import Fp8Weight, Weight, empty_fp8, linear, quantize_weight
@@ -149,6 +151,11 @@ class Decoder:
 
     Under tensor parallelism (`tp`, see tensor_parallel.py) `spec` and `weights` are this
     rank's shard; every rank runs the same batches, and the logits are whole on each.
+
+    With a batch-invariant op set (`ops.batch_invariant`, kernels/batch_invariant.py) every
+    query row of an extend (a verified draft, a prefill) attends through the decode
+    attention as the decode of its own position would, so a row's logits do not depend on
+    the batch or on how its positions were grouped into steps.
     """
 
     def __init__(
@@ -177,6 +184,19 @@ class Decoder:
         self._dense_min_q_len: int | None = (
             int(getattr(ops.paged_attention, "min_dense_q_len", 1)) if dense_new_kv else None
         )
+        self.batch_invariant = ops.batch_invariant
+        if self.batch_invariant:
+            self._dense_min_q_len = None  # every extend runs as decode rows
+            if any(
+                not isinstance(getattr(layer, name), torch.Tensor)
+                for layer in weights.layers
+                for name in LayerWeights.PROJECTIONS
+            ):
+                raise InvalidArgument(
+                    "executor.batch_invariant cannot be combined with FP8 weights "
+                    "(executor.quantization fp8, or auto on an FP8 checkpoint): serve the "
+                    "model with executor.quantization none"
+                )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
@@ -218,9 +238,14 @@ class Decoder:
         spec, ops = self.spec, self.ops
         hidden = self._embed(batch.input_ids)
         residual: torch.Tensor | None = None
+        rows = None  # the batch-invariant mode's extend rows as decode rows (page table, lens)
+        if self.batch_invariant and not batch.is_decode:
+            rows = decode_rows(batch.cu_seqlens_q, batch.positions, batch.page_table)
         for i, layer in enumerate(self.weights.layers):
             normed, residual = ops.rmsnorm(hidden, layer.input_norm, spec.rms_norm_eps, residual)
-            attn = self._attention(layer, normed, batch, kv_pool.k_caches[i], kv_pool.v_caches[i])
+            attn = self._attention(
+                layer, normed, batch, kv_pool.k_caches[i], kv_pool.v_caches[i], rows
+            )
             hidden = self._reduce(linear(attn, layer.o_proj, layer.o_bias, ops))
             normed, residual = ops.rmsnorm(hidden, layer.post_norm, spec.rms_norm_eps, residual)
             gate_up = linear(normed, layer.gate_up, None, ops)
@@ -235,6 +260,7 @@ class Decoder:
         batch: ForwardBatch,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         spec, ops = self.spec, self.ops
         num_tokens = x.shape[0]
@@ -262,9 +288,10 @@ class Decoder:
         if batch.slot_copies is not None:  # a partial page's KV, after this step's writes
             copy_layer_slots((k_cache, v_cache), *batch.slot_copies)
         window = spec.sliding_window
-        if batch.is_decode:
+        if batch.is_decode or rows is not None:
+            page_table, seq_lens = rows or (batch.page_table, batch.seq_lens)
             out = ops.paged_decode_attention(
-                q, k_cache, v_cache, batch.page_table, batch.seq_lens, self.scale, window
+                q, k_cache, v_cache, page_table, seq_lens, self.scale, window
             )
         else:
             extra = {name: getattr(batch, name) for name in self._attention_kwargs}

@@ -1,0 +1,142 @@
+"""The batch-invariant mode: a sequence's logits are the same bits alone or in a batch of 8,
+and as a verification extend or as plain decodes; greedy outputs with speculation equal the
+outputs without it, and batch 1's equal batch 8's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixmesh.errors import InvalidArgument
+from services.executor.core.config import ExecutorConfig
+from services.executor.core.executor import ExecutorCore
+from services.executor.core.forward_batch import BatchEntry, build_forward_batch
+from services.executor.core.spec import SpeculativeConfig
+from tests.unit.executor.conftest import TinyModel, greedy, make_core, random_prompt
+from tests.unit.executor.test_speculative import generate, repeating_prompt
+
+PAGES = 16  # pages per sequence in `logits_of`
+PAGE_SIZE = 4
+DRAFT = [11, 12, 13]
+
+
+def invariant_core(model: TinyModel, method: str = "off", **overrides) -> ExecutorCore:
+    fields = {"num_pages": 1024, "max_num_seqs": 64, "batch_invariant": True, **overrides}
+    if method != "off":
+        fields["speculative"] = SpeculativeConfig(method=method, max_batch_size=64)
+    return make_core(model, **fields)
+
+
+def _forward(core: ExecutorCore, entries: list[BatchEntry]) -> torch.Tensor:
+    batch = build_forward_batch(entries, PAGE_SIZE, core.device)
+    return core.model.forward(batch, core.kv_pool)
+
+
+def verify_and_decode_logits(core: ExecutorCore, prompts: list[list[int]]) -> tuple:
+    """Sequence 0's logits at the positions of its last prompt token and the 3 draft tokens:
+    as one k + 1 row verification extend beside 7 other sequences (extends and a decode),
+    and as 4 decodes of it alone."""
+    pages = [list(range(i * PAGES, (i + 1) * PAGES)) for i in range(len(prompts))]
+    _forward(core, [BatchEntry(0, p[:-1], pages[i], True) for i, p in enumerate(prompts)])
+    entries = [BatchEntry(len(prompts[0]) - 1, [prompts[0][-1], *DRAFT], pages[0], True)]
+    for i, p in enumerate(prompts[1:], start=1):
+        tokens = [p[-1], *DRAFT[: i % 4]]  # 1 to 4 rows: decodes and extends
+        entries.append(BatchEntry(len(p) - 1, tokens, pages[i], True))
+    batch = build_forward_batch(entries, PAGE_SIZE, core.device)
+    rows = batch.cu_seqlens_q[1:].tolist()
+    batch.logits_indices = torch.arange(rows[-1], device=core.device)  # every row's logits
+    verified = core.model.forward(batch, core.kv_pool)[: rows[0]]
+    decoded = []
+    for j, token in enumerate([prompts[0][-1], *DRAFT]):
+        entry = BatchEntry(len(prompts[0]) - 1 + j, [token], pages[0], True)
+        decoded.append(_forward(core, [entry])[0])
+    return verified, torch.stack(decoded)
+
+
+def test_verification_rows_are_the_bits_of_plain_decodes(llama_model: TinyModel) -> None:
+    prompts = [random_prompt(5 + 3 * i, 70 + i) for i in range(8)]
+    verified, decoded = verify_and_decode_logits(invariant_core(llama_model), prompts)
+    assert torch.equal(verified, decoded)
+
+
+def test_a_step_alone_is_the_bits_of_the_step_in_a_batch(llama_model: TinyModel) -> None:
+    """A prefill and then a decode of one sequence, alone and beside 7 longer and shorter
+    ones (in another order), give the same logits bits."""
+    core = invariant_core(llama_model)
+    prompts = [random_prompt(4 + 5 * i, 90 + i) for i in range(8)]
+    pages = [list(range(i * PAGES, (i + 1) * PAGES)) for i in range(8)]
+    together = _forward(core, [BatchEntry(0, p, pages[i], True) for i, p in enumerate(prompts)])
+    alone = _forward(core, [BatchEntry(0, prompts[3], pages[3], True)])
+    assert torch.equal(alone[0], together[3])
+    order = [5, 3, 0, 7]
+    decodes = [BatchEntry(len(prompts[i]), [7], pages[i], True) for i in order]
+    batched = _forward(core, decodes)
+    assert torch.equal(_forward(core, [decodes[1]])[0], batched[1])
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_greedy_outputs_equal_without_speculation_and_at_batch_one(
+    llama_model: TinyModel, method: str
+) -> None:
+    prompts = [repeating_prompt(s) for s in range(5)] + [random_prompt(9, 60 + s) for s in range(3)]
+    sampling = [greedy(max_tokens=20, ignore_eos=True)] * len(prompts)
+    off, _ = generate(invariant_core(llama_model), prompts, sampling, 0)
+    core = invariant_core(llama_model, method)
+    on, _ = generate(core, prompts, sampling, 4)
+    stats = core.spec_stats.snapshot()
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0  # drafts ran and were kept
+    assert on == off
+    for i in (0, 6):
+        alone, _ = generate(invariant_core(llama_model, method), [prompts[i]], sampling[:1], 4)
+        assert alone[0] == on[i]
+
+
+def test_the_op_set_names_the_mode(llama_model: TinyModel) -> None:
+    core = invariant_core(llama_model)
+    assert core.model.ops.batch_invariant and core.model.batch_invariant
+    assert core.model.ops.name.endswith("+batch-invariant")
+    assert not make_core(llama_model).model.ops.batch_invariant
+
+
+def test_fp8_and_tensor_parallel_are_refused_naming_both_fields(llama_model: TinyModel) -> None:
+    with pytest.raises(InvalidArgument, match=r"batch_invariant.*quantization fp8"):
+        ExecutorConfig(model_path=str(llama_model.path), batch_invariant=True, quantization="fp8")
+    with pytest.raises(InvalidArgument, match=r"batch_invariant.*tensor_parallel_size 2"):
+        ExecutorConfig(
+            model_path=str(llama_model.path), batch_invariant=True, tensor_parallel_size=2
+        )
+
+
+def test_fp8_weights_are_refused_by_the_model(llama_model: TinyModel) -> None:
+    """quantization auto on an FP8 checkpoint resolves at load: the model refuses it."""
+    from kernels.batch_invariant import batch_invariant_ops
+    from services.executor.core.models.decoder import Decoder, quantize_projections
+
+    core = make_core(llama_model)
+    quantize_projections(core.model.weights)
+    with pytest.raises(InvalidArgument, match=r"batch_invariant.*FP8"):
+        Decoder(core.model.spec, core.model.weights, batch_invariant_ops(core.model.ops, "cpu"), 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_bf16_verification_and_greedy_identity(llama_model: TinyModel, graphs: bool) -> None:
+    """The same on CUDA in bf16 (the Triton matmul and decode attention), eager and with the
+    decode and verification steps replayed as graphs."""
+    cuda = {"device": "cuda", "dtype": "bfloat16", "cuda_graphs": graphs}
+    prompts = [random_prompt(5 + 3 * i, 70 + i) for i in range(8)]
+    verified, decoded = verify_and_decode_logits(
+        invariant_core(llama_model, cuda_graphs=False, device="cuda", dtype="bfloat16"), prompts
+    )
+    assert torch.equal(verified, decoded)
+    prompts = [repeating_prompt(s) for s in range(5)] + [random_prompt(9, 60 + s) for s in range(3)]
+    sampling = [greedy(max_tokens=20, ignore_eos=True)] * len(prompts)
+    off, _ = generate(invariant_core(llama_model, **cuda), prompts, sampling, 0)
+    for method in ("ngram", "suffix"):
+        core = invariant_core(llama_model, method, **cuda)
+        on, _ = generate(core, prompts, sampling, 4)
+        assert core.spec_stats.snapshot().num_accepted_tokens > 0
+        assert on == off, method
+    alone, _ = generate(invariant_core(llama_model, "ngram", **cuda), prompts[:1], sampling[:1], 4)
+    assert alone[0] == off[0]
