@@ -8,6 +8,7 @@ objects directly; the services convert them to and from protobuf at the edge.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from radixmesh.cache_types import PageCopy
@@ -156,3 +157,41 @@ class StepResult:
     """Set by the executor service at most about once a second; None on CPU and in between."""
     substep: int = 0
     """Which step of its plan this is, from 0 (a plan of num_steps k answers k results)."""
+    plain_req_ids: list[str] = field(default_factory=list)
+    """Columnar rows (as `wire.result_from_proto(msg, columnar=True)` gives them): sequence
+    plain_req_ids[i] sampled plain_token_ids[i] and nothing else (`is_plain`); `outputs`
+    then holds the step's other rows. Empty: every row is in `outputs`."""
+    plain_token_ids: list[int] = field(default_factory=list)
+    output_rows: list[int] = field(default_factory=list)
+    """With plain rows: the row of each of `outputs` among all the step's rows (increasing);
+    the plain rows fill the others in order."""
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.outputs) + len(self.plain_req_ids)
+
+    def rows(self) -> list[SequenceOutput]:
+        """Every row of the step in order, a plain row as a SequenceOutput of its token."""
+        if not self.plain_req_ids:
+            return list(self.outputs)
+        plain = map(SequenceOutput, self.plain_req_ids, self.plain_token_ids)
+        rows: list[SequenceOutput] = []
+        for row, out in zip(self.output_rows, self.outputs, strict=True):
+            rows.extend(itertools.islice(plain, row - len(rows)))
+            rows.append(out)
+        rows.extend(plain)
+        return rows
+
+
+def is_plain(out: SequenceOutput) -> bool:
+    """out is one sampled token and nothing else: no log probabilities, finish, drafts or
+    prompt log probabilities (a decode's usual row; the wire sends such rows columnar)."""
+    return (
+        out.token_id is not None
+        and out.finish_reason is None
+        and out.matched_stop_token_id is None
+        and out.logprobs is None
+        and not out.num_draft_tokens
+        and not out.accepted_token_ids
+        and not out.prompt_logprobs
+    )

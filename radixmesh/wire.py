@@ -23,6 +23,7 @@ in float32, where both are the same number. Bad values raise `InvalidArgument` n
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 from dataclasses import fields
 from typing import Any
@@ -43,6 +44,7 @@ from radixmesh.step import (
     StepPlan,
     StepResult,
     TokenLogprobs,
+    is_plain,
 )
 from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import cache_pb2, executor_pb2, inference_pb2, scheduler_pb2
@@ -286,34 +288,61 @@ def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
 # -- results ------------------------------------------------------------------
 
 
-def result_to_proto(result: StepResult) -> executor_pb2.StepResult:
+def result_to_proto(result: StepResult, columnar: bool = True) -> executor_pb2.StepResult:
+    """The step's plain rows (`is_plain`) go columnar, in their order; the others as
+    SequenceOutput messages with their rows (`output_rows`). `columnar=False`: every row
+    a SequenceOutput, in order (the layout before the columns)."""
+    outputs = result.outputs
+    plain_ids, plain_tokens, rows = result.plain_req_ids, result.plain_token_ids, result.output_rows
+    if not columnar:
+        outputs, plain_ids, plain_tokens, rows = result.rows(), [], [], []
+    elif not plain_ids:
+        outputs, plain_ids, plain_tokens, rows = [], [], [], []
+        for row, output in enumerate(result.outputs):
+            token_id = output.token_id
+            if token_id is not None and is_plain(output):
+                plain_ids.append(output.req_id)
+                plain_tokens.append(token_id)
+            else:
+                outputs.append(output)
+                rows.append(row)
+        if not plain_ids:
+            rows = []
     msg = executor_pb2.StepResult(
-        step_id=result.step_id, step_seconds=result.step_seconds, substep=result.substep
+        step_id=result.step_id,
+        step_seconds=result.step_seconds,
+        substep=result.substep,
+        plain_req_ids=plain_ids,
+        plain_token_ids=plain_tokens,
+        output_rows=rows,
     )
     add = msg.outputs.add
-    for output in result.outputs:
-        out = add(req_id=output.req_id)
-        if output.token_id is not None:
-            out.token_id = output.token_id
-        if output.finish_reason is not None:
-            out.finish_reason = output.finish_reason
-        if output.matched_stop_token_id is not None:
-            out.matched_stop_token_id = output.matched_stop_token_id
-        logprobs = output.logprobs
-        if logprobs is not None:
-            logprobs_to_proto(logprobs, out.logprobs)
-        if output.prompt_logprobs:
-            out.prompt_logprobs_position = output.prompt_logprobs_position
-            add_prompt = out.prompt_logprobs.add
-            for entry in output.prompt_logprobs:
-                logprobs_to_proto(entry, add_prompt())
-        if output.num_draft_tokens:
-            out.num_draft_tokens = output.num_draft_tokens
-            out.num_forced_tokens = output.num_forced_tokens
-            out.accepted_token_ids.extend(output.accepted_token_ids)
+    for output in outputs:
+        _output_to_proto(output, add(req_id=output.req_id))
     if result.health is not None:
         health_to_proto(result.health, msg.health)
     return msg
+
+
+def _output_to_proto(output: SequenceOutput, out: executor_pb2.SequenceOutput) -> None:
+    if output.token_id is not None:
+        out.token_id = output.token_id
+    if output.finish_reason is not None:
+        out.finish_reason = output.finish_reason
+    if output.matched_stop_token_id is not None:
+        out.matched_stop_token_id = output.matched_stop_token_id
+    logprobs = output.logprobs
+    if logprobs is not None:
+        logprobs_to_proto(logprobs, out.logprobs)
+    if output.prompt_logprobs:
+        out.prompt_logprobs_position = output.prompt_logprobs_position
+        add_prompt = out.prompt_logprobs.add
+        for entry in output.prompt_logprobs:
+            logprobs_to_proto(entry, add_prompt())
+    if output.num_draft_tokens:
+        out.num_draft_tokens = output.num_draft_tokens
+        out.num_forced_tokens = output.num_forced_tokens
+        out.accepted_token_ids.extend(output.accepted_token_ids)
 
 
 def logprobs_to_proto(logprobs: TokenLogprobs, position: inference_pb2.PositionLogprobs) -> None:
@@ -345,28 +374,68 @@ def health_from_proto(msg: executor_pb2.DeviceHealth) -> DeviceHealth:
     return DeviceHealth(**{d.name: value for d, value in msg.ListFields()})
 
 
-def result_from_proto(msg: executor_pb2.StepResult) -> StepResult:
-    outputs = []
-    for out in msg.outputs:
-        logprobs = logprobs_from_proto(out.logprobs) if out.HasField("logprobs") else None
-        outputs.append(
-            SequenceOutput(
-                req_id=out.req_id,
-                token_id=out.token_id if out.HasField("token_id") else None,
-                logprobs=logprobs,
-                finish_reason=out.finish_reason or None,
-                matched_stop_token_id=(
-                    out.matched_stop_token_id if out.HasField("matched_stop_token_id") else None
-                ),
-                prompt_logprobs=[logprobs_from_proto(p) for p in out.prompt_logprobs],
-                prompt_logprobs_position=out.prompt_logprobs_position,
-                accepted_token_ids=list(out.accepted_token_ids),
-                num_draft_tokens=out.num_draft_tokens,
-                num_forced_tokens=out.num_forced_tokens,
-            )
-        )
+def result_from_proto(msg: executor_pb2.StepResult, columnar: bool = False) -> StepResult:
+    """The step's rows in order: all in `outputs`, or with `columnar` the plain rows as
+    the message has them (`StepResult.plain_req_ids`: no object per row; the scheduler's
+    reader takes them so). Raises InvalidArgument naming the field when the columns
+    disagree (lengths, rows out of order or out of range)."""
+    outputs = [_output_from_proto(out) for out in msg.outputs]
     health = health_from_proto(msg.health) if msg.HasField("health") else None
-    return StepResult(msg.step_id, outputs, msg.step_seconds, health, msg.substep)
+    result = StepResult(msg.step_id, outputs, msg.step_seconds, health, msg.substep)
+    plain_ids = msg.plain_req_ids
+    if not plain_ids:
+        rows = list(msg.output_rows)
+        if msg.plain_token_ids or (rows and rows != list(range(len(outputs)))):
+            raise InvalidArgument(
+                f"step {msg.step_id}: plain_token_ids and output_rows need plain_req_ids (got "
+                f"{len(msg.plain_token_ids)} plain_token_ids, {len(rows)} output_rows)"
+            )
+        return result
+    result.plain_req_ids = list(plain_ids)
+    result.plain_token_ids = list(msg.plain_token_ids)
+    result.output_rows = list(msg.output_rows)
+    _check_columns(result)
+    if not columnar:
+        result.outputs = result.rows()
+        result.plain_req_ids, result.plain_token_ids, result.output_rows = [], [], []
+    return result
+
+
+def _check_columns(result: StepResult) -> None:
+    where = f"step {result.step_id}"
+    if len(result.plain_token_ids) != len(result.plain_req_ids):
+        raise InvalidArgument(
+            f"{where}: plain_token_ids has {len(result.plain_token_ids)} entries, "
+            f"plain_req_ids {len(result.plain_req_ids)}"
+        )
+    rows, num_rows = result.output_rows, result.num_rows
+    if len(rows) != len(result.outputs):
+        raise InvalidArgument(
+            f"{where}: output_rows has {len(rows)} entries, outputs {len(result.outputs)}"
+        )
+    if rows and (rows[-1] >= num_rows or any(a >= b for a, b in itertools.pairwise(rows))):
+        raise InvalidArgument(
+            f"{where}: output_rows must increase and stay below the step's {num_rows} rows, "
+            f"got {rows}"
+        )
+
+
+def _output_from_proto(out: executor_pb2.SequenceOutput) -> SequenceOutput:
+    logprobs = logprobs_from_proto(out.logprobs) if out.HasField("logprobs") else None
+    return SequenceOutput(
+        req_id=out.req_id,
+        token_id=out.token_id if out.HasField("token_id") else None,
+        logprobs=logprobs,
+        finish_reason=out.finish_reason or None,
+        matched_stop_token_id=(
+            out.matched_stop_token_id if out.HasField("matched_stop_token_id") else None
+        ),
+        prompt_logprobs=[logprobs_from_proto(p) for p in out.prompt_logprobs],
+        prompt_logprobs_position=out.prompt_logprobs_position,
+        accepted_token_ids=list(out.accepted_token_ids),
+        num_draft_tokens=out.num_draft_tokens,
+        num_forced_tokens=out.num_forced_tokens,
+    )
 
 
 # -- request updates (Scheduler.Stream) -----------------------------------------

@@ -12,6 +12,7 @@ import grpc
 import torch
 
 from mesh.tiny_model import write_tiny_model
+from radixmesh import wire
 from radixmesh.v1 import cache_pb2_grpc, executor_pb2, executor_pb2_grpc
 from radixmesh.v1 import inference_pb2 as ipb
 from services.cache.client import CacheClient
@@ -73,7 +74,7 @@ async def decode(stub, prompt: list[int], num_tokens: int) -> tuple[list[int], i
     drafted = accepted = 0
     step = 1
     while True:
-        result = await call.read()
+        result = wire.result_from_proto(await call.read())
         (out,) = result.outputs
         tokens += [*out.accepted_token_ids, out.token_id]
         drafted += out.num_draft_tokens

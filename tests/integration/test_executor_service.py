@@ -25,6 +25,7 @@ import torch
 from mesh.tiny_model import write_tiny_model
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2, executor_pb2_grpc
 from radixmesh.v1 import inference_pb2 as ipb
+from radixmesh.wire import result_from_proto, result_to_proto
 from services.common.config import ServerConfig, free_port
 from services.common.health import wait_for_serving
 from services.common.server import ServiceRuntime
@@ -158,10 +159,19 @@ def plan(
     )
 
 
+async def read_row_by_row(call) -> executor_pb2.StepResult:
+    """The next result with every row a SequenceOutput (the stream sends plain rows
+    columnar; `tests/unit/protos/test_wire_columnar.py` checks that layout)."""
+    msg = await call.read()
+    if msg is grpc.aio.EOF:
+        return msg
+    return result_to_proto(result_from_proto(msg), columnar=False)
+
+
 async def read_all(call) -> list[executor_pb2.StepResult]:
     """Every result left on the stream (read() style, so it mixes with earlier reads)."""
     results = []
-    while (result := await call.read()) is not grpc.aio.EOF:
+    while (result := await read_row_by_row(call)) is not grpc.aio.EOF:
         results.append(result)
     return results
 
@@ -264,7 +274,7 @@ async def test_a_gap_in_step_ids_fails_after_the_earlier_results(reference: Refe
         call = served.stub.Step()
         await call.write(plan(1, new=[new_seq("a", prompt, pages_for(8, 0))]))
         await call.write(plan(3, running=[("a", 1)]))
-        first = await call.read()
+        first = await read_row_by_row(call)
         assert first.step_id == 1 and first.outputs[0].HasField("token_id")
         with pytest.raises(grpc.aio.AioRpcError) as failure:
             await call.read()
@@ -361,12 +371,12 @@ async def test_a_choices_constraint_is_followed(reference: Reference):
         seq = new_seq("c", prompt, pages_for(40, 0), constraint=constraint,
                       sampling=ipb.SamplingParams(temperature=0.0, max_tokens=30))  # fmt: skip
         await call.write(plan(1, new=[seq]))
-        results = [await call.read()]
+        results = [await read_row_by_row(call)]
         step = 1
         while not results[-1].outputs[0].finish_reason:
             step += 1
             await call.write(plan(step, running=[("c", 1)]))
-            results.append(await call.read())
+            results.append(await read_row_by_row(call))
         await call.done_writing()
         assert await read_all(call) == []
     assert results[-1].outputs[0].finish_reason == "stop"

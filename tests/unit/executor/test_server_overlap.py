@@ -21,7 +21,7 @@ import torch
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import executor_pb2
 from radixmesh.v1 import inference_pb2 as ipb
-from radixmesh.wire import plan_from_proto, result_to_proto
+from radixmesh.wire import plan_from_proto, result_from_proto, result_to_proto
 from services.executor.core.executor import ExecutorCore, PreparedStep
 from services.executor.server import ExecutorServicer
 from tests.unit.executor.conftest import TinyModel, make_core, random_prompt
@@ -71,6 +71,11 @@ class ProbedCore:
 
 
 # -- factories -------------------------------------------------------------------
+
+
+def rows(msg: executor_pb2.StepResult) -> list:
+    """Every row of a result message (plain rows come columnar), in order."""
+    return result_from_proto(msg).outputs
 
 
 def new_seq(req_id: str, prompt: list[int], max_tokens: int) -> executor_pb2.NewSequence:
@@ -167,9 +172,7 @@ async def test_plan_n_plus_1_is_prepared_on_its_thread_while_step_n_executes(
     assert overlapped == dict.fromkeys(range(1, num_plans), True)
     reference = make_core(llama_model, page_size=PAGE_SIZE, num_pages=64, max_num_seqs=4)
     expected = [result_to_proto(reference.step(plan_from_proto(p))) for p in plans]
-    assert [(r.step_id, list(r.outputs)) for r in results] == [
-        (e.step_id, list(e.outputs)) for e in expected
-    ]
+    assert [(r.step_id, rows(r)) for r in results] == [(e.step_id, rows(e)) for e in expected]
     assert probe.ran("prepare") == probe.ran("execute") == list(range(1, num_plans + 1))
     for verb, step_id, num_executed, thread in probe.calls:
         if verb == "prepare":  # plan N + 1 waits for step N - 1: one step ahead at most
@@ -229,7 +232,7 @@ async def test_on_cpu_prepares_run_on_the_step_thread_between_steps_by_default(
     assert error is None
     reference = make_core(llama_model, page_size=PAGE_SIZE, num_pages=64, max_num_seqs=4)
     expected = [result_to_proto(reference.step(plan_from_proto(p))) for p in plans]
-    assert [list(r.outputs) for r in results] == [list(e.outputs) for e in expected]
+    assert [rows(r) for r in results] == [rows(e) for e in expected]
     assert {thread.split("_")[0] for *_, thread in probe.calls} == {"executor-step"}
     assert [(verb, step_id) for verb, step_id, *_ in probe.calls] == [
         (verb, step_id) for step_id in range(1, 5) for verb in ("prepare", "execute")
