@@ -116,7 +116,7 @@ class RemoteExecutor:
             raise Unavailable(f"executor {self.address}: {error_from_rpc_error(exc)}") from None
         if msg is grpc.aio.EOF:
             raise Unavailable(f"executor {self.address} ended the Step stream")
-        return wire.result_from_proto(msg)
+        return wire.result_from_proto(msg, columnar=True)
 
     async def prepare_constraint(self, constraint: Constraint) -> float:
         """PrepareConstraint: the executor compiles it into its grammar cache (unary call,

@@ -33,6 +33,7 @@ Score-only requests with the same scoring start and no name count as one group t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 
 import structlog
@@ -174,8 +175,8 @@ def lend_prompt_logprobs(result: StepResult, requests: Mapping[str, Request]) ->
     prompt_logprobs_start gets the leader's scores for the positions before (the
     leader scored them in the same step). Clears the follower's step_share."""
     outputs = {out.req_id: out for out in result.outputs}
-    for out in result.outputs:
-        req = requests.get(out.req_id)
+    for req_id in itertools.chain(outputs, result.plain_req_ids):  # a plain row has no scores
+        req = requests.get(req_id)
         share = req.step_share if req is not None else None
         if req is None or share is None:
             continue

@@ -40,42 +40,102 @@ def read_outputs(
     stats: SchedulerStats,
 ) -> StepOutcome:
     """Changes the requests (tokens, prompt log probabilities, positions) and the stats;
-    outputs of requests no longer on `ex` (aborted meanwhile) are skipped."""
+    outputs of requests no longer on `ex` (aborted meanwhile) are skipped. The rows are
+    read in the step's order, a columnar result's plain rows without an object each."""
     outcome = StepOutcome()
-    updates, executor_id = outcome.updates, ex.executor_id
     decoded: list[Request] = []
     """Requests whose only news is one token (most of a decode step): their stats together."""
-    for out in result.outputs:
-        req = requests.get(out.req_id)
-        if req is None or req.executor_id != executor_id:
-            continue  # aborted meanwhile
-        if out.prompt_logprobs:
-            take_prompt_logprobs(req, out.prompt_logprobs, out.prompt_logprobs_position)
-        token_id = out.token_id
-        if token_id is None:
-            if out.finish_reason is None:
-                continue  # a prefill chunk that did not reach the end of the prompt
-        elif _is_plain(out) and req.reported:
-            req.output_token_ids.append(token_id)
-            updates.append(RequestUpdate(req.req_id, [token_id]))
-            decoded.append(req)
-            continue
-        update = start_update(req)
-        if out.token_id is not None:
-            _take_tokens(req, out, update)
-            stats.token(req, now)
-        if out.finish_reason is not None:
-            update.finish_reason = out.finish_reason
-            update.matched_stop_token_id = out.matched_stop_token_id
-            if req.spec.num_drafts:
-                update.speculation = req.spec
-            outcome.finished.append(req)
-            if req.hold_id is not None and out.finish_reason in ("stop", "length"):
-                outcome.holding.append(req)
-            stats.finished(req, now, out.finish_reason, "OK")
-        updates.append(update)
+    if not result.plain_req_ids:
+        updates, executor_id = outcome.updates, ex.executor_id
+        for out in result.outputs:
+            token_id = out.token_id
+            if token_id is not None and not out.prompt_logprobs and _is_plain(out):
+                req = requests.get(out.req_id)
+                if req is not None and req.executor_id == executor_id and req.reported:
+                    req.output_token_ids.append(token_id)
+                    updates.append(RequestUpdate(req.req_id, [token_id]))
+                    decoded.append(req)
+                    continue
+            _read_output(ex, out, requests, now, stats, outcome, decoded)
+    else:
+        plain_ids, plain_tokens = result.plain_req_ids, result.plain_token_ids
+        done = 0  # plain rows read
+        for i, (row, out) in enumerate(zip(result.output_rows, result.outputs, strict=True)):
+            upto = row - i  # plain rows before this output
+            if upto > done:
+                ids, tokens = plain_ids[done:upto], plain_tokens[done:upto]
+                _read_plain(ex, ids, tokens, requests, now, stats, outcome, decoded)
+                done = upto
+            _read_output(ex, out, requests, now, stats, outcome, decoded)
+        if done:
+            plain_ids, plain_tokens = plain_ids[done:], plain_tokens[done:]
+        _read_plain(ex, plain_ids, plain_tokens, requests, now, stats, outcome, decoded)
     stats.tokens(decoded, now)
     return outcome
+
+
+def _read_plain(
+    ex: ExecutorState,
+    req_ids: list[str],
+    token_ids: list[int],
+    requests: Mapping[str, Request],
+    now: float,
+    stats: SchedulerStats,
+    outcome: StepOutcome,
+    decoded: list[Request],
+) -> None:
+    """Columnar plain rows: each its request's token (a first token as any output)."""
+    updates, executor_id = outcome.updates, ex.executor_id
+    for req_id, token_id in zip(req_ids, token_ids, strict=True):
+        req = requests.get(req_id)
+        if req is None or req.executor_id != executor_id:
+            continue  # aborted meanwhile
+        if req.reported:
+            req.output_token_ids.append(token_id)
+            updates.append(RequestUpdate(req_id, [token_id]))
+            decoded.append(req)
+        else:
+            first = SequenceOutput(req_id, token_id)
+            _read_output(ex, first, requests, now, stats, outcome, decoded)
+
+
+def _read_output(
+    ex: ExecutorState,
+    out: SequenceOutput,
+    requests: Mapping[str, Request],
+    now: float,
+    stats: SchedulerStats,
+    outcome: StepOutcome,
+    decoded: list[Request],
+) -> None:
+    req = requests.get(out.req_id)
+    if req is None or req.executor_id != ex.executor_id:
+        return  # aborted meanwhile
+    if out.prompt_logprobs:
+        take_prompt_logprobs(req, out.prompt_logprobs, out.prompt_logprobs_position)
+    token_id = out.token_id
+    if token_id is None:
+        if out.finish_reason is None:
+            return  # a prefill chunk that did not reach the end of the prompt
+    elif _is_plain(out) and req.reported:
+        req.output_token_ids.append(token_id)
+        outcome.updates.append(RequestUpdate(req.req_id, [token_id]))
+        decoded.append(req)
+        return
+    update = start_update(req)
+    if out.token_id is not None:
+        _take_tokens(req, out, update)
+        stats.token(req, now)
+    if out.finish_reason is not None:
+        update.finish_reason = out.finish_reason
+        update.matched_stop_token_id = out.matched_stop_token_id
+        if req.spec.num_drafts:
+            update.speculation = req.spec
+        outcome.finished.append(req)
+        if req.hold_id is not None and out.finish_reason in ("stop", "length"):
+            outcome.holding.append(req)
+        stats.finished(req, now, out.finish_reason, "OK")
+    outcome.updates.append(update)
 
 
 def _is_plain(out: SequenceOutput) -> bool:

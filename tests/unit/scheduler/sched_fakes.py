@@ -19,6 +19,8 @@ from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint, SamplingParams
 from radixmesh.step import SequenceOutput, StepPlan, StepResult
+from radixmesh.v1 import executor_pb2
+from radixmesh.wire import result_from_proto, result_to_proto
 from services.cache.core import CacheCore
 from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates
 
@@ -203,6 +205,8 @@ class ToyExecutorPort:
         self.bad_constraints: dict[str, str] = {}
         """Constraint value -> the compiler's message for it."""
         self.prepared: list[Constraint] = []
+        self.through_wire = False
+        """Each result goes through its protobuf, read as the gRPC port reads it (columnar)."""
 
     @property
     def info(self) -> ExecutorInfo:
@@ -224,6 +228,9 @@ class ToyExecutorPort:
         result = self.toy.step_next(plan, substep) if substep else self.toy.step(plan)
         self.num_steps_run += 1
         self.step_done.set()
+        if self.through_wire:
+            msg = executor_pb2.StepResult.FromString(result_to_proto(result).SerializeToString())
+            return result_from_proto(msg, columnar=True)
         return result
 
     async def prepare_constraint(self, constraint: Constraint) -> float:
