@@ -43,8 +43,9 @@ class Lease:
 
 @dataclass(slots=True)
 class CommitResult:
-    """What a commit did. Over gRPC only `num_cached_tokens` travels; the page counts
-    are the core's own detail and read 0 in a result from `CacheClient`."""
+    """What a commit did. Over gRPC `num_cached_tokens` and `num_locked_pages` travel;
+    the other page counts are the core's own detail and read 0 in a result from
+    `CacheClient`."""
 
     num_cached_tokens: int
     """Tokens of the committed sequence now cached in the tree (its full pages)."""
@@ -54,6 +55,10 @@ class CommitResult:
     """Lease pages freed because another commit had inserted the same tokens meanwhile."""
     num_freed_pages: int = 0
     """Lease pages returned to the free list (duplicates, the partial tail, unused pages)."""
+    num_locked_pages: int = 0
+    """With keep_locked: the pages the kept lock holds, every page of the committed path
+    (its whole pages and each partial page kept on it, such as this sequence's own last
+    one). 0 without keep_locked."""
 
 
 MAX_CONTINUATION_TOKENS = 4096

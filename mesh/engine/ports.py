@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from radixmesh.cache_types import Continuation, Lease
+from radixmesh.cache_types import CommitResult, Continuation, Lease
 from radixmesh.errors import Unavailable
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
@@ -46,8 +46,10 @@ class InProcessCache:
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         return self.core.extend(lease_id, num_pages)
 
-    async def commit(self, lease_id: str, token_ids: list[int], keep_locked: bool = False) -> int:
-        return self.core.commit(lease_id, token_ids, keep_locked).num_cached_tokens
+    async def commit(
+        self, lease_id: str, token_ids: list[int], keep_locked: bool = False
+    ) -> CommitResult:
+        return self.core.commit(lease_id, token_ids, keep_locked)
 
     async def release(self, lease_id: str) -> None:
         self.core.release(lease_id)

@@ -115,10 +115,12 @@ class CommitRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., keep_locked: _Optional[bool] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
-    __slots__ = ("num_cached_tokens",)
+    __slots__ = ("num_cached_tokens", "num_locked_pages")
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCKED_PAGES_FIELD_NUMBER: _ClassVar[int]
     num_cached_tokens: int
-    def __init__(self, num_cached_tokens: _Optional[int] = ...) -> None: ...
+    num_locked_pages: int
+    def __init__(self, num_cached_tokens: _Optional[int] = ..., num_locked_pages: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_id",)

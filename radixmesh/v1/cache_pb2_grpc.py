@@ -130,7 +130,7 @@ class CacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Match(self, request, context):
-        """Read-only: cached prefix length of these tokens on every pool.
+        """Read-only: tokens of these an Acquire would reuse, on every pool.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -53,7 +53,10 @@ def lease_from_pb(executor_id: str, response: pb.AcquireResponse) -> Lease:
 
 
 def commit_from_pb(response: pb.CommitResponse) -> CommitResult:
-    return CommitResult(num_cached_tokens=response.num_cached_tokens)
+    return CommitResult(
+        num_cached_tokens=response.num_cached_tokens,
+        num_locked_pages=response.num_locked_pages,
+    )
 
 
 def match_from_pb(response: pb.MatchResponse) -> dict[str, int]:

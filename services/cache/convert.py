@@ -20,7 +20,9 @@ def lease_to_pb(lease: Lease) -> pb.AcquireResponse:
 
 
 def commit_to_pb(result: CommitResult) -> pb.CommitResponse:
-    return pb.CommitResponse(num_cached_tokens=result.num_cached_tokens)
+    return pb.CommitResponse(
+        num_cached_tokens=result.num_cached_tokens, num_locked_pages=result.num_locked_pages
+    )
 
 
 def match_to_pb(matches: dict[str, int]) -> pb.MatchResponse:

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from radixmesh import wire
-from radixmesh.cache_types import Lease
+from radixmesh.cache_types import CommitResult, Lease
 from radixmesh.errors import RadixmeshError, Unavailable
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
@@ -57,8 +57,10 @@ class RemoteCache:
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         return await self._one(ExtendOp(lease_id, num_pages))
 
-    async def commit(self, lease_id: str, token_ids: list[int], keep_locked: bool = False) -> int:
-        return (await self._one(CommitOp(lease_id, token_ids, keep_locked))).num_cached_tokens
+    async def commit(
+        self, lease_id: str, token_ids: list[int], keep_locked: bool = False
+    ) -> CommitResult:
+        return await self._one(CommitOp(lease_id, token_ids, keep_locked))
 
     async def release(self, lease_id: str) -> None:
         await self._one(ReleaseOp(lease_id))

@@ -92,12 +92,14 @@ async def test_unary_acquire_commit_match_and_stats(client, request):
     lease = await client.acquire(pool, seq(100, 10), 12, "sched")
     assert isinstance(lease, Lease) and len(lease.page_ids) == 3 and lease.num_cached_tokens == 0
     result = await client.commit(lease.lease_id, seq(100, 10))
-    assert result.num_cached_tokens == 8
-    assert (await client.match(seq(100, 10), model="m"))[pool] == 8
+    assert result.num_cached_tokens == 8 and result.num_locked_pages == 0
+    # 8 tokens in place and the 2 of the kept partial page, as the acquire below reuses
+    assert (await client.match(seq(100, 10), model="m"))[pool] == 10
     again = await client.acquire(pool, seq(100, 10), 16, "sched")
     assert again.num_cached_tokens == 8 and again.page_ids[:2] == lease.page_ids[:2]
     # the partial third page was kept: its 2 tokens come as a copy into the first new page
     assert again.page_copy == PageCopy(lease.page_ids[2], again.page_ids[2], 2)
+    assert again.num_reused_tokens == 10
     stats = (await client.stats(pool))[0]
     assert (stats.num_cached_pages, stats.num_locked_pages, stats.num_leased_pages) == (3, 3, 2)
     assert (stats.num_free_pages, stats.num_leases, stats.num_prefix_queries) == (11, 1, 3)
@@ -106,6 +108,18 @@ async def test_unary_acquire_commit_match_and_stats(client, request):
         await client.release(again.lease_id)
     with pytest.raises(InvalidArgument, match="num_tokens"):
         await client.acquire(pool, seq(0, 8), 4, "sched")
+
+
+async def test_a_kept_lease_reports_its_locked_pages_over_the_wire(client, request):
+    pool = request.node.name
+    lease = await client.acquire(pool, [], 20, "sched")
+    result = await client.commit(lease.lease_id, seq(300, 14), keep_locked=True)
+    assert (result.num_cached_tokens, result.num_locked_pages) == (12, 4)  # 3 + the partial
+    stats = (await client.stats(pool))[0]
+    assert stats.num_locked_pages == 4
+    (batched,) = await client.batch([MatchOp(seq(300, 14))])
+    assert batched[pool] == 14
+    await client.release(lease.lease_id)
 
 
 async def test_batch_answers_every_op_in_order_with_errors_inline(client, request):

@@ -94,11 +94,13 @@ class CacheCore:
     # ---- lookups ----
 
     def match(self, tokens: Sequence[int], model: str | None = None) -> dict[str, int]:
-        """Read-only on pools and trees: cached prefix length of `tokens` on each pool
-        (of `model`, if given). Counts one prefix query per pool looked at in the stats."""
+        """Read-only on pools and trees: tokens of `tokens` each pool (of `model`, if
+        given) would reuse, as `acquire` grants them: the cached whole pages and the
+        tokens of a kept partial page they continue into (`Lease.num_reused_tokens`).
+        Counts one prefix query per pool looked at in the stats."""
         tokens = _as_tokens(tokens)
         return {
-            executor_id: pool.lookup(tokens).num_tokens
+            executor_id: pool.lookup(tokens)
             for executor_id, pool in self._pools.items()
             if not model or pool.model == model
         }
@@ -162,7 +164,7 @@ class CacheCore:
         num_new_pages = -(-num_tokens // pool.page_size) - num_prefix_pages
         if num_new_pages > pool.allocator.num_free:
             pool.check_room(num_new_pages, tree.num_unlocked_pages(match))
-        num_copied = 0 if match.partial else tree.tail_match(match.node, tokens, match.num_tokens)
+        num_copied = tree.num_tail_tokens(match, tokens)
         pool.count_query(len(tokens), match.num_tokens + num_copied)
         now = self._clock()
         node = tree.split_match(match)
@@ -256,8 +258,9 @@ class CacheCore:
             to_free.append(own_pages[num_full_pages - first])
         pool.allocator.free(to_free)
         pool.num_leased_pages -= len(own_pages)
+        num_locked_pages = 0
         if keep_locked:
-            self._relock(state, tokens[: num_full_pages * ps])
+            num_locked_pages = self._relock(state, tokens[: num_full_pages * ps])
         else:
             self._end_lease(state)
         return CommitResult(
@@ -265,6 +268,7 @@ class CacheCore:
             num_new_pages=inserted.num_new_pages,
             num_deduplicated_pages=len(inserted.duplicate_page_ids),
             num_freed_pages=len(to_free),
+            num_locked_pages=num_locked_pages,
         )
 
     def release(self, lease_id: str) -> None:
@@ -315,9 +319,10 @@ class CacheCore:
     def _renew(self, holder: str) -> None:
         self._holder_deadline[holder] = self._clock() + self.config.lease_ttl_s
 
-    def _relock(self, state: LeaseState, tokens: Sequence[int]) -> None:
+    def _relock(self, state: LeaseState, tokens: Sequence[int]) -> int:
         """Changes state: the lease now locks exactly the cached path of `tokens` (just
-        committed, full pages) and holds no pages of its own."""
+        committed, full pages) and holds no pages of its own. Returns the pages that lock
+        holds: the path's whole pages and every partial page kept on it."""
         tree = state.pool.tree
         match = tree.walk(tokens)
         if match.num_tokens != len(tokens):
@@ -330,6 +335,7 @@ class CacheCore:
         state.num_prefix_pages = len(tokens) // state.pool.page_size
         state.page_ids = tree.path_page_ids(node)
         self._renew(state.holder)
+        return tree.num_path_pages(node)
 
     @staticmethod
     def _drop_source(state: LeaseState) -> None:

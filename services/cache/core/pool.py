@@ -9,7 +9,7 @@ from radixmesh.cache_types import PageCopy, PoolStats
 from radixmesh.errors import ResourceExhausted
 from services.cache.core.allocator import PageAllocator
 from services.cache.core.eviction import EvictionPolicy
-from services.cache.core.radix import RadixNode, RadixTree, Tail, TreeMatch
+from services.cache.core.radix import RadixNode, RadixTree, Tail
 
 
 @dataclass(slots=True, eq=False)
@@ -68,11 +68,14 @@ class Pool:
     def same_geometry(self, model: str, num_pages: int, page_size: int) -> bool:
         return (self.model, self.num_pages, self.page_size) == (model, num_pages, page_size)
 
-    def lookup(self, tokens: Sequence[int]) -> TreeMatch:
-        """Read-only on the tree; counts one prefix query in the stats."""
+    def lookup(self, tokens: Sequence[int]) -> int:
+        """Read-only on the tree: the tokens of `tokens` an acquire would reuse (the
+        cached whole pages and the kept partial page's tokens they continue into);
+        counts one prefix query in the stats."""
         match = self.tree.walk(tokens)
-        self.count_query(len(tokens), match.num_tokens)
-        return match
+        num_tokens = match.num_tokens + self.tree.num_tail_tokens(match, tokens)
+        self.count_query(len(tokens), num_tokens)
+        return num_tokens
 
     def count_query(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Changes counters only: one prefix query."""

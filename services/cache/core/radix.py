@@ -181,6 +181,23 @@ class RadixTree:
             n += 1
         return n
 
+    def num_tail_tokens(self, match: TreeMatch, tokens: Sequence[int]) -> int:
+        """Read-only: tokens after `match` that a kept partial page holds (0 when the match
+        ends inside an edge, where no tail is, or where the node has none)."""
+        if match.partial is not None:
+            return 0
+        return self.tail_match(match.node, tokens, match.num_tokens)
+
+    @staticmethod
+    def num_path_pages(node: RadixNode) -> int:
+        """Read-only: pages from the root down to the end of `node`, every kept partial
+        page on the path included (the pages a lock on `node` holds)."""
+        num = 0
+        while node.parent is not None:
+            num += node.num_pages
+            node = node.parent
+        return num
+
     @staticmethod
     def is_evictable(node: RadixNode) -> bool:
         return node.parent is not None and not node.lock_count and not node.children

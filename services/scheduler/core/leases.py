@@ -152,8 +152,9 @@ class Leases:
     async def finish(self, req: Request, hold: bool = False) -> tuple[str, int] | None:
         """The executor ended the sequence: its computed tokens become a cached prefix.
 
-        With `hold`, the lease stays as a lock on that prefix: (its id, the committed
-        tokens) is returned (None when nothing was held), and `release_hold` ends it."""
+        With `hold`, the lease stays as a lock on that prefix: (its id, the pages the
+        lock holds, as the cache counts them: its partial last page included) is returned
+        (None when nothing was held), and `release_hold` ends it."""
         # the last sampled token was never fed back; a score-only request sampled none
         num_known = req.num_tokens - 1 if req.output_token_ids else req.num_tokens
         num_computed = min(req.num_computed_tokens, num_known)
@@ -168,11 +169,11 @@ class Leases:
             req.status = RequestStatus.FINISHED
             try:
                 with _traced(req):
-                    await self._cache.commit(lease_id, commit_tokens, keep_locked=True)
+                    result = await self._cache.commit(lease_id, commit_tokens, keep_locked=True)
             except RadixmeshError as exc:
                 log.warning("holding a context failed", req_id=req.req_id, error=str(exc))
                 return None
-            return lease_id, len(commit_tokens)
+            return lease_id, result.num_locked_pages
         await self._end(req, commit_tokens)
         req.status = RequestStatus.FINISHED
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from radixmesh.cache_types import Lease
+from radixmesh.cache_types import CommitResult, Lease
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
 from radixmesh.step import StepPlan, StepResult
@@ -16,7 +16,7 @@ from radixmesh.step import StepPlan, StepResult
 
 class CachePort(Protocol):
     async def match(self, token_ids: list[int], model: str | None = None) -> dict[str, int]:
-        """Read-only: cached prefix length per executor id."""
+        """Read-only: per executor id, the prompt tokens an acquire would reuse there."""
 
     async def acquire(
         self, executor_id: str, token_ids: list[int], num_tokens: int, holder: str
@@ -29,9 +29,12 @@ class CachePort(Protocol):
     async def extend(self, lease_id: str, num_pages: int) -> list[int]:
         """Changes state: more pages for a lease; ResourceExhausted when none are left."""
 
-    async def commit(self, lease_id: str, token_ids: list[int], keep_locked: bool = False) -> int:
+    async def commit(
+        self, lease_id: str, token_ids: list[int], keep_locked: bool = False
+    ) -> CommitResult:
         """Changes state: insert the computed tokens' full pages, end the lease (with
-        keep_locked, keep it as a lock on the committed path: a context hold)."""
+        keep_locked, keep it as a lock on the committed path: a context hold; the result
+        says how many pages that lock holds)."""
 
     async def release(self, lease_id: str) -> None:
         """Changes state: end a lease, inserting nothing."""

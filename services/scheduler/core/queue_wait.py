@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from radixmesh.capacity import ModelCapacity
@@ -93,9 +93,16 @@ class QueueWaits:
     """The scheduler's queue-wait admission: each executor's measured throughput, the wait
     estimate it gives a new request, and the refusal on arrival when that is too long."""
 
-    def __init__(self, config: QueueWaitConfig, max_num_seqs: int) -> None:
+    def __init__(
+        self,
+        config: QueueWaitConfig,
+        max_num_seqs: int,
+        held_pages: Callable[[str], int] | None = None,
+    ) -> None:
         self.config = config
         self._max_num_seqs = max_num_seqs
+        self._held_pages = held_pages or (lambda _executor_id: 0)
+        """Pages locked by context holds on an executor (not the batch's room)."""
         self._throughput: dict[str, Throughput] = {}
         """Requests finished per second, per executor id."""
         self._last_pages: dict[str, int] = {}
@@ -184,14 +191,17 @@ class QueueWaits:
         pages = self._last_pages.get(ex.executor_id)
         if ex.running or not pages:
             return self.batch_capacity(ex)
-        return max(1, min(self._max_num_seqs, ex.info.num_pages // pages))
+        room = pool_room(ex, self._held_pages(ex.executor_id))
+        return max(1, min(self._max_num_seqs, room // pages))
 
     def batch_capacity(self, ex: ExecutorState) -> int:
         """`batch_capacity`, walked once per step: again only when a plan was built or a
         result read since, or the running set changed (pages change only then; a plan
         being built over a remote cache may grow them during its awaits, which the next
-        figure counts)."""
+        figure counts) or a context hold was kept or ended there."""
+        num_held = self._held_pages(ex.executor_id)
         state = (
+            num_held,
             ex.next_step_id,
             ex.last_result_step,
             len(ex.running),
@@ -200,7 +210,7 @@ class QueueWaits:
         cached = self._capacities.get(ex.executor_id)
         if cached is not None and cached[0] == state and cached[1] is ex.info:
             return cached[2]
-        capacity = batch_capacity(ex, self._max_num_seqs)
+        capacity = batch_capacity(ex, self._max_num_seqs, num_held)
         self._capacities[ex.executor_id] = (state, ex.info, capacity)
         return capacity
 
@@ -211,11 +221,16 @@ class QueueWaits:
         return throughput
 
 
-def batch_capacity(ex: ExecutorState, max_num_seqs: int) -> int:
+def pool_room(ex: ExecutorState, num_held_pages: int) -> int:
+    """Pages of ex's pool a batch can use: all but those context holds lock (at least 1)."""
+    return max(1, ex.info.num_pages - num_held_pages)
+
+
+def batch_capacity(ex: ExecutorState, max_num_seqs: int, num_held_pages: int = 0) -> int:
     """Sequences ex can run at once: its slots, or fewer when its pool holds fewer
     sequences of the size its running ones grow to (prompt plus max_tokens, within the
     context: a batch bound by KV pages; the pages they hold when just admitted would
-    overcount the room)."""
+    overcount the room). `num_held_pages`: pages context holds lock, not the batch's."""
     running = list(ex.running.values())
     if not running:
         return max_num_seqs
@@ -225,7 +240,7 @@ def batch_capacity(ex: ExecutorState, max_num_seqs: int) -> int:
         final = min(len(r.prompt_token_ids) + (r.sampling.max_tokens or limit), limit)
         pages += max(len(r.page_table), -(-final // page_size))
     per_seq = max(1, -(-pages // len(running)))
-    return max(1, min(max_num_seqs, ex.info.num_pages // per_seq))
+    return max(1, min(max_num_seqs, pool_room(ex, num_held_pages) // per_seq))
 
 
 def num_ahead_past_capacity(num_queued_ahead: int, num_running: int, max_running: int) -> int:

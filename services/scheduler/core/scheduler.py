@@ -93,7 +93,9 @@ class SchedulerCore:
         self._preparations = Preparations(self.stats, clock, self._enqueue, self._end_one)
         """Constraint compiles in flight (see preparing.py)."""
         self._stopping = False
-        self._queue_waits = QueueWaits(QueueWaitConfig(config.max_queue_wait_s), config.max_num_seqs)
+        self._queue_waits = QueueWaits(
+            QueueWaitConfig(config.max_queue_wait_s), config.max_num_seqs, self.holds.num_pages
+        )
         """Throughput per executor and the refusal on arrival (see queue_wait.py)."""
         self.on_executor_lost: Callable[[str], None] | None = None
         """Called with an executor's id when its step stream fails (the service brings it
@@ -468,7 +470,7 @@ class SchedulerCore:
         )
         for req, kept in zip(finished, held, strict=True):
             if kept is not None:
-                await self.holds.keep(req, kept[0], kept[1], ex.page_size)
+                await self.holds.keep(req, kept[0], kept[1])
         self._deliver(updates)
         for update in updates:
             leader = ex.running.get(update.req_id)

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from radixmesh.cache_types import Lease
+from radixmesh.cache_types import CommitResult, Lease
 from radixmesh.errors import InvalidArgument, NotFound
 from services.scheduler.core.ports import CachePort
 
@@ -66,7 +66,9 @@ class ShardedCache:
         shard, inner = self._lease_shard(lease_id)
         return await shard.extend(inner, num_pages)
 
-    async def commit(self, lease_id: str, token_ids: list[int], keep_locked: bool = False) -> int:
+    async def commit(
+        self, lease_id: str, token_ids: list[int], keep_locked: bool = False
+    ) -> CommitResult:
         shard, inner = self._lease_shard(lease_id)
         return await shard.commit(inner, token_ids, keep_locked)
 

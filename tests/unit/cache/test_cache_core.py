@@ -92,15 +92,36 @@ def test_config_rejects_unknown_policy_and_bad_ttl():
 # ---- match ----
 
 
-def test_match_reports_full_pages_only_and_filters_by_model(make_core):
+def test_match_reports_what_acquire_reuses_and_filters_by_model(make_core):
     core = make_core()
     core.register_pool("exec-1", "other", 16, PS)
-    committed(core, seq(100, 10))  # 2 full pages + a partial tail
-    assert core.match(seq(100, 10)) == {"exec-0": 8, "exec-1": 0}
-    assert core.match(seq(100, 7)) == {"exec-0": 4, "exec-1": 0}
+    committed(core, seq(100, 10))  # 2 full pages + a partial tail of 2 tokens
+    assert core.match(seq(100, 10)) == {"exec-0": 10, "exec-1": 0}  # 8 in place, 2 copied
+    assert core.match([*seq(100, 9), 0, 0]) == {"exec-0": 9, "exec-1": 0}  # 1 of the tail
+    assert core.match(seq(100, 7)) == {"exec-0": 4, "exec-1": 0}  # inside an edge: pages
     assert core.match([*seq(100, 5), 0, 0, 0]) == {"exec-0": 4, "exec-1": 0}
-    assert core.match(seq(100, 10), model="m") == {"exec-0": 8}
+    assert core.match(seq(100, 10), model="m") == {"exec-0": 10}
     assert core.match(seq(100, 3)) == {"exec-0": 0, "exec-1": 0}
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [seq(100, 10), [*seq(100, 9), 0, 0], seq(100, 9), seq(100, 8), seq(100, 7), [100, 0]],
+    ids=["whole-tail", "part-of-tail", "tail-prefix", "at-node", "in-edge", "diverged"],
+)
+def test_match_equals_the_tokens_an_acquire_reuses(make_core, tokens):
+    core = make_core()
+    committed(core, seq(100, 10))
+    matched = core.match(tokens)["exec-0"]
+    lease = core.acquire("exec-0", tokens, len(tokens) + 1, "h2")
+    assert matched == lease.num_reused_tokens
+    assert lease.num_cached_tokens % PS == 0  # in place: whole pages only
+
+
+def test_match_without_kept_partial_pages_reports_whole_pages(make_core):
+    core = make_core(keep_partial_pages=False)
+    committed(core, seq(100, 10))
+    assert core.match(seq(100, 10)) == {"exec-0": 8}
 
 
 def test_match_changes_no_tree_state_but_counts_queries(make_core):

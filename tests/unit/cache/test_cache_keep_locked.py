@@ -78,3 +78,37 @@ def test_a_kept_lease_expires_with_its_holder(make_core, clock):
         core.release(lease.lease_id)
     assert core.stats("exec-0")[0].num_locked_pages == 0
     check_pool(core)
+
+
+def test_a_kept_lease_reports_the_pages_it_locks_its_partial_page_included(make_core):
+    core = make_core(num_pages=16)
+    lease = core.acquire("exec-0", [], 20, "sched")  # 5 pages
+    result = core.commit(lease.lease_id, seq(100, 14), keep_locked=True)
+    assert result.num_cached_tokens == 12
+    stats = core.stats("exec-0")[0]
+    # 3 full pages and the 2 tokens' partial page kept and locked; the unused page freed
+    assert (stats.num_locked_pages, stats.num_cached_pages, stats.num_free_pages) == (4, 4, 12)
+    assert result.num_locked_pages == stats.num_locked_pages == 4
+    assert core.commit(core.acquire("exec-0", [], 4, "s2").lease_id, seq(0, 3)).num_locked_pages == 0
+    check_pool(core)
+
+
+def test_a_hold_over_a_held_context_counts_the_partial_pages_on_its_path(make_core):
+    """A context held with a partial page, then a longer hold over it (its own partial
+    page too): the longer lock holds both tails, which the result counts."""
+    core = make_core(num_pages=16)
+    first = core.acquire("exec-0", [], 8, "sched")
+    assert core.commit(first.lease_id, seq(0, 6), keep_locked=True).num_locked_pages == 2
+    # a branch that leaves the context after its whole page: the context's tail stays
+    second = core.acquire("exec-0", seq(0, 4), 12, "sched")
+    branch = [*seq(0, 4), *seq(50, 6)]
+    result = core.commit(second.lease_id, branch, keep_locked=True)
+    # the shared page, the context's tail (on the node both paths go through) and the
+    # branch's whole page and tail
+    assert result.num_locked_pages == 4
+    assert core.stats("exec-0")[0].num_locked_pages == 4
+    core.release(first.lease_id)
+    assert core.stats("exec-0")[0].num_locked_pages == 4  # the second lock holds them all
+    core.release(second.lease_id)
+    assert core.stats("exec-0")[0].num_locked_pages == 0
+    check_pool(core)

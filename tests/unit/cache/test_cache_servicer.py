@@ -72,3 +72,13 @@ def test_stats_and_match_convert_both_ways(make_core):
     )
     again = core.acquire("exec-0", [1, 2, 3, 4], 6, "h")
     assert cache_client.lease_from_pb("exec-0", convert.lease_to_pb(again)) == again
+    held = core.commit(again.lease_id, [1, 2, 3, 4, 5], keep_locked=True)
+    assert held.num_locked_pages == 2  # the whole page and the partial one
+    wire = cache_client.commit_from_pb(convert.commit_to_pb(held))
+    assert (wire.num_cached_tokens, wire.num_locked_pages) == (4, 2)
+    # token-granular on the wire too: the whole page and the kept partial page's token
+    matches = core.match([1, 2, 3, 4, 5, 6])
+    assert cache_client.match_from_pb(convert.match_to_pb(matches)) == matches == {
+        "exec-0": 5,
+        "exec-1": 0,
+    }

@@ -197,10 +197,10 @@ async def test_the_batch_capacity_kept_per_step_equals_the_walk(monkeypatch):
     walk = queue_wait.batch_capacity
     num_walks = 0
 
-    def counted(ex, max_num_seqs):
+    def counted(ex, max_num_seqs, num_held_pages=0):
         nonlocal num_walks
         num_walks += 1
-        return walk(ex, max_num_seqs)
+        return walk(ex, max_num_seqs, num_held_pages)
 
     monkeypatch.setattr(queue_wait, "batch_capacity", counted)
     config = SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=8)

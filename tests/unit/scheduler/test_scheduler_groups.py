@@ -166,8 +166,11 @@ async def test_a_held_context_survives_page_pressure_while_other_requests_are_pr
     await rig.scheduler.submit("ctx", context, greedy(1), hold_id="prog/ctx")
     await rig.sink.wait("ctx")
     held = rig.scheduler.holds.get("prog/ctx")
-    assert held is not None and held.num_pages == 4
     assert rig.stats().num_locked_pages == 5  # the 17th token's partial page too
+    assert held is not None and held.num_pages == 5  # counted as the cache locks them
+    assert rig.scheduler.holds.num_pages(rig.port.info.executor_id) == 5
+    (load,) = rig.scheduler.executor_loads()
+    assert load.kv_usage == 5 / 16
     # 12 pages left for three requests that grow to 6 pages each: they preempt each other
     others = {f"o{i}": [80 + i, 81, 82, 83, 84] for i in range(3)}
     for req_id, prompt in others.items():
@@ -176,7 +179,7 @@ async def test_a_held_context_survives_page_pressure_while_other_requests_are_pr
     assert rig.scheduler.num_preemptions > 0
     assert rig.stats().num_locked_pages == 5  # never evicted, never unlocked
     tail = rig.sink.tokens["ctx"]
-    assert rig.cache.match(context + tail)[rig.port.info.executor_id] == 16
+    assert rig.cache.match(context + tail)[rig.port.info.executor_id] == 17  # 16 + 1 copied
     # a later request over the held context finds it cached, and its tokens are right
     await rig.scheduler.submit("next", context + tail + [99], greedy(2))
     await rig.sink.wait("next")

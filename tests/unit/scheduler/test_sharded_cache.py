@@ -34,7 +34,7 @@ async def test_a_lease_lives_on_its_pools_shard_from_acquire_to_commit() -> None
     assert leased(cores[1], "exec-2") == 5 and cores[0].heartbeat("sched") == 0
     assert len(await cache.extend(lease.lease_id, 2)) == 2
     assert leased(cores[1], "exec-2") == 7
-    assert await cache.commit(lease.lease_id, PROMPT) == 20
+    assert (await cache.commit(lease.lease_id, PROMPT)).num_cached_tokens == 20
     assert await cache.match([*PROMPT, 99]) == {"exec-2": 20, "exec-0": 0, "exec-1": 0}
 
 
