@@ -6,6 +6,7 @@ one where they cannot, at batch 1, 8, 32 and 128, through the in-process engine.
     python bench/train_tiny.py --out /tmp/tiny-trained          # a model that has learned
     python bench/speculative.py --model /tmp/tiny-trained --json /tmp/spec.json
     python bench/speculative.py --smoke --device cpu            # the flow, numbers meaningless
+    python bench/speculative.py --model M --batch-invariant     # the batch-invariant mode
 
 Workloads (text from the standard library's source, tokenized with the model's tokenizer):
   code_edit   a function, then "the same with one name changed:" and its first line
@@ -17,7 +18,9 @@ Workloads (text from the standard library's source, tokenized with the model's t
               request's output can draft (radix: the cache's tree; suffix: recent outputs)
   random      random token ids (drafts cannot be right: the automatic switch must hold)
 Every request is greedy with exactly --output-len tokens; the outputs of every mode are
-compared token for token with speculation off ("identical" in the JSON). `--mode serve`
+compared token for token with speculation off ("identical" in the JSON). With
+--batch-invariant every engine runs in that mode (`batch_invariant` in each JSON row and
+in the table's header line), where they must be identical at every batch size. `--mode serve`
 runs the same through `radixmesh serve` (bench/spec_serve.py), one mesh per mode.
 
 Before any row is timed, each engine (or mesh) serves one untimed batch of every measured
@@ -165,6 +168,7 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
         device=args.device,
         max_num_seqs=max(args.batch_sizes),
         speculative=spec,
+        batch_invariant=args.batch_invariant,
         **({"num_pages": args.num_pages} if args.num_pages else {}),
     )
     rows = {}
@@ -218,7 +222,8 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     from bench.spec_serve import run_batch as serve_batch
 
     vocab = len(tokenizer)
-    mesh = ServedMesh(args.model, args.device, mode, args.port, ["--max-restarts", "0"])
+    extra = ["--max-restarts", "0", *(["--batch-invariant"] if args.batch_invariant else [])]
+    mesh = ServedMesh(args.model, args.device, mode, args.port, extra)
     rows = {}
     try:
         for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
@@ -252,7 +257,7 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     return rows
 
 
-def summarize(results: dict[str, dict]) -> dict:
+def summarize(results: dict[str, dict], batch_invariant: bool = False) -> dict:
     off = results["off"]
     summary = {}
     for mode, rows in results.items():
@@ -260,6 +265,7 @@ def summarize(results: dict[str, dict]) -> dict:
             entry = {k: v for k, v in row.items() if k != "outputs"}
             entry["speedup_vs_off"] = row["output_tok_s"] / off[key]["output_tok_s"]
             entry["identical"] = row["outputs"] == off[key]["outputs"]
+            entry["batch_invariant"] = batch_invariant
             summary[f"{mode}/{key}"] = entry
     return summary
 
@@ -282,6 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", default="inprocess", choices=("inprocess", "serve"))
     p.add_argument("--port", type=int, default=18080, help="--mode serve: the public port")
     p.add_argument("--smoke", action="store_true", help="batch 1 and 2, short outputs")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="every engine (mesh) in the batch-invariant mode: outputs must be identical at every batch size")
     args = p.parse_args(argv)
     if args.smoke:
         args.batch_sizes, args.output_len, args.prompt_len = [1, 2], 8, 96
@@ -303,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         results = {mode: bench_serve(args, mode, tokenizer) for mode in args.modes}
     else:
         results = {mode: asyncio.run(bench_mode(args, mode, tokenizer)) for mode in args.modes}
-    summary = summarize(results)
+    summary = summarize(results, args.batch_invariant)
+    print(f"batch-invariant mode: {'on' if args.batch_invariant else 'off'}")
     for key, row in summary.items():
         print(f"{key:<28} x{row['speedup_vs_off']:.2f}  identical {row['identical']}  "
               f"acceptance length {row['mean_acceptance_length']}")

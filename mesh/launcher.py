@@ -84,6 +84,9 @@ class MeshConfig:
     """Every executor's --speculative: "off", "ngram", "suffix" or "radix"."""
     jump_forward: str = "auto"
     """Every executor's --jump-forward: on, off or auto (on the CPU, not on CUDA)."""
+    batch_invariant: bool = False
+    """Every executor's --batch-invariant: a sequence's logits independent of its batch
+    (greedy outputs equal with speculation on and off at any batch size)."""
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""
@@ -119,6 +122,11 @@ class MeshConfig:
         if not 1 <= self.tensor_parallel_size <= 64:
             raise InvalidArgument(
                 f"tensor_parallel_size: must be in [1, 64], got {self.tensor_parallel_size}"
+            )
+        if self.batch_invariant and (self.quantization == "fp8" or self.tensor_parallel_size > 1):
+            raise InvalidArgument(
+                "batch_invariant: cannot be combined with quantization fp8 or "
+                f"tensor_parallel_size > 1 (got {self.quantization}, {self.tensor_parallel_size})"
             )
         if not 0 < self.public_port < 65536:
             raise InvalidArgument(f"port: must be in [1, 65535], got {self.public_port}")
@@ -238,6 +246,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *("--quantization", config.quantization),
             *("--speculative", config.speculative),
             *("--jump-forward", config.jump_forward),
+            *(("--batch-invariant",) if config.batch_invariant else ()),
         )
         executors.append(
             ServiceSpec(

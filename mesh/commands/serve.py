@@ -89,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "measured)",
     )
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="every executor computes a sequence's logits independently of its batch: greedy "
+        "outputs equal with --speculative on and off at any batch size (slower; plain "
+        "weights, not with --quantization fp8 or --tensor-parallel-size > 1)",
+    )
+    parser.add_argument(
         "--jump-forward",
         default="auto",
         choices=("on", "off", "auto"),
@@ -200,6 +207,7 @@ def _config(args: argparse.Namespace):
         num_pages=args.num_pages,
         speculative=args.speculative,
         jump_forward=args.jump_forward,
+        batch_invariant=args.batch_invariant,
         kv_memory_fraction=args.kv_memory_fraction,
         quantization=args.quantization,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -177,6 +177,7 @@ def executor_config(args: argparse.Namespace) -> ExecutorConfig:
         kernel_backends=tuple(args.kernel_backend),
         kernel_entry_points=not args.no_kernel_entry_points,
         tensor_parallel_size=args.tensor_parallel_size,
+        batch_invariant=args.batch_invariant,
         speculative=speculative_config(args),
     )
 
@@ -212,6 +213,13 @@ def add_speculative_arguments(parser: argparse.ArgumentParser) -> None:
         help="constrained decodes verify the tokens their grammar forces as a draft, at any "
         "batch size and with --speculative off too; same output in fewer steps. auto "
         "(default): on the CPU, not on CUDA (its eager verification was slower there)",
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a sequence's logits do not depend on the rest of the batch or on verifying "
+        "against decoding: greedy outputs equal with speculation on and off at any batch "
+        "size (slower; plain weights, one rank)",
     )
     parser.add_argument(
         "--max-forced-tokens",

@@ -140,3 +140,54 @@ def test_cuda_bf16_verification_and_greedy_identity(llama_model: TinyModel, grap
         assert on == off, method
     alone, _ = generate(invariant_core(llama_model, "ngram", **cuda), prompts[:1], sampling[:1], 4)
     assert alone[0] == off[0]
+
+
+@pytest.mark.parametrize(("flag", "expected"), [((), False), (("--batch-invariant",), True)])
+def test_serve_batch_invariant_reaches_every_executor(tmp_path, flag, expected) -> None:
+    from mesh.launcher import MeshPorts, plan_stages
+    from services.executor.main import build_parser, executor_config
+    from tests.unit.gateway.test_executor_flags import executor_args, serve_config
+
+    assert executor_config(executor_args(*flag)).batch_invariant is expected
+    config = serve_config(tmp_path, *flag, "--executors", "2")
+    assert config.batch_invariant is expected
+    stages = plan_stages(config, MeshPorts.pick(config.num_executors))
+    executors = [s for stage in stages for s in stage if s.name.startswith("executor-")]
+    values = [executor_config(build_parser().parse_args(s.argv[3:])).batch_invariant for s in executors]
+    assert values == [expected, expected]
+
+
+def test_serve_refuses_batch_invariant_with_fp8(tmp_path) -> None:
+    from tests.unit.gateway.test_executor_flags import serve_config
+
+    with pytest.raises(InvalidArgument, match=r"batch_invariant.*fp8"):
+        serve_config(tmp_path, "--batch-invariant", "--quantization", "fp8")
+
+
+def test_speculative_bench_passes_the_mode_and_reports_it(monkeypatch, capsys) -> None:
+    import asyncio
+    import importlib
+    import types
+
+    from tests.unit.engine.test_bench_warmup import _FakeEngine, _Tokenizer
+
+    bench = importlib.import_module("bench.speculative")
+    configs: list[dict] = []
+
+    async def run_batch(engine, prompts, output_len):
+        return [[11] * output_len for _ in prompts], 1.0, [0.01] * len(prompts)
+
+    monkeypatch.setattr(bench, "Engine", lambda config: _FakeEngine())
+    monkeypatch.setattr(
+        bench, "EngineConfig", types.SimpleNamespace(for_model=lambda *a, **k: configs.append(k))
+    )
+    monkeypatch.setattr(bench, "run_batch", run_batch)
+    for flag, expected in (([], False), (["--batch-invariant"], True)):
+        args = bench.parse_args([
+            "--workloads", "random", "--batch-sizes", "1", "--prompt-len", "16",
+            "--output-len", "4", "--device", "cpu", *flag,
+        ])  # fmt: skip
+        results = {mode: asyncio.run(bench.bench_mode(args, mode, _Tokenizer())) for mode in ("off", "ngram")}
+        assert configs[-1]["batch_invariant"] is expected
+        summary = bench.summarize(results, args.batch_invariant)
+        assert [row["batch_invariant"] for row in summary.values()] == [expected, expected]
