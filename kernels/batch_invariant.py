@@ -50,6 +50,9 @@ SPLIT_LEN = 256
 """KV positions per decode split (a multiple of every tile length used)."""
 _DECODE_BLOCK_N = 64
 _DECODE_BLOCK_N_INTERPRETED = 16
+PARTIALS_BYTES = 256 << 20
+"""Most bytes of split partials one launch writes; more rows run in chunks of rows (each
+row's result is its own, so the chunking changes no bit)."""
 
 
 def batch_invariant_linear_ref(
@@ -288,11 +291,34 @@ def batch_invariant_decode_attention_triton(
         "batch_invariant_decode_attention: page_table has fewer rows than q",
     )
     out = torch.empty_like(q)
-    if num_rows == 0:
-        return out
     num_splits = num_splits_for(page_table.shape[1], page_size, sliding_window)
-    group = num_heads // num_kv_heads
     block_d = max(triton.next_power_of_2(head_dim), 16)
+    chunk = max(1, PARTIALS_BYTES // (num_heads * num_splits * (block_d + 2) * 4))
+    for lo in range(0, num_rows, chunk):
+        hi = min(lo + chunk, num_rows)
+        _attend_rows(
+            q[lo:hi], k_cache, v_cache, page_table[lo:hi], seq_lens[lo:hi], scale,
+            sliding_window, out[lo:hi], num_splits, block_d,
+        )  # fmt: skip
+    return out
+
+
+def _attend_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,
+    num_splits: int,
+    block_d: int,
+) -> None:
+    """The split and merge launches for the rows of q, into out."""
+    num_rows, num_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
     part_out = torch.empty(
         (num_rows, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device
     )
@@ -317,7 +343,6 @@ def batch_invariant_decode_attention_triton(
         part_out, part_m, part_l, out, num_splits, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=1,
     )  # fmt: skip
-    return out
 
 
 def decode_rows(

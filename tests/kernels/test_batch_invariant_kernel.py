@@ -172,3 +172,13 @@ def test_gpu_linear_rows_invariant_at_model_shapes():
     assert torch.equal(batch_invariant_linear_triton(x[3:4], w, b)[0], (
         batch_invariant_linear_triton(x[:9], w, b)[3]
     ))
+
+
+def test_rows_in_chunks_are_the_same_bits(monkeypatch):
+    """Past PARTIALS_BYTES of partials the rows run in chunks: the result does not change."""
+    import kernels.batch_invariant as bi
+
+    batch = _paged([SPLIT_LEN + 9, 3, 60, 2 * SPLIT_LEN, 17], seed=12)
+    whole = _decode(batch)
+    monkeypatch.setattr(bi, "PARTIALS_BYTES", 1)  # one row per launch
+    assert torch.equal(_decode(batch), whole)
