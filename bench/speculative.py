@@ -20,7 +20,10 @@ Workloads (text from the standard library's source, tokenized with the model's t
 Every request is greedy with exactly --output-len tokens; the outputs of every mode are
 compared token for token with speculation off ("identical" in the JSON). With
 --batch-invariant every engine runs in that mode (`batch_invariant` in each JSON row and
-in the table's header line), where they must be identical at every batch size. `--mode serve`
+in the table's header line), where they must be identical at every batch size too:
+"same_as_smaller_batches" says whether a row's outputs begin with every smaller batch's of
+its workload (a batch's prompts are the first ones of every larger batch's), and in the
+mode the exit status is 1 when one does not. `--mode serve`
 runs the same through `radixmesh serve` (bench/spec_serve.py), one mesh per mode.
 
 Before any row is timed, each engine (or mesh) serves one untimed batch of every measured
@@ -257,6 +260,17 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     return rows
 
 
+def same_as_smaller_batches(rows: dict[str, dict], key: str) -> bool:
+    """Whether the row's outputs begin with those of every smaller batch of its workload (a
+    batch's prompts are the first ones of every larger batch's)."""
+    workload, batch = key.rsplit("/b", 1)
+    outputs = rows[key]["outputs"]
+    smaller = [int(k.rsplit("/b", 1)[1]) for k in rows if k.rsplit("/b", 1)[0] == workload]
+    return all(
+        rows[f"{workload}/b{b}"]["outputs"] == outputs[:b] for b in smaller if b < int(batch)
+    )
+
+
 def summarize(results: dict[str, dict], batch_invariant: bool = False) -> dict:
     off = results["off"]
     summary = {}
@@ -265,6 +279,7 @@ def summarize(results: dict[str, dict], batch_invariant: bool = False) -> dict:
             entry = {k: v for k, v in row.items() if k != "outputs"}
             entry["speedup_vs_off"] = row["output_tok_s"] / off[key]["output_tok_s"]
             entry["identical"] = row["outputs"] == off[key]["outputs"]
+            entry["same_as_smaller_batches"] = same_as_smaller_batches(rows, key)
             entry["batch_invariant"] = batch_invariant
             summary[f"{mode}/{key}"] = entry
     return summary
@@ -315,10 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batch-invariant mode: {'on' if args.batch_invariant else 'off'}")
     for key, row in summary.items():
         print(f"{key:<28} x{row['speedup_vs_off']:.2f}  identical {row['identical']}  "
+              f"same as smaller batches {row['same_as_smaller_batches']}  "
               f"acceptance length {row['mean_acceptance_length']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": summary}, indent=1))
-    return 0 if all(r["identical"] for r in summary.values()) else 1
+    identical = all(r["identical"] for r in summary.values())
+    if args.batch_invariant:  # the mode also promises the same outputs at every batch size
+        identical = identical and all(r["same_as_smaller_batches"] for r in summary.values())
+    return 0 if identical else 1
 
 
 if __name__ == "__main__":

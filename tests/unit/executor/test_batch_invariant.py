@@ -191,3 +191,14 @@ def test_speculative_bench_passes_the_mode_and_reports_it(monkeypatch, capsys) -
         assert configs[-1]["batch_invariant"] is expected
         summary = bench.summarize(results, args.batch_invariant)
         assert [row["batch_invariant"] for row in summary.values()] == [expected, expected]
+
+
+def test_speculative_bench_compares_each_batch_with_the_smaller_ones() -> None:
+    import importlib
+
+    bench = importlib.import_module("bench.speculative")
+    rows = {"code_edit/b1": {"outputs": [[1, 2]]}, "code_edit/b2": {"outputs": [[1, 2], [3]]},
+            "code_edit/b4": {"outputs": [[1, 9], [3], [4], [5]]}, "random/b2": {"outputs": [[7], [8]]}}  # fmt: skip
+    assert bench.same_as_smaller_batches(rows, "code_edit/b2")
+    assert not bench.same_as_smaller_batches(rows, "code_edit/b4")
+    assert bench.same_as_smaller_batches(rows, "random/b2")
