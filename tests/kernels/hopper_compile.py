@@ -29,6 +29,7 @@ from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
 from kernels import (
+    batch_invariant,
     bitmask,
     gemv,
     kv_store,
@@ -178,6 +179,35 @@ def cases(sweep: bool):
                 cfg.num_warps,
                 1,
             )  # fmt: skip
+    for dtype, ieee in (("bf16", False), ("fp32", True)):
+        yield (
+            f"batch-invariant matmul {dtype}",
+            batch_invariant._matmul_kernel,
+            dict.fromkeys(("x_ptr", "w_ptr", "bias_ptr", "out_ptr"), f"*{dtype}"),
+            dict(HAS_BIAS=True, BLOCK_M=batch_invariant.MATMUL_BLOCK_M,
+                 BLOCK_N=batch_invariant.MATMUL_BLOCK_N, BLOCK_K=batch_invariant.MATMUL_BLOCK_K,
+                 IEEE=ieee, BROADCAST=False),
+            batch_invariant.MATMUL_NUM_WARPS,
+            batch_invariant.MATMUL_NUM_STAGES,
+        )  # fmt: skip
+    for sliding in (False, True):
+        yield (
+            f"batch-invariant decode split bf16{' sliding' if sliding else ''}",
+            batch_invariant._split_kernel,
+            attention_types("bf16"),
+            dict(GROUP=8, PAGE_SIZE=16, BLOCK_H=16, BLOCK_N=64, SPLIT=batch_invariant.SPLIT_LEN,
+                 HEAD_DIM=128, BLOCK_D=128, SLIDING=sliding, IEEE=False),
+            4,
+            2,
+        )  # fmt: skip
+    yield (
+        "batch-invariant decode merge",
+        batch_invariant._merge_kernel,
+        attention_types("bf16"),
+        dict(HEAD_DIM=80, BLOCK_D=128),
+        1,
+        1,
+    )
     yield (
         "apply_bitmask",
         bitmask._apply_bitmask_kernel,

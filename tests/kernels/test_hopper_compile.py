@@ -22,6 +22,9 @@ KERNELS = {
     "apply_bitmask",
     "gemv",
     "rotary_kv_store",
+    "batch-invariant matmul",
+    "batch-invariant decode split",
+    "batch-invariant decode merge",
 }
 
 
