@@ -63,7 +63,8 @@ class ExecutorConfig:
     and one rank only."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Speculative decoding (drafts from prompt lookup or recent outputs); off by default.
-    On, prepares run between steps (no overlap): a draft needs the token sampled last."""
+    A step that may draft is prepared once the step before has executed (a draft needs the
+    token sampled last); one its switch declines overlaps the step before, as without."""
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgument:

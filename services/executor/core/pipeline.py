@@ -188,8 +188,6 @@ class StepPipeline:
         overlap = self._overlap_prepare
         if overlap is None:
             overlap = core.device.type == "cuda"
-        if getattr(core, "speculates", False):
-            overlap = False  # a draft is proposed from the token the step before sampled
         self._prepare_on = self._prepare_thread if overlap else self._execute_thread
 
     def bind_device(self, device: torch.device | str) -> None:

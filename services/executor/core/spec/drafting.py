@@ -38,6 +38,10 @@ class DraftChoice:
 
     proposer: bool
     forced: bool
+    probe: bool = False
+    """The proposer drafts although its switch declined the step's best case (one
+    step in `switch.PROBE_EVERY`): its drafts are verified whatever they are expected
+    to keep, so the rolling acceptance follows a workload that changes."""
 
 
 NO_DRAFTS = DraftChoice(proposer=False, forced=False)
@@ -77,8 +81,36 @@ def choose_drafting(
         return NO_DRAFTS
     max_batch = switch.max_batch_size if switch is not None else limits.max_batch_size
     proposer = has_proposer and num_decodes <= max_batch
+    probe = False
+    if proposer and switch is not None:
+        best = best_gain(plan, seqs, num_decodes)
+        if not switch.admits(num_decodes, best):
+            proposer = probe = switch.allows(num_decodes, best)  # counts the decline
     forced = has_forced and (forced_switch is None or forced_switch.allows(num_decodes))
-    return DraftChoice(proposer, forced) if proposer or forced else NO_DRAFTS
+    return DraftChoice(proposer, forced, probe) if proposer or forced else NO_DRAFTS
+
+
+def best_gain(plan: StepPlan, seqs: dict[str, SequenceState], num_decodes: int) -> float:
+    """The most tokens per decode the plan's step can expect from the proposer's guesses,
+    known before the step before it has executed: each running decode's guess as long as
+    its draft length allows (`DraftLength.limit` at the longest match), weighed by its
+    rolling acceptance. `plan_drafts` expects at most this from the guesses it gets, so a
+    switch that declines it would decline them too, and the step needs no wait for the
+    token sampled last (its prepare overlaps the step before)."""
+    expected = 0.0
+    for running in plan.running_seqs:
+        allowed = running.num_draft_tokens
+        if running.num_scheduled_tokens != 1 or allowed <= 0:
+            continue
+        seq = seqs.get(running.req_id)
+        if seq is None:
+            continue
+        length = seq.draft_length
+        if length is None:
+            expected += allowed  # a new sequence tries, at acceptance 1
+        else:
+            expected += length.acceptance * min(allowed, length.limit(allowed))
+    return (num_decodes + expected) / max(num_decodes, 1)
 
 
 def check_not_verifying(plan: StepPlan, seqs: dict[str, SequenceState]) -> None:
@@ -191,7 +223,13 @@ def plan_drafts(
         room -= len(tokens)
         drafts.append(tokens)
     gain = (num_decodes + expected) / max(num_decodes, 1)
-    if expected and not any_forced and switch is not None and not switch.allows(num_decodes, gain):
+    if (
+        expected
+        and not any_forced
+        and not choice.probe
+        and switch is not None
+        and not switch.allows(num_decodes, gain)
+    ):
         return None  # guesses only, and they do not pay: a plain step
     return drafts if any(drafts) else None
 

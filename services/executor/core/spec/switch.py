@@ -108,14 +108,21 @@ class SpecSwitch:
         mean, count = self._wall.get(key, (seconds, 0))
         self._wall[key] = (GAIN_DECAY * mean + (1 - GAIN_DECAY) * seconds, count + 1)
 
+    def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
+        """The rule alone, changing nothing: within the cap, and no timing table or the
+        bucket's cost ratio below the gain (`expected_gain`, else the rolling one)."""
+        if num_decodes > self.max_batch_size:
+            return False
+        gain = self.gain if expected_gain is None else expected_gain
+        return self.cost_ratios is None or self.ratio(num_decodes) < gain
+
     def allows(self, num_decodes: int, expected_gain: float | None = None) -> bool:
         """Whether a step of `num_decodes` decodes drafts (changes state: counts a probe).
         `expected_gain`: the step's own expected tokens per decode (its drafts weighed by
         their sequences' rolling acceptance), in place of the rolling gain."""
         if num_decodes > self.max_batch_size:
             return False
-        gain = self.gain if expected_gain is None else expected_gain
-        if self.cost_ratios is None or self.ratio(num_decodes) < gain:
+        if self.admits(num_decodes, expected_gain):
             return True
         self.num_declined += 1
         if self.num_declined % PROBE_EVERY:

@@ -1,0 +1,178 @@
+"""The proposer's drafting gate: a step whose best case its switch declines (every decode's
+guess as long as its draft length allows, weighed by its rolling acceptance) is decided
+NO_DRAFTS before the step before it executes, so with speculation on its prepare
+overlaps that step as without; one declined step in PROBE_EVERY drafts anyway (a probe)
+and is verified whatever its guesses are expected to keep."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from mesh.tiny_model import write_tiny_model
+from radixmesh.sampling import SamplingParams
+from radixmesh.step import NewSequence, RunningSequence, StepPlan
+from services.executor.core.config import ExecutorConfig
+from services.executor.core.executor import ExecutorCore
+from services.executor.core.pipeline import StepPipeline
+from services.executor.core.spec import SpeculativeConfig
+from services.executor.core.spec.adaptive import DraftLength
+from services.executor.core.spec.drafting import NO_DRAFTS, DraftChoice, best_gain
+from services.executor.core.spec.proposers import Draft
+from services.executor.core.spec.switch import PROBE_EVERY, SpecSwitch
+
+PAGE_SIZE = 4
+PAGES = 40
+MAX_DRAFT = 4
+WAIT_S = 10.0
+# a repeating prompt: prompt lookup finds a match from the first decode on
+PROMPT = [11, 12, 13, 14, 15, 16, 17, 18] * 4
+NUM_OUT = 24
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-proposer-gate"), arch="llama", seed=0)
+
+
+def make_core(model_dir: Path, method: str = "ngram") -> ExecutorCore:
+    speculative = SpeculativeConfig(method=method, max_draft_tokens=MAX_DRAFT, jump_forward=False)
+    config = ExecutorConfig(
+        model_path=str(model_dir), device="cpu", page_size=PAGE_SIZE, num_pages=256,
+        max_num_seqs=4, speculative=speculative,
+    )  # fmt: skip
+    return ExecutorCore(config)
+
+
+def switch_with_ratio(ratio: float) -> SpecSwitch:
+    """A measured switch whose verification costs `ratio` plain decode steps at any batch."""
+    return SpecSwitch(8, cost_ratios={1: ratio, 8: ratio})
+
+
+def admit() -> StepPlan:
+    sampling = SamplingParams(temperature=0.0, max_tokens=NUM_OUT, ignore_eos=True)
+    n = len(PROMPT)
+    return StepPlan(1, new_seqs=[NewSequence("r", PROMPT, n, 0, n, list(range(PAGES)), sampling)])
+
+
+def decode(step_id: int, num_draft_tokens: int = MAX_DRAFT) -> StepPlan:
+    return StepPlan(step_id, running_seqs=[RunningSequence("r", 1, [], num_draft_tokens)])
+
+
+def test_best_gain_weighs_each_decodes_longest_guess_by_its_acceptance(model_dir):
+    core = make_core(model_dir)
+    try:
+        core.step(admit())
+        seqs = {"r": core._seqs["r"]}
+        seqs["r"].draft_length = None
+        assert best_gain(decode(2), seqs, 1) == 1 + MAX_DRAFT  # a new sequence tries them all
+        seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.5)
+        assert best_gain(decode(2), seqs, 1) == pytest.approx(1 + 0.5 * 2)
+        seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.1)
+        assert best_gain(decode(2), seqs, 1) == pytest.approx(1 + 0.1 * 1)  # one token at least
+        assert best_gain(decode(2, num_draft_tokens=0), seqs, 1) == 1.0  # the plan allows none
+        assert best_gain(decode(2), seqs, 2) == pytest.approx((2 + 0.1) / 2)
+    finally:
+        core.shutdown()
+
+
+def test_drafting_declines_a_step_whose_best_case_does_not_pay_and_probes(model_dir):
+    core = make_core(model_dir)
+    try:
+        core.step(admit())
+        core.spec_switch = switch_with_ratio(1.5)
+        assert core.drafting(decode(2)) == DraftChoice(proposer=True, forced=False)  # new: tries
+        core._seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.1)
+        choices = [core.drafting(decode(2)) for _ in range(PROBE_EVERY)]
+        core.spec_switch = switch_with_ratio(1.05)  # cheap verification: 1.1 > 1.05 pays
+        cheap = core.drafting(decode(2))
+    finally:
+        core.shutdown()
+    assert choices.count(NO_DRAFTS) == PROBE_EVERY - 1
+    assert choices[-1] == DraftChoice(proposer=True, forced=False, probe=True)
+    assert cheap == DraftChoice(proposer=True, forced=False)
+
+
+def test_a_probe_verifies_its_draft_though_its_expected_gain_does_not_pay(model_dir):
+    """Prepared with the probe's choice, the step verifies the proposer's draft; prepared
+    with the same switch deciding for itself, the step drafts nothing."""
+    counts = []
+    for choice in (DraftChoice(proposer=True, forced=False, probe=True), None):
+        core = make_core(model_dir)
+        try:
+            core._proposer = Guessing()
+            core.step(admit())
+            core.spec_switch = switch_with_ratio(3.0)
+            core._seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.2)
+            result = core.execute(core.prepare(decode(2), choice))
+            counts.append(result.outputs[0].num_draft_tokens)
+        finally:
+            core.shutdown()
+    assert counts[0] > 0 and counts[1] == 0
+
+
+class Guessing:
+    """A proposer that always guesses (the model's tokens are random: a lookup may find no
+    match): the gate decides, not the proposer."""
+
+    def propose(self, token_ids, max_tokens: int) -> Draft:
+        return Draft([7] * max_tokens, match_len=max_tokens)
+
+    def observe(self, token_ids) -> None:
+        pass
+
+
+def run_direct(core: ExecutorCore) -> list[int]:
+    tokens: list[int] = []
+    result = core.step(admit())
+    step_id = 1
+    while True:
+        out = result.outputs[0]
+        assert out.token_id is not None
+        tokens += [*out.accepted_token_ids, out.token_id]
+        if out.finish_reason is not None:
+            return tokens
+        step_id += 1
+        result = core.step(decode(step_id))
+
+
+async def test_with_speculation_on_a_declined_step_overlaps_the_step_before(model_dir):
+    off = make_core(model_dir, method="off")
+    on = make_core(model_dir)
+    on._proposer = Guessing()  # a step the gate let through would draft (and wait)
+    on.spec_switch = switch_with_ratio(100.0)  # declines every step's best case
+    on.spec_switch.gain = 1.0
+    pipeline = StepPipeline("proposer-gate", overlap_prepare=True)
+    pipeline.attach(on)
+    prepared: dict[int, threading.Event] = {}
+    overlapped: list[bool] = []
+    tokens: list[int] = []
+
+    def before_prepare(plan: StepPlan) -> None:
+        if plan.step_id == 2:  # the sequence's first decode has tried: acceptance now low
+            on._seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.05)
+        prepared.setdefault(plan.step_id, threading.Event()).set()
+
+    def after_execute(plan: StepPlan, result) -> int:
+        out = result.outputs[0] if result.outputs else None
+        if out is not None and out.token_id is not None:
+            tokens.extend([*out.accepted_token_ids, out.token_id])
+        if plan.step_id in (3, 4):  # the next plan is prepared while this step answers
+            overlapped.append(prepared.setdefault(plan.step_id + 1, threading.Event()).wait(WAIT_S))
+        return plan.step_id
+
+    try:
+        expected = run_direct(off)
+        run = pipeline.open(on, after_execute=after_execute, before_prepare=before_prepare)
+        futures = [run.submit(admit())]
+        futures += [run.submit(decode(step_id)) for step_id in range(2, len(expected) + 1)]
+        for future in futures:
+            future.result(timeout=60)
+    finally:
+        await pipeline.close(on.shutdown)
+        off.shutdown()
+    assert tokens == expected
+    assert overlapped == [True, True]
+    assert on.spec_switch.num_declined >= len(expected) - 3
