@@ -256,7 +256,8 @@ class ExecutorCore:
 
     @property
     def speculates(self) -> bool:
-        """Speculative decoding is on: prepares must run after the step before executed."""
+        """Speculative decoding is on (a step that may draft is prepared after the step
+        before has executed: `drafting`)."""
         return self._proposer is not None
 
     @property
