@@ -76,12 +76,15 @@ def prepare_request(
         if token_ids and token_ids[0] == tokenizer.bos_token_id:
             token_ids = token_ids[1:]
         token_ids = [*history, *token_ids]
-    max_tokens = tokenizer.check_length(len(token_ids), request.sampling.max_tokens, field)
+    sampling = request.sampling
+    max_tokens = tokenizer.check_length(len(token_ids), sampling.max_tokens, field)
+    if max_tokens != sampling.max_tokens:  # the room left (no copy where the request set it)
+        sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
     return PreparedRequest(
         req_id=req_id,
         model=request.model,
         prompt_token_ids=tuple(token_ids),
-        sampling=dataclasses.replace(request.sampling, max_tokens=max_tokens),
+        sampling=sampling,
         constraint=request.constraint,
         priority=request.priority,
         deadline_unix_ms=deadline_unix_ms,

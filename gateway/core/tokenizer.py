@@ -60,6 +60,37 @@ def _byte_level_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
+def _rust_encoder(hf_tokenizer: Any, backend: Any) -> Any:
+    """The Rust tokenizer, set as the wrapper's `encode` sets it before it encodes (no
+    truncation or padding, its split_special_tokens); None without one."""
+    if not callable(getattr(backend, "encode", None)):
+        return None
+    if not callable(getattr(hf_tokenizer, "set_truncation_and_padding", None)):
+        return None
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = bool(getattr(hf_tokenizer, "split_special_tokens", False))
+    return backend
+
+
+def _compiled_template(hf_tokenizer: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The tokenizer's default chat template compiled once, with the variables
+    apply_chat_template renders it with besides the messages (its special tokens).
+    None where transformers keeps that elsewhere: apply_chat_template is called then."""
+    try:
+        from transformers.utils.chat_template_utils import (
+            _compile_jinja_template,
+            _plain_template_data,
+        )
+
+        source = hf_tokenizer.get_chat_template()
+        return _compile_jinja_template(source), _plain_template_data(
+            dict(hf_tokenizer.special_tokens_map)
+        )
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
 class Tokenizer:
     """Tokenizes prompts and conversations for one model, and decodes its tokens."""
 
@@ -81,6 +112,9 @@ class Tokenizer:
         decoder = getattr(self._backend, "decoder", None)
         is_byte_level = type(decoder).__name__ == "ByteLevel"
         self._byte_decoder = _byte_level_decoder() if is_byte_level else None
+        self._encoder = _rust_encoder(hf_tokenizer, self._backend)
+        self._split_special_tokens = bool(getattr(hf_tokenizer, "split_special_tokens", False))
+        self._template = _compiled_template(hf_tokenizer) if self.has_chat_template else None
 
     @classmethod
     def from_folder(
@@ -106,17 +140,44 @@ class Tokenizer:
         if not prompt:
             raise InvalidArgument(f"{field}: must not be empty")
         with timed_event("gateway.tokenize"):
-            return list(self._hf.encode(prompt, add_special_tokens=True))
+            return self._encode(prompt, True)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of text inside a context: no special tokens added."""
-        return list(self._hf.encode(text, add_special_tokens=False))
+        return self._encode(text, False)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The wrapper's ids; from the Rust tokenizer itself while it is still set as the
+        wrapper sets it (a call of the wrapper elsewhere may have changed that)."""
+        rust = self._encoder
+        if (
+            rust is not None
+            and rust.truncation is None
+            and rust.padding is None
+            and rust.encode_special_tokens == self._split_special_tokens
+        ):
+            return rust.encode(text, add_special_tokens=add_special_tokens).ids
+        return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
 
     def render_template(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
         """The chat template's text of messages, unchecked (raises what the template raises)."""
         as_dicts = [{"role": m.role, "content": m.content} for m in messages]
-        return self._hf.apply_chat_template(
-            as_dicts, add_generation_prompt=add_generation_prompt, tokenize=False
+        return self._render(as_dicts, add_generation_prompt)
+
+    def _render(self, as_dicts: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """apply_chat_template's text: with the template compiled at load, rendered with
+        the same variables (the messages, no tools or documents, the special tokens)."""
+        if self._template is None or not as_dicts:
+            return self._hf.apply_chat_template(
+                as_dicts, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        template, variables = self._template
+        return template.render(
+            messages=as_dicts,
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
         )
 
     def render_chat(self, messages: Sequence[ChatMessage], field: str = "messages") -> str:
@@ -126,9 +187,7 @@ class Tokenizer:
             raise FailedPrecondition(f"{field}: model {self.name!r} has no chat template")
         as_dicts = [{"role": m.role, "content": m.content} for m in messages]
         try:
-            return self._hf.apply_chat_template(
-                as_dicts, add_generation_prompt=True, tokenize=False
-            )
+            return self._render(as_dicts, True)
         except Exception as exc:  # the template raised (e.g. it forbids this role order)
             raise InvalidArgument(f"{field}: the chat template rejected them: {exc}") from None
 
@@ -139,7 +198,7 @@ class Tokenizer:
         with timed_event("gateway.template", num_messages=len(messages)):
             text = self.render_chat(messages, field)
         with timed_event("gateway.tokenize"):
-            return list(self._hf.encode(text, add_special_tokens=False))
+            return self._encode(text, False)
 
     @staticmethod
     def validate_messages(messages: Sequence[ChatMessage], field: str = "messages") -> None:
