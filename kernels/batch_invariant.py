@@ -281,7 +281,7 @@ def batch_invariant_decode_attention_triton(
     check_paged_kv("batch_invariant_decode_attention", q, k_cache, v_cache, page_table)
     check_window("batch_invariant_decode_attention", sliding_window)
     num_rows, num_heads, head_dim = q.shape
-    _, page_size, num_kv_heads, _ = k_cache.shape
+    page_size = k_cache.shape[1]
     check(
         seq_lens.shape == (num_rows,) and seq_lens.dtype == torch.int32,
         "batch_invariant_decode_attention: seq_lens must be [num_rows] int32",
