@@ -2,6 +2,7 @@
 
     python bench/host_overhead.py                       # both, batch 64 and 256
     python bench/host_overhead.py --part scheduler --batch 256 --profile
+    python bench/host_overhead.py --part wire           # a step result's protobuf, both ends
 
 Scheduler: the real SchedulerCore over the real cache core, a null executor (one
 token per sequence per step, no model, its own time taken out), and the real
@@ -9,13 +10,18 @@ servicer's delivery (`SchedulerServicer.deliver`: one StreamResponse per stream
 per step, serialized as gRPC would). Printed per decode step at full batch (CPU time, the tenth percentile of the steps and the least of the runs: the figure a step has when the loaded host leaves it alone):
 results into request updates and their stream writes, and plan building.
 
+Wire (`--part wire`): one decode step's StepResult from the executor's result to the
+scheduler's request updates: `result_to_proto` and its bytes, the bytes parsed and read
+as the gRPC executor port reads them, `read_outputs`. CPU per step.
+
 Gateway: per streamed request the OpenAI chat path (parse, tokenize, the
 scheduler client's stream read with protobuf parsing of each step's response,
 the choice's detokenizer and stop matcher, the SSE chunk's JSON) or the gRPC
 path's response build; a fake scheduler stub sends one pre-serialized
 StreamResponse per step carrying every request's token. Printed: microseconds
 of CPU per output token and per request (arrival to submit). The HTTP write and
-the Envoy hop are not in it.
+the Envoy hop are not in it. Also one chat request's preparation alone (parse, template,
+tokenize, checks; CPU per request).
 """
 
 from __future__ import annotations
@@ -312,6 +318,107 @@ async def gateway_run(batch: int, output_len: int, api: str) -> dict[str, float]
     }
 
 
+def request_run(iters: int = 500, rounds: int = 5) -> dict[str, float]:
+    """One chat request's preparation (parse the body, chat template, tokenize, check):
+    CPU per request, the least round of `iters`, and of it the template and tokenize."""
+    from gateway.core.openai import parse_chat_request
+    from gateway.core.prepare import prepare_request
+
+    tokenizer = _tokenizer()
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "tell me about the quick brown fox"},
+    ]
+    body = {"model": "bench", "messages": messages, "max_tokens": 32, "stream": True}
+    chat = parse_chat_request(body).input.messages
+    assert chat is not None
+    text = tokenizer.render_chat(chat)
+    parts = {
+        "request_us": lambda: prepare_request(parse_chat_request(body), tokenizer, "r1"),
+        "template_us": lambda: tokenizer.render_chat(chat),
+        "tokenize_us": lambda: tokenizer.encode_text(text),
+    }
+    out = {}
+    for name, call in parts.items():
+        best = float("inf")
+        for _ in range(rounds):
+            t = time.process_time()
+            for _ in range(iters):
+                call()
+            best = min(best, (time.process_time() - t) / iters)
+        out[name] = best * 1e6
+    return out
+
+
+# -- the step result's wire ------------------------------------------------------------------
+
+
+def wire_run(batch: int, iters: int = 200, rounds: int = 5) -> dict[str, float]:
+    """One decode step's result of `batch` rows (one of them finishing) from the executor's
+    StepResult to the scheduler's request updates: the executor's half (`result_to_proto`
+    and the bytes) and the scheduler's (the bytes parsed, `result_from_proto` as the
+    gRPC port calls it, `read_outputs`). CPU per step, the least round of `iters` steps."""
+    import inspect
+    from types import SimpleNamespace
+
+    from radixmesh import wire
+    from radixmesh.step import SequenceOutput
+    from radixmesh.v1 import executor_pb2
+    from services.scheduler.core.request import Request
+    from services.scheduler.core.results import read_outputs
+    from services.scheduler.core.stats import SchedulerStats
+
+    req_ids = [f"{i % 4}:chatcmpl-{i:08x}{'0' * 20}" for i in range(batch)]  # stream:request
+    outputs = [SequenceOutput(r, 1000 + i) for i, r in enumerate(req_ids)]
+    outputs[batch // 2] = SequenceOutput(req_ids[batch // 2], 7, finish_reason="length")
+    result = StepResult(12, outputs, 0.01)
+    columnar = "columnar" in inspect.signature(wire.result_from_proto).parameters
+    ex = SimpleNamespace(executor_id="ex")
+    stats = SchedulerStats()
+    sampling = SamplingParams(max_tokens=1 << 20)
+
+    def requests() -> dict[str, Request]:
+        out = {}
+        for r in req_ids:
+            req = out[r] = Request(r, [1, 2, 3], sampling, 0.0)
+            req.executor_id, req.reported = "ex", True
+        return out
+
+    def executor_half() -> bytes:
+        return wire.result_to_proto(result).SerializeToString()
+
+    data = executor_half()
+
+    def parse() -> StepResult:
+        msg = executor_pb2.StepResult.FromString(data)
+        return wire.result_from_proto(msg, columnar=True) if columnar else wire.result_from_proto(msg)
+
+    parsed = parse()
+    exec_s, parse_s, read_s = [], [], []
+    for _ in range(rounds):
+        t = time.process_time()
+        for _ in range(iters):
+            executor_half()
+        exec_s.append((time.process_time() - t) / iters)
+        t = time.process_time()
+        for _ in range(iters):
+            parse()
+        parse_s.append((time.process_time() - t) / iters)
+        reqs = requests()
+        t = time.process_time()
+        for _ in range(iters):
+            read_outputs(ex, parsed, reqs, 1.0, stats)  # type: ignore[arg-type]
+        read_s.append((time.process_time() - t) / iters)
+    return {
+        "executor_us": min(exec_s) * 1e6,
+        "parse_us": min(parse_s) * 1e6,
+        "read_us": min(read_s) * 1e6,
+        "scheduler_us": (min(parse_s) + min(read_s)) * 1e6,
+        "bytes": len(data),
+        "columnar": float(columnar),
+    }
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -326,7 +433,10 @@ def _run(coro: Any, profile: bool) -> Any:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--part", choices=["scheduler", "gateway", "both"], default="both")
+    p.add_argument(
+        "--part", choices=["scheduler", "gateway", "wire", "both"], default="both",
+        help="both: scheduler and gateway; wire: a step result's protobuf, both ends",
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=32, help="scheduler: prompt tokens")
@@ -335,6 +445,16 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="cProfile one run, top 25 by tottime")
     args = p.parse_args()
     for batch in args.batch:
+        if args.part == "wire":
+            runs = [wire_run(batch) for _ in range(args.repeat)]
+            least = {k: min(r[k] for r in runs) for k in ("executor_us", "parse_us", "read_us")}
+            print(
+                f"wire batch {batch}: CPU per step {least['executor_us']:.1f} us executor "
+                f"(result_to_proto + bytes), scheduler {least['parse_us']:.1f} us parse (bytes, "
+                f"result_from_proto) + {least['read_us']:.1f} us read_outputs; "
+                f"{runs[0]['bytes']} bytes; runs (executor, parse, read) "
+                f"{[(round(r['executor_us']), round(r['parse_us']), round(r['read_us'])) for r in runs]}"
+            )
         if args.part in ("scheduler", "both"):
             runs = [
                 _run(
@@ -354,6 +474,15 @@ def main() -> int:
                 f"plan {r['plan_us']:.0f} us; {r['host_us'] / batch:.2f} us per "
                 f"sequence; null executor {r['executor_us']:.0f} us taken out; "
                 f"{r['steps']} steps; runs {[round(x['host_us']) for x in runs]}"
+            )
+        if args.part in ("gateway", "both") and batch == args.batch[0]:
+            runs = [request_run() for _ in range(args.repeat)]
+            least = {k: min(r[k] for r in runs) for k in runs[0]}
+            print(
+                f"gateway chat request prepared: {least['request_us']:.1f} us CPU (parse, "
+                f"template, tokenize, checks); of it template {least['template_us']:.1f} us, "
+                f"tokenize {least['tokenize_us']:.1f} us; runs "
+                f"{[round(r['request_us'], 1) for r in runs]}"
             )
         if args.part in ("gateway", "both"):
             for api in ("openai", "grpc"):

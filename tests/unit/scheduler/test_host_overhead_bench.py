@@ -26,3 +26,17 @@ def test_the_gateway_part_streams_every_token_of_every_request(api: str) -> None
     row = asyncio.run(bench.gateway_run(batch=3, output_len=6, api=api))
     assert row["steps"] == 6  # each step went out once all three requests had written it
     assert row["bytes"] > 0 and row["us_per_token"] > 0 and row["us_per_request"] > 0
+
+
+def test_the_wire_part_times_both_ends_of_a_columnar_result() -> None:
+    bench = importlib.import_module("bench.host_overhead")
+    row = bench.wire_run(batch=8, iters=3, rounds=2)
+    assert row["columnar"] == 1.0  # the gRPC port's reading was timed
+    assert row["executor_us"] > 0 and row["parse_us"] > 0 and row["read_us"] > 0
+    assert row["bytes"] > 8 * 30  # every row's request id went out
+
+
+def test_the_request_part_times_a_chat_request_and_its_parts() -> None:
+    bench = importlib.import_module("bench.host_overhead")
+    row = bench.request_run(iters=3, rounds=1)
+    assert row["request_us"] > row["template_us"] > 0 and row["tokenize_us"] > 0
