@@ -345,6 +345,19 @@ def _attend_rows(
     )  # fmt: skip
 
 
+def workspace_bytes(
+    num_rows: int, num_heads: int, head_dim: int, max_pages_per_seq: int, page_size: int,
+    sliding_window: int | None,
+) -> int:
+    """A bound on the device memory one batch-invariant decode attention call over num_rows
+    rows allocates: its split partials (a chunk of rows at a time) and, for an extend, the
+    rows' page table."""
+    splits = num_splits_for(max_pages_per_seq, page_size, sliding_window)
+    per_row = num_heads * splits * (max(triton.next_power_of_2(head_dim), 16) + 2) * 4
+    partials = min(num_rows, max(1, PARTIALS_BYTES // per_row)) * per_row
+    return partials + num_rows * (max_pages_per_seq * 4 + 8)
+
+
 def decode_rows(
     cu_seqlens_q: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.batch_invariant import workspace_bytes
 from kernels.paged_decode_attention import decode_graph_widths
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
@@ -53,6 +54,9 @@ class GraphPlan:
     """Largest bucket of the verification graphs; 0: none."""
     verify_rows: int = 1
     """Rows per sequence of the verification graphs: max(k, max forced tokens) + 1."""
+    batch_invariant: bool = False
+    """The executor's batch-invariant mode: its decode attention's split partials and an
+    extend's per-row page table count in the graphs' memory."""
 
     def shapes(self) -> list[tuple[int, int]]:
         """(largest bucket, rows per sequence) of each set."""
@@ -69,11 +73,11 @@ def plan_graphs(config: ExecutorConfig, max_forced_tokens: int) -> GraphPlan:
     draft = speculative.max_draft_tokens if speculative.enabled else 0
     rows = max(draft, max_forced_tokens) + 1
     if rows == 1:
-        return GraphPlan(config.max_num_seqs)
+        return GraphPlan(config.max_num_seqs, batch_invariant=config.batch_invariant)
     seqs = config.max_num_seqs
     if not max_forced_tokens and speculative.max_batch_size is not None:
         seqs = min(seqs, speculative.max_batch_size)  # a fixed cap: no drafts above it
-    return GraphPlan(config.max_num_seqs, seqs, rows)
+    return GraphPlan(config.max_num_seqs, seqs, rows, config.batch_invariant)
 
 
 def estimate_graph_bytes(
@@ -86,7 +90,8 @@ def estimate_graph_bytes(
 ) -> int:
     """A bound on the device memory the plan's graphs hold: the largest capture's
     activations and logits (the others reuse its pool), the shared float32 logits
-    buffer, the static inputs, and an allowance per graph."""
+    buffer, the static inputs, and an allowance per graph; in the batch-invariant mode also
+    its decode attention's workspace."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_token = 4 * spec.hidden_size + spec.q_size + 2 * spec.kv_size + 3 * spec.intermediate_size
     shapes = plan.shapes()
@@ -102,6 +107,14 @@ def estimate_graph_bytes(
         for seqs, r in shapes
     )
     overhead = num_graphs * GRAPH_OVERHEAD_BYTES + GRAPH_SLACK_BYTES
+    if plan.batch_invariant:
+        activations += max(
+            workspace_bytes(
+                seqs * r, spec.num_heads, spec.head_dim,
+                pages_per_seq(max_model_len, page_size, r), page_size, spec.sliding_window,
+            )
+            for seqs, r in shapes
+        )  # fmt: skip
     return activations + logits_buffer + inputs + overhead
 
 

@@ -225,3 +225,21 @@ def test_speculative_bench_compares_each_batch_with_the_smaller_ones() -> None:
     assert bench.same_as_smaller_batches(rows, "code_edit/b2")
     assert not bench.same_as_smaller_batches(rows, "code_edit/b4")
     assert bench.same_as_smaller_batches(rows, "random/b2")
+
+
+def test_the_graph_estimate_counts_the_modes_attention_workspace(llama_model: TinyModel) -> None:
+    from kernels.batch_invariant import workspace_bytes
+    from services.executor.core.graph_setup import estimate_graph_bytes, plan_graphs
+    from services.executor.core.loader import read_model_folder
+
+    spec = read_model_folder(str(llama_model.path)).spec
+    fields = {"model_path": str(llama_model.path), "max_num_seqs": 64}
+    ngram = SpeculativeConfig(method="ngram", max_batch_size=64)
+    plain = plan_graphs(ExecutorConfig(**fields, speculative=ngram), 0)
+    mode = plan_graphs(ExecutorConfig(**fields, speculative=ngram, batch_invariant=True), 0)
+    assert mode.batch_invariant and not plain.batch_invariant and mode.shapes() == plain.shapes()
+    args = (spec, torch.bfloat16, spec.vocab_size, 4096, 16)
+    grown = estimate_graph_bytes(mode, *args) - estimate_graph_bytes(plain, *args)
+    # the verification set's 64 x 5 rows, 16 splits of 256 positions each
+    assert grown == workspace_bytes(64 * 5, spec.num_heads, spec.head_dim, 257, 16, None)
+    assert grown > 64 * 5 * spec.num_heads * 16 * spec.head_dim * 4
