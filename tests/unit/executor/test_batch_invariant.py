@@ -243,3 +243,42 @@ def test_the_graph_estimate_counts_the_modes_attention_workspace(llama_model: Ti
     # the verification set's 64 x 5 rows, 16 splits of 256 positions each
     assert grown == workspace_bytes(64 * 5, spec.num_heads, spec.head_dim, 257, 16, None)
     assert grown > 64 * 5 * spec.num_heads * 16 * spec.head_dim * 4
+
+
+async def test_through_the_engine_with_a_shared_cached_prefix(llama_model: TinyModel) -> None:
+    """The in-process engine (scheduler, cache and executor cores): 8 greedy requests whose
+    shared 8-token prefix the cache holds (a request of it ran first) give the same tokens
+    with ngram drafts as without, and each alone on a fresh engine (its prefix computed, not
+    read from the cache) as in the batch."""
+    import asyncio
+
+    from mesh.engine import Engine, EngineConfig
+
+    shared = random_prompt(8, 5)
+    prompts = [shared + repeating_prompt(s) for s in range(5)]
+    prompts += [shared + random_prompt(9, 60 + s) for s in range(3)]
+    sampling = greedy(max_tokens=20, ignore_eos=True)
+
+    async def run(method: str, batch: list[list[int]], warm: bool) -> tuple[list, int, int]:
+        spec = SpeculativeConfig(method=method, max_batch_size=64)
+        config = EngineConfig.for_model(
+            str(llama_model.path), device="cpu", page_size=PAGE_SIZE, num_pages=1024,
+            max_num_seqs=16, batch_invariant=True, speculative=spec,
+        )  # fmt: skip
+        async with Engine(config) as engine:
+            if warm:
+                await (await engine.generate([*shared, 7, 8, 9], sampling)).collect()
+            streams = [await engine.generate(p, sampling) for p in batch]
+            results = await asyncio.gather(*(s.collect() for s in streams))
+            accepted = engine.executors[0].spec_stats.snapshot().num_accepted_tokens
+        cached = sum(r.num_cached_tokens for r in results)
+        return [r.token_ids for r in results], accepted, cached
+
+    off, _, cached = await run("off", prompts, warm=True)
+    assert cached >= 8 * len(prompts)  # every request read the shared prefix's pages
+    on, accepted, _ = await run("ngram", prompts, warm=True)
+    assert accepted > 0
+    assert on == off
+    for i in (1, 6):
+        alone, _, cached = await run("ngram", [prompts[i]], warm=False)
+        assert cached == 0 and alone[0] == off[i]
