@@ -12,7 +12,9 @@ results into request updates and their stream writes, and plan building.
 
 Wire (`--part wire`): one decode step's StepResult from the executor's result to the
 scheduler's request updates: `result_to_proto` and its bytes, the bytes parsed and read
-as the gRPC executor port reads them, `read_outputs`. CPU per step.
+as the gRPC executor port reads them, `read_outputs`. CPU per step. Stream (`--part
+stream`): the scheduler's `RemoteExecutor.next_result` reading such results from a
+server process over loopback gRPC (the read's wake-up and the conversion). CPU per step.
 
 Gateway: per streamed request the OpenAI chat path (parse, tokenize, the
 scheduler client's stream read with protobuf parsing of each step's response,
@@ -419,6 +421,77 @@ def wire_run(batch: int, iters: int = 200, rounds: int = 5) -> dict[str, float]:
     }
 
 
+_STREAM_SERVER = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+import grpc
+from radixmesh import wire
+from radixmesh.step import SequenceOutput, StepResult
+from radixmesh.v1 import executor_pb2_grpc
+
+batch, steps, port = (int(a) for a in sys.argv[2:5])
+outputs = [SequenceOutput(f"{i % 4}:chatcmpl-{i:08x}{'0' * 20}", 1000 + i) for i in range(batch)]
+outputs[batch // 2].finish_reason = "length"
+message = wire.result_to_proto(StepResult(1, outputs, 0.01))
+
+
+class Executor(executor_pb2_grpc.ExecutorServicer):
+    async def Step(self, plans, context):
+        await anext(aiter(plans))
+        for _ in range(steps):
+            yield message
+
+
+async def main():
+    server = grpc.aio.server()
+    executor_pb2_grpc.add_ExecutorServicer_to_server(Executor(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("serving", flush=True)
+    await server.wait_for_termination()
+
+
+asyncio.run(main())
+"""
+
+
+async def stream_run(batch: int, steps: int = 300) -> dict[str, float]:
+    """The scheduler's read of an executor's Step stream (`RemoteExecutor.next_result`:
+    the gRPC read and the result's conversion) over loopback from a server process that
+    streams one decode step's result of `batch` rows per message. CPU of this process per
+    step, and the bytes per message."""
+    import subprocess
+
+    from radixmesh.v1 import executor_pb2
+    from services.common.config import free_port
+    from services.scheduler.remote import RemoteExecutor
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", _STREAM_SERVER, str(ROOT), str(batch), str(steps + 20), str(port)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        await asyncio.to_thread(server.stdout.readline)  # "serving"
+        executor = RemoteExecutor(f"127.0.0.1:{port}")
+        executor._call = executor._stub.Step(executor._plans())
+        executor._outbox.put_nowait(executor_pb2.StepPlan(step_id=1))
+        for _ in range(20):  # the stream's start
+            result = await executor.next_result()
+        t, wall = time.process_time(), time.perf_counter()
+        for _ in range(steps):
+            result = await executor.next_result()
+        cpu, wall = time.process_time() - t, time.perf_counter() - wall
+        rows = result.num_rows if hasattr(result, "num_rows") else len(result.outputs)
+        assert rows == batch, rows
+        await executor.close()
+    finally:
+        server.kill()
+        server.wait()
+    return {"us_per_step": cpu / steps * 1e6, "wall_us_per_step": wall / steps * 1e6}
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -434,8 +507,9 @@ def _run(coro: Any, profile: bool) -> Any:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "--part", choices=["scheduler", "gateway", "wire", "both"], default="both",
-        help="both: scheduler and gateway; wire: a step result's protobuf, both ends",
+        "--part", choices=["scheduler", "gateway", "wire", "stream", "both"], default="both",
+        help="both: scheduler and gateway; wire: a step result's protobuf, both ends; "
+        "stream: the scheduler reading an executor's Step stream over loopback",
     )
     p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     p.add_argument("--output-len", type=int, default=128)
@@ -454,6 +528,14 @@ def main() -> int:
                 f"result_from_proto) + {least['read_us']:.1f} us read_outputs; "
                 f"{runs[0]['bytes']} bytes; runs (executor, parse, read) "
                 f"{[(round(r['executor_us']), round(r['parse_us']), round(r['read_us'])) for r in runs]}"
+            )
+        if args.part == "stream":
+            runs = [asyncio.run(stream_run(batch)) for _ in range(args.repeat)]
+            print(
+                f"stream batch {batch}: the scheduler's read per step "
+                f"{min(r['us_per_step'] for r in runs):.1f} us CPU (least of runs; wall "
+                f"{min(r['wall_us_per_step'] for r in runs):.1f} us); runs "
+                f"{[round(r['us_per_step']) for r in runs]}"
             )
         if args.part in ("scheduler", "both"):
             runs = [
