@@ -60,22 +60,26 @@ def verify_and_decode_logits(core: ExecutorCore, prompts: list[list[int]]) -> tu
     return verified, torch.stack(decoded)
 
 
-def test_verification_rows_are_the_bits_of_plain_decodes(llama_model: TinyModel) -> None:
+def test_verification_rows_are_the_bits_of_plain_decodes(tiny_model: TinyModel) -> None:
+    """Every architecture (q/k/v bias, q/k norm, tied embeddings, a sliding window)."""
     prompts = [random_prompt(5 + 3 * i, 70 + i) for i in range(8)]
-    verified, decoded = verify_and_decode_logits(invariant_core(llama_model), prompts)
+    verified, decoded = verify_and_decode_logits(invariant_core(tiny_model), prompts)
     assert torch.equal(verified, decoded)
 
 
-def test_the_mode_computes_the_model(llama_model: TinyModel) -> None:
-    """Every prompt row's logits (the prefill's attention as decode rows) are transformers',
-    and so is the greedy continuation with drafts verified."""
-    core = invariant_core(llama_model)
-    prompt = repeating_prompt(1)  # its drafts are accepted
+def test_the_mode_computes_the_model(tiny_model: TinyModel) -> None:
+    """Every prompt row's logits (the prefill's attention as decode rows) are transformers'."""
+    core = invariant_core(tiny_model)
+    prompt = repeating_prompt(1)
     entry = BatchEntry(0, prompt, list(range(PAGES)), True)
     batch = build_forward_batch([entry], PAGE_SIZE, core.device)
     batch.logits_indices = torch.arange(len(prompt))
     ours = core.model.forward(batch, core.kv_pool)
-    torch.testing.assert_close(ours, hf_logits(llama_model.hf, prompt), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours, hf_logits(tiny_model.hf, prompt), atol=1e-4, rtol=1e-4)
+
+
+def test_the_greedy_continuation_with_drafts_is_transformers(llama_model: TinyModel) -> None:
+    prompt = repeating_prompt(1)  # its drafts are accepted
     spec = invariant_core(llama_model, "ngram")
     tokens, _ = generate(spec, [prompt], [greedy(max_tokens=16, ignore_eos=True)], 4)
     assert spec.spec_stats.snapshot().num_accepted_tokens > 0
