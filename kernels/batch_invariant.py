@@ -223,7 +223,7 @@ def _split_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # one compiled merge for every table width
 def _merge_kernel(
     part_out_ptr,
     part_m_ptr,
