@@ -141,7 +141,7 @@ def batch_invariant_linear_triton(
     return out.reshape(*x.shape[:-1], n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_page_table"])  # one compile for every table width
 def _split_kernel(
     q_ptr,
     k_cache_ptr,
