@@ -75,6 +75,7 @@ from services.executor.core.spec.drafting import (
     DraftLimits,
     check_not_verifying,
     choose_drafting,
+    undrafted_steps,
 )
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
@@ -285,6 +286,8 @@ class ExecutorCore:
         Call it once per step (it counts jump-forward's switch decision), on the prepare
         thread: a step that may draft is prepared only once the step before executed."""
         if substep or (self._proposer is None and self._forced is None):
+            if substep and self._proposer is not None:
+                self.spec_switch.note_undrafted(len(plan.running_seqs))
             choice = NO_DRAFTS
         else:
             with self._lock:
@@ -490,7 +493,12 @@ class ExecutorCore:
                 record_forced_gain(self.forced_switch, prepared.drafts, outputs)
         seconds = prepared.prepare_seconds + time.perf_counter() - start
         observe_step((self.spec_switch, self.forced_switch), prepared, seconds)
-        return StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
+        result = StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
+        if self._proposer is not None and batch is not None and batch.is_decode:
+            result.undrafted_steps = undrafted_steps(
+                self.spec_switch, prepared.seqs, self.config.speculative.max_draft_tokens
+            )
+        return result
 
     def shutdown(self) -> None:
         with self._lock:

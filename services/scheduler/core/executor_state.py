@@ -45,6 +45,10 @@ class ExecutorState:
     next_step_id: int = 1
     last_result_step: int = 0
     """Id of the newest step whose result was processed."""
+    undrafted_steps: int = 0
+    """Decode steps the executor's speculation switch would decline before it probes, less
+    those planned since it said so (`StepResult.undrafted_steps`): while more than one,
+    decodes are offered no drafts and may run several steps a plan (multi_step.py)."""
     dropped_req_ids: list[str] = field(default_factory=list)
     """Sequences the executor holds that the next plan tells it to forget."""
     abort_req_ids: set[str] = field(default_factory=set)

@@ -11,7 +11,11 @@ waits in the queue (so nothing is admitted; a request arriving meanwhile is
 admitted by the next plan, at most k steps later), every running sequence
 decodes in it (no prefill chunk, no preemption, no failure), and no row
 could verify a draft (speculative decoding at this batch size, or
-jump-forward on a constrained row: those plans stay one step each). Pages
+jump-forward on a constrained row: those plans stay one step each). A
+speculating executor whose switch declines the batch says for how many more
+steps (`StepResult.undrafted_steps`, up to its next probe): meanwhile its
+decodes are offered no drafts and plans run several steps again, the probe's
+step offered drafts in a plan of its own. Pages
 for each sequence's k tokens (fewer when its max_tokens or the context limit
 comes first) are leased up front; those a sequence does not reach go back
 with its lease when it ends.
@@ -54,7 +58,7 @@ def may_run_steps(
     if len(running_seqs) != len(ex.running):
         return False  # a running request waits for pages or budget
     info = ex.info
-    if info.max_draft_tokens and len(running_seqs) <= info.max_speculative_batch_size:
+    if speculates_at(ex, len(running_seqs)) and not offers_no_drafts(ex, len(running_seqs)):
         return False  # rows could verify drafts: one step per plan
     for seq in running_seqs:
         if seq.num_scheduled_tokens != 1 or seq.num_draft_tokens:
@@ -63,6 +67,27 @@ def may_run_steps(
         if req.prefilling or (info.max_forced_tokens and req.constraint is not None):
             return False
     return True
+
+
+def speculates_at(ex: ExecutorState, num_decodes: int) -> bool:
+    """The executor speculates, and at this batch size its decodes may verify drafts."""
+    info = ex.info
+    return bool(info.max_draft_tokens) and num_decodes <= info.max_speculative_batch_size
+
+
+def offers_no_drafts(ex: ExecutorState, num_decodes: int) -> bool:
+    """A speculating executor's switch declines this batch for more than its next step
+    (`ExecutorState.undrafted_steps`): its decodes are offered no drafts, so the plan
+    changes nothing but one token per sequence and may run several steps."""
+    return speculates_at(ex, num_decodes) and ex.undrafted_steps > 1
+
+
+def max_steps_per_plan(ex: ExecutorState, num_decodes: int, k: int) -> int:
+    """The most steps the next plan may run: k, or while the switch declines, no more than
+    the steps it still declines (the step after them is offered drafts, and probes)."""
+    if offers_no_drafts(ex, num_decodes):
+        return min(k, ex.undrafted_steps)
+    return k
 
 
 async def extend_to_steps(

@@ -58,6 +58,8 @@ async def schedule_running(
     max_draft = info.max_draft_tokens
     if len(decodes) > info.max_speculative_batch_size:
         max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
+    elif ex.undrafted_steps > 1:
+        max_draft = 0  # the executor's switch declines this batch until its next probe
     # per [no constraint, constraint]: tokens unverified steps may add (slack), and the
     # draft cap (forced tokens are always accepted: they pay at any batch size)
     forced = info.max_forced_tokens

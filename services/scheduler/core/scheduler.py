@@ -42,7 +42,12 @@ from services.scheduler.core.groups import (
 from services.scheduler.core.holds import Holds
 from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
-from services.scheduler.core.multi_step import extend_to_steps, may_run_steps
+from services.scheduler.core.multi_step import (
+    extend_to_steps,
+    max_steps_per_plan,
+    may_run_steps,
+    offers_no_drafts,
+)
 from services.scheduler.core.ports import CachePort, ExecutorPort
 from services.scheduler.core.preemption import preempt_for_priority
 from services.scheduler.core.preparing import Preparations
@@ -386,6 +391,7 @@ class SchedulerCore:
             else:
                 ex.num_in_flight -= 1
             ex.last_result_step = result.step_id
+            ex.undrafted_steps = max(0, result.undrafted_steps - ex.num_in_flight)
             ex.note_health(result.health, self._clock())
             await self._process(ex, result)
 
@@ -430,9 +436,11 @@ class SchedulerCore:
         if not (running_seqs or new_seqs or ex.dropped_req_ids):
             return None
         plan = StepPlan(ex.next_step_id, new_seqs, running_seqs, ex.dropped_req_ids)
-        k = config.decode_steps_per_plan
+        k = max_steps_per_plan(ex, len(running_seqs), config.decode_steps_per_plan)
         if k > 1 and may_run_steps(ex, running_seqs, len(new_seqs), budget):
             plan.num_steps = await extend_to_steps(ex, self._leases, running_seqs, k)
+        if offers_no_drafts(ex, len(running_seqs)):
+            ex.undrafted_steps = max(0, ex.undrafted_steps - plan.num_steps)
         ex.next_step_id += 1
         ex.dropped_req_ids = []
         return plan

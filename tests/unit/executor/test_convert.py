@@ -123,6 +123,7 @@ results = st.builds(
     outputs=st.lists(outputs, max_size=4),
     step_seconds=st.floats(0, 10),
     substep=st.integers(0, 2**32 - 1),
+    undrafted_steps=st.integers(0, 2**32 - 1),
 )
 
 

@@ -19,7 +19,12 @@ from services.executor.core.executor import ExecutorCore
 from services.executor.core.pipeline import StepPipeline
 from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.adaptive import DraftLength
-from services.executor.core.spec.drafting import NO_DRAFTS, DraftChoice, best_gain
+from services.executor.core.spec.drafting import (
+    NO_DRAFTS,
+    DraftChoice,
+    best_gain,
+    undrafted_steps,
+)
 from services.executor.core.spec.proposers import Draft
 from services.executor.core.spec.switch import PROBE_EVERY, SpecSwitch
 
@@ -176,3 +181,27 @@ async def test_with_speculation_on_a_declined_step_overlaps_the_step_before(mode
     assert tokens == expected
     assert overlapped == [True, True]
     assert on.spec_switch.num_declined >= len(expected) - 3
+
+
+def test_a_declined_decode_step_says_how_many_steps_its_switch_declines_before_it_probes(
+    model_dir,
+):
+    core = make_core(model_dir)
+    try:
+        core.step(admit())
+        core.spec_switch = switch_with_ratio(3.0)
+        seq = core._seqs["r"]
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == 0  # new: it tries
+        seq.draft_length = DraftLength(MAX_DRAFT, acceptance=0.05)
+        choice = core.drafting(decode(2))  # declined: one step toward the probe
+        result = core.execute(core.prepare(decode(2), choice))
+        assert choice == NO_DRAFTS
+        assert result.undrafted_steps == PROBE_EVERY - 2
+        core.drafting(decode(3), substep=1)  # a later step of a plan counts too
+        offered_none = StepPlan(4, running_seqs=[RunningSequence("r", 1, [], 0)])
+        assert core.drafting(offered_none) == NO_DRAFTS  # and a step offered no drafts
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == PROBE_EVERY - 4
+        core.spec_switch = SpecSwitch(8)  # no timing table: the cap alone decides
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == 0
+    finally:
+        core.shutdown()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,14 @@ class ToyExecutor:
         """Later steps of multi-step plans run (each plan's first step is in `plans`)."""
         self.num_copied_tokens = 0
         """Slots the plans' page copies (NewSequence.page_copy) copied."""
+        self.undrafted: Callable[[StepPlan, int, StepResult], int] | None = None
+        """(plan, substep, result) -> the result's undrafted_steps, as a speculating
+        executor's switch would say it; None: 0."""
+
+    def _report(self, plan: StepPlan, substep: int, result: StepResult) -> StepResult:
+        if self.undrafted is not None:
+            result.undrafted_steps = self.undrafted(plan, substep, result)
+        return result
 
     def stop(self, req_ids: list[str]) -> None:
         """A plan's abort_req_ids, as it arrives: later steps of a multi-step plan skip them."""
@@ -98,7 +107,7 @@ class ToyExecutor:
         for req_id, seq, n in work:
             self._write(req_id, seq, n)
         outputs = [self._sample(req_id, seq, n) for req_id, seq, n in work]
-        return StepResult(plan.step_id, outputs, substep=substep)
+        return self._report(plan, substep, StepResult(plan.step_id, outputs, substep=substep))
 
     def step(self, plan: StepPlan) -> StepResult:
         assert plan.step_id == self.next_step_id, (plan.step_id, self.next_step_id)
@@ -127,7 +136,7 @@ class ToyExecutor:
             self._write(req_id, seq, n)
         self._copy([new.page_copy for new in plan.new_seqs if new.page_copy is not None])
         outputs = [self._sample(req_id, seq, n) for req_id, seq, n in work]
-        return StepResult(plan.step_id, outputs)
+        return self._report(plan, 0, StepResult(plan.step_id, outputs))
 
     def _copy(self, copies: list) -> None:
         """The step's page copies, as the executor's layers run them: after the step's

@@ -12,6 +12,7 @@ from sched_fakes import make_rig, reference
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
+from services.executor.core.spec.switch import PROBE_EVERY, SpecSwitch
 from services.scheduler.core import SchedulerConfig
 
 
@@ -83,6 +84,46 @@ async def test_speculative_batches_and_jump_forward_rows_stay_one_step():
     await rig.scheduler.stop()
     assert {plan.num_steps for plan in rig.toy.plans} == {1}  # its grammar may force tokens
     assert len(rig.sink.tokens["c"]) == 12
+
+
+def declining_executor(rig) -> SpecSwitch:
+    """The toy executor reports undrafted_steps as a speculating executor whose switch
+    declines every step does (a real SpecSwitch: a step offered no drafts, or a later step
+    of a plan, counts toward the probe; a step offered drafts is declined or probes)."""
+    switch = SpecSwitch(4, cost_ratios={1: 100.0, 4: 100.0})
+    switch.gain = 1.0
+
+    def undrafted(plan, substep, result) -> int:
+        num_decodes = len(plan.running_seqs)
+        offered = not substep and any(r.num_draft_tokens for r in plan.running_seqs)
+        if plan.new_seqs or not num_decodes:
+            return 0  # not a decode step: the executor says nothing
+        if offered:
+            switch.allows(num_decodes)
+        else:
+            switch.note_undrafted(num_decodes)
+        return switch.steps_to_probe() - 1
+
+    rig.toy.undrafted = undrafted
+    return switch
+
+
+async def test_decodes_a_declining_switch_would_not_draft_run_several_steps_a_plan():
+    speculates = {"max_draft_tokens": 2, "max_speculative_batch_size": 4}
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=8), executor_info=speculates)
+    switch = declining_executor(rig)
+    prompts, length = [[5, 6, 7], [8, 9]], 240
+    await _run(rig, prompts, [length, length])
+    for i, p in enumerate(prompts):
+        assert rig.sink.tokens[f"r{i}"] == reference(p, length)
+    plans = [p for p in rig.toy.plans if p.running_seqs and not p.new_seqs]
+    offered = [p for p in plans if any(r.num_draft_tokens for r in p.running_seqs)]
+    assert max(p.num_steps for p in plans) == 8  # the declined batch runs 8 steps a plan
+    assert all(p.num_steps == 1 for p in offered)  # drafts only in plans of one step
+    # about one plan offering drafts per PROBE_EVERY steps, each of them the probe
+    assert switch.num_probes >= (length - 2 * PROBE_EVERY) // PROBE_EVERY
+    assert len(offered) <= 3 * (switch.num_probes + 1)
+    _assert_pool_clean(rig)
 
 
 async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():

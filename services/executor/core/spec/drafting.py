@@ -78,6 +78,8 @@ def choose_drafting(
         allowed = allowed or running.num_draft_tokens > 0
         num_decodes += running.num_scheduled_tokens == 1
     if not allowed:
+        if has_proposer and switch is not None:
+            switch.note_undrafted(num_decodes)  # offered none: counts toward the probe
         return NO_DRAFTS
     max_batch = switch.max_batch_size if switch is not None else limits.max_batch_size
     proposer = has_proposer and num_decodes <= max_batch
@@ -88,6 +90,30 @@ def choose_drafting(
             proposer = probe = switch.allows(num_decodes, best)  # counts the decline
     forced = has_forced and (forced_switch is None or forced_switch.allows(num_decodes))
     return DraftChoice(proposer, forced, probe) if proposer or forced else NO_DRAFTS
+
+
+def undrafted_steps(
+    switch: SpecSwitch, decodes: Sequence[SequenceState], max_draft_tokens: int
+) -> int:
+    """After a decode step: how many more decode steps of these sequences the switch would
+    decline before it probes (0: the next one may draft), each offered `max_draft_tokens`.
+    The scheduler plans that many without drafts, several a plan (StepResult's
+    `undrafted_steps`); without a timing table, or past the cap, 0."""
+    num_decodes = len(decodes)
+    if switch.cost_ratios is None or not 0 < num_decodes <= switch.max_batch_size:
+        return 0
+    expected = sum(_best_guess(seq, max_draft_tokens) for seq in decodes)
+    if switch.admits(num_decodes, (num_decodes + expected) / num_decodes):
+        return 0
+    return switch.steps_to_probe() - 1
+
+
+def _best_guess(seq: SequenceState, allowed: int) -> float:
+    """The draft tokens a decode offered `allowed` can expect kept at most."""
+    length = seq.draft_length
+    if length is None:
+        return float(allowed)  # a new sequence tries, at acceptance 1
+    return length.acceptance * min(allowed, length.limit(allowed))
 
 
 def best_gain(plan: StepPlan, seqs: dict[str, SequenceState], num_decodes: int) -> float:
@@ -103,13 +129,8 @@ def best_gain(plan: StepPlan, seqs: dict[str, SequenceState], num_decodes: int) 
         if running.num_scheduled_tokens != 1 or allowed <= 0:
             continue
         seq = seqs.get(running.req_id)
-        if seq is None:
-            continue
-        length = seq.draft_length
-        if length is None:
-            expected += allowed  # a new sequence tries, at acceptance 1
-        else:
-            expected += length.acceptance * min(allowed, length.limit(allowed))
+        if seq is not None:
+            expected += _best_guess(seq, allowed)
     return (num_decodes + expected) / max(num_decodes, 1)
 
 

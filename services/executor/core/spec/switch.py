@@ -19,6 +19,15 @@ workload that changes. Past the largest bucket whose ratio beats the best gain p
 scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing table
 (the CPU, CUDA graphs off, or a cap set by hand) the cap alone decides.
 
+A step is decided before the step before it has executed (`drafting.choose_drafting`)
+from its best case, each decode's longest guess at its rolling acceptance: a step that
+cannot pay is prepared without waiting for the token sampled last, overlapping the
+step before as with speculation off. After a declined decode step the executor tells
+the scheduler how many more it would decline before its probe
+(`drafting.undrafted_steps`, the step result's `undrafted_steps`); the scheduler then
+offers no drafts and plans several decode steps at once, as without speculation, and
+those steps count toward the probe (`note_undrafted`).
+
 The start-up ratio is device time only. A step also costs the host (drafting, building
 the extend, verifying each row), which on a small model can be most of it, so once a
 bucket has seen `MIN_STEP_SAMPLES` whole-decode steps of each kind, its ratio is the
@@ -57,6 +66,9 @@ class SpecSwitch:
     """Rolling tokens emitted per decode in drafted steps (inf until one is recorded)."""
     num_declined: int = 0
     num_probes: int = 0
+    _since_probe: int = 0
+    """Decode steps within the cap without drafts (declined, or offered none) since the
+    last probe; the next declined step probes once it reaches PROBE_EVERY."""
     _buckets: list[int] = field(default_factory=list)
     _wall: dict[tuple[int, bool], tuple[float, int]] = field(default_factory=dict)
     """(bucket, drafted) -> (rolling step seconds, steps seen)."""
@@ -125,10 +137,24 @@ class SpecSwitch:
         if self.admits(num_decodes, expected_gain):
             return True
         self.num_declined += 1
-        if self.num_declined % PROBE_EVERY:
+        self._since_probe += 1
+        if self._since_probe < PROBE_EVERY:
             return False
+        self._since_probe = 0
         self.num_probes += 1
         return True
+
+    def note_undrafted(self, num_decodes: int) -> None:
+        """A decode step within the cap that was offered no drafts (the scheduler planned
+        none, or a later step of a multi-step plan): it counts toward the next probe as a
+        declined one does, so a scheduler that stops offering drafts where they do not pay
+        still sees the probe when it offers them again (`steps_to_probe`)."""
+        if self.cost_ratios is not None and 0 < num_decodes <= self.max_batch_size:
+            self._since_probe += 1
+
+    def steps_to_probe(self) -> int:
+        """Declined decode steps until one probes (1: the next one declined does)."""
+        return max(1, PROBE_EVERY - self._since_probe)
 
     def record(self, num_decodes: int, num_emitted: int) -> None:
         """A drafted step emitted `num_emitted` tokens over its `num_decodes` decodes."""
