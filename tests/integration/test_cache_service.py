@@ -113,11 +113,11 @@ async def test_unary_acquire_commit_match_and_stats(client, request):
 async def test_a_kept_lease_reports_its_locked_pages_over_the_wire(client, request):
     pool = request.node.name
     lease = await client.acquire(pool, [], 20, "sched")
-    result = await client.commit(lease.lease_id, seq(300, 14), keep_locked=True)
+    result = await client.commit(lease.lease_id, seq(700, 14), keep_locked=True)
     assert (result.num_cached_tokens, result.num_locked_pages) == (12, 4)  # 3 + the partial
     stats = (await client.stats(pool))[0]
     assert stats.num_locked_pages == 4
-    (batched,) = await client.batch([MatchOp(seq(300, 14))])
+    (batched,) = await client.batch([MatchOp(seq(700, 14))])
     assert batched[pool] == 14
     await client.release(lease.lease_id)
 
