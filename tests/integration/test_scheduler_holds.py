@@ -53,7 +53,8 @@ async def test_scores_over_a_held_context_then_release_returns_the_pages(mesh): 
         scoring = SamplingParams(max_tokens=0, temperature=0.0, prompt_logprobs_start=22)
         (update,) = await run(client, "select", context + choice, scoring)
         assert update.finish_reason == "length" and update.token_ids == []
-        assert update.num_cached_tokens == 20  # the hold, capped below position 21
+        # the hold, capped below position 21: 20 in place, the 21st copied from its page
+        assert update.num_cached_tokens == 21
         with torch.no_grad():
             logits = model(torch.tensor([context + choice])).logits[0].float()
         expected = torch.log_softmax(logits, -1)[21:26].gather(1, torch.tensor([choice]).T)

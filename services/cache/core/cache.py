@@ -20,14 +20,24 @@ from radixmesh.cache_types import (
     PageCopy,
     PoolStats,
 )
-from radixmesh.errors import InvalidArgument, NotFound
+from radixmesh.errors import InvalidArgument, NotFound, ResourceExhausted
 from services.cache.core.config import CacheConfig
 from services.cache.core.continuation import continuation
 from services.cache.core.eviction import EVICTION_POLICIES
 from services.cache.core.pool import LeaseState, Pool
-from services.cache.core.radix import pack_tokens
+from services.cache.core.radix import CopySource, TreeMatch, pack_tokens
 
 Clock = Callable[[], float]
+
+
+def _num_newly_locked(source: CopySource | None, match: TreeMatch) -> int:
+    """Pages that locking `source`'s node (the edge a copy reads) would lock beyond the
+    matched prefix: none for a tail (its node is the prefix's) or an already locked node."""
+    if source is None or source.node is None or source.node.lock_count:
+        return 0
+    if source.node is match.partial:  # split_match leaves it the pages after the match
+        return source.node.num_pages - match.partial_pages
+    return source.node.num_pages
 
 
 def _as_tokens(tokens: Sequence[int]) -> Sequence[int]:
@@ -100,7 +110,7 @@ class CacheCore:
         Counts one prefix query per pool looked at in the stats."""
         tokens = _as_tokens(tokens)
         return {
-            executor_id: pool.lookup(tokens)
+            executor_id: pool.lookup(tokens, self.config.keep_partial_pages)
             for executor_id, pool in self._pools.items()
             if not model or pool.model == model
         }
@@ -147,9 +157,11 @@ class CacheCore:
         the lease covers `num_tokens` tokens, evicting unlocked leaves when free pages run
         short. ResourceExhausted, with nothing changed, when even eviction cannot make room.
 
-        Where the prefix ends at a node whose kept partial page (tail) agrees with the
-        next i >= 1 tokens, the lease carries a `page_copy` of those i tokens into its
-        first new page (counted as hit tokens) and keeps the tail until it ends."""
+        Where a cached page's first slots agree with the next i >= 1 tokens after the
+        prefix (the kept partial page (tail) of the node the prefix ends at, or the first
+        page of an edge after it: `RadixTree.copy_source`), the lease carries a
+        `page_copy` of those i tokens into its first new page (counted as hit tokens) and
+        keeps that page (the tail, or the edge's node locked) until it ends."""
         pool = self._pool(executor_id)
         if not holder:
             raise InvalidArgument("holder must not be empty")
@@ -162,26 +174,34 @@ class CacheCore:
         match = tree.walk(tokens)
         num_prefix_pages = match.num_tokens // pool.page_size
         num_new_pages = -(-num_tokens // pool.page_size) - num_prefix_pages
+        source = tree.copy_source(match, tokens) if self.config.keep_partial_pages else None
         if num_new_pages > pool.allocator.num_free:
-            pool.check_room(num_new_pages, tree.num_unlocked_pages(match))
-        num_copied = tree.num_tail_tokens(match, tokens)
+            to_lock = tree.num_unlocked_pages(match)
+            try:
+                pool.check_room(num_new_pages, to_lock + _num_newly_locked(source, match))
+            except ResourceExhausted:
+                if source is None or source.node is None:
+                    raise
+                pool.check_room(num_new_pages, to_lock)  # room without locking the source
+                source = None
+        num_copied = source.num_tokens if source is not None else 0
         pool.count_query(len(tokens), match.num_tokens + num_copied)
         now = self._clock()
         node = tree.split_match(match)
         tree.lock(node, now)
+        if source is not None and source.node is not None:
+            tree.lock(source.node, now)  # before any eviction: the page stays
         page_ids = tree.path_page_ids(node) if num_prefix_pages else []
         page_ids += pool.take_pages(num_new_pages)
         lease_id = f"{self._lease_prefix}{next(self._lease_seq)}"
         state = LeaseState(
             lease_id, pool, holder, node, match.num_tokens, num_prefix_pages, page_ids
         )
-        if num_copied:  # num_new_pages >= 1: num_tokens > the prefix and the copied tokens
-            assert node.tail is not None
-            state.source = node.tail
-            node.tail.num_sources += 1
-            state.page_copy = PageCopy(
-                node.tail.page_id, page_ids[num_prefix_pages], num_copied
-            )
+        if source is not None:  # num_new_pages >= 1: num_tokens > the prefix and the copy
+            state.source, state.source_node = source.tail, source.node
+            if source.tail is not None:
+                source.tail.num_sources += 1
+            state.page_copy = PageCopy(source.page_id, page_ids[num_prefix_pages], num_copied)
         self._leases[lease_id] = pool.leases[lease_id] = state
         self._holder_leases.setdefault(holder, set()).add(lease_id)
         self._holder_deadline[holder] = now + self.config.lease_ttl_s
@@ -339,10 +359,13 @@ class CacheCore:
 
     @staticmethod
     def _drop_source(state: LeaseState) -> None:
-        """Changes state: the lease no longer needs the tail it copies from."""
+        """Changes state: the lease no longer needs the page it copies from."""
         if state.source is not None:
             state.source.num_sources -= 1
             state.source = None
+        if state.source_node is not None:
+            state.pool.tree.unlock(state.source_node)
+            state.source_node = None
         state.page_copy = None
 
     def _end_lease(self, state: LeaseState) -> None:

@@ -19,7 +19,9 @@ class CacheConfig:
     """Largest pool a register call may ask for (page ids are int32 on the wire)."""
     keep_partial_pages: bool = True
     """A commit keeps its sequence's partial last page as the tail of the node it ends at,
-    for a later sequence that continues the same text to copy (off: the page is freed)."""
+    and an acquire whose next tokens agree with the first slots of a cached page (such a
+    tail, or the first page of an edge after its prefix) is granted a copy of them (off:
+    the page is freed, and only whole pages are reused)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lease_ttl_s) and self.lease_ttl_s > 0):

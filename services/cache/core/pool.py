@@ -29,6 +29,9 @@ class LeaseState:
     """The copy of a tail into the first own page the lease was granted with."""
     source: Tail | None = None
     """The tail `page_copy` reads (kept while the lease lives), or None."""
+    source_node: RadixNode | None = None
+    """Or the node whose edge's first page `page_copy` reads (locked while the lease
+    lives, so that page is never evicted before the copy ran)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -68,12 +71,12 @@ class Pool:
     def same_geometry(self, model: str, num_pages: int, page_size: int) -> bool:
         return (self.model, self.num_pages, self.page_size) == (model, num_pages, page_size)
 
-    def lookup(self, tokens: Sequence[int]) -> int:
+    def lookup(self, tokens: Sequence[int], copies: bool = True) -> int:
         """Read-only on the tree: the tokens of `tokens` an acquire would reuse (the
-        cached whole pages and the kept partial page's tokens they continue into);
-        counts one prefix query in the stats."""
+        cached whole pages and, with `copies`, the tokens after them that a cached page
+        holds in its first slots); counts one prefix query in the stats."""
         match = self.tree.walk(tokens)
-        num_tokens = match.num_tokens + self.tree.num_tail_tokens(match, tokens)
+        num_tokens = match.num_tokens + (self.tree.num_tail_tokens(match, tokens) if copies else 0)
         self.count_query(len(tokens), num_tokens)
         return num_tokens
 

@@ -99,6 +99,25 @@ class TreeMatch:
     partial_pages: int = 0
 
 
+MAX_COPY_CHILDREN = 64
+"""Children compared token by token for a partial-page copy (`RadixTree.copy_source`);
+past this many only the node's tail is (a bound on the cost of an acquire at a wide node)."""
+
+
+@dataclass(slots=True)
+class CopySource:
+    """Where the tokens after a match are found in the first slots of a cached page."""
+
+    num_tokens: int
+    """Tokens after the match that agree with the page's first slots (1 to page_size - 1)."""
+    page_id: int
+    tail: Tail | None = None
+    """The page is the match's node's kept partial page..."""
+    node: RadixNode | None = None
+    """...or the first page of this node's edge after the match (a child of the match's
+    node, or the node a partial match ends inside, which `split_match` makes a child)."""
+
+
 @dataclass(slots=True)
 class InsertResult:
     """What `RadixTree.insert` did with the pages it was offered."""
@@ -182,11 +201,38 @@ class RadixTree:
         return n
 
     def num_tail_tokens(self, match: TreeMatch, tokens: Sequence[int]) -> int:
-        """Read-only: tokens after `match` that a kept partial page holds (0 when the match
-        ends inside an edge, where no tail is, or where the node has none)."""
+        """Read-only: tokens after `match` that a cached page holds in its first slots
+        (`copy_source`; 0 when none does)."""
+        found = self.copy_source(match, tokens)
+        return found.num_tokens if found is not None else 0
+
+    def copy_source(self, match: TreeMatch, tokens: Sequence[int]) -> CopySource | None:
+        """Read-only: the cached page whose first slots agree longest with the tokens after
+        `match` (at least one, fewer than a page), or None. Looked at: inside an edge, the
+        page of the edge the match stopped at; at a node, its kept tail and the first page
+        of each child (up to MAX_COPY_CHILDREN of them), the tail first on a tie."""
+        pos, ps = match.num_tokens, self.page_size
+        if pos >= len(tokens):
+            return None
         if match.partial is not None:
-            return 0
-        return self.tail_match(match.node, tokens, match.num_tokens)
+            child, index = match.partial, match.partial_pages
+            n = _num_agreeing(child.tokens, index * ps, tokens, pos, ps - 1)
+            return CopySource(n, child.page_ids[index], node=child) if n else None
+        node = match.node
+        best: CopySource | None = None
+        n = self.tail_match(node, tokens, pos)
+        if n and node.tail is not None:
+            best = CopySource(n, node.tail.page_id, tail=node.tail)
+        if node.parent is None or len(node.children) > MAX_COPY_CHILDREN:
+            return best
+        first = tokens[pos]
+        for key, child in node.children.items():
+            if key[0] != first:
+                continue
+            n = _num_agreeing(child.tokens, 0, tokens, pos, ps - 1)
+            if best is None or n > best.num_tokens:
+                best = CopySource(n, child.page_ids[0], node=child)
+        return best
 
     @staticmethod
     def num_path_pages(node: RadixNode) -> int:
@@ -372,6 +418,14 @@ class RadixTree:
     def _maybe_compact(self) -> None:
         if len(self.policy) > 4 * self.num_nodes + 1024:
             self.policy.compact(self.is_evictable)
+
+
+def _num_agreeing(edge: array, offset: int, tokens: Sequence[int], pos: int, limit: int) -> int:
+    """How many of tokens[pos:] equal edge[offset:], at most `limit`."""
+    n, limit = 0, min(limit, len(edge) - offset, len(tokens) - pos)
+    while n < limit and edge[offset + n] == tokens[pos + n]:
+        n += 1
+    return n
 
 
 def _num_equal_pages(tokens: array, pos: int, edge: array, num_pages: int, ps: int) -> int:

@@ -21,11 +21,19 @@ def check_pool(core: CacheCore, executor_id: str = "exec-0") -> None:
             assert state.page_copy is not None
             assert state.page_copy.src_page_id == state.source.page_id
             assert state.page_copy.dst_page_id == state.page_ids[state.num_prefix_pages]
-        node = state.node
-        while node.parent is not None:
-            expected_locks[id(node)] = expected_locks.get(id(node), 0) + 1
-            node = node.parent
-        assert node is tree.root, "a leased prefix node was detached (evicted while locked)"
+        if state.source_node is not None:  # it copies the first page of this node's edge
+            assert state.source is None and state.page_copy is not None
+            assert state.page_copy.dst_page_id == state.page_ids[state.num_prefix_pages]
+            # below the prefix (a later split may put a node between): its next page
+            path = tree.path_page_ids(state.source_node)
+            assert path[: state.num_prefix_pages] == state.page_ids[: state.num_prefix_pages]
+            assert path[state.num_prefix_pages] == state.page_copy.src_page_id
+        for locked in (state.node, state.source_node):
+            node = locked
+            while node is not None and node.parent is not None:
+                expected_locks[id(node)] = expected_locks.get(id(node), 0) + 1
+                node = node.parent
+            assert node is None or node is tree.root, "a locked node was detached (evicted)"
         assert tree.path_page_ids(state.node) == state.page_ids[: state.num_prefix_pages]
         assert state.num_cached_tokens == state.num_prefix_pages * ps
     for node in tree.iter_nodes():

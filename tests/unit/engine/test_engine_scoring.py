@@ -52,12 +52,13 @@ def pool(engine):
 # -- prompt log probabilities ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("start", "num_cached"), [(1, 0), (6, 4), (13, 12), (20, 17)])
+@pytest.mark.parametrize(("start", "num_cached"), [(1, 0), (6, 5), (13, 12), (20, 17)])
 async def test_prompt_logprobs_equal_a_full_forward_partly_cached_or_not(
     make_engine, hf, start, num_cached
 ):
-    """A 24-token prompt whose first 17 tokens are cached: the cache serves at most the
-    page-aligned start - 1 tokens (past 4 pages, the 17th from the copy of its partial
+    """A 24-token prompt whose first 17 tokens are cached: the cache serves at most
+    start - 1 tokens (whole pages in place, the tokens after them copied from the page
+    that holds them: the 5th of the first edge's second page, the 17th of the partial
     page), and every scored position equals transformers'."""
     engine = await make_engine()
     prompt = tokens(24, seed=start)
