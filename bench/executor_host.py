@@ -124,14 +124,16 @@ async def serve_round(
 
     steps = 0
     start = cpu = forward_start = thread_cpu = 0.0
-    async for result in servicer.Step(requests(), None):  # type: ignore[arg-type]
-        if result.step_id == 1:  # the prefill: the decode phase starts now
+    async for message in servicer.Step(requests(), None):  # type: ignore[arg-type]
+        results = [message, *message.next_results]  # steps that ended together
+        if message.step_id == 1:  # the prefill: the decode phase starts now
             start, cpu, forward_start = time.perf_counter(), time.process_time(), forward.seconds
             thread_cpu = await asyncio.wrap_future(servicer.step_thread.submit(time.thread_time))
-            continue
-        steps += 1
-        if result.outputs and result.outputs[0].finish_reason:
-            raise RuntimeError(f"step {result.step_id}: the run ended early")
+            results = results[1:]
+        steps += len(results)
+        for result in results:
+            if any(out.finish_reason for out in result.outputs):
+                raise RuntimeError(f"step {result.step_id}: the run ended early")
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu
     forward_seconds = forward.seconds - forward_start

@@ -65,6 +65,7 @@ __all__ = [
     "read_float32",
     "result_from_proto",
     "result_to_proto",
+    "results_from_proto",
     "sampling_from_proto",
     "sampling_to_proto",
     "speculation_from_proto",
@@ -375,8 +376,23 @@ def health_from_proto(msg: executor_pb2.DeviceHealth) -> DeviceHealth:
     return DeviceHealth(**{d.name: value for d, value in msg.ListFields()})
 
 
+def results_from_proto(msg: executor_pb2.StepResult, columnar: bool = False) -> list[StepResult]:
+    """The results one Step stream message carries, in order: its own, then its
+    next_results (`result_from_proto` of each). Raises InvalidArgument when one of those
+    carries next_results itself."""
+    results = [result_from_proto(msg, columnar)]
+    for i, more in enumerate(msg.next_results):
+        if more.next_results:
+            raise InvalidArgument(
+                f"step {msg.step_id}: next_results[{i}] carries next_results (one level only)"
+            )
+        results.append(result_from_proto(more, columnar))
+    return results
+
+
 def result_from_proto(msg: executor_pb2.StepResult, columnar: bool = False) -> StepResult:
-    """The step's rows in order: all in `outputs`, or with `columnar` the plain rows as
+    """One step's result (not the message's next_results: `results_from_proto`). The
+    step's rows in order: all in `outputs`, or with `columnar` the plain rows as
     the message has them (`StepResult.plain_req_ids`: no object per row; the scheduler's
     reader takes them so). Raises InvalidArgument naming the field when the columns
     disagree (lengths, rows out of order or out of range)."""

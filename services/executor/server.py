@@ -10,7 +10,9 @@ Two tasks share it:
   results sent;
 - the writer (the handler itself) awaits each step's result in order and
   sends it (a multi-step plan's k results each as its step ends; the plan's
-  slot frees with its last).
+  slot frees with its last); the steps that ended while it was sending go in
+  the same message, in order (`StepResult.next_results`), so a writer that
+  fell behind catches up in one message and those steps wake nothing.
 
 A failed prepare or execute, a plan out of order or a bad plan ends the stream
 with its status after the results of the plans before it; later plans do not
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
 
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 DEFAULT_MAX_INFLIGHT_PLANS = 4
+MAX_RESULTS_PER_MESSAGE = 16
+"""Most step results one Step stream message carries (its own and its next_results)."""
 
 log = get_logger(__name__)
 
@@ -89,6 +93,43 @@ class _Stream:
     def closed(self) -> bool:
         """The stream is ending: queued plans are skipped."""
         return self.run.closed
+
+
+class _Outbox:
+    """The reader's queue to the writer: each step's future with whether it is its plan's
+    last, then _END or the error. The writer waits on the loop only for a step not yet
+    done (`asyncio.wrap_future`), so a step that ends while the writer is busy wakes
+    nothing: the writer finds it done and sends it with the one before (`pop_ready`)."""
+
+    __slots__ = ("_items", "_put")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._put = asyncio.Event()
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        self._put.set()
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._put.clear()
+            await self._put.wait()
+        return self._items.popleft()
+
+    def pop_ready(self) -> tuple[executor_pb2.StepResult, bool] | None:
+        """The next step's answer and whether it ends its plan, if that step has already
+        ended with one (not an error, a skip, _END or a step still running)."""
+        if not self._items or not isinstance(self._items[0], tuple):
+            return None
+        future, last_of_plan = self._items[0]
+        if not future.done() or future.cancelled() or future.exception() is not None:
+            return None
+        response = future.result()
+        if response is None:
+            return None
+        self._items.popleft()
+        return response, last_of_plan
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
@@ -197,7 +238,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         core = self._require_core()
         stream = await self._claim_stream(core)
         log.info("step_stream_opened")
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue = _Outbox()
         slots = asyncio.Semaphore(self._max_inflight)
         reader = asyncio.create_task(self._read(request_iterator, core, stream, queue, slots))
         watcher = None
@@ -211,11 +252,21 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 if isinstance(item, BaseException):
                     raise item
                 future, last_of_plan = item
-                response = await future
+                if future.done() and not future.cancelled():
+                    response = future.result()  # ended while the writer was busy: no wake-up
+                else:
+                    response = await asyncio.wrap_future(future)
                 if response is None:  # skipped: cannot happen while the writer is alive
                     return
+                num_plans_done = int(last_of_plan)
+                while len(response.next_results) + 1 < MAX_RESULTS_PER_MESSAGE:
+                    ready = queue.pop_ready()  # a later step ended while this one waited
+                    if ready is None:
+                        break
+                    response.next_results.append(ready[0])
+                    num_plans_done += ready[1]
                 yield response
-                if last_of_plan:
+                for _ in range(num_plans_done):
                     slots.release()
         finally:
             stream.run.closed = True
@@ -249,7 +300,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         requests: AsyncIterator[executor_pb2.StepPlan],
         core: ExecutorCore,
         stream: _Stream,
-        queue: asyncio.Queue[Any],
+        queue: _Outbox,
         slots: asyncio.Semaphore,
     ) -> None:
         """Receive, check, convert and queue plans; end the queue with _END or the error."""
@@ -275,7 +326,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     await self._compile_constraints(plan)
                 futures = stream.run.submit_steps(plan)
                 for i, future in enumerate(futures, 1):
-                    queue.put_nowait((asyncio.wrap_future(future), i == len(futures)))
+                    queue.put_nowait((future, i == len(futures)))
         except asyncio.CancelledError:
             # Shutdown (or the writer ending): plans already queued still answer first.
             queue.put_nowait(Unavailable("executor: shutting down, no further plans are taken"))

@@ -3,12 +3,14 @@
 The cache verbs go over the cache client's Batch stream (one stream message
 each way per verb, no unary call on the hot path). Each executor gets one
 Step stream: a plan is queued on it at once (at most two in flight), and
-results are read in order.
+results are read in order (a message carrying several steps' results gives them one
+at a time).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -80,6 +82,8 @@ class RemoteExecutor:
         self._outbox: asyncio.Queue[executor_pb2.StepPlan | None] = asyncio.Queue()
         self._call: Any = None
         self._info: ExecutorInfo | None = None
+        self._ready: deque[StepResult] = deque()
+        """Results a message carried after its own (`StepResult.next_results`), in order."""
 
     @property
     def info(self) -> ExecutorInfo:
@@ -112,13 +116,19 @@ class RemoteExecutor:
         self._outbox.put_nowait(wire.plan_to_proto(plan))
 
     async def next_result(self) -> StepResult:
+        if self._ready:
+            return self._ready.popleft()
         try:
             msg = await self._call.read()
         except grpc.aio.AioRpcError as exc:
             raise Unavailable(f"executor {self.address}: {error_from_rpc_error(exc)}") from None
         if msg is grpc.aio.EOF:
             raise Unavailable(f"executor {self.address} ended the Step stream")
-        return wire.result_from_proto(msg, columnar=True)
+        if not msg.next_results:
+            return wire.result_from_proto(msg, columnar=True)
+        first, *more = wire.results_from_proto(msg, columnar=True)
+        self._ready.extend(more)
+        return first
 
     async def prepare_constraint(self, constraint: Constraint) -> float:
         """PrepareConstraint: the executor compiles it into its grammar cache (unary call,

@@ -25,7 +25,7 @@ import torch
 from mesh.tiny_model import write_tiny_model
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2, executor_pb2_grpc
 from radixmesh.v1 import inference_pb2 as ipb
-from radixmesh.wire import result_from_proto, result_to_proto
+from radixmesh.wire import result_from_proto, result_to_proto, results_from_proto
 from services.common.config import ServerConfig, free_port
 from services.common.health import wait_for_serving
 from services.common.server import ServiceRuntime
@@ -169,10 +169,11 @@ async def read_row_by_row(call) -> executor_pb2.StepResult:
 
 
 async def read_all(call) -> list[executor_pb2.StepResult]:
-    """Every result left on the stream (read() style, so it mixes with earlier reads)."""
+    """Every result left on the stream (read() style, so it mixes with earlier reads), one
+    per step (a message may carry the steps after it: next_results)."""
     results = []
-    while (result := await read_row_by_row(call)) is not grpc.aio.EOF:
-        results.append(result)
+    while (msg := await call.read()) is not grpc.aio.EOF:
+        results += [result_to_proto(r, columnar=False) for r in results_from_proto(msg)]
     return results
 
 

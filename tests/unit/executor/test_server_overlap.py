@@ -118,8 +118,8 @@ async def run_stream(
 ) -> tuple[list[executor_pb2.StepResult], Exception | None]:
     results: list[executor_pb2.StepResult] = []
     try:
-        async for result in servicer.Step(send(plans), None):
-            results.append(result)
+        async for message in servicer.Step(send(plans), None):  # the steps it carries
+            results += [message, *message.next_results]
     except Exception as exc:
         return results, exc
     return results, None

@@ -21,6 +21,7 @@ from services.scheduler.core.groups import lend_prompt_logprobs
 from services.scheduler.core.request import Request, StepShare
 from services.scheduler.core.results import read_outputs
 from services.scheduler.core.stats import SchedulerStats
+from services.scheduler.remote import RemoteExecutor
 
 
 def _requests() -> dict[str, Request]:
@@ -124,3 +125,36 @@ async def test_the_scheduler_delivers_the_same_through_the_columnar_wire(k, num_
     columnar = await _deliveries(True, k, num_pages)
     assert columnar == direct
     assert sum(len(b) for b in direct) > 100
+
+
+class _Call:
+    def __init__(self, messages: list[executor_pb2.StepResult]) -> None:
+        self.messages = messages
+        self.num_reads = 0
+
+    async def read(self) -> executor_pb2.StepResult:
+        self.num_reads += 1
+        return self.messages.pop(0)
+
+    def cancel(self) -> None:
+        pass
+
+
+async def test_the_scheduler_port_gives_a_message_s_results_one_at_a_time():
+    together = wire.result_to_proto(StepResult(2, [SequenceOutput("a", 7)], substep=0))
+    together.next_results.append(
+        wire.result_to_proto(StepResult(2, [SequenceOutput("a", 8, finish_reason="length")], substep=1))
+    )
+    alone = wire.result_to_proto(StepResult(3, [SequenceOutput("b", 9)]))
+    port = RemoteExecutor("127.0.0.1:1")
+    call = port._call = _Call([together, alone])
+    try:
+        got = [await port.next_result() for _ in range(3)]
+    finally:
+        await port.close()
+    assert [(r.step_id, r.substep, r.rows()) for r in got] == [
+        (2, 0, [SequenceOutput("a", 7)]),
+        (2, 1, [SequenceOutput("a", 8, finish_reason="length")]),
+        (3, 0, [SequenceOutput("b", 9)]),
+    ]
+    assert call.num_reads == 2
