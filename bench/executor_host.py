@@ -111,6 +111,8 @@ class Round:
     step_thread_cpu: float
     """The step thread's CPU time (prepares run there on CPU), the stream's drop included."""
     steps: int
+    messages: int = 0
+    """Stream messages carrying the decode steps (a message may carry several)."""
 
 
 async def serve_round(
@@ -122,7 +124,7 @@ async def serve_round(
         for msg in messages:
             yield msg
 
-    steps = 0
+    steps = messages_sent = 0
     start = cpu = forward_start = thread_cpu = 0.0
     async for message in servicer.Step(requests(), None):  # type: ignore[arg-type]
         results = [message, *message.next_results]  # steps that ended together
@@ -131,6 +133,7 @@ async def serve_round(
             thread_cpu = await asyncio.wrap_future(servicer.step_thread.submit(time.thread_time))
             results = results[1:]
         steps += len(results)
+        messages_sent += bool(results)
         for result in results:
             if any(out.finish_reason for out in result.outputs):
                 raise RuntimeError(f"step {result.step_id}: the run ended early")
@@ -140,7 +143,10 @@ async def serve_round(
     await servicer.wait_no_stream()  # the step thread's part ends with the stream's drop
     thread_cpu = await asyncio.wrap_future(servicer.step_thread.submit(time.thread_time)) - thread_cpu
     assert steps == (len(messages) - 1) * k, steps
-    return Round(wall - forward_seconds, cpu - forward_seconds, thread_cpu - forward_seconds, steps)
+    return Round(
+        wall - forward_seconds, cpu - forward_seconds, thread_cpu - forward_seconds, steps,
+        messages_sent,
+    )
 
 
 def where(filename: str, funcname: str) -> str:
@@ -192,6 +198,7 @@ async def measure(args: argparse.Namespace, model: str, batch_size: int) -> dict
         "host_cpu_us_per_step": per_step("cpu"),
         "step_thread_cpu_us_per_step": per_step("step_thread_cpu"),
         "best_step_thread_cpu_us_per_step": per_step("step_thread_cpu", min),
+        "steps_per_message": round(sum(r.steps for r in rounds) / sum(r.messages for r in rounds), 2),
     }
     if args.profile:
         profile = cProfile.Profile()
@@ -241,7 +248,8 @@ def main() -> None:
             f"{row['host_us_per_step']:.0f} us/step, process cpu "
             f"{row['host_cpu_us_per_step']:.0f} us/step, step thread cpu "
             f"{row['step_thread_cpu_us_per_step']:.0f} us/step "
-            f"(best round {row['best_step_thread_cpu_us_per_step']:.0f})"
+            f"(best round {row['best_step_thread_cpu_us_per_step']:.0f}), "
+            f"{row['steps_per_message']:.2f} steps per stream message"
         )
         for name, us in row.get("profile_us_per_step", []):
             print(f"    {us:8.1f} us  {name}")
