@@ -127,7 +127,8 @@ async def serve_round(
     steps = messages_sent = 0
     start = cpu = forward_start = thread_cpu = 0.0
     async for message in servicer.Step(requests(), None):  # type: ignore[arg-type]
-        results = [message, *message.next_results]  # steps that ended together
+        # steps that ended together (none from a tree before next_results)
+        results = [message, *getattr(message, "next_results", ())]
         if message.step_id == 1:  # the prefill: the decode phase starts now
             start, cpu, forward_start = time.perf_counter(), time.process_time(), forward.seconds
             thread_cpu = await asyncio.wrap_future(servicer.step_thread.submit(time.thread_time))
