@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from radixmesh.sampling import SamplingParams
 from services.executor.core.grammar.interface import SequenceGrammar
 from services.executor.core.spec.adaptive import DraftLength
+from services.executor.core.spec.proposers import NgramIndex
 
 
 @dataclass(slots=True)
@@ -41,6 +42,9 @@ class SequenceState:
     """Its buffer row went back to the free list (when dropped or finished)."""
     draft_length: DraftLength | None = None
     """Speculative decoding: its adaptive draft length (made at its first draft)."""
+    ngram_index: NgramIndex | None = None
+    """Speculative decoding: its own n-grams for prompt lookup (made at its first draft,
+    extended by the tokens added since)."""
     num_forced_tokens: int = 0
     """Jump-forward: leading tokens of the draft a prepared step verifies that its grammar
     forced (spec/forced.py; set with the draft, read when the step executes)."""

@@ -122,8 +122,11 @@ class Guessing:
     """A proposer that always guesses (the model's tokens are random: a lookup may find no
     match): the gate decides, not the proposer."""
 
-    def propose(self, token_ids, max_tokens: int) -> Draft:
+    def propose(self, token_ids, max_tokens: int, own=None) -> Draft:
         return Draft([7] * max_tokens, match_len=max_tokens)
+
+    def index_for(self) -> None:
+        return None
 
     def observe(self, token_ids) -> None:
         pass

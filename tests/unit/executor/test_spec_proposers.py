@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from radixmesh.errors import InvalidArgument
@@ -87,3 +89,27 @@ def test_verification_accepts_the_prefix_the_model_would_sample() -> None:
 def test_bad_config_names_the_field(fields: dict, name: str) -> None:
     with pytest.raises(InvalidArgument, match=f"speculative.{name}"):
         SpeculativeConfig(**fields)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_sequences_ngram_index_proposes_what_the_scan_does_as_it_grows(seed: int) -> None:
+    """Grown a few tokens at a time (as a sequence is between steps, drafts accepted or
+    not), the index's proposal equals the scan's after every growth; a small vocabulary
+    so matches of every length occur."""
+    rng = random.Random(seed)
+    lookup = PromptLookup(min_match_len=2, max_match_len=5)
+    tokens = [rng.randrange(6) for _ in range(rng.randint(0, 40))]
+    index = lookup.index_for()
+    found = 0
+    proposed_at = 0
+    while len(tokens) < 400:
+        k = rng.randint(1, 6)
+        scanned = lookup.propose(tokens, k)
+        assert lookup.propose(tokens, k, index) == scanned
+        found += scanned.match_len > 0
+        proposed_at = len(tokens)
+        tokens += [rng.randrange(6) for _ in range(rng.randint(1, 5))]
+    assert found > 50
+    assert index.num_indexed == proposed_at  # indexed up to the tokens it was last given
+    shorter = tokens[:30]  # a shorter sequence starts the index again
+    assert lookup.propose(shorter, 4, index) == lookup.propose(shorter, 4)

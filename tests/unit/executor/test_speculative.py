@@ -39,8 +39,11 @@ class FixedProposer:
     def __init__(self, token_ids: list[int]) -> None:
         self.token_ids = token_ids
 
-    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, token_ids: Sequence[int], max_tokens: int, own=None) -> Draft:
         return Draft(self.token_ids[:max_tokens], len(self.token_ids))
+
+    def index_for(self) -> None:
+        return None
 
     def observe(self, token_ids: Sequence[int]) -> None:
         return None

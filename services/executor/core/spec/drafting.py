@@ -236,8 +236,12 @@ def plan_drafts(
         if proposer is not None and len(tokens) < k:
             if seq.draft_length is None:
                 seq.draft_length = DraftLength(cap)
-            context = [*seq.token_ids, *tokens] if tokens else seq.token_ids
-            draft = proposer.propose(context, k - len(tokens))
+            if tokens:  # forced tokens first: not yet the sequence's own, so no index
+                draft = proposer.propose([*seq.token_ids, *tokens], k - len(tokens))
+            else:
+                if seq.ngram_index is None:
+                    seq.ngram_index = proposer.index_for()
+                draft = proposer.propose(seq.token_ids, k, seq.ngram_index)
             guess = draft.token_ids[: seq.draft_length.limit(draft.match_len)]
             expected += seq.draft_length.acceptance * len(guess)
             tokens += guess

@@ -4,6 +4,8 @@
 max_match_len tokens) against its own earlier tokens, prompt and output, and
 proposes what followed the latest earlier occurrence: right where the output
 quotes or edits its input (code editing, summaries that quote, extraction).
+A sequence's `NgramIndex` (kept on it by the executor) makes that a few
+dictionary reads a step, extended by the tokens added since the last.
 `SuffixIndex` keeps recent finished sequences of the executor with every
 n-gram of those lengths mapped to where it last occurred, so a sequence can
 continue as another one did (multi-turn repeats, agents re-emitting a plan);
@@ -36,9 +38,57 @@ class Draft:
 NO_DRAFT = Draft([], 0)
 
 
+class NgramIndex:
+    """One sequence's own n-grams (min..max_match_len tokens), each mapped to the position
+    right after its latest occurrence, extended as the sequence grows: a prompt lookup
+    then costs a few dictionary reads, not a scan of the whole sequence every step."""
+
+    __slots__ = ("_ends", "max_match_len", "min_match_len", "num_indexed")
+
+    def __init__(self, min_match_len: int, max_match_len: int) -> None:
+        self.min_match_len = min_match_len
+        self.max_match_len = max_match_len
+        self.num_indexed = 0
+        """Positions below this have the n-grams ending at them registered."""
+        self._ends: dict[tuple[int, ...], int] = {}
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        """Register the n-grams ending at each new position that has a token after it
+        (the sequence's tokens only grow; a shorter one starts the index again)."""
+        if len(token_ids) < self.num_indexed:
+            self._ends.clear()
+            self.num_indexed = 0
+        ends, lo, hi = self._ends, self.min_match_len, self.max_match_len
+        for end in range(max(self.num_indexed, lo), len(token_ids)):
+            for n in range(lo, min(hi, end) + 1):
+                ends[tuple(token_ids[end - n : end])] = end
+        self.num_indexed = max(self.num_indexed, len(token_ids))
+
+    def lookup(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+        """`PromptLookup.propose` over these tokens, the index first extended to them."""
+        n_tokens = len(token_ids)
+        if max_tokens < 1 or n_tokens <= self.min_match_len:
+            return NO_DRAFT
+        self.extend(token_ids)
+        ends = self._ends
+        for n in range(min(self.max_match_len, n_tokens - 1), self.min_match_len - 1, -1):
+            end = ends.get(tuple(token_ids[n_tokens - n :]))
+            if end is not None:
+                return Draft(list(token_ids[end : end + max_tokens]), n)
+        return NO_DRAFT
+
+
 class Proposer(Protocol):
-    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
-        """At most max_tokens guessed next tokens of a sequence with these tokens."""
+    def propose(
+        self, token_ids: Sequence[int], max_tokens: int, own: NgramIndex | None = None
+    ) -> Draft:
+        """At most max_tokens guessed next tokens of a sequence with these tokens. `own`:
+        the sequence's n-gram index (`index_for`), kept by the caller between calls and
+        given only the sequence's own tokens; None: they are scanned."""
+        ...
+
+    def index_for(self) -> NgramIndex | None:
+        """A new sequence's n-gram index for `propose` (None: the proposer keeps none)."""
         ...
 
     def observe(self, token_ids: Sequence[int]) -> None:
@@ -53,7 +103,15 @@ class PromptLookup:
         self.min_match_len = min_match_len
         self.max_match_len = max_match_len
 
-    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+    def index_for(self) -> NgramIndex:
+        """A new sequence's n-gram index, for `propose(..., own=)`."""
+        return NgramIndex(self.min_match_len, self.max_match_len)
+
+    def propose(
+        self, token_ids: Sequence[int], max_tokens: int, own: NgramIndex | None = None
+    ) -> Draft:
+        if own is not None:
+            return own.lookup(token_ids, max_tokens)
         n_tokens = len(token_ids)
         if max_tokens < 1 or n_tokens <= self.min_match_len:
             return NO_DRAFT
@@ -135,12 +193,17 @@ class SuffixProposer:
         self.lookup = lookup
         self.index = index
 
-    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
-        own = self.lookup.propose(token_ids, max_tokens)
-        if own.match_len >= self.lookup.max_match_len:
-            return own
+    def propose(
+        self, token_ids: Sequence[int], max_tokens: int, own: NgramIndex | None = None
+    ) -> Draft:
+        mine = self.lookup.propose(token_ids, max_tokens, own)
+        if mine.match_len >= self.lookup.max_match_len:
+            return mine
         other = self.index.lookup(token_ids, max_tokens)
-        return other if other.match_len > own.match_len else own
+        return other if other.match_len > mine.match_len else mine
+
+    def index_for(self) -> NgramIndex:
+        return self.lookup.index_for()
 
     def observe(self, token_ids: Sequence[int]) -> None:
         self.index.add(token_ids)

@@ -24,7 +24,13 @@ from typing import Protocol
 from radixmesh.cache_types import Continuation
 from radixmesh.errors import RadixmeshError
 from radixmesh.step import StepPlan
-from services.executor.core.spec.proposers import NO_DRAFT, Draft, PromptLookup, SuffixIndex
+from services.executor.core.spec.proposers import (
+    NO_DRAFT,
+    Draft,
+    NgramIndex,
+    PromptLookup,
+    SuffixIndex,
+)
 
 
 class TreeSource(Protocol):
@@ -61,13 +67,15 @@ class RadixProposer:
         """Text to draft from: a continuation from the tree with the context before it."""
         self._pending.append(list(token_ids))
 
-    def propose(self, token_ids: Sequence[int], max_tokens: int) -> Draft:
+    def propose(
+        self, token_ids: Sequence[int], max_tokens: int, own: NgramIndex | None = None
+    ) -> Draft:
         while self._pending:
             self.tree.add(self._pending.popleft())
-        own = self.lookup.propose(token_ids, max_tokens)
-        if own.match_len >= self.lookup.max_match_len:
-            return own
-        best, source = own, "own"
+        mine = self.lookup.propose(token_ids, max_tokens, own)
+        if mine.match_len >= self.lookup.max_match_len:
+            return mine
+        best, source = mine, "own"
         for name, index in (("tree", self.tree), ("recent", self.recent)):
             found = index.lookup(token_ids, max_tokens)
             if found.match_len > best.match_len:
@@ -75,6 +83,9 @@ class RadixProposer:
         if source == "tree" and best.token_ids:
             self.num_tree_drafts += 1
         return best if best.token_ids else NO_DRAFT
+
+    def index_for(self) -> NgramIndex:
+        return self.lookup.index_for()
 
     def observe(self, token_ids: Sequence[int]) -> None:
         self.recent.add(token_ids)
