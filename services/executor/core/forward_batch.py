@@ -227,17 +227,31 @@ def upload(
     """
     if not (device.type == "cuda" if packed is None else packed):
         return [torch.from_numpy(a) for a in arrays]
-    host = torch.from_numpy(np.concatenate([a.ravel() for a in arrays], dtype=np.int64))
+    parts: list[np.ndarray] = []
+    offsets: list[int] = []
+    offset = 0
+    for a in arrays:  # each starts on a PACK_ALIGN boundary of the buffer
+        offsets.append(offset)
+        parts.append(a.ravel())
+        if pad := -a.size % PACK_ALIGN:
+            parts.append(_PADDING[:pad])
+        offset += a.size + pad
+    host = torch.from_numpy(np.concatenate(parts, dtype=np.int64))
     if device.type == "cuda":
         host = host.pin_memory()
     staged = host.to(device, non_blocking=True)
     tensors = []
-    offset = 0
-    for a in arrays:
-        tensor = staged[offset : offset + a.size].view(a.shape)
+    for a, start in zip(arrays, offsets, strict=True):
+        tensor = staged[start : start + a.size].view(a.shape)
         tensors.append(tensor.to(torch.int32) if a.dtype == np.int32 else tensor)
-        offset += a.size
     return tensors
+
+
+PACK_ALIGN = 16
+"""int64 elements (128 bytes) a packed upload's tensors start on: a kernel specializes on
+its pointers' alignment, so an offset that moves with the batch's shape (a tensor after
+an odd number of tokens) would compile it again at request time."""
+_PADDING = np.zeros(PACK_ALIGN, dtype=np.int64)
 
 
 @dataclass(slots=True)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 import torch
 
 from services.executor.core.cuda_graphs import batch_buckets
 from services.executor.core.forward_batch import (
+    PACK_ALIGN,
     BatchEntry,
     PageTables,
     build_batch,
@@ -111,3 +113,17 @@ def test_packed_upload_splits_back_into_each_array() -> None:
     for tensor, array in zip(upload(arrays, CPU, packed=True), arrays, strict=True):
         assert tensor.dtype == torch.from_numpy(array).dtype
         assert tensor.tolist() == array.tolist()
+
+
+@pytest.mark.parametrize("sizes", [(3, 5, 1), (1, 1, 1, 1), (17, 0, 16, 2)])
+def test_packed_upload_starts_every_int64_tensor_on_the_alignment_boundary(sizes) -> None:
+    """Each tensor's offset in the packed buffer is a multiple of PACK_ALIGN elements
+    whatever the lengths before it, so kernels see the same pointer alignment (one
+    compiled specialization) for every batch shape."""
+    arrays = [np.arange(n, dtype=np.int64) + 10 * i for i, n in enumerate(sizes)]
+    tensors = upload(arrays, CPU, packed=True)
+    base = tensors[0].data_ptr()
+    for tensor, array in zip(tensors, arrays, strict=True):
+        assert tensor.tolist() == array.tolist()
+        if array.size:  # an empty tensor has no storage pointer
+            assert (tensor.data_ptr() - base) % (PACK_ALIGN * 8) == 0

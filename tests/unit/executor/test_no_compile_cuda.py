@@ -69,8 +69,9 @@ def test_a_mixed_run_after_startup_compiles_no_kernel(model_dir: Path) -> None:
     core = ExecutorCore(config)
     compiled: list[str] = []
 
-    def record(*, repr: str, **_: object) -> bool:  # triton passes `repr` by name
-        compiled.append(repr)
+    def record(*, repr: str, key: object = None, configs: object = None, **_: object) -> bool:
+        # triton passes these by name; the key and attributes say what specialized
+        compiled.append(f"{repr} key={str(key)[:400]} attrs={str(configs)[:300]}")
         return False  # compile as usual: the test only records
 
     previous = knobs.runtime.jit_cache_hook
