@@ -429,16 +429,18 @@ from radixmesh import wire
 from radixmesh.step import SequenceOutput, StepResult
 from radixmesh.v1 import executor_pb2_grpc
 
-batch, steps, port = (int(a) for a in sys.argv[2:5])
+batch, steps, port, per_message = (int(a) for a in sys.argv[2:6])
 outputs = [SequenceOutput(f"{i % 4}:chatcmpl-{i:08x}{'0' * 20}", 1000 + i) for i in range(batch)]
 outputs[batch // 2].finish_reason = "length"
 message = wire.result_to_proto(StepResult(1, outputs, 0.01))
+if per_message > 1:  # the steps after it, ready together
+    message.next_results.extend([wire.result_to_proto(StepResult(1, outputs))] * (per_message - 1))
 
 
 class Executor(executor_pb2_grpc.ExecutorServicer):
     async def Step(self, plans, context):
         await anext(aiter(plans))
-        for _ in range(steps):
+        for _ in range(steps // per_message):
             yield message
 
 
@@ -455,11 +457,12 @@ asyncio.run(main())
 """
 
 
-async def stream_run(batch: int, steps: int = 300) -> dict[str, float]:
+async def stream_run(batch: int, steps: int = 300, per_message: int = 1) -> dict[str, float]:
     """The scheduler's read of an executor's Step stream (`RemoteExecutor.next_result`:
     the gRPC read and the result's conversion) over loopback from a server process that
-    streams one decode step's result of `batch` rows per message. CPU of this process per
-    step, and the bytes per message."""
+    streams decode-step results of `batch` rows, `per_message` steps a message (the
+    executor's writer sends the steps that ended together in one). CPU of this process
+    per step."""
     import subprocess
 
     from radixmesh.v1 import executor_pb2
@@ -468,7 +471,10 @@ async def stream_run(batch: int, steps: int = 300) -> dict[str, float]:
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-c", _STREAM_SERVER, str(ROOT), str(batch), str(steps + 20), str(port)],
+        [
+            sys.executable, "-c", _STREAM_SERVER, str(ROOT), str(batch),
+            str((steps + 20) * per_message), str(port), str(per_message),
+        ],
         stdout=subprocess.PIPE,
     )
     try:
@@ -516,6 +522,7 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=32, help="scheduler: prompt tokens")
     p.add_argument("--decode-steps-per-plan", type=int, default=1, help="scheduler: k")
     p.add_argument("--repeat", type=int, default=5, help="runs per figure (the least one)")
+    p.add_argument("--steps-per-message", type=int, default=1, help="stream: steps a message")
     p.add_argument("--profile", action="store_true", help="cProfile one run, top 25 by tottime")
     args = p.parse_args()
     for batch in args.batch:
@@ -530,9 +537,13 @@ def main() -> int:
                 f"{[(round(r['executor_us']), round(r['parse_us']), round(r['read_us'])) for r in runs]}"
             )
         if args.part == "stream":
-            runs = [asyncio.run(stream_run(batch)) for _ in range(args.repeat)]
+            runs = [
+                asyncio.run(stream_run(batch, per_message=args.steps_per_message))
+                for _ in range(args.repeat)
+            ]
             print(
-                f"stream batch {batch}: the scheduler's read per step "
+                f"stream batch {batch}, {args.steps_per_message} steps a message: the "
+                f"scheduler's read per step "
                 f"{min(r['us_per_step'] for r in runs):.1f} us CPU (least of runs; wall "
                 f"{min(r['wall_us_per_step'] for r in runs):.1f} us); runs "
                 f"{[round(r['us_per_step']) for r in runs]}"

@@ -42,7 +42,8 @@ def test_the_request_part_times_a_chat_request_and_its_parts() -> None:
     assert row["request_us"] > row["template_us"] > 0 and row["tokenize_us"] > 0
 
 
-def test_the_stream_part_reads_every_row_over_grpc() -> None:
+@pytest.mark.parametrize("per_message", [1, 3])
+def test_the_stream_part_reads_every_row_over_grpc(per_message: int) -> None:
     bench = importlib.import_module("bench.host_overhead")
-    row = asyncio.run(bench.stream_run(batch=6, steps=5))  # asserts each result has 6 rows
+    row = asyncio.run(bench.stream_run(batch=6, steps=5, per_message=per_message))  # 6 rows each
     assert row["us_per_step"] > 0 and row["wall_us_per_step"] >= 0
