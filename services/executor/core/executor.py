@@ -229,6 +229,8 @@ class ExecutorCore:
         """Guards held sequences, free rows and the step counters between prepare and execute."""
         self._num_prepared = 0
         self._num_executed = 0
+        self._last_step_end = 0.0
+        """perf_counter when the last step executed (`observe_step`'s step intervals)."""
         self._seqs: dict[str, SequenceState] = {}
         self._drafting: tuple[StepPlan, DraftChoice] | None = None
         """The plan `drafting` was asked about last and its answer, for its prepare."""
@@ -491,8 +493,13 @@ class ExecutorCore:
                 record_gain(self.spec_switch, prepared.drafts, outputs)
             if prepared.drafts is not None and self.forced_switch is not None:
                 record_forced_gain(self.forced_switch, prepared.drafts, outputs)
-        seconds = prepared.prepare_seconds + time.perf_counter() - start
-        observe_step((self.spec_switch, self.forced_switch), prepared, seconds)
+        end = time.perf_counter()
+        seconds = prepared.prepare_seconds + end - start
+        # what the step added to the wall clock: an overlapped prepare's time (beside the
+        # step before) is not added again, a prepare between steps (a drafted one) is
+        added = min(seconds, end - self._last_step_end)
+        self._last_step_end = end
+        observe_step((self.spec_switch, self.forced_switch), prepared, added)
         result = StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
         if self._proposer is not None and batch is not None and batch.is_decode:
             result.undrafted_steps = undrafted_steps(

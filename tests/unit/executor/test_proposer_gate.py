@@ -208,3 +208,28 @@ def test_a_declined_decode_step_says_how_many_steps_its_switch_declines_before_i
         assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == 0
     finally:
         core.shutdown()
+
+
+def test_a_step_prepared_beside_the_one_before_is_timed_by_what_it_added(
+    model_dir, monkeypatch
+):
+    """The switch's step times: a step prepared while the step before had not executed
+    (overlapped) counts from that step's end, not its prepare's time again."""
+    import services.executor.core.executor as executor_module
+
+    observed: list[float] = []
+    monkeypatch.setattr(
+        executor_module, "observe_step", lambda switches, prepared, seconds: observed.append(seconds)
+    )
+    core = make_core(model_dir, method="off")
+    try:
+        core.step(admit())
+        a = core.prepare(decode(2))
+        b = core.prepare(decode(3))  # beside step 2: its prepare overlaps it
+        result_a = core.execute(a)
+        result_b = core.execute(b)
+    finally:
+        core.shutdown()
+    assert observed[1] == pytest.approx(result_a.step_seconds)  # prepared after step 1 ended
+    assert b.prepare_seconds > 0
+    assert observed[2] < result_b.step_seconds - 0.5 * b.prepare_seconds

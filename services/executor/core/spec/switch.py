@@ -32,6 +32,10 @@ The start-up ratio is device time only. A step also costs the host (drafting, bu
 the extend, verifying each row), which on a small model can be most of it, so once a
 bucket has seen `MIN_STEP_SAMPLES` whole-decode steps of each kind, its ratio is the
 rolling wall time of its drafted steps over that of its plain ones (`observe_step`).
+A step's wall time is what it added to the clock since the step before ended: a plain
+step whose prepare overlapped the step before adds only its own execution, a drafted
+one its prepare too (timing both by prepare plus execute would charge the overlapped
+prepares twice and make plain steps look dearer than they are).
 """
 
 from __future__ import annotations
