@@ -92,3 +92,12 @@ class Context:
         """Generated tokens (their text already known)."""
         self.text += text
         self.tokens += token_ids
+
+    def continue_at(self, keep: int, token_ids: Sequence[int], text: str) -> None:
+        """Text tokenized with the context's end (a select's choice): the first `keep`
+        tokens stay and token_ids replace the rest (they spell the rest's text, then text)."""
+        if not 0 <= keep <= len(self.tokens):
+            raise ValueError(f"keep {keep} is outside the context's {len(self.tokens)} tokens")
+        self.text += text
+        del self.tokens[keep:]
+        self.tokens += token_ids

@@ -33,6 +33,7 @@ from gateway.core.prepare import PreparedRequest
 from gateway.programs.core import events as ev
 from gateway.programs.core.context import role_text
 from gateway.programs.core.model import Append, Gen, If, Program, Select, Statement
+from gateway.programs.core.scoring import Boundary
 from gateway.programs.core.tools import ResultStore
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import ConstraintKind, Priority, SamplingParams
@@ -142,6 +143,7 @@ class Lookahead:
 
     branch: If
     between: tuple[Append, ...]
+    select: bool = False  # decided by a Select: its choice continues the context in context
 
 
 def lookahead(body: tuple[Statement, ...], index: int) -> Lookahead | None:
@@ -159,7 +161,7 @@ def lookahead(body: tuple[Statement, ...], index: int) -> Lookahead | None:
         if isinstance(later, Append) and not later.is_template:
             between.append(later)
         elif isinstance(later, If) and later.condition.var == s.var:
-            return Lookahead(later, tuple(between))
+            return Lookahead(later, tuple(between), isinstance(s, Select))
         else:
             return None
     return None
@@ -236,7 +238,12 @@ class Speculation:
         if not lead:
             return  # nothing static to prefill at the branch's start
         self.guess = guess
-        self.tokens = self.base + self.tokenizer.encode_text(guess[1]) + self._encode(self.ahead.between)
+        if self.ahead.select:  # the choice's tokens as the select scores and appends them
+            placed = Boundary(self.tokenizer, self.base).choice(guess[1])
+            self.tokens = self.base[: placed.keep] + list(placed.token_ids)
+        else:
+            self.tokens = self.base + self.tokenizer.encode_text(guess[1])
+        self.tokens += self._encode(self.ahead.between)
         self.tokens += self._encode(lead)
         sampling = SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs_start=len(self.tokens) - 1)
         request = PreparedRequest(

@@ -433,7 +433,8 @@ class ProgramRun:
         self.usage.append(ev.StatementUsage(s.path, model, scored.usage))
         self.charge(s.path, scored.usage.prompt_tokens - scored.usage.cached_tokens)
         await self.emit(ev.SelectScores(s.path, s.var, scored.scores))
-        scope.context.append_tokens(scored.choice_tokens[best], choice)
+        placed = scored.placed[best]  # the tokens scored: the next statement finds them cached
+        scope.context.continue_at(placed.keep, placed.token_ids, choice)
         await self.set_var(scope, s.path, s.var, choice)
 
     async def call(self, s: Call, scope: Scope) -> None:
