@@ -171,7 +171,9 @@ def _note_verbs(span: Any, ops: Sequence[CacheOp], results: Sequence[Any], start
     code in `radixmesh.code` (an event costs the SDK a few microseconds, a span of its own
     in the cache service a few hundred, created, encoded and exported)."""
     duration_ms = round((time.monotonic() - start_s) * 1e3, 3)
-    at_ns = tracing.epoch_ns(start_s)
+    # never before the span's own start: the span may carry the SDK's wall-clock reading,
+    # from which the monotonic clock's conversion drifts as the wall clock is slewed
+    at_ns = max(tracing.epoch_ns(start_s), getattr(span, "start_time", None) or 0)
     for op, result in zip(ops, results, strict=True):
         attrs: dict[str, Any] = {"radixmesh.duration_ms": duration_ms}
         if isinstance(result, BaseException):
