@@ -196,7 +196,11 @@ def event_to_proto(event: ev.Event, statement_prefix: str = "") -> program_pb2.P
     elif isinstance(event, ev.SelectScores):
         scores = [
             program_pb2.ChoiceScore(
-                choice=c.choice, score=c.score, logprob_sum=c.logprob_sum, num_tokens=c.num_tokens
+                choice=c.choice,
+                score=c.score,
+                logprob_sum=c.logprob_sum,
+                num_tokens=c.num_tokens,
+                tokens=[inference_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob, token=t.text) for t in c.tokens],
             )
             for c in event.scores
         ]

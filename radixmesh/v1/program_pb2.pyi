@@ -324,16 +324,18 @@ class ToolFinished(_message.Message):
     def __init__(self, tool: _Optional[str] = ..., cached: _Optional[bool] = ..., error: _Optional[str] = ..., duration_ms: _Optional[int] = ...) -> None: ...
 
 class ChoiceScore(_message.Message):
-    __slots__ = ("choice", "score", "logprob_sum", "num_tokens")
+    __slots__ = ("choice", "score", "logprob_sum", "num_tokens", "tokens")
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_SUM_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     choice: str
     score: float
     logprob_sum: float
     num_tokens: int
-    def __init__(self, choice: _Optional[str] = ..., score: _Optional[float] = ..., logprob_sum: _Optional[float] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    tokens: _containers.RepeatedCompositeFieldContainer[_inference_pb2.TokenLogprob]
+    def __init__(self, choice: _Optional[str] = ..., score: _Optional[float] = ..., logprob_sum: _Optional[float] = ..., num_tokens: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[_inference_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class SelectScores(_message.Message):
     __slots__ = ("var", "scores")

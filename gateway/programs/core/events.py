@@ -67,11 +67,19 @@ class ToolFinished:
 
 
 @dataclass(frozen=True, slots=True)
+class ScoredToken:
+    token_id: int
+    logprob: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChoiceScore:
     choice: str
     score: float
     logprob_sum: float
     num_tokens: int
+    tokens: tuple[ScoredToken, ...] = ()  # the choice's tokens in context, as scored
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,5 +185,6 @@ async def score_choices(
         else:
             key = (mean, 0.0)
         keys.append(key)
-        scores.append(ev.ChoiceScore(choice, key[0], total, len(p.token_ids)))
+        scored = tuple(ev.ScoredToken(e.token_id, e.logprob, tokenizer.token_text(e.token_id)) for e in logprobs)
+        scores.append(ev.ChoiceScore(choice, key[0], total, len(p.token_ids), scored))
     return Scored(tuple(scores), keys, placed, usage)

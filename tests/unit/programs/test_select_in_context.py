@@ -13,6 +13,7 @@ import structlog
 import torch
 import transformers
 
+from gateway.programs import convert
 from gateway.programs.core import events as ev
 from gateway.programs.core import scoring
 from gateway.programs.core.context import start_tokens
@@ -169,12 +170,22 @@ async def test_scores_are_the_models_logprobs_of_the_choice_encoded_with_the_con
         assert request.sampling.prompt_logprobs_start == keep
         with torch.no_grad():
             logprobs = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
-        total = sum(logprobs[p - 1, ids[p]].item() for p in range(keep, len(ids)))
+        expected = [logprobs[p - 1, ids[p]].item() for p in range(keep, len(ids))]
+        total = sum(expected)
         assert score.num_tokens == len(ids) - keep
+        # the per-token logprobs reported are those of the in-context tokens
+        assert [t.token_id for t in score.tokens] == ids[keep:]
+        assert [t.text for t in score.tokens] == [tokenizer.token_text(i) for i in ids[keep:]]
+        for reported, model_logprob in zip(score.tokens, expected, strict=True):
+            assert math.isclose(reported.logprob, model_logprob, abs_tol=2e-3)
         assert math.isclose(score.logprob_sum, total, abs_tol=2e-3), (choice, score, total)
         assert math.isclose(score.score, total / score.num_tokens, abs_tol=2e-3)
     # the first two choices take the context's trailing space, the third keeps it
     assert keeps == [len(context) - 1, len(context) - 1, len(context)]
+    assert scores.scores[0].tokens[0].text == " find"
+    wire = convert.event_to_proto(scores).select.scores[0]
+    assert [(t.token_id, t.token) for t in wire.tokens] == [(t.token_id, t.text) for t in scores.scores[0].tokens]
+    assert math.isclose(wire.tokens[0].logprob, scores.scores[0].tokens[0].logprob, rel_tol=1e-6)
 
 
 async def test_the_chosen_tokens_continue_the_context_and_the_next_statement_reads_them_cached(
