@@ -207,3 +207,29 @@ async def test_the_chosen_tokens_continue_the_context_and_the_next_statement_rea
     # but its last position, which the Gen computes for its first token's logits
     assert num_choice_tokens > 1
     assert usage.cached_tokens == len(scored) - 1
+
+
+async def test_after_a_held_gen_the_choice_rewrites_the_unheld_space_and_is_read_cached(deps, backend):
+    message = program(
+        text("Question: where is my parcel?\n"),
+        gen("note", max_tokens=3, ignore_eos=True),
+        text("\nAnswer: "),
+        select("answer", CHOICES),
+        gen("after", max_tokens=4),
+    )
+    events = [e async for e in ProgramRun(compile_program(message), {}, deps, "held").events()]
+    result = events[-1]
+    assert isinstance(result, ev.ProgramResult)
+    note = next(r for r in backend.requests if r.sampling.max_tokens == 3)
+    tokenizer = deps.models.resolve("")[1]
+    # the held prompt, the 3 tokens generated, then the appended text (not held yet)
+    num_context = len(note.prompt_token_ids) + 3 + len(tokenizer.encode_text("\nAnswer: "))
+    scoring_requests = [r for r in backend.requests if r.sampling.max_tokens == 0]
+    # " find" takes the space's place, "escalate" keeps it
+    assert [r.sampling.prompt_logprobs_start for r in scoring_requests] == [num_context - 1] * 2 + [num_context]
+    chosen = CHOICES.index(result.variables["answer"])
+    scored = scoring_requests[chosen].prompt_token_ids
+    after = next(r for r in backend.requests if r.sampling.max_tokens == 4)
+    assert after.prompt_token_ids == scored
+    usage = next(u.usage for u in result.usage if u.statement == "body[4].gen")
+    assert usage.cached_tokens == len(scored) - 1
