@@ -1,7 +1,7 @@
 """Select: score every choice by the model's log-probabilities after the context.
 
 Each choice is one scoring request (prompt = context + choice tokens, no token
-generated, prompt log-probabilities from the context's end); all are submitted together
+generated, prompt log-probabilities from the choice's first token); all are submitted together
 so the scheduler runs them in the same step over the cached context. Methods:
 token-length-normalized mean logprob (default), greedy token (how many leading tokens
 greedy decoding would write; ties by mean), and unconditional-likelihood-normalized
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 BOUNDARY_TOKENS = 16  # how many of the context's last tokens a choice may re-tokenize
-_warned: set[str] = set()  # tokenizers already logged as scoring choices alone
+_warned: set[tuple[str, str]] = set()  # (tokenizer, reason) already logged as choices alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +80,12 @@ class Boundary:
                 agree += 1
             if start + agree >= 1 and agree < len(joint):
                 return InContext(start + agree, tuple(joint[agree:]))
-        name = self.tokenizer.name
-        if name not in _warned:
-            _warned.add(name)
-            log.info(
-                "select_choice_tokenized_alone",
-                model=name,
-                reason="the context's last tokens do not encode back from their text",
-            )
+            reason = "in context the choice would rewrite the context's only token"
+        else:
+            reason = "the context's last tokens do not encode back from their text"
+        if (self.tokenizer.name, reason) not in _warned:
+            _warned.add((self.tokenizer.name, reason))
+            log.info("select_choice_tokenized_alone", model=self.tokenizer.name, reason=reason)
         return InContext(len(self.tokens), tuple(self.tokenizer.encode_text(text)), alone=True)
 
 

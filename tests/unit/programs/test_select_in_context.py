@@ -114,19 +114,21 @@ class NoRoundTrip(NoStartTokens):
 
 def test_a_one_token_context_the_choice_would_rewrite_keeps_its_token(tokenizer):
     bare = NoStartTokens(tokenizer)
-    scoring._warned.discard(bare.name)
+    scoring._warned.clear()
     context = tokenizer.encode_text(" num")
     assert len(context) == 1
     # in context " number" would replace the only token, leaving nothing to score after
     with structlog.testing.capture_logs() as logs:
         placed = Boundary(bare, context).choice("ber")
     assert placed == InContext(1, tuple(tokenizer.encode_text("ber")), alone=True)
-    assert [e["event"] for e in logs] == ["select_choice_tokenized_alone"]
+    assert [(e["event"], e["reason"]) for e in logs] == [
+        ("select_choice_tokenized_alone", "in context the choice would rewrite the context's only token")
+    ]
 
 
 def test_a_tokenizer_without_a_round_trip_scores_choices_alone_and_says_so_once(tokenizer):
     odd = NoRoundTrip(tokenizer, name=f"odd-{id(tokenizer)}")
-    scoring._warned.discard(odd.name)
+    scoring._warned.clear()
     context = tokens_of(tokenizer, PREFIX)
     with structlog.testing.capture_logs() as logs:
         first = [Boundary(odd, context).choice(c) for c in ("find", "ask")]
@@ -135,6 +137,7 @@ def test_a_tokenizer_without_a_round_trip_scores_choices_alone_and_says_so_once(
     assert first[1].alone
     lines = [e for e in logs if e["event"] == "select_choice_tokenized_alone"]
     assert len(lines) == 1 and lines[0]["model"] == odd.name
+    assert lines[0]["reason"] == "the context's last tokens do not encode back from their text"
 
 
 # --- through the runtime and the engine ----------------------------------------------------
