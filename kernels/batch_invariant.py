@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import check, interpreting, tl, triton
-from kernels.paged_attention import LOG2E, attend_range, check_paged_kv, check_window, mma
+from kernels.paged_attention import LOG2E, check_paged_kv, check_window, mma
+from kernels.paged_decode_attention import attend_split, store_partials
 
 MATMUL_BLOCK_M = 64
 MATMUL_BLOCK_N = 64
@@ -183,44 +184,16 @@ def _split_kernel(
     if SLIDING:
         start += tl.maximum(seq_len - window, 0)
     end = tl.minimum(start + SPLIT, seq_len)
-    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
-
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    h_valid = offs_h < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_h
-    q = tl.load(
-        q_ptr + row.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :],
-        mask=h_valid[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    q_pos = tl.full([BLOCK_H], 0, dtype=tl.int32) + seq_len - 1
-    k_base = k_cache_ptr + kv_head * stride_k_h
-    v_base = v_cache_ptr + kv_head * stride_v_h
-    page_row = page_table_ptr + row.to(tl.int64) * stride_page_table
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc, m_i, l_i = attend_range(
-        acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, start, full_end, end,
-        stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-        qk_scale, window, PAGE_SIZE, BLOCK_N, False, False, IEEE,
+    acc, m_i, l_i = attend_split(
+        q_ptr, k_cache_ptr, v_cache_ptr, page_table_ptr, row, kv_head, seq_len, start, end,
+        qk_scale, window, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_h,
+        stride_v_page, stride_v_slot, stride_v_h, stride_page_table,
+        GROUP, PAGE_SIZE, BLOCK_H, BLOCK_N, HEAD_DIM, BLOCK_D, IEEE,
     )  # fmt: skip
-    acc, m_i, l_i = attend_range(
-        acc, m_i, l_i, q, q_pos, k_base, v_base, page_row, full_end, end, end,
-        stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
-        qk_scale, window, PAGE_SIZE, BLOCK_N, True, False, IEEE,
+    store_partials(
+        part_out_ptr, part_m_ptr, part_l_ptr, row, kv_head, split, num_splits, acc, m_i, l_i,
+        GROUP, BLOCK_H, HEAD_DIM, BLOCK_D,
     )  # fmt: skip
-    # partials are [rows, num_heads, num_splits] (+ [BLOCK_D] for the output)
-    part = (row.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
-    tl.store(part_m_ptr + part, m_i, mask=h_valid)
-    tl.store(part_l_ptr + part, l_i, mask=h_valid)
-    tl.store(
-        part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
-        acc,
-        mask=h_valid[:, None] & d_mask[None, :],
-    )
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # one compiled merge for every table width

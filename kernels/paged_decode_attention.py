@@ -105,22 +105,80 @@ def _decode_split_kernel(
         split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    acc, m_i, l_i = attend_split(
+        q_ptr, k_cache_ptr, v_cache_ptr, page_table_ptr, seq, kv_head, seq_len, start, end,
+        qk_scale, window, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_h,
+        stride_v_page, stride_v_slot, stride_v_h, stride_page_table,
+        GROUP, PAGE_SIZE, BLOCK_H, BLOCK_N, HEAD_DIM, BLOCK_D, IEEE,
+    )  # fmt: skip
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_valid = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    if DIRECT:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(
+            out_ptr + seq.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h
+            + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=h_valid[:, None] & d_mask[None, :],
+        )  # fmt: skip
+    else:
+        store_partials(
+            part_out_ptr, part_m_ptr, part_l_ptr, seq, kv_head, split, num_splits, acc, m_i,
+            l_i, GROUP, BLOCK_H, HEAD_DIM, BLOCK_D,
+        )  # fmt: skip
 
+
+@triton.jit
+def attend_split(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    page_table_ptr,
+    row,
+    kv_head,
+    seq_len,
+    start,
+    end,
+    qk_scale,
+    window,
+    stride_q_t,
+    stride_q_h,
+    stride_k_page,
+    stride_k_slot,
+    stride_k_h,
+    stride_v_page,
+    stride_v_slot,
+    stride_v_h,
+    stride_page_table,
+    GROUP: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One decode row's GROUP query heads of one KV head over its positions [start, end)
+    (whole BLOCK_N tiles, then the masked rest): the online softmax's unnormalized
+    (acc, m, l). Shared by this module's split kernel and the batch-invariant one."""
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     h_valid = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h
     q = tl.load(
-        q_ptr + seq.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :],
+        q_ptr + row.to(tl.int64) * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :],
         mask=h_valid[:, None] & d_mask[None, :],
         other=0.0,
     )
     q_pos = tl.full([BLOCK_H], 0, dtype=tl.int32) + seq_len - 1
     k_base = k_cache_ptr + kv_head * stride_k_h
     v_base = v_cache_ptr + kv_head * stride_v_h
-    page_row = page_table_ptr + seq.to(tl.int64) * stride_page_table
+    page_row = page_table_ptr + row.to(tl.int64) * stride_page_table
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -134,24 +192,40 @@ def _decode_split_kernel(
         stride_k_page, stride_k_slot, stride_v_page, stride_v_slot, offs_d, d_mask,
         qk_scale, window, PAGE_SIZE, BLOCK_N, True, False, IEEE,
     )  # fmt: skip
-    if DIRECT:
-        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + seq.to(tl.int64) * stride_o_t + heads[:, None] * stride_o_h
-            + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=h_valid[:, None] & d_mask[None, :],
-        )  # fmt: skip
-    else:
-        # partials are [num_seqs, num_heads, num_splits] (+ [BLOCK_D] for the output)
-        part = (seq.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
-        tl.store(part_m_ptr + part, m_i, mask=h_valid)
-        tl.store(part_l_ptr + part, l_i, mask=h_valid)
-        tl.store(
-            part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
-            acc,
-            mask=h_valid[:, None] & d_mask[None, :],
-        )
+    return acc, m_i, l_i
+
+
+@triton.jit
+def store_partials(
+    part_out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    row,
+    kv_head,
+    split,
+    num_splits,
+    acc,
+    m_i,
+    l_i,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """A split's (acc, m, l) into the partials, [rows, num_heads, num_splits] (+ [BLOCK_D]
+    for acc), for the merge."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_valid = offs_h < GROUP
+    heads = kv_head * GROUP + offs_h
+    part = (row.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * num_splits + split
+    tl.store(part_m_ptr + part, m_i, mask=h_valid)
+    tl.store(part_l_ptr + part, l_i, mask=h_valid)
+    tl.store(
+        part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+        acc,
+        mask=h_valid[:, None] & (offs_d < HEAD_DIM)[None, :],
+    )
 
 
 @triton.jit
