@@ -7,6 +7,7 @@ services.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,15 @@ class Ops:
     """The set of `kernels.batch_invariant.batch_invariant_ops`: a row's linear and decode
     attention do not depend on the rest of the batch, and the model runs an extend's
     attention as decode rows (not an op: backends cannot replace it)."""
+
+
+OP_FIELDS_NOT_OPS = frozenset({"name", "batch_invariant"})
+"""Fields of `Ops` that are not ops (a backend cannot replace them)."""
+
+
+def op_names() -> list[str]:
+    """The names of the ops an `Ops` set holds, in field order."""
+    return [f.name for f in dataclasses.fields(Ops) if f.name not in OP_FIELDS_NOT_OPS]
 
 
 REFERENCE_OPS = Ops(

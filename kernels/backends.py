@@ -103,11 +103,11 @@ def discover(group: str = ENTRY_POINT_GROUP) -> list[KernelOverride]:
 def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.device | str):
     """`ops` with each override for this device checked against the op's reference and
     put in place. Raises KernelBackendError naming the op for a refused override."""
-    from kernels import REFERENCE_OPS
+    from kernels import REFERENCE_OPS, op_names
     from kernels.backend_checks import check
 
     device = torch.device(device)
-    fields = {f.name for f in dataclasses.fields(ops)} - {"name", "batch_invariant"}
+    fields = set(op_names())
     chosen: dict[str, KernelOverride] = {}
     for override in overrides:
         if override.op not in fields:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import pytest
@@ -11,7 +10,7 @@ import kernels
 from kernels import REFERENCE_OPS, get_ops
 from kernels.triton_ops import TRITON_OPS
 
-OP_NAMES = [f.name for f in dataclasses.fields(kernels.Ops) if f.name != "name"]
+OP_NAMES = kernels.op_names()
 
 
 def test_cuda_device_gets_the_triton_ops():
