@@ -229,8 +229,7 @@ class ExecutorCore:
         """Guards held sequences, free rows and the step counters between prepare and execute."""
         self._num_prepared = 0
         self._num_executed = 0
-        self._last_step_end = 0.0
-        """perf_counter when the last step executed (`observe_step`'s step intervals)."""
+        self._last_step_end = 0.0  # perf_counter when the last step executed
         self._seqs: dict[str, SequenceState] = {}
         self._drafting: tuple[StepPlan, DraftChoice] | None = None
         """The plan `drafting` was asked about last and its answer, for its prepare."""
@@ -256,12 +255,6 @@ class ExecutorCore:
 
     def has_seq(self, req_id: str) -> bool:
         return req_id in self._seqs
-
-    @property
-    def speculates(self) -> bool:
-        """Speculative decoding is on (a step that may draft is prepared after the step
-        before has executed: `drafting`)."""
-        return self._proposer is not None
 
     @property
     def proposer(self) -> Proposer | None:
@@ -495,8 +488,7 @@ class ExecutorCore:
                 record_forced_gain(self.forced_switch, prepared.drafts, outputs)
         end = time.perf_counter()
         seconds = prepared.prepare_seconds + end - start
-        # what the step added to the wall clock: an overlapped prepare's time (beside the
-        # step before) is not added again, a prepare between steps (a drafted one) is
+        # what the step added to the clock: an overlapped prepare is not counted again
         added = min(seconds, end - self._last_step_end)
         self._last_step_end = end
         observe_step((self.spec_switch, self.forced_switch), prepared, added)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 
-from radixmesh.step import RunningSequence
+from radixmesh.step import RunningSequence, StepPlan
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.leases import Leases
@@ -115,3 +115,19 @@ async def extend_to_steps(
             req.num_unsent_pages = 0
         req.num_computed_tokens += n
     return num_steps
+
+
+def abort_plan(ex: ExecutorState, decode_steps_per_plan: int) -> StepPlan | None:
+    """While a multi-step plan has more than the next step to run: a plan that only
+    aborts the sequences just dropped (aborts, deadlines), so the executor skips them
+    from its next step; one such plan in flight at a time. No preemption drops
+    between plans: these leases ended with at most the KV of the tokens already
+    received committed (`Leases.cut`), which the steps before have written."""
+    if decode_steps_per_plan == 1 or ex.num_in_flight < 2:
+        return None  # the drops go with the next plan, before the step after next
+    if not ex.dropped_req_ids or ex.abort_plan_step_id:
+        return None
+    plan = StepPlan(ex.next_step_id, abort_req_ids=ex.dropped_req_ids)
+    ex.next_step_id += 1
+    ex.dropped_req_ids = []
+    return plan

@@ -43,6 +43,7 @@ from services.scheduler.core.holds import Holds
 from services.scheduler.core.intake import check_prompt, make_room_in_queue
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.multi_step import (
+    abort_plan,
     extend_to_steps,
     max_steps_per_plan,
     may_run_steps,
@@ -366,7 +367,11 @@ class SchedulerCore:
                     return
                 await self._apply_aborts_and_deadlines(ex)
                 wants_plan = ex.num_in_flight < max_in_flight and ex.has_work
-                plan = await self._plan(ex) if wants_plan else self._abort_plan(ex)
+                plan = (
+                    await self._plan(ex)
+                    if wants_plan
+                    else abort_plan(ex, self.config.decode_steps_per_plan)
+                )
             except RadixmeshError as exc:
                 log.exception("planning failed", executor_id=ex.executor_id)
                 await self._fail_requests(ex, Unavailable(f"scheduling failed: {exc}"))
@@ -441,21 +446,6 @@ class SchedulerCore:
             plan.num_steps = await extend_to_steps(ex, self._leases, running_seqs, k)
         if offers_no_drafts(ex, len(running_seqs)):
             ex.undrafted_steps = max(0, ex.undrafted_steps - plan.num_steps)
-        ex.next_step_id += 1
-        ex.dropped_req_ids = []
-        return plan
-
-    def _abort_plan(self, ex: ExecutorState) -> StepPlan | None:
-        """While a multi-step plan has more than the next step to run: a plan that only
-        aborts the sequences just dropped (aborts, deadlines), so the executor skips them
-        from its next step; one such plan in flight at a time. No preemption drops
-        between plans: these leases ended with at most the KV of the tokens already
-        received committed (`Leases.cut`), which the steps before have written."""
-        if self.config.decode_steps_per_plan == 1 or ex.num_in_flight < 2:
-            return None  # the drops go with the next plan, before the step after next
-        if not ex.dropped_req_ids or ex.abort_plan_step_id:
-            return None
-        plan = StepPlan(ex.next_step_id, abort_req_ids=ex.dropped_req_ids)
         ex.next_step_id += 1
         ex.dropped_req_ids = []
         return plan
