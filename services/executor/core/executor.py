@@ -80,10 +80,10 @@ from services.executor.core.spec.drafting import (
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
     observe_step,
-    record_forced_gain,
-    record_gain,
+    record_gains,
     rows_over_drafts,
     step_drafts,
+    timed_kind,
 )
 from services.executor.core.spec.verifier import Verifier
 from services.executor.core.step_batch import next_step_seqs, prepare_batch, prepare_decodes
@@ -201,9 +201,8 @@ class ExecutorCore:
         )
         self.spec_switch, self.forced_switch = switches.proposer, switches.forced
         """Whether a step's decodes draft; whether it verifies forced runs (None: always)."""
-        self.sampler = Sampler(
-            spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
-        )
+        self.sampler = Sampler(spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask)
+        self.sampler.warmup()  # its compiled draw, before any request
         self.info = describe_executor(
             config, folder, spec, max_model_len, num_pages, self.device, dtype, grammar is not None,
             self.spec_switch.max_batch_size,
@@ -229,7 +228,7 @@ class ExecutorCore:
         """Guards held sequences, free rows and the step counters between prepare and execute."""
         self._num_prepared = 0
         self._num_executed = 0
-        self._last_step_end = 0.0  # perf_counter when the last step executed
+        self._last_step_end, self._last_step_timed = 0.0, False  # and did a switch time it
         self._seqs: dict[str, SequenceState] = {}
         self._drafting: tuple[StepPlan, DraftChoice] | None = None
         """The plan `drafting` was asked about last and its answer, for its prepare."""
@@ -482,16 +481,15 @@ class ExecutorCore:
                     if id(seq) in scored_to_end:  # score only: prompt done, nothing sampled
                         self._end(seq)
                         outputs[-1].finish_reason = "length"
-            if prepared.drafts is not None and self._proposer is not None:
-                record_gain(self.spec_switch, prepared.drafts, outputs)
-            if prepared.drafts is not None and self.forced_switch is not None:
-                record_forced_gain(self.forced_switch, prepared.drafts, outputs)
+            if prepared.drafts is not None:
+                switch = self.spec_switch if self._proposer is not None else None
+                record_gains(switch, self.forced_switch, prepared.drafts, outputs)
         end = time.perf_counter()
         seconds = prepared.prepare_seconds + end - start
-        # what the step added to the clock: an overlapped prepare is not counted again
-        added = min(seconds, end - self._last_step_end)
-        self._last_step_end = end
-        observe_step((self.spec_switch, self.forced_switch), prepared, added)
+        if (kind := timed_kind(prepared)) is not None and self._last_step_timed:  # end to end
+            switches = (self.spec_switch, self.forced_switch)
+            observe_step(switches, len(prepared.seqs), end - self._last_step_end, kind)
+        self._last_step_end, self._last_step_timed = end, kind is not None
         result = StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
         if self._proposer is not None and batch is not None and batch.is_decode:
             result.undrafted_steps = undrafted_steps(

@@ -285,8 +285,11 @@ class Sampler:
         self._apply_bitmask = apply_bitmask or get_ops(self.device).apply_bitmask
         self._race = torch.compile(race, dynamic=True) if self.device.type == "cuda" else race
 
+    @torch.inference_mode()
     def warmup(self) -> None:
-        """Compiles the race for this device now (a few seconds on CUDA), not on first use."""
+        """Compiles the race for this device now (a few seconds on CUDA), not on first use:
+        one row (a size of 1 is its own specialization) and two (any number from then on),
+        in inference mode as steps run (the compiled code is guarded on the grad mode)."""
         for rows in (1, 2):
             x = torch.zeros(rows, self.vocab_size, device=self.device)
             self._draw_race(x, torch.zeros(rows, dtype=torch.int64, device=self.device))

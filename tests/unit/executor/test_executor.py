@@ -322,3 +322,16 @@ def test_the_prefill_warm_up_stays_within_a_short_context(
     core.model.forward = recorded
     warm_prefill(core.model, core.kv_pool, 4096, page_id=0)
     assert len(positions) == 3 and max(positions) < max_model_len
+
+
+def test_the_core_warms_its_sampler_before_any_request(
+    tiny_model: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled draw is made at start-up (on CUDA a request would compile it; the GPU
+    test test_no_compile_cuda.py checks that none does)."""
+    from services.executor.core.sampling import Sampler
+
+    warmed: list[int] = []
+    monkeypatch.setattr(Sampler, "warmup", lambda self: warmed.append(self.vocab_size))
+    core = make_core(tiny_model)
+    assert warmed == [core.sampler.vocab_size]

@@ -25,6 +25,19 @@ def test_compiled_race_equals_eager_race():
         assert torch.equal(sampler._draw_race(x, keys), race(x, keys))
 
 
+def test_after_warmup_a_step_compiles_no_frame():
+    from torch._dynamo.utils import counters
+
+    sampler = Sampler(50_021, CUDA)  # a vocabulary no other test compiled for
+    sampler.warmup()
+    before = sum(counters["frames"].values())
+    with torch.inference_mode():  # as executor steps run
+        for rows in (1, 2, 3, 64, 257):
+            x = torch.randn(rows, 50_021, device=CUDA)
+            sampler._draw_race(x, torch.randint(0, 2**32, (rows,), dtype=torch.int64, device=CUDA))
+    assert sum(counters["frames"].values()) == before
+
+
 def test_cuda_tokens_equal_cpu_tokens():
     vocab, rows = 32_000, 256
     torch.manual_seed(0)

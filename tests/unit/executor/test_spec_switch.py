@@ -119,9 +119,58 @@ def test_step_wall_times_replace_the_start_up_ratio_once_a_bucket_has_enough() -
     switch.observe_step(8, 0.0, drafted=True)  # no time: ignored
     switch.observe_step(0, 1e-3, drafted=True)  # no decodes: ignored
     assert switch.ratio(8) == pytest.approx(3.0)
+    for _ in range(3):
+        switch.observe_step(8, 31e-3, drafted=True)  # over OUTLIER x the mean: a stall
+    assert switch.ratio(8) == pytest.approx(3.0)
     fixed = SpecSwitch(8)
     fixed.observe_step(4, 1e-3, drafted=True)  # without a table there is nothing to refine
     assert fixed.describe()["wall_ratios"] == {}
+
+
+def test_a_step_is_timed_from_the_end_of_the_timed_step_before(
+    llama_model: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the scheduler spends between two decode steps counts, for a drafted step as for
+    a plain one; the first decode after a prefill (an idle gap can come before it) does not."""
+    import time
+
+    from services.executor.core import executor as executor_module
+
+    class Clock:  # the executor's clock, with GAP seconds of planning before each step
+        offset = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            return time.perf_counter() + cls.offset
+
+    GAP = 0.5
+    monkeypatch.setattr(executor_module, "time", Clock)
+    seen: list[tuple[int, float, bool]] = []
+
+    class Recording(SpecSwitch):
+        def observe_step(self, num_decodes: int, seconds: float, drafted: bool) -> None:
+            seen.append((num_decodes, seconds, drafted))
+            super().observe_step(num_decodes, seconds, drafted)
+
+    core = spec_core(llama_model)
+    core.spec_switch = Recording(256, {1: 1.01, 4: 1.01})
+    step = core.step
+
+    def planned(plan):  # the plan reaches the executor GAP seconds after the step before
+        Clock.offset += GAP
+        result = step(plan)
+        kinds.append(bool(plan.new_seqs))
+        return result
+
+    kinds: list[bool] = []
+    core.step = planned
+    prompts = [repeating_prompt(s) for s in range(3)]
+    generate(core, prompts, [greedy(max_tokens=12, ignore_eos=True)] * 3, 4)
+    assert {drafted for _, _, drafted in seen} == {True, False}
+    assert all(GAP <= seconds < 2 * GAP for _, seconds, _ in seen)  # the gap and the step
+    # every decode step but the first after the prefill is timed
+    assert kinds[0] and not any(kinds[1:])
+    assert len(seen) == len(kinds) - 2
 
 
 def test_without_a_table_the_cap_alone_decides() -> None:

@@ -69,23 +69,42 @@ def record_gain(
     switch.record(len(drafts), emitted)
 
 
-def observe_step(
-    switches: Sequence[SpecSwitch | None], prepared: PreparedStep, seconds: float
+def record_gains(
+    switch: SpecSwitch | None,
+    forced_switch: SpecSwitch | None,
+    drafts: Sequence[Sequence[int]],
+    outputs: Sequence[SequenceOutput],
 ) -> None:
-    """Tells the switches a step's wall time when it ran decodes only: a plain decode
-    batch, or decodes each verifying its draft (no prefill chunk, no prompt scoring)."""
+    """A drafted step's gains: the proposer's to `switch`, the forced runs' to
+    `forced_switch` (either None: not on)."""
+    if switch is not None:
+        record_gain(switch, drafts, outputs)
+    if forced_switch is not None:
+        record_forced_gain(forced_switch, drafts, outputs)
+
+
+def timed_kind(prepared: PreparedStep) -> bool | None:
+    """Whether a step is one the switches time, and which kind: False for a plain decode
+    batch, True for decodes each verifying its draft; None for anything else (a prefill
+    chunk, prompt scoring, an empty step)."""
     batch = prepared.batch
     if batch is None or prepared.scoring is not None:
-        return
+        return None
     drafts = prepared.drafts
     if drafts is None:
-        if not batch.is_decode:
-            return
-    elif len(prepared.samplers) != len(prepared.seqs) or batch.max_q_len > 1 + max(map(len, drafts)):
-        return
+        return False if batch.is_decode else None
+    if len(prepared.samplers) != len(prepared.seqs) or batch.max_q_len > 1 + max(map(len, drafts)):
+        return None
+    return True
+
+
+def observe_step(
+    switches: Sequence[SpecSwitch | None], num_decodes: int, seconds: float, drafted: bool
+) -> None:
+    """Tells the switches a timed step's wall time (`timed_kind`)."""
     for switch in switches:
         if switch is not None:
-            switch.observe_step(len(prepared.seqs), seconds, drafts is not None)
+            switch.observe_step(num_decodes, seconds, drafted)
 
 
 def record_forced_gain(

@@ -32,10 +32,14 @@ The start-up ratio is device time only. A step also costs the host (drafting, bu
 the extend, verifying each row), which on a small model can be most of it, so once a
 bucket has seen `MIN_STEP_SAMPLES` whole-decode steps of each kind, its ratio is the
 rolling wall time of its drafted steps over that of its plain ones (`observe_step`).
-A step's wall time is what it added to the clock since the step before ended: a plain
-step whose prepare overlapped the step before adds only its own execution, a drafted
-one its prepare too (timing both by prepare plus execute would charge the overlapped
-prepares twice and make plain steps look dearer than they are).
+A step's wall time is the clock from the end of the step before to its own end, taken
+when the step before was a timed decode step too (so an idle gap before a prefill never
+counts; one over OUTLIER times its kind's rolling mean is dropped as a stall). It holds all
+a step costs in steady decoding: its prepare where it did not overlap, the scheduler's
+planning, the result's round trip. A step timed by its own prepare plus execute left the
+planning out of a drafted step (prepared once the plan came) but not of a plain one (its
+overlapped prepare waits for the plan), and drafted steps looked cheaper than plain ones
+on a host-bound model (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ PROBE_EVERY = 64
 """While the rule declines, every this many candidate steps one drafts anyway."""
 MIN_STEP_SAMPLES = 4
 """Steps of each kind a bucket needs before its wall-time ratio replaces the start-up one."""
+OUTLIER = 10.0
+"""A step over this many times its kind's rolling wall time (once it has MIN_STEP_SAMPLES)
+waited on something else (a stalled client, a collector pause): not counted."""
 
 StepTimings = Mapping[int, tuple[float, float]]
 """Bucket -> (seconds of a plain decode step, seconds of a verification step)."""
@@ -122,6 +129,8 @@ class SpecSwitch:
             return
         key = (self.bucket(num_decodes), drafted)
         mean, count = self._wall.get(key, (seconds, 0))
+        if count >= MIN_STEP_SAMPLES and seconds > OUTLIER * mean:
+            return
         self._wall[key] = (GAIN_DECAY * mean + (1 - GAIN_DECAY) * seconds, count + 1)
 
     def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
