@@ -79,11 +79,10 @@ from services.executor.core.spec.drafting import (
 )
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
-    observe_step,
+    StepClock,
     record_gains,
     rows_over_drafts,
     step_drafts,
-    timed_kind,
 )
 from services.executor.core.spec.verifier import Verifier
 from services.executor.core.step_batch import next_step_seqs, prepare_batch, prepare_decodes
@@ -124,6 +123,7 @@ class PreparedStep:
     """KV slots the new sequences' `page_copy`s copy before the forward."""
     substep: int = 0
     """Which step of its plan this is (a multi-step plan prepares one per step)."""
+    offered: bool = False  # the plan offered decodes draft tokens (drafted or not)
 
 
 class ExecutorCore:
@@ -228,7 +228,7 @@ class ExecutorCore:
         """Guards held sequences, free rows and the step counters between prepare and execute."""
         self._num_prepared = 0
         self._num_executed = 0
-        self._last_step_end, self._last_step_timed = 0.0, False  # and did a switch time it
+        self._step_clock = StepClock()  # times decode steps for the switches
         self._seqs: dict[str, SequenceState] = {}
         self._drafting: tuple[StepPlan, DraftChoice] | None = None
         """The plan `drafting` was asked about last and its answer, for its prepare."""
@@ -375,7 +375,7 @@ class ExecutorCore:
                     num_tokens.append(running.num_scheduled_tokens)
                     allowed.append(running.num_draft_tokens)
             prepared = PreparedStep(plan.step_id, self._num_prepared, substep=substep)
-            prepared.copies = copies
+            prepared.copies, prepared.offered = copies, any(allowed)
             all_executed = self._num_executed == self._num_prepared
             drafts = step_drafts(
                 self._proposer, all_executed, seqs, num_tokens, allowed, self._draft_limits,
@@ -486,10 +486,7 @@ class ExecutorCore:
                 record_gains(switch, self.forced_switch, prepared.drafts, outputs)
         end = time.perf_counter()
         seconds = prepared.prepare_seconds + end - start
-        if (kind := timed_kind(prepared)) is not None and self._last_step_timed:  # end to end
-            switches = (self.spec_switch, self.forced_switch)
-            observe_step(switches, len(prepared.seqs), end - self._last_step_end, kind)
-        self._last_step_end, self._last_step_timed = end, kind is not None
+        self._step_clock.tick(prepared, end, (self.spec_switch, self.forced_switch))
         result = StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
         if self._proposer is not None and batch is not None and batch.is_decode:
             result.undrafted_steps = undrafted_steps(

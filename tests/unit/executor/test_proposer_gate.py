@@ -66,6 +66,28 @@ def decode(step_id: int, num_draft_tokens: int = MAX_DRAFT) -> StepPlan:
     return StepPlan(step_id, running_seqs=[RunningSequence("r", 1, [], num_draft_tokens)])
 
 
+def test_a_decode_whose_proposer_seldom_has_a_guess_expects_little(model_dir):
+    """The best case weighs a decode's guess by how often its proposer had one: a sequence
+    with no n-gram to match (a random prompt) stops making the switch expect its drafts."""
+    core = make_core(model_dir)
+    try:
+        core.step(admit())
+        core.spec_switch = switch_with_ratio(1.5)
+        seq = core._seqs["r"]
+        seq.draft_length = DraftLength(MAX_DRAFT)  # all accepted so far
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == 0
+        for _ in range(6):
+            seq.draft_length.note_guess(False)
+        assert seq.draft_length.found < 0.15
+        assert best_gain(decode(2), {"r": seq}, 1) < 1.5  # below the cost: declined
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) > 1
+        before = seq.draft_length.found
+        seq.draft_length.note_guess(True)  # a rolling share, like the acceptance
+        assert seq.draft_length.found == pytest.approx(0.7 * before + 0.3)
+    finally:
+        core.shutdown()
+
+
 def test_best_gain_weighs_each_decodes_longest_guess_by_its_acceptance(model_dir):
     core = make_core(model_dir)
     try:
@@ -210,26 +232,31 @@ def test_a_declined_decode_step_says_how_many_steps_its_switch_declines_before_i
         core.shutdown()
 
 
-def test_a_step_prepared_beside_the_one_before_is_timed_by_what_it_added(
-    model_dir, monkeypatch
-):
-    """The switch's step times: a step prepared while the step before had not executed
-    (overlapped) counts from that step's end, not its prepare's time again."""
-    import services.executor.core.executor as executor_module
+def test_decode_steps_are_timed_end_to_end_on_the_side_their_plan_chose(model_dir):
+    """The switch's step times: from the end of the timed step before, so a step prepared
+    beside the one before (overlapped) counts only what it added; a plan that offered drafts
+    times the speculating side whether it drafted or not, one that offered none the plain
+    side, and neither the first decode after a prefill nor the first plain step after a
+    speculating one is timed."""
+    observed: list[tuple[float, bool]] = []
 
-    observed: list[float] = []
-    monkeypatch.setattr(
-        executor_module, "observe_step", lambda switches, prepared, seconds: observed.append(seconds)
-    )
-    core = make_core(model_dir, method="off")
+    class Recording(SpecSwitch):
+        def observe_step(self, num_decodes: int, seconds: float, speculating: bool) -> None:
+            observed.append((seconds, speculating))
+
+    core = make_core(model_dir)
+    core.spec_switch = Recording(8, cost_ratios={1: 3.0, 8: 3.0})
     try:
         core.step(admit())
-        a = core.prepare(decode(2))
-        b = core.prepare(decode(3))  # beside step 2: its prepare overlaps it
-        result_a = core.execute(a)
+        a = core.prepare(decode(2, num_draft_tokens=0))
+        b = core.prepare(decode(3, num_draft_tokens=0))  # beside step 2: its prepare overlaps
+        core.execute(a)  # the first decode after the prefill: not timed
         result_b = core.execute(b)
+        assert len(observed) == 1 and not observed[0][1]
+        assert 0 < observed[0][0] < result_b.step_seconds  # its overlapped prepare left out
+        core.step(decode(4))  # offered drafts: the speculating side, after a plain step
+        core.step(decode(5, num_draft_tokens=0))  # plain after speculating: not timed
+        core.step(decode(6, num_draft_tokens=0))
     finally:
         core.shutdown()
-    assert observed[1] == pytest.approx(result_a.step_seconds)  # prepared after step 1 ended
-    assert b.prepare_seconds > 0
-    assert observed[2] < result_b.step_seconds - 0.5 * b.prepare_seconds
+    assert [speculating for _, speculating in observed] == [False, True, False]

@@ -19,6 +19,8 @@ from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.step import record_forced_gain, record_gain
 from services.executor.core.spec.switch import (
     MIN_STEP_SAMPLES,
+    PLAIN_PROBE_EVERY,
+    PLAIN_PROBE_STEPS,
     PROBE_EVERY,
     UNMEASURED_MAX_BATCH_SIZE,
     SpecSwitch,
@@ -106,25 +108,40 @@ def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
 def test_step_wall_times_replace_the_start_up_ratio_once_a_bucket_has_enough() -> None:
     switch = SpecSwitch(256, {1: 1.1, 8: 1.2}, gain=2.0)
     for _ in range(MIN_STEP_SAMPLES):
-        switch.observe_step(6, 1e-3, drafted=False)  # 6 decodes run in the bucket of 8
+        switch.observe_step(6, 1e-3, speculating=False)  # 6 decodes run in the bucket of 8
     for _ in range(MIN_STEP_SAMPLES - 1):
-        switch.observe_step(8, 3e-3, drafted=True)
+        switch.observe_step(8, 3e-3, speculating=True)
     assert switch.ratio(8) == pytest.approx(1.2)  # one drafted step short: the start-up one
     assert switch.allows(8)
-    switch.observe_step(7, 3e-3, drafted=True)
+    switch.observe_step(7, 3e-3, speculating=True)
     assert switch.ratio(8) == pytest.approx(3.0)  # the host's share counted: 3 > 2 tokens
     assert not switch.allows(8)
     assert switch.allows(1)  # the bucket of 1 still has only its start-up ratio
     assert switch.describe()["wall_ratios"] == {8: pytest.approx(3.0)}
-    switch.observe_step(8, 0.0, drafted=True)  # no time: ignored
-    switch.observe_step(0, 1e-3, drafted=True)  # no decodes: ignored
+    switch.observe_step(8, 0.0, speculating=True)  # no time: ignored
+    switch.observe_step(0, 1e-3, speculating=True)  # no decodes: ignored
     assert switch.ratio(8) == pytest.approx(3.0)
     for _ in range(3):
-        switch.observe_step(8, 31e-3, drafted=True)  # over OUTLIER x the mean: a stall
+        switch.observe_step(8, 31e-3, speculating=True)  # over OUTLIER x the mean: a stall
     assert switch.ratio(8) == pytest.approx(3.0)
     fixed = SpecSwitch(8)
-    fixed.observe_step(4, 1e-3, drafted=True)  # without a table there is nothing to refine
+    fixed.observe_step(4, 1e-3, speculating=True)  # without a table there is nothing to refine
     assert fixed.describe()["wall_ratios"] == {}
+
+
+def test_where_drafts_pay_a_few_plain_steps_are_run_now_and_then_to_time_them() -> None:
+    switch = SpecSwitch(256, {1: 1.1, 8: 1.2}, gain=3.0)
+    # the bucket of 8 has no plain step timed: a probe every 2 * MIN_STEP_SAMPLES steps
+    asked = [switch.plain_probe(8) for _ in range(4 * MIN_STEP_SAMPLES)]
+    probes = [i for i, steps in enumerate(asked) if steps]
+    assert probes == [2 * MIN_STEP_SAMPLES - 1, 4 * MIN_STEP_SAMPLES - 1]
+    assert {asked[i] for i in probes} == {PLAIN_PROBE_STEPS} and PLAIN_PROBE_STEPS > MIN_STEP_SAMPLES
+    for _ in range(MIN_STEP_SAMPLES):
+        switch.observe_step(8, 1e-3, speculating=False)
+    asked = [switch.plain_probe(8) for _ in range(PLAIN_PROBE_EVERY)]  # timed: seldom
+    assert [i for i, steps in enumerate(asked) if steps] == [PLAIN_PROBE_EVERY - 1]
+    assert switch.describe()["num_plain_probes"] == 3
+    assert SpecSwitch(8).plain_probe(8) == 0  # no table: nothing to time
 
 
 def test_a_step_is_timed_from_the_end_of_the_timed_step_before(
@@ -148,9 +165,9 @@ def test_a_step_is_timed_from_the_end_of_the_timed_step_before(
     seen: list[tuple[int, float, bool]] = []
 
     class Recording(SpecSwitch):
-        def observe_step(self, num_decodes: int, seconds: float, drafted: bool) -> None:
-            seen.append((num_decodes, seconds, drafted))
-            super().observe_step(num_decodes, seconds, drafted)
+        def observe_step(self, num_decodes: int, seconds: float, speculating: bool) -> None:
+            seen.append((num_decodes, seconds, speculating))
+            super().observe_step(num_decodes, seconds, speculating)
 
     core = spec_core(llama_model)
     core.spec_switch = Recording(256, {1: 1.01, 4: 1.01})
@@ -166,7 +183,7 @@ def test_a_step_is_timed_from_the_end_of_the_timed_step_before(
     core.step = planned
     prompts = [repeating_prompt(s) for s in range(3)]
     generate(core, prompts, [greedy(max_tokens=12, ignore_eos=True)] * 3, 4)
-    assert {drafted for _, _, drafted in seen} == {True, False}
+    assert {speculating for _, _, speculating in seen} == {True}  # every plan offered drafts
     assert all(GAP <= seconds < 2 * GAP for _, seconds, _ in seen)  # the gap and the step
     # every decode step but the first after the prefill is timed
     assert kinds[0] and not any(kinds[1:])

@@ -20,10 +20,17 @@ class DraftLength:
 
     max_draft_tokens: int
     acceptance: float = 1.0
+    found: float = 1.0
+    """Rolling share of the sequence's drafting steps whose proposer had a guess (starts
+    at 1: the first step tries); a decode without one verifies nothing and gains nothing."""
 
     def limit(self, match_len: int) -> int:
         by_rate = max(1, math.ceil(self.max_draft_tokens * self.acceptance))
         return max(1, min(by_rate, 2 * match_len, self.max_draft_tokens))
+
+    def note_guess(self, found: bool) -> None:
+        """The proposer was asked for this sequence's draft and had one or not."""
+        self.found = ACCEPTANCE_DECAY * self.found + (1 - ACCEPTANCE_DECAY) * found
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens <= 0:

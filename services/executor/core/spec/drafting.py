@@ -96,15 +96,17 @@ def undrafted_steps(
     switch: SpecSwitch, decodes: Sequence[SequenceState], max_draft_tokens: int
 ) -> int:
     """After a decode step: how many more decode steps of these sequences the switch would
-    decline before it probes (0: the next one may draft), each offered `max_draft_tokens`.
-    The scheduler plans that many without drafts, several a plan (StepResult's
-    `undrafted_steps`); without a timing table, or past the cap, 0."""
+    decline before it probes (0: the next one may draft), each offered `max_draft_tokens`;
+    where it would draft, now and then a few, to time the plain steps it weighs drafts
+    against (`SpecSwitch.plain_probe`). The scheduler plans that many without drafts,
+    several a plan (StepResult's `undrafted_steps`); without a timing table, or past the
+    cap, 0."""
     num_decodes = len(decodes)
     if switch.cost_ratios is None or not 0 < num_decodes <= switch.max_batch_size:
         return 0
     expected = sum(_best_guess(seq, max_draft_tokens) for seq in decodes)
     if switch.admits(num_decodes, (num_decodes + expected) / num_decodes):
-        return 0
+        return switch.plain_probe(num_decodes)  # 0 but now and then: the plain side's time
     return switch.steps_to_probe() - 1
 
 
@@ -113,7 +115,7 @@ def _best_guess(seq: SequenceState, allowed: int) -> float:
     length = seq.draft_length
     if length is None:
         return float(allowed)  # a new sequence tries, at acceptance 1
-    return length.acceptance * min(allowed, length.limit(allowed))
+    return length.found * length.acceptance * min(allowed, length.limit(allowed))
 
 
 def best_gain(plan: StepPlan, seqs: dict[str, SequenceState], num_decodes: int) -> float:
@@ -243,6 +245,7 @@ def plan_drafts(
                     seq.ngram_index = proposer.index_for()
                 draft = proposer.propose(seq.token_ids, k, seq.ngram_index)
             guess = draft.token_ids[: seq.draft_length.limit(draft.match_len)]
+            seq.draft_length.note_guess(bool(guess))
             expected += seq.draft_length.acceptance * len(guess)
             tokens += guess
         room -= len(tokens)

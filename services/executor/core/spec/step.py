@@ -84,27 +84,39 @@ def record_gains(
 
 
 def timed_kind(prepared: PreparedStep) -> bool | None:
-    """Whether a step is one the switches time, and which kind: False for a plain decode
-    batch, True for decodes each verifying its draft; None for anything else (a prefill
-    chunk, prompt scoring, an empty step)."""
+    """Which side of the switch's ratio a step is timed for: True for a decode step of a
+    plan that offered drafts (verifying them or not), False for one of a plan that offered
+    none; None for anything else (a prefill chunk, prompt scoring, an empty step)."""
     batch = prepared.batch
     if batch is None or prepared.scoring is not None:
         return None
     drafts = prepared.drafts
     if drafts is None:
-        return False if batch.is_decode else None
+        return prepared.offered if batch.is_decode else None
     if len(prepared.samplers) != len(prepared.seqs) or batch.max_q_len > 1 + max(map(len, drafts)):
         return None
     return True
 
 
-def observe_step(
-    switches: Sequence[SpecSwitch | None], num_decodes: int, seconds: float, drafted: bool
-) -> None:
-    """Tells the switches a timed step's wall time (`timed_kind`)."""
-    for switch in switches:
-        if switch is not None:
-            switch.observe_step(num_decodes, seconds, drafted)
+class StepClock:
+    """The wall clock between timed decode steps (switch.py): a step is timed from the end
+    of the step before when that one was timed too and, for a plain step, plain too."""
+
+    def __init__(self) -> None:
+        self.end = 0.0
+        self.kind: bool | None = None
+        """timed_kind of the step that ended at `end`."""
+
+    def tick(
+        self, prepared: PreparedStep, end: float, switches: Sequence[SpecSwitch | None]
+    ) -> None:
+        """A step ended at `end` (perf_counter): the switches learn its time if timed."""
+        kind, last = timed_kind(prepared), self.kind
+        if kind is not None and last is not None and (kind or not last):
+            for switch in switches:
+                if switch is not None:
+                    switch.observe_step(len(prepared.seqs), end - self.end, kind)
+        self.end, self.kind = end, kind
 
 
 def record_forced_gain(

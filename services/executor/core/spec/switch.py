@@ -29,17 +29,23 @@ offers no drafts and plans several decode steps at once, as without speculation,
 those steps count toward the probe (`note_undrafted`).
 
 The start-up ratio is device time only. A step also costs the host (drafting, building
-the extend, verifying each row), which on a small model can be most of it, so once a
-bucket has seen `MIN_STEP_SAMPLES` whole-decode steps of each kind, its ratio is the
-rolling wall time of its drafted steps over that of its plain ones (`observe_step`).
+the extend, verifying each row, and the scheduler's one plan per step where plain steps
+share a plan between several and overlap their prepares), which on a small model can be
+most of it. So once a bucket has seen `MIN_STEP_SAMPLES` decode steps of each side, its
+ratio is their rolling wall times (`observe_step`): the speculating side is every step of
+a plan that offered drafts, drafted or not (both are what speculating costs), the plain
+side every step of a plan that offered none, as it runs when the switch declines. Where
+drafts pay, the plain side is seldom seen, so every `PLAIN_PROBE_EVERY` decode steps a few
+run without drafts (`plain_probe`).
+
 A step's wall time is the clock from the end of the step before to its own end, taken
 when the step before was a timed decode step too (so an idle gap before a prefill never
-counts; one over OUTLIER times its kind's rolling mean is dropped as a stall). It holds all
-a step costs in steady decoding: its prepare where it did not overlap, the scheduler's
-planning, the result's round trip. A step timed by its own prepare plus execute left the
-planning out of a drafted step (prepared once the plan came) but not of a plain one (its
-overlapped prepare waits for the plan), and drafted steps looked cheaper than plain ones
-on a host-bound model (bench/RESULTS.md).
+counts), and for a plain step when the step before was plain too (the first after drafted
+ones carries the switch between them); one over OUTLIER times its side's rolling mean is
+dropped as a stall. It holds all a step costs in steady decoding: its prepare where it did
+not overlap, the scheduler's planning, the result's round trip. A step timed by its own
+prepare plus execute, or plain steps taken from plans that offered drafts, made drafting
+look cheaper than it was on a host-bound model (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -59,6 +65,11 @@ PROBE_EVERY = 64
 """While the rule declines, every this many candidate steps one drafts anyway."""
 MIN_STEP_SAMPLES = 4
 """Steps of each kind a bucket needs before its wall-time ratio replaces the start-up one."""
+PLAIN_PROBE_EVERY = 256
+"""Where the rule drafts, every this many decode steps PLAIN_PROBE_STEPS run without drafts
+(every 2 * MIN_STEP_SAMPLES while the bucket has too few plain steps timed)."""
+PLAIN_PROBE_STEPS = MIN_STEP_SAMPLES + 2
+"""A plain probe's steps: the first is not timed, and a plan's last may be cut short."""
 OUTLIER = 10.0
 """A step over this many times its kind's rolling wall time (once it has MIN_STEP_SAMPLES)
 waited on something else (a stalled client, a collector pause): not counted."""
@@ -77,12 +88,14 @@ class SpecSwitch:
     """Rolling tokens emitted per decode in drafted steps (inf until one is recorded)."""
     num_declined: int = 0
     num_probes: int = 0
+    num_plain_probes: int = 0
+    _since_plain_probe: int = 0
     _since_probe: int = 0
     """Decode steps within the cap without drafts (declined, or offered none) since the
     last probe; the next declined step probes once it reaches PROBE_EVERY."""
     _buckets: list[int] = field(default_factory=list)
     _wall: dict[tuple[int, bool], tuple[float, int]] = field(default_factory=dict)
-    """(bucket, drafted) -> (rolling step seconds, steps seen)."""
+    """(bucket, speculating) -> (rolling step seconds, steps seen)."""
 
     def __post_init__(self) -> None:
         if self.cost_ratios is not None:
@@ -122,12 +135,12 @@ class SpecSwitch:
             return drafted[0] / plain[0]
         return None
 
-    def observe_step(self, num_decodes: int, seconds: float, drafted: bool) -> None:
-        """A step of `num_decodes` decodes and nothing else took `seconds` of wall time,
-        verifying drafts or not (ignored without a timing table)."""
+    def observe_step(self, num_decodes: int, seconds: float, speculating: bool) -> None:
+        """A step of `num_decodes` decodes and nothing else took `seconds` of wall time, in
+        a plan that offered drafts or one that did not (ignored without a timing table)."""
         if self.cost_ratios is None or num_decodes <= 0 or seconds <= 0:
             return
-        key = (self.bucket(num_decodes), drafted)
+        key = (self.bucket(num_decodes), speculating)
         mean, count = self._wall.get(key, (seconds, 0))
         if count >= MIN_STEP_SAMPLES and seconds > OUTLIER * mean:
             return
@@ -165,6 +178,21 @@ class SpecSwitch:
         if self.cost_ratios is not None and 0 < num_decodes <= self.max_batch_size:
             self._since_probe += 1
 
+    def plain_probe(self, num_decodes: int) -> int:
+        """After a decode step the rule would draft: the decode steps to run without drafts
+        now (0 but every PLAIN_PROBE_EVERY such steps, or 2 * MIN_STEP_SAMPLES while the
+        bucket has too few plain steps timed), so that the ratio's plain side is timed."""
+        if self.cost_ratios is None:
+            return 0
+        self._since_plain_probe += 1
+        plain = self._wall.get((self.bucket(num_decodes), False))
+        timed = plain is not None and plain[1] >= MIN_STEP_SAMPLES
+        if self._since_plain_probe < (PLAIN_PROBE_EVERY if timed else 2 * MIN_STEP_SAMPLES):
+            return 0
+        self._since_plain_probe = 0
+        self.num_plain_probes += 1
+        return PLAIN_PROBE_STEPS
+
     def steps_to_probe(self) -> int:
         """Declined decode steps until one probes (1: the next one declined does)."""
         return max(1, PROBE_EVERY - self._since_probe)
@@ -190,4 +218,5 @@ class SpecSwitch:
             },
             "num_declined": self.num_declined,
             "num_probes": self.num_probes,
+            "num_plain_probes": self.num_plain_probes,
         }
