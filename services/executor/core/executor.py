@@ -488,10 +488,10 @@ class ExecutorCore:
         seconds = prepared.prepare_seconds + end - start
         self._step_clock.tick(prepared, end, (self.spec_switch, self.forced_switch))
         result = StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
-        if self._proposer is not None and batch is not None and batch.is_decode:
-            result.undrafted_steps = undrafted_steps(
-                self.spec_switch, prepared.seqs, self.config.speculative.max_draft_tokens
-            )
+        if self._proposer is not None and batch is not None:  # a prefill's too: no reset
+            going = [seq for seq in prepared.seqs if not seq.finished]
+            k = self.config.speculative.max_draft_tokens
+            result.undrafted_steps = undrafted_steps(self.spec_switch, going, k)
         return result
 
     def shutdown(self) -> None:

@@ -66,6 +66,21 @@ def decode(step_id: int, num_draft_tokens: int = MAX_DRAFT) -> StepPlan:
     return StepPlan(step_id, running_seqs=[RunningSequence("r", 1, [], num_draft_tokens)])
 
 
+@pytest.mark.parametrize(("ratio", "expected"), [(50.0, PROBE_EVERY - 1), (1.01, 0)])
+def test_a_prefill_step_says_whether_its_sequences_decodes_would_draft(
+    model_dir, ratio, expected
+):
+    """A step that admits sequences answers as a decode step does (`undrafted_steps`), so
+    a new admission does not end a decline the rule keeps: a new sequence's best case (every
+    draft token kept) pays at a cost ratio of 1.01, not at 50."""
+    core = make_core(model_dir)
+    core.spec_switch = switch_with_ratio(ratio)
+    try:
+        assert core.step(admit()).undrafted_steps == expected
+    finally:
+        core.shutdown()
+
+
 def test_a_decode_whose_proposer_seldom_has_a_guess_expects_little(model_dir):
     """The best case weighs a decode's guess by how often its proposer had one: a sequence
     with no n-gram to match (a random prompt) stops making the switch expect its drafts."""

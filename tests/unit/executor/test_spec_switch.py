@@ -18,6 +18,7 @@ from services.executor.core.resources import size_num_pages
 from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.step import record_forced_gain, record_gain
 from services.executor.core.spec.switch import (
+    HOPELESS_PROBE_EVERY,
     MIN_STEP_SAMPLES,
     PLAIN_PROBE_EVERY,
     PLAIN_PROBE_STEPS,
@@ -127,6 +128,21 @@ def test_step_wall_times_replace_the_start_up_ratio_once_a_bucket_has_enough() -
     fixed = SpecSwitch(8)
     fixed.observe_step(4, 1e-3, speculating=True)  # without a table there is nothing to refine
     assert fixed.describe()["wall_ratios"] == {}
+
+
+def test_where_no_draft_could_pay_the_probe_comes_seldom() -> None:
+    timings = {1: (1e-3, 1.2e-3), 8: (1e-3, 1.5e-3)}
+    switch = SpecSwitch.measured(timings, max_gain=5, max_batch_size=8)
+    assert switch.max_batch_size == 8 and switch.max_gain == 5
+    assert switch.steps_to_probe(8) == PROBE_EVERY  # the start-up ratio 1.5: could pay
+    for _ in range(MIN_STEP_SAMPLES):  # on the clock a drafting step costs 7 plain ones
+        switch.observe_step(8, 1e-3, speculating=False)
+        switch.observe_step(8, 7e-3, speculating=True)
+    assert switch.ratio(8) == pytest.approx(7.0)
+    answers = [switch.allows(8, 5.0) for _ in range(2 * HOPELESS_PROBE_EVERY)]
+    assert [i for i, a in enumerate(answers) if a] == [HOPELESS_PROBE_EVERY - 1, 2 * HOPELESS_PROBE_EVERY - 1]
+    assert switch.steps_to_probe(8) == HOPELESS_PROBE_EVERY
+    assert switch.steps_to_probe(1) == PROBE_EVERY  # its own ratio, 1.2, could pay
 
 
 def test_where_drafts_pay_a_few_plain_steps_are_run_now_and_then_to_time_them() -> None:

@@ -96,13 +96,16 @@ def declining_executor(rig) -> SpecSwitch:
     def undrafted(plan, substep, result) -> int:
         num_decodes = len(plan.running_seqs)
         offered = not substep and any(r.num_draft_tokens for r in plan.running_seqs)
-        if plan.new_seqs or not num_decodes:
-            return 0  # not a decode step: the executor says nothing
+        num_seqs = num_decodes + len(plan.new_seqs)
+        if not num_seqs:
+            return 0
+        if plan.new_seqs:  # a prefill step answers for its sequences' decodes too
+            return switch.steps_to_probe(num_seqs) - 1
         if offered:
             switch.allows(num_decodes)
         else:
             switch.note_undrafted(num_decodes)
-        return switch.steps_to_probe() - 1
+        return switch.steps_to_probe(num_decodes) - 1
 
     rig.toy.undrafted = undrafted
     return switch

@@ -107,7 +107,7 @@ def undrafted_steps(
     expected = sum(_best_guess(seq, max_draft_tokens) for seq in decodes)
     if switch.admits(num_decodes, (num_decodes + expected) / num_decodes):
         return switch.plain_probe(num_decodes)  # 0 but now and then: the plain side's time
-    return switch.steps_to_probe() - 1
+    return switch.steps_to_probe(num_decodes) - 1
 
 
 def _best_guess(seq: SequenceState, allowed: int) -> float:

@@ -14,7 +14,8 @@ expects: 1 per decode, plus each draft's length times its sequence's rolling acc
 gain of jump-forward's switch is a rolling mean over its own steps (`record`; a forced
 run's length is only known once proposed), starting optimistic. While the rule
 says no, one candidate step in `PROBE_EVERY` drafts anyway, so that the gain follows a
-workload that changes. Past the largest bucket whose ratio beats the best gain possible
+workload that changes (one in `HOPELESS_PROBE_EVERY` where the bucket's wall ratio is past
+the best gain possible: there a probe only checks that the ratio has not fallen). Past the largest bucket whose ratio beats the best gain possible
 (every draft of k accepted: k + 1) speculation cannot pay: that bucket is the cap the
 scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing table
 (the CPU, CUDA graphs off, or a cap set by hand) the cap alone decides.
@@ -22,8 +23,9 @@ scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing 
 A step is decided before the step before it has executed (`drafting.choose_drafting`)
 from its best case, each decode's longest guess at its rolling acceptance: a step that
 cannot pay is prepared without waiting for the token sampled last, overlapping the
-step before as with speculation off. After a declined decode step the executor tells
-the scheduler how many more it would decline before its probe
+step before as with speculation off. After each step (a prefill's too, so that a new
+admission does not end a decline the rule would keep) the executor tells the scheduler how
+many more decode steps of its sequences it would decline before its probe
 (`drafting.undrafted_steps`, the step result's `undrafted_steps`); the scheduler then
 offers no drafts and plans several decode steps at once, as without speculation, and
 those steps count toward the probe (`note_undrafted`).
@@ -63,6 +65,9 @@ GAIN_DECAY = 0.9
 """Weight of the past in the rolling gain (per drafted step)."""
 PROBE_EVERY = 64
 """While the rule declines, every this many candidate steps one drafts anyway."""
+HOPELESS_PROBE_EVERY = 8 * PROBE_EVERY
+"""The same where the bucket's ratio is at least `max_gain`: no draft could pay there, so
+a probe can only find that the ratio fell (a step that drafts costs several plain ones)."""
 MIN_STEP_SAMPLES = 4
 """Steps of each kind a bucket needs before its wall-time ratio replaces the start-up one."""
 PLAIN_PROBE_EVERY = 256
@@ -86,6 +91,8 @@ class SpecSwitch:
     """Bucket -> verify / decode step time, measured; None: the cap alone decides."""
     gain: float = math.inf
     """Rolling tokens emitted per decode in drafted steps (inf until one is recorded)."""
+    max_gain: float = math.inf
+    """The most tokens a decode's draft can emit (k + 1; `measured` sets it)."""
     num_declined: int = 0
     num_probes: int = 0
     num_plain_probes: int = 0
@@ -114,7 +121,7 @@ class SpecSwitch:
             if ratio >= max_gain:
                 break
             cap = bucket
-        return cls(min(cap, max_batch_size), ratios)
+        return cls(min(cap, max_batch_size), ratios, max_gain=max_gain)
 
     def bucket(self, num_decodes: int) -> int:
         """The timed bucket `num_decodes` decodes run in (past the largest: the largest)."""
@@ -164,7 +171,7 @@ class SpecSwitch:
             return True
         self.num_declined += 1
         self._since_probe += 1
-        if self._since_probe < PROBE_EVERY:
+        if self._since_probe < self._probe_every(num_decodes):
             return False
         self._since_probe = 0
         self.num_probes += 1
@@ -193,9 +200,13 @@ class SpecSwitch:
         self.num_plain_probes += 1
         return PLAIN_PROBE_STEPS
 
-    def steps_to_probe(self) -> int:
-        """Declined decode steps until one probes (1: the next one declined does)."""
-        return max(1, PROBE_EVERY - self._since_probe)
+    def steps_to_probe(self, num_decodes: int) -> int:
+        """Declined decode steps of `num_decodes` until one probes (1: the next one does)."""
+        return max(1, self._probe_every(num_decodes) - self._since_probe)
+
+    def _probe_every(self, num_decodes: int) -> int:
+        hopeless = self.cost_ratios is not None and self.ratio(num_decodes) >= self.max_gain
+        return HOPELESS_PROBE_EVERY if hopeless else PROBE_EVERY
 
     def record(self, num_decodes: int, num_emitted: int) -> None:
         """A drafted step emitted `num_emitted` tokens over its `num_decodes` decodes."""
