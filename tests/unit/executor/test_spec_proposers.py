@@ -113,3 +113,47 @@ def test_a_sequences_ngram_index_proposes_what_the_scan_does_as_it_grows(seed: i
     assert index.num_indexed == proposed_at  # indexed up to the tokens it was last given
     shorter = tokens[:30]  # a shorter sequence starts the index again
     assert lookup.propose(shorter, 4, index) == lookup.propose(shorter, 4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_index_grown_in_large_steps_proposes_what_the_scan_does(seed: int) -> None:
+    """A long prompt registered at once, then growths of one token to a hundred (a probe
+    after declined steps catches up on all of them), give the scan's proposal."""
+    rng = random.Random(100 + seed)
+    lookup = PromptLookup(min_match_len=2, max_match_len=5)
+    tokens = [rng.randrange(8) for _ in range(rng.randint(300, 600))]
+    index = lookup.index_for()
+    for _ in range(12):
+        k = rng.randint(1, 6)
+        assert lookup.propose(tokens, k, index) == lookup.propose(tokens, k)
+        grow = rng.choice([1, 3, 32, rng.randint(33, 120)])
+        tokens += [rng.randrange(8) for _ in range(grow)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_suffix_index_continues_the_latest_occurrence_among_recent_sequences(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    index = SuffixIndex(min_match_len=2, max_match_len=4, max_tokens=10**6)
+    seqs = [[rng.randrange(6) for _ in range(rng.randint(40, 400))] for _ in range(5)]
+    for seq in seqs:
+        index.add(seq)
+    found = 0
+    for _ in range(200):
+        query = [rng.randrange(6) for _ in range(rng.randint(1, 8))]
+        expected = Draft([], 0)
+        for n in range(min(4, len(query)), 1, -1):  # longest first, then the latest
+            hits = [
+                (i, end)
+                for i, seq in enumerate(seqs)
+                for end in range(n, len(seq))
+                if seq[end - n : end] == query[-n:]
+            ]
+            if hits:
+                i, end = max(hits)
+                expected = Draft(seqs[i][end : end + 3], n)
+                break
+        assert index.lookup(query, 3) == expected
+        found += expected.match_len > 0
+    assert found > 100
