@@ -95,6 +95,30 @@ def test_a_sequence_whose_drafts_are_rejected_stops_drafting(llama_model: TinyMo
     assert core.spec_stats.snapshot().num_drafts < decode_steps
 
 
+def test_a_probe_drafts_for_a_few_decodes_in_turn(
+    llama_model: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe of a declined batch of 10 drafts for PROBE_MAX_SEQS of them, the next ones
+    at the next probe, so the others' n-gram indexes need not catch up."""
+    from services.executor.core.spec import switch as switch_module
+    from services.executor.core.spec.drafting import PROBE_MAX_SEQS
+    from tests.unit.executor.test_speculative import FixedProposer
+
+    monkeypatch.setattr(switch_module, "PROBE_EVERY", 8)
+    prompts = [random_prompt(6, 40 + i) for i in range(10)]
+    core = spec_core(llama_model)
+    core._proposer = FixedProposer([3, 4, 5, 6])
+    core.spec_switch = SpecSwitch(256, {16: 50.0})  # declines every step: only probes draft
+    _, outputs = generate(core, prompts, [greedy(28, ignore_eos=True)] * 10, 4)
+    probes = core.spec_switch.num_probes
+    assert probes == 3
+    drafted = [o.req_id for o in outputs if o.num_draft_tokens]
+    assert len(drafted) == core.spec_stats.snapshot().num_drafts == PROBE_MAX_SEQS * probes
+    # in turn: the first two probes draft for 8 different decodes, the three for all 10
+    assert len(set(drafted[: 2 * PROBE_MAX_SEQS])) == 2 * PROBE_MAX_SEQS
+    assert set(drafted) == {f"r{i}" for i in range(10)}
+
+
 def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
     switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
     switch.record(num_decodes=2, num_emitted=2)  # gain 1: nothing pays

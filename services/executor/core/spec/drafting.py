@@ -226,7 +226,8 @@ def plan_drafts(
     drafts: list[list[int]] = []
     expected = 0.0  # the guesses' tokens expected kept
     any_forced = False
-    for seq, q, cap in zip(seqs, num_tokens, allowed, strict=True):
+    probed = _probed_rows(len(seqs), switch.num_probes if switch else 0) if choice.probe else None
+    for row, (seq, q, cap) in enumerate(zip(seqs, num_tokens, allowed, strict=True)):
         seq.num_forced_tokens = 0
         k = max_draft_len(seq, min(cap, room), limits) if cap and q == 1 else 0
         if k <= 0 or not can_draft(seq):
@@ -235,7 +236,7 @@ def plan_drafts(
         tokens = forced.propose(seq.grammar, k) if forced and seq.grammar is not None else []
         seq.num_forced_tokens = len(tokens)
         any_forced = any_forced or bool(tokens)
-        if proposer is not None and len(tokens) < k:
+        if proposer is not None and len(tokens) < k and (probed is None or row in probed):
             if seq.draft_length is None:
                 seq.draft_length = DraftLength(cap)
             if tokens:  # forced tokens first: not yet the sequence's own, so no index
@@ -251,15 +252,27 @@ def plan_drafts(
         room -= len(tokens)
         drafts.append(tokens)
     gain = (num_decodes + expected) / max(num_decodes, 1)
-    if (
-        expected
-        and not any_forced
-        and not choice.probe
-        and switch is not None
-        and not switch.allows(num_decodes, gain)
-    ):
-        return None  # guesses only, and they do not pay: a plain step
+    guesses_only = expected and not any_forced and not choice.probe
+    if guesses_only and switch is not None and not switch.admits(num_decodes, gain):
+        if not switch.allows(num_decodes, gain):  # counts the decline, or probes
+            return None  # guesses only, and they do not pay: a plain step
+        probed = _probed_rows(len(seqs), switch.num_probes)
+        drafts = [d if row in probed else [] for row, d in enumerate(drafts)]
     return drafts if any(drafts) else None
+
+
+PROBE_MAX_SEQS = 4
+"""A probe drafts for this many of its decodes (in turn from probe to probe): enough for
+the rolling gain to see a workload change, without a declined batch's every sequence
+catching its n-gram index up on the steps it did not draft."""
+
+
+def _probed_rows(num_rows: int, num_probes: int) -> range | set[int]:
+    """The rows a probe drafts for: PROBE_MAX_SEQS of them, the next ones each probe."""
+    if num_rows <= PROBE_MAX_SEQS:
+        return range(num_rows)
+    first = (num_probes * PROBE_MAX_SEQS) % num_rows
+    return {(first + i) % num_rows for i in range(PROBE_MAX_SEQS)}
 
 
 def expand_rows(

@@ -108,7 +108,8 @@ class Verifier:
         if seq.draft_length is not None and len(draft) > num_forced:  # the proposer's part
             seq.draft_length.update(len(draft) - num_forced, max(0, num_accepted - num_forced))
         num_forced = min(num_forced, num_accepted, len(kept) - 1)  # a stop or length cuts it
-        self.stats.record(len(draft), num_accepted, num_forced)
+        if draft:  # a row of a drafted step may have had no guess: no draft to count
+            self.stats.record(len(draft), num_accepted, num_forced)
         if seq.grammar is not None:
             seq.grammar.matcher.rollback(grammar_accepted - min(extra, num_accepted))
             seq.grammar.pending_token = kept[-1] if len(kept) == len(emitted) else None
