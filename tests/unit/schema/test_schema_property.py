@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import jsonschema
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from radixmesh.schema import SchemaCheck, check_output, plan_json_schema
@@ -15,10 +15,11 @@ from tests.fixtures.grammar_sampler import GrammarSampler
 
 SAMPLER = GrammarSampler()
 UNSATISFIABLE = re.compile(
-    r"^no (listed )?(value|branch) satisf|cannot be combined exactly"
+    r"^no (listed )?(value|branch) satisf|cannot be combined exactly|^a format beside a pattern$"
 )
-"""What random allOf branches may make a plan report: they contradict each other, or name two
-values of a keyword (two patterns) that no one grammar expresses exactly."""
+"""What random allOf branches may make a plan report: they contradict each other, or give one
+string two regular expressions (two patterns, a format and a pattern) that no one grammar
+expresses exactly."""
 NAMES = st.sampled_from(["id", "name", "x", "y", "tags", "kind", "a b", 'q"t', "é"])
 PATTERNS = st.sampled_from(
     [r"^[a-z]{1,5}$", r"^\d{2}-\d{2}$", r"^\\[a-c]+$", r'^"[0-9]"$', r"^(x|yz)*$", r"^v(\.[0-9]+)?$"]
@@ -79,8 +80,24 @@ def _containers(children):
 schemas = st.recursive(leaves, _containers, max_leaves=6)
 
 
+FORMAT_AND_PATTERN = {
+    "anyOf": [
+        {
+            "type": "object",
+            "allOf": [
+                {"properties": {"é": {"type": "string", "format": "date"}}},
+                {"properties": {"id": {"type": "string"}, "é": {"type": "string", "pattern": "^[a-z]{1,5}$"}}},
+            ],
+        },
+        {"type": "null"},
+    ]
+}
+"""An allOf that gives one string a format and a pattern: reported, not enforced."""
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas, seed=st.integers(0, 2**16))
+@example(schema=FORMAT_AND_PATTERN, seed=0)
 def test_every_text_the_grammar_admits_validates(schema, seed):
     jsonschema.validators.validator_for(schema).check_schema(schema)
     plan = plan_json_schema(schema)
