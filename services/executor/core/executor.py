@@ -201,7 +201,9 @@ class ExecutorCore:
         )
         self.spec_switch, self.forced_switch = switches.proposer, switches.forced
         """Whether a step's decodes draft; whether it verifies forced runs (None: always)."""
-        self.sampler = Sampler(spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask)
+        self.sampler = Sampler(
+            spec.vocab_size, self.device, apply_bitmask=self.model.ops.apply_bitmask
+        )
         self.sampler.warmup()  # its compiled draw, before any request
         self.info = describe_executor(
             config, folder, spec, max_model_len, num_pages, self.device, dtype, grammar is not None,
@@ -263,7 +265,7 @@ class ExecutorCore:
 
     def step(self, plan: StepPlan) -> StepResult:
         """Runs one plan; a refused plan (InvalidArgument, ResourceExhausted) changes nothing."""
-        return self.execute(self.prepare(plan))
+        return self.execute(self.prepare(plan, self.drafting(plan)))
 
     def stop(self, req_ids: list[str]) -> None:
         """The scheduler aborted these sequences: the steps of a multi-step plan not yet

@@ -252,12 +252,14 @@ def plan_drafts(
         room -= len(tokens)
         drafts.append(tokens)
     gain = (num_decodes + expected) / max(num_decodes, 1)
-    guesses_only = expected and not any_forced and not choice.probe
-    if guesses_only and switch is not None and not switch.admits(num_decodes, gain):
-        if not switch.allows(num_decodes, gain):  # counts the decline, or probes
-            return None  # guesses only, and they do not pay: a plain step
-        probed = _probed_rows(len(seqs), switch.num_probes)
-        drafts = [d if row in probed else [] for row, d in enumerate(drafts)]
+    if (
+        expected
+        and not any_forced
+        and not choice.probe
+        and switch is not None
+        and not switch.allows(num_decodes, gain)
+    ):
+        return None  # guesses only, and they do not pay: a plain step
     return drafts if any(drafts) else None
 
 

@@ -15,7 +15,8 @@ gain of jump-forward's switch is a rolling mean over its own steps (`record`; a 
 run's length is only known once proposed), starting optimistic. While the rule
 says no, one candidate step in `PROBE_EVERY` drafts anyway, so that the gain follows a
 workload that changes (one in `HOPELESS_PROBE_EVERY` where the bucket's wall ratio is past
-the best gain possible: there a probe only checks that the ratio has not fallen). Past the largest bucket whose ratio beats the best gain possible
+the best gain possible: there a probe only checks that the ratio has not fallen). Past
+the largest bucket whose ratio beats the best gain possible
 (every draft of k accepted: k + 1) speculation cannot pay: that bucket is the cap the
 scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing table
 (the CPU, CUDA graphs off, or a cap set by hand) the cap alone decides.
@@ -137,9 +138,9 @@ class SpecSwitch:
         return self.cost_ratios[bucket] if wall is None else wall
 
     def _wall_ratio(self, bucket: int) -> float | None:
-        drafted, plain = self._wall.get((bucket, True)), self._wall.get((bucket, False))
-        if drafted and plain and min(drafted[1], plain[1]) >= MIN_STEP_SAMPLES:
-            return drafted[0] / plain[0]
+        speculating, plain = self._wall.get((bucket, True)), self._wall.get((bucket, False))
+        if speculating and plain and min(speculating[1], plain[1]) >= MIN_STEP_SAMPLES:
+            return speculating[0] / plain[0]
         return None
 
     def observe_step(self, num_decodes: int, seconds: float, speculating: bool) -> None:
