@@ -18,6 +18,7 @@ from services.executor.core.spec import (
     make_proposer,
 )
 from services.executor.core.spec.drafting import expand_rows, verify_draft
+from services.executor.core.spec.proposers import NO_DRAFT
 
 
 def test_prompt_lookup_continues_the_latest_occurrence_of_the_longest_suffix() -> None:
@@ -113,6 +114,26 @@ def test_a_sequences_ngram_index_proposes_what_the_scan_does_as_it_grows(seed: i
     assert index.num_indexed == proposed_at  # indexed up to the tokens it was last given
     shorter = tokens[:30]  # a shorter sequence starts the index again
     assert lookup.propose(shorter, 4, index) == lookup.propose(shorter, 4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_packed_index_ignores_matches_off_token_boundaries(seed: int) -> None:
+    """Token ids whose bytes repeat shifted (256 is 1 moved a byte up, 65,537 spans both
+    halves) make byte matches that start inside a token; the index's proposals still equal
+    the scan's, which compares whole tokens."""
+    rng = random.Random(200 + seed)
+    vocab = [0, 1, 256, 257, 65_536, 65_537, 16_777_216, 16_777_217]
+    lookup = PromptLookup(min_match_len=2, max_match_len=5)
+    tokens = [rng.choice(vocab) for _ in range(8)]
+    index = lookup.index_for()
+    while len(tokens) < 300:
+        assert lookup.propose(tokens, 4, index) == lookup.propose(tokens, 4)
+        tokens.append(rng.choice(vocab))
+    # [1, 0] packed (01 00 00 00 00 00 00 00) starts one byte into [256, 0, 0]
+    unaligned = [256, 0, 0, 5, 1, 0]
+    assert lookup.propose(unaligned, 2) == NO_DRAFT
+    assert lookup.propose(unaligned, 2, lookup.index_for()) == NO_DRAFT
+    assert lookup.propose([*unaligned, 7, 1, 0], 2, lookup.index_for()).token_ids == [7, 1]
 
 
 @pytest.mark.parametrize("seed", range(4))
