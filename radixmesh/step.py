@@ -158,9 +158,10 @@ class StepResult:
     substep: int = 0
     """Which step of its plan this is, from 0 (a plan of num_steps k answers k results)."""
     undrafted_steps: int = 0
-    """A speculating executor after a decode step: how many more decode steps of this
-    batch its switch would decline before it probes (0: the next one may draft), which
-    the scheduler may plan without drafts, several a plan."""
+    """A speculating executor after a step: 0 when its switch would draft the batch's next
+    decode step; else D, the D-th decode step from this one being the first it may draft
+    (a probe), the D - 1 before it declined whatever they are offered. The scheduler plans
+    those without drafts, several a plan (scheduler/core/draft_offers.py)."""
     plain_req_ids: list[str] = field(default_factory=list)
     """Columnar rows (as `wire.result_from_proto(msg, columnar=True)` gives them): sequence
     plain_req_ids[i] sampled plain_token_ids[i] and nothing else (`is_plain`); `outputs`

@@ -486,14 +486,17 @@ class ExecutorCore:
             if prepared.drafts is not None:
                 switch = self.spec_switch if self._proposer is not None else None
                 record_gains(switch, self.forced_switch, prepared.drafts, outputs)
-        end = time.perf_counter()
-        seconds = prepared.prepare_seconds + end - start
-        self._step_clock.tick(prepared, end, (self.spec_switch, self.forced_switch))
-        result = StepResult(prepared.step_id, outputs, seconds, substep=prepared.substep)
+        result = StepResult(prepared.step_id, outputs, substep=prepared.substep)
         if self._proposer is not None and batch is not None:  # a prefill's too: no reset
             going = [seq for seq in prepared.seqs if not seq.finished]
             k = self.config.speculative.max_draft_tokens
-            result.undrafted_steps = undrafted_steps(self.spec_switch, going, k)
+            ahead = self._num_prepared - prepared.index - 1  # prepared since: counted
+            result.undrafted_steps = undrafted_steps(
+                self.spec_switch, going, k, self._proposer, ahead
+            )
+        end = time.perf_counter()  # the switch's answer is this step's work
+        result.step_seconds = prepared.prepare_seconds + end - start
+        self._step_clock.tick(prepared, end, (self.spec_switch, self.forced_switch))
         return result
 
     def shutdown(self) -> None:

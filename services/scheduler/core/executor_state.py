@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.step import DeviceHealth
 from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.draft_offers import DraftOffers
 from services.scheduler.core.ports import ExecutorPort
 from services.scheduler.core.queue import WaitQueue
 from services.scheduler.core.request import Request
@@ -45,10 +46,9 @@ class ExecutorState:
     next_step_id: int = 1
     last_result_step: int = 0
     """Id of the newest step whose result was processed."""
-    undrafted_steps: int = 0
-    """Decode steps the executor's speculation switch would decline before it probes, less
-    those planned since it said so (`StepResult.undrafted_steps`): while more than one,
-    decodes are offered no drafts and may run several steps a plan (multi_step.py)."""
+    drafts: DraftOffers = field(default_factory=DraftOffers)
+    """Which steps a speculating executor's decodes are offered drafts in, by its switch's
+    answers (`StepResult.undrafted_steps`): between them none, several steps a plan."""
     dropped_req_ids: list[str] = field(default_factory=list)
     """Sequences the executor holds that the next plan tells it to forget."""
     abort_req_ids: set[str] = field(default_factory=set)

@@ -15,7 +15,7 @@ jump-forward on a constrained row: those plans stay one step each). A
 speculating executor whose switch declines the batch says for how many more
 steps (`StepResult.undrafted_steps`, up to its next probe): meanwhile its
 decodes are offered no drafts and plans run several steps again, the probe's
-step offered drafts in a plan of its own. Pages
+step offered drafts in a plan of its own (draft_offers.py). Pages
 for each sequence's k tokens (fewer when its max_tokens or the context limit
 comes first) are leased up front; those a sequence does not reach go back
 with its lease when it ends.
@@ -76,17 +76,17 @@ def speculates_at(ex: ExecutorState, num_decodes: int) -> bool:
 
 
 def offers_no_drafts(ex: ExecutorState, num_decodes: int) -> bool:
-    """A speculating executor's switch declines this batch for more than its next step
-    (`ExecutorState.undrafted_steps`): its decodes are offered no drafts, so the plan
-    changes nothing but one token per sequence and may run several steps."""
-    return speculates_at(ex, num_decodes) and ex.undrafted_steps > 1
+    """A speculating executor's switch declines the batch's next step (draft_offers.py):
+    its decodes are offered no drafts, so the plan changes nothing but one token per
+    sequence and may run several steps."""
+    return speculates_at(ex, num_decodes) and ex.drafts.undrafted_ahead() > 0
 
 
 def max_steps_per_plan(ex: ExecutorState, num_decodes: int, k: int) -> int:
     """The most steps the next plan may run: k, or while the switch declines, no more than
     the steps it still declines (the step after them is offered drafts, and probes)."""
     if offers_no_drafts(ex, num_decodes):
-        return min(k, ex.undrafted_steps)
+        return min(k, ex.drafts.undrafted_ahead())
     return k
 
 

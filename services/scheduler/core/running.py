@@ -58,15 +58,14 @@ async def schedule_running(
     max_draft = info.max_draft_tokens
     if len(decodes) > info.max_speculative_batch_size:
         max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
-    elif ex.undrafted_steps > 1:
+    elif ex.drafts.undrafted_ahead():
         max_draft = 0  # the executor's switch declines this batch until its next probe
-    # per [no constraint, constraint]: tokens unverified steps may add (slack), and the
-    # draft cap (forced tokens are always accepted: they pay at any batch size)
+    # per [no constraint, constraint]: tokens unverified steps may add (slack: k for each
+    # step in flight offered drafts, the forced run's most for each with jump-forward),
+    # and the draft cap (forced tokens are always accepted: they pay at any batch size)
     forced = info.max_forced_tokens
-    slacks = (
-        max(info.max_draft_tokens, 0) * ex.num_in_flight,
-        max(info.max_draft_tokens, forced) * ex.num_in_flight,
-    )
+    drafted = max(info.max_draft_tokens, 0) * ex.drafts.num_offered_in_flight
+    slacks = (drafted, max(drafted, forced * ex.num_in_flight))
     caps = (max(max_draft, 0), max(max_draft, forced))
     # no request's decode wish changes while this step is planned (no result is read);
     # pages ahead for every decode that needs them, asked for at once (one round trip

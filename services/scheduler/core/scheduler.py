@@ -32,6 +32,7 @@ from radixmesh.updates import RequestUpdate
 from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.draft_offers import DraftOffers, offers_drafts
 from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
 from services.scheduler.core.groups import (
     check_group_size,
@@ -47,7 +48,6 @@ from services.scheduler.core.multi_step import (
     extend_to_steps,
     max_steps_per_plan,
     may_run_steps,
-    offers_no_drafts,
 )
 from services.scheduler.core.ports import CachePort, ExecutorPort
 from services.scheduler.core.preemption import preempt_for_priority
@@ -386,6 +386,7 @@ class SchedulerCore:
                         ex.abort_plan_step_id = plan.step_id
                     else:
                         ex.num_in_flight += plan.num_steps
+                        ex.drafts.planned(plan.num_steps, offers_drafts(plan))
                     continue
                 result = await ex.port.next_result()
             except Exception as exc:
@@ -395,8 +396,8 @@ class SchedulerCore:
                 ex.abort_plan_step_id = 0
             else:
                 ex.num_in_flight -= 1
+                ex.drafts.answered(result.undrafted_steps)
             ex.last_result_step = result.step_id
-            ex.undrafted_steps = max(0, result.undrafted_steps - ex.num_in_flight)
             ex.note_health(result.health, self._clock())
             await self._process(ex, result)
 
@@ -444,8 +445,6 @@ class SchedulerCore:
         k = max_steps_per_plan(ex, len(running_seqs), config.decode_steps_per_plan)
         if k > 1 and may_run_steps(ex, running_seqs, len(new_seqs), budget):
             plan.num_steps = await extend_to_steps(ex, self._leases, running_seqs, k)
-        if offers_no_drafts(ex, len(running_seqs)):
-            ex.undrafted_steps = max(0, ex.undrafted_steps - plan.num_steps)
         ex.next_step_id += 1
         ex.dropped_req_ids = []
         return plan
@@ -540,6 +539,7 @@ class SchedulerCore:
                 err = Unavailable(f"executor {ex.executor_id} failed: {exc}")
                 updates.append(self._end(req, error=err))
         ex.num_in_flight = ex.abort_plan_step_id = 0
+        ex.drafts = DraftOffers()
         self._deliver(updates)
         with contextlib.suppress(Exception):
             await ex.port.close()

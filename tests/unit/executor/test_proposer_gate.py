@@ -18,9 +18,10 @@ from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.pipeline import StepPipeline
 from services.executor.core.spec import SpeculativeConfig
-from services.executor.core.spec.adaptive import DraftLength
+from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.drafting import (
     NO_DRAFTS,
+    YOUNG_GUESSES,
     DraftChoice,
     best_gain,
     undrafted_steps,
@@ -66,7 +67,7 @@ def decode(step_id: int, num_draft_tokens: int = MAX_DRAFT) -> StepPlan:
     return StepPlan(step_id, running_seqs=[RunningSequence("r", 1, [], num_draft_tokens)])
 
 
-@pytest.mark.parametrize(("ratio", "expected"), [(50.0, PROBE_EVERY - 1), (1.01, 0)])
+@pytest.mark.parametrize(("ratio", "expected"), [(50.0, PROBE_EVERY), (1.01, 0)])
 def test_a_prefill_step_says_whether_its_sequences_decodes_would_draft(
     model_dir, ratio, expected
 ):
@@ -94,7 +95,7 @@ def test_a_decode_whose_proposer_seldom_has_a_guess_expects_little(model_dir):
         for _ in range(6):
             seq.draft_length.note_guess(False)
         assert seq.draft_length.found < 0.15
-        assert best_gain(decode(2), {"r": seq}, 1) < 1.5  # below the cost: declined
+        assert best_gain(decode(2), {"r": seq}, 1, DraftPrior()) < 1.5  # below the cost
         assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) > 1
         before = seq.draft_length.found
         seq.draft_length.note_guess(True)  # a rolling share, like the acceptance
@@ -105,17 +106,58 @@ def test_a_decode_whose_proposer_seldom_has_a_guess_expects_little(model_dir):
 
 def test_best_gain_weighs_each_decodes_longest_guess_by_its_acceptance(model_dir):
     core = make_core(model_dir)
+    fresh = DraftPrior()
     try:
         core.step(admit())
         seqs = {"r": core._seqs["r"]}
         seqs["r"].draft_length = None
-        assert best_gain(decode(2), seqs, 1) == 1 + MAX_DRAFT  # a new sequence tries them all
+        assert best_gain(decode(2), seqs, 1, fresh) == 1 + MAX_DRAFT  # the first tries them all
+        low = DraftPrior(found=0.1, acceptance=0.5)  # the executor's sequences seldom matched
+        assert best_gain(decode(2), seqs, 1, low) == pytest.approx(1 + 0.1 * 0.5 * 2)
         seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.5)
-        assert best_gain(decode(2), seqs, 1) == pytest.approx(1 + 0.5 * 2)
+        assert best_gain(decode(2), seqs, 1, fresh) == pytest.approx(1 + 0.5 * 2)
         seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.1)
-        assert best_gain(decode(2), seqs, 1) == pytest.approx(1 + 0.1 * 1)  # one token at least
-        assert best_gain(decode(2, num_draft_tokens=0), seqs, 1) == 1.0  # the plan allows none
-        assert best_gain(decode(2), seqs, 2) == pytest.approx((2 + 0.1) / 2)
+        assert best_gain(decode(2), seqs, 1, fresh) == pytest.approx(1 + 0.1 * 1)  # one at least
+        assert best_gain(decode(2, num_draft_tokens=0), seqs, 1, fresh) == 1.0  # none allowed
+        assert best_gain(decode(2), seqs, 2, fresh) == pytest.approx((2 + 0.1) / 2)
+    finally:
+        core.shutdown()
+
+
+def test_a_new_sequence_starts_from_the_executors_rates_and_feeds_them() -> None:
+    prior = DraftPrior()
+    first = prior.new_length(MAX_DRAFT)
+    for _ in range(200):  # the first sequences' text never repeats
+        first.note_guess(False)
+    assert prior.found < 0.05 and prior.acceptance == 1.0
+    later = prior.new_length(MAX_DRAFT)
+    assert (later.found, later.acceptance) == (prior.found, 1.0)
+    later.update(4, 1)
+    assert prior.acceptance == pytest.approx(0.98 + 0.02 * 0.25)
+    assert DraftLength(MAX_DRAFT).found == 1.0  # no prior: it tries
+
+
+def test_a_young_sequence_is_asked_for_its_guess_in_declined_steps(model_dir):
+    """Where the executor's rates are low a new sequence is declined from its first decode;
+    with text to copy, the proposer's guess in that declined step (the one the next step
+    would be given) raises its found rate, and the next step may draft: no wait for the
+    batch's probe. An old sequence is not asked."""
+    core = make_core(model_dir)
+    try:
+        core.step(admit())
+        core.spec_switch = switch_with_ratio(1.5)
+        core.spec_switch.prior = DraftPrior(found=0.02, acceptance=1.0)
+        seq = core._seqs["r"]
+        proposer = Guessing()
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) > 0  # no proposer: declined
+        assert seq.draft_length is None
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT, proposer) == 0  # found one
+        assert seq.draft_length.num_guesses == 1
+        assert seq.draft_length.found == pytest.approx(0.7 * 0.02 + 0.3)
+        seq.draft_length.num_guesses = YOUNG_GUESSES
+        seq.draft_length.found = 0.02
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT, proposer) > 0  # not asked
+        assert seq.draft_length.num_guesses == YOUNG_GUESSES
     finally:
         core.shutdown()
 
@@ -236,11 +278,11 @@ def test_a_declined_decode_step_says_how_many_steps_its_switch_declines_before_i
         choice = core.drafting(decode(2))  # declined: one step toward the probe
         result = core.execute(core.prepare(decode(2), choice))
         assert choice == NO_DRAFTS
-        assert result.undrafted_steps == PROBE_EVERY - 2
+        assert result.undrafted_steps == PROBE_EVERY - 1  # the probe: 63 steps from now
         core.drafting(decode(3), substep=1)  # a later step of a plan counts too
         offered_none = StepPlan(4, running_seqs=[RunningSequence("r", 1, [], 0)])
         assert core.drafting(offered_none) == NO_DRAFTS  # and a step offered no drafts
-        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == PROBE_EVERY - 4
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == PROBE_EVERY - 3
         core.spec_switch = SpecSwitch(8)  # no timing table: the cap alone decides
         assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) == 0
     finally:

@@ -172,14 +172,19 @@ def test_where_no_draft_could_pay_the_probe_comes_seldom() -> None:
 def test_where_drafts_pay_a_few_plain_steps_are_run_now_and_then_to_time_them() -> None:
     switch = SpecSwitch(256, {1: 1.1, 8: 1.2}, gain=3.0)
     # the bucket of 8 has no plain step timed: a probe every 2 * MIN_STEP_SAMPLES steps
-    asked = [switch.plain_probe(8) for _ in range(4 * MIN_STEP_SAMPLES)]
-    probes = [i for i, steps in enumerate(asked) if steps]
-    assert probes == [2 * MIN_STEP_SAMPLES - 1, 4 * MIN_STEP_SAMPLES - 1]
-    assert {asked[i] for i in probes} == {PLAIN_PROBE_STEPS} and PLAIN_PROBE_STEPS > MIN_STEP_SAMPLES
+    # each step of a plain probe answers the first step that drafts again: the steps it
+    # has left, plus one (so a scheduler that hears it late still plans them all plain)
+    plain = list(range(PLAIN_PROBE_STEPS + 1, 0, -1))
+    every = 2 * MIN_STEP_SAMPLES
+    asked = [switch.plain_probe(8) for _ in range(2 * (every + PLAIN_PROBE_STEPS))]
+    assert asked == 2 * ([0] * (every - 1) + plain)
+    assert PLAIN_PROBE_STEPS > MIN_STEP_SAMPLES
     for _ in range(MIN_STEP_SAMPLES):
         switch.observe_step(8, 1e-3, speculating=False)
     asked = [switch.plain_probe(8) for _ in range(PLAIN_PROBE_EVERY)]  # timed: seldom
-    assert [i for i, steps in enumerate(asked) if steps] == [PLAIN_PROBE_EVERY - 1]
+    assert asked == [0] * (PLAIN_PROBE_EVERY - 1) + [PLAIN_PROBE_STEPS + 1]
+    assert switch.steps_to_probe(8) >= 1  # a decline ends the plain probe under way
+    assert switch.plain_probe(8) == 0
     assert switch.describe()["num_plain_probes"] == 3
     assert SpecSwitch(8).plain_probe(8) == 0  # no table: nothing to time
 

@@ -100,12 +100,12 @@ def declining_executor(rig) -> SpecSwitch:
         if not num_seqs:
             return 0
         if plan.new_seqs:  # a prefill step answers for its sequences' decodes too
-            return switch.steps_to_probe(num_seqs) - 1
+            return switch.steps_to_probe(num_seqs)
         if offered:
             switch.allows(num_decodes)
         else:
             switch.note_undrafted(num_decodes)
-        return switch.steps_to_probe(num_decodes) - 1
+        return switch.steps_to_probe(num_decodes)
 
     rig.toy.undrafted = undrafted
     return switch
@@ -123,9 +123,12 @@ async def test_decodes_a_declining_switch_would_not_draft_run_several_steps_a_pl
     offered = [p for p in plans if any(r.num_draft_tokens for r in p.running_seqs)]
     assert max(p.num_steps for p in plans) == 8  # the declined batch runs 8 steps a plan
     assert all(p.num_steps == 1 for p in offered)  # drafts only in plans of one step
-    # about one plan offering drafts per PROBE_EVERY steps, each of them the probe
+    # one plan offering drafts per PROBE_EVERY steps, each of them the probe (the steps
+    # planned while it ran are offered none), and the one planned while the prefill ran,
+    # before the executor had answered anything
     assert switch.num_probes >= (length - 2 * PROBE_EVERY) // PROBE_EVERY
-    assert len(offered) <= 3 * (switch.num_probes + 1)
+    assert len(offered) == switch.num_probes + 1
+    assert offered[0].step_id == 2
     _assert_pool_clean(rig)
 
 

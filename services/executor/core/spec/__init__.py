@@ -8,7 +8,7 @@ model would have produced itself (verify.py), so the output is the one
 speculation off gives, token for token, for greedy and seeded sampling alike.
 """
 
-from services.executor.core.spec.adaptive import DraftLength
+from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.config import SPECULATIVE_METHODS, SpeculativeConfig
 from services.executor.core.spec.proposers import (
     Draft,
@@ -25,6 +25,7 @@ __all__ = [
     "SPECULATIVE_METHODS",
     "Draft",
     "DraftLength",
+    "DraftPrior",
     "PromptLookup",
     "Proposer",
     "SpecStats",

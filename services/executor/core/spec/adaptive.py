@@ -1,4 +1,5 @@
-"""Per-sequence draft length: from the match length and the rolling acceptance rate."""
+"""Per-sequence draft length: from the match length and the rolling acceptance rate, and
+the executor's rates over all its sequences, which a new sequence starts from."""
 
 from __future__ import annotations
 
@@ -7,6 +8,28 @@ from dataclasses import dataclass
 
 ACCEPTANCE_DECAY = 0.7
 """Weight of the past in the rolling acceptance rate (per verified draft)."""
+PRIOR_DECAY = 0.98
+"""Weight of the past in the executor's rates (per guess or verified draft of any sequence)."""
+
+
+@dataclass(slots=True)
+class DraftPrior:
+    """What a sequence's drafts are expected to do before its own have said: the rolling
+    share of guesses found and of draft tokens accepted over every sequence of the executor.
+    A new sequence starts from them (its own rates soon take over), so a batch of new
+    requests like the last ones, whose text does not repeat, is not drafted for on a
+    promise of full acceptance until each has missed a few times. Both start at 1: the
+    executor's first sequences try."""
+
+    found: float = 1.0
+    acceptance: float = 1.0
+
+    def new_length(self, max_draft_tokens: int) -> DraftLength:
+        return DraftLength(max_draft_tokens, self.acceptance, self.found, prior=self)
+
+    def best_guess(self, allowed: int) -> float:
+        """The draft tokens a new sequence offered `allowed` can expect kept at most."""
+        return self.found * self.acceptance * max(1, math.ceil(allowed * self.acceptance))
 
 
 @dataclass(slots=True)
@@ -15,14 +38,18 @@ class DraftLength:
 
     The draft is as long as `max_draft_tokens` times the rolling share of draft tokens
     accepted (at least one), and at most twice the matched suffix length: a short
-    match predicts less far. Acceptance starts at 1 (the first draft tries them all).
+    match predicts less far. Acceptance starts at the prior's (1 without one).
     """
 
     max_draft_tokens: int
     acceptance: float = 1.0
     found: float = 1.0
     """Rolling share of the sequence's drafting steps whose proposer had a guess (starts
-    at 1: the first step tries); a decode without one verifies nothing and gains nothing."""
+    at the prior's); a decode without one verifies nothing and gains nothing."""
+    prior: DraftPrior | None = None
+    """The executor's rates, fed by this sequence's too."""
+    num_guesses: int = 0
+    """The times the proposer was asked for this sequence's draft."""
 
     def limit(self, match_len: int) -> int:
         by_rate = max(1, math.ceil(self.max_draft_tokens * self.acceptance))
@@ -31,9 +58,14 @@ class DraftLength:
     def note_guess(self, found: bool) -> None:
         """The proposer was asked for this sequence's draft and had one or not."""
         self.found = ACCEPTANCE_DECAY * self.found + (1 - ACCEPTANCE_DECAY) * found
+        self.num_guesses += 1
+        if self.prior is not None:
+            self.prior.found = PRIOR_DECAY * self.prior.found + (1 - PRIOR_DECAY) * found
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens <= 0:
             return
         rate = num_accepted / num_draft_tokens
         self.acceptance = ACCEPTANCE_DECAY * self.acceptance + (1 - ACCEPTANCE_DECAY) * rate
+        if (prior := self.prior) is not None:
+            prior.acceptance = PRIOR_DECAY * prior.acceptance + (1 - PRIOR_DECAY) * rate

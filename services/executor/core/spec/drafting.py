@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from radixmesh.errors import FailedPrecondition
 from radixmesh.step import StepPlan
-from services.executor.core.spec.adaptive import DraftLength
+from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
 from services.executor.core.spec.switch import SpecSwitch
@@ -85,7 +85,7 @@ def choose_drafting(
     proposer = has_proposer and num_decodes <= max_batch
     probe = False
     if proposer and switch is not None:
-        best = best_gain(plan, seqs, num_decodes)
+        best = best_gain(plan, seqs, num_decodes, switch.prior)
         if not switch.admits(num_decodes, best):
             proposer = probe = switch.allows(num_decodes, best)  # counts the decline
     forced = has_forced and (forced_switch is None or forced_switch.allows(num_decodes))
@@ -93,32 +93,81 @@ def choose_drafting(
 
 
 def undrafted_steps(
-    switch: SpecSwitch, decodes: Sequence[SequenceState], max_draft_tokens: int
+    switch: SpecSwitch,
+    decodes: Sequence[SequenceState],
+    max_draft_tokens: int,
+    proposer: Proposer | None = None,
+    num_ahead: int = 0,
 ) -> int:
-    """After a decode step: how many more decode steps of these sequences the switch would
-    decline before it probes (0: the next one may draft), each offered `max_draft_tokens`;
-    where it would draft, now and then a few, to time the plain steps it weighs drafts
-    against (`SpecSwitch.plain_probe`). The scheduler plans that many without drafts,
-    several a plan (StepResult's `undrafted_steps`); without a timing table, or past the
-    cap, 0."""
+    """After a step: 0 when the switch would draft these sequences' next decode step, each
+    offered `max_draft_tokens`; else D, the D-th decode step from now being the first that
+    may draft (its probe), the D - 1 before it declined. Where it would draft, now and then
+    D > 0 too: a few plain steps, to time what it weighs drafts against
+    (`SpecSwitch.plain_probe`). The scheduler plans the D - 1 without drafts, several a plan
+    (StepResult's `undrafted_steps`); without a timing table, or past the cap, 0.
+
+    `num_ahead`: steps prepared after this one (the pipeline prepares ahead): they have
+    counted toward the probe already, so the probe is that many steps further from this one.
+
+    Where the rule declines, the `proposer` is asked for the next guess of each young
+    sequence (fewer than YOUNG_GUESSES asked so far), as the next step would ask it: a
+    sequence that started from the executor's low rates (spec/adaptive.py) but has text
+    to copy is found in its first steps, not at the batch's next probe."""
     num_decodes = len(decodes)
     if switch.cost_ratios is None or not 0 < num_decodes <= switch.max_batch_size:
         return 0
-    expected = sum(_best_guess(seq, max_draft_tokens) for seq in decodes)
-    if switch.admits(num_decodes, (num_decodes + expected) / num_decodes):
+    prior = switch.prior
+    expected = sum(_best_guess(seq, max_draft_tokens, prior) for seq in decodes)
+    admits = switch.admits(num_decodes, (num_decodes + expected) / num_decodes)
+    if (  # a young sequence's guess may change the answer
+        not admits
+        and proposer is not None
+        and _ask_young(proposer, decodes, max_draft_tokens, prior)
+    ):
+        expected = sum(_best_guess(seq, max_draft_tokens, prior) for seq in decodes)
+        admits = switch.admits(num_decodes, (num_decodes + expected) / num_decodes)
+    if admits:
         return switch.plain_probe(num_decodes)  # 0 but now and then: the plain side's time
-    return switch.steps_to_probe(num_decodes) - 1
+    return switch.steps_to_probe(num_decodes) + num_ahead
 
 
-def _best_guess(seq: SequenceState, allowed: int) -> float:
+YOUNG_GUESSES = 8
+"""A sequence asked for fewer guesses than this is asked in declined steps too."""
+
+
+def _ask_young(
+    proposer: Proposer, decodes: Sequence[SequenceState], allowed: int, prior: DraftPrior
+) -> bool:
+    """Ask the proposer for each young decode's next guess (noting whether it had one);
+    whether any was asked."""
+    asked = False
+    for seq in decodes:
+        length = seq.draft_length
+        if length is not None and length.num_guesses >= YOUNG_GUESSES:
+            continue
+        if seq.grammar is not None or not can_draft(seq):
+            continue  # a constrained draft starts with forced tokens; no guess of its own
+        if length is None:
+            length = seq.draft_length = prior.new_length(allowed)
+        if seq.ngram_index is None:
+            seq.ngram_index = proposer.index_for()
+        draft = proposer.propose(seq.token_ids, allowed, seq.ngram_index)
+        length.note_guess(draft.match_len > 0)
+        asked = True
+    return asked
+
+
+def _best_guess(seq: SequenceState, allowed: int, prior: DraftPrior) -> float:
     """The draft tokens a decode offered `allowed` can expect kept at most."""
     length = seq.draft_length
     if length is None:
-        return float(allowed)  # a new sequence tries, at acceptance 1
+        return prior.best_guess(allowed)  # a new sequence: at the executor's rates
     return length.found * length.acceptance * min(allowed, length.limit(allowed))
 
 
-def best_gain(plan: StepPlan, seqs: dict[str, SequenceState], num_decodes: int) -> float:
+def best_gain(
+    plan: StepPlan, seqs: dict[str, SequenceState], num_decodes: int, prior: DraftPrior
+) -> float:
     """The most tokens per decode the plan's step can expect from the proposer's guesses,
     known before the step before it has executed: each running decode's guess as long as
     its draft length allows (`DraftLength.limit` at the longest match), weighed by its
@@ -132,7 +181,7 @@ def best_gain(plan: StepPlan, seqs: dict[str, SequenceState], num_decodes: int) 
             continue
         seq = seqs.get(running.req_id)
         if seq is not None:
-            expected += _best_guess(seq, allowed)
+            expected += _best_guess(seq, allowed, prior)
     return (num_decodes + expected) / max(num_decodes, 1)
 
 
@@ -203,9 +252,9 @@ def plan_drafts(
     grammar forces (`forced`: jump-forward, at any batch size); the proposer's guess
     follows them, in a step the `switch` allows (spec/switch.py: within its cap, and where
     the guesses' expected kept tokens pay for the verification; without one: at most
-    limits.max_batch_size decodes; a step that verifies forced runs keeps its guesses). `forced_switch`: whether the step verifies forced
-    runs at all (None: it does). Each sequence's `num_forced_tokens` is set to the length
-    of its forced head.
+    limits.max_batch_size decodes; a step that verifies forced runs keeps its guesses).
+    `forced_switch`: whether the step verifies forced runs at all (None: it does). Each
+    sequence's `num_forced_tokens` is set to the length of its forced head.
     """
     if not any(allowed) or any(s.sampling.prompt_logprobs_start is not None for s in seqs):
         return None
@@ -238,7 +287,7 @@ def plan_drafts(
         any_forced = any_forced or bool(tokens)
         if proposer is not None and len(tokens) < k and (probed is None or row in probed):
             if seq.draft_length is None:
-                seq.draft_length = DraftLength(cap)
+                seq.draft_length = switch.prior.new_length(cap) if switch else DraftLength(cap)
             if tokens:  # forced tokens first: not yet the sequence's own, so no index
                 draft = proposer.propose([*seq.token_ids, *tokens], k - len(tokens))
             else:

@@ -25,11 +25,12 @@ A step is decided before the step before it has executed (`drafting.choose_draft
 from its best case, each decode's longest guess at its rolling acceptance: a step that
 cannot pay is prepared without waiting for the token sampled last, overlapping the
 step before as with speculation off. After each step (a prefill's too, so that a new
-admission does not end a decline the rule would keep) the executor tells the scheduler how
-many more decode steps of its sequences it would decline before its probe
-(`drafting.undrafted_steps`, the step result's `undrafted_steps`); the scheduler then
-offers no drafts and plans several decode steps at once, as without speculation, and
-those steps count toward the probe (`note_undrafted`).
+admission does not end a decline the rule would keep) the executor tells the scheduler
+which decode step from now is the first it may draft, its probe (`drafting.undrafted_steps`,
+the step result's `undrafted_steps`); the scheduler offers no drafts before it, nor after
+it until its answer comes (scheduler/core/draft_offers.py), and plans several decode
+steps at once there, as without speculation; those steps count toward the probe
+(`note_undrafted`).
 
 The start-up ratio is device time only. A step also costs the host (drafting, building
 the extend, verifying each row, and the scheduler's one plan per step where plain steps
@@ -57,6 +58,8 @@ import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from services.executor.core.spec.adaptive import DraftPrior
 
 UNMEASURED_MAX_BATCH_SIZE = 8
 """The cap where nothing is measured (the CPU, CUDA graphs off): a CPU step is
@@ -97,7 +100,11 @@ class SpecSwitch:
     num_declined: int = 0
     num_probes: int = 0
     num_plain_probes: int = 0
+    prior: DraftPrior = field(default_factory=DraftPrior)
+    """What a sequence that has not drafted yet is expected to find and keep."""
     _since_plain_probe: int = 0
+    _plain_left: int = 0
+    """Steps of the plain probe under way still to run (`plain_probe`)."""
     _since_probe: int = 0
     """Decode steps within the cap without drafts (declined, or offered none) since the
     last probe; the next declined step probes once it reaches PROBE_EVERY."""
@@ -187,11 +194,16 @@ class SpecSwitch:
             self._since_probe += 1
 
     def plain_probe(self, num_decodes: int) -> int:
-        """After a decode step the rule would draft: the decode steps to run without drafts
-        now (0 but every PLAIN_PROBE_EVERY such steps, or 2 * MIN_STEP_SAMPLES while the
-        bucket has too few plain steps timed), so that the ratio's plain side is timed."""
+        """After a decode step the rule would draft: 0, or the first decode step from now
+        that drafts when a few run without drafts first, so that the ratio's plain side is
+        timed (PLAIN_PROBE_STEPS, every PLAIN_PROBE_EVERY such steps, or every
+        2 * MIN_STEP_SAMPLES while the bucket has too few plain steps timed); each step of
+        a plain probe answers the steps it has left, plus one."""
         if self.cost_ratios is None:
             return 0
+        if self._plain_left:
+            self._plain_left -= 1
+            return self._plain_left + 1
         self._since_plain_probe += 1
         plain = self._wall.get((self.bucket(num_decodes), False))
         timed = plain is not None and plain[1] >= MIN_STEP_SAMPLES
@@ -199,10 +211,13 @@ class SpecSwitch:
             return 0
         self._since_plain_probe = 0
         self.num_plain_probes += 1
-        return PLAIN_PROBE_STEPS
+        self._plain_left = PLAIN_PROBE_STEPS
+        return PLAIN_PROBE_STEPS + 1
 
     def steps_to_probe(self, num_decodes: int) -> int:
-        """Declined decode steps of `num_decodes` until one probes (1: the next one does)."""
+        """Decode steps of `num_decodes` from now to the one that probes (1: the next). The
+        rule declines, so a plain probe under way ends."""
+        self._plain_left = 0
         return max(1, self._probe_every(num_decodes) - self._since_probe)
 
     def _probe_every(self, num_decodes: int) -> int:

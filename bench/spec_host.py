@@ -1,0 +1,178 @@
+"""The host cost of a speculating executor where its drafts cannot pay, on the CPU.
+
+On a host-bound model (a small one on a fast GPU) a step's time is mostly Python: the
+scheduler's plan, the executor's prepare, the result's round trip. There a speculating
+executor whose switch declines must run as fast as one with speculation off, and this
+measures whether it does without a GPU: the in-process engine on the default tiny model,
+its forward replaced by a cheap deterministic one (each next token a hash of the last
+token and its position, so outputs have no repeats for a proposer to find, as on random
+prompts), prepares overlapped as on CUDA, and the proposer's switch given a timing table
+as the GPU's start-up would (every bucket's verify/decode ratio `--ratio`).
+
+    python bench/spec_host.py                         # off, ngram, suffix at b1, 8, 32, 128
+    python bench/spec_host.py --modes off ngram --batch-sizes 32 --repeats 5
+    python bench/spec_host.py --profile /tmp/spec.txt # py-spy top of each mode, if installed
+
+Rows: output tok/s per (mode, batch size), each the median of `--repeats` batches after
+one untimed batch, and the speculating modes' ratio to off; the drafts each row verified
+and the switch's state. Every mode's engine is up at once and the repeats alternate between
+them, so the host's drift (large on a shared VM) lands on each alike. Outputs are compared
+token for token with off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from mesh.engine import Engine, EngineConfig
+from radixmesh.sampling import SamplingParams
+from services.executor.core.spec import SpeculativeConfig
+from services.executor.core.spec.switch import SpecSwitch
+from services.scheduler.core import SchedulerConfig
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def hashed_forward(vocab_size: int):
+    """A forward whose logits row puts all its mass on hash(last token, position)."""
+
+    def forward(batch, kv_pool) -> torch.Tensor:
+        rows = batch.logits_indices
+        ids = batch.input_ids[rows].long()
+        positions = batch.positions[rows].long()
+        nxt = (ids * 7919 + positions * 104_729 + 13) % (vocab_size - 10) + 10
+        logits = torch.zeros(len(rows), vocab_size)
+        logits[torch.arange(len(rows)), nxt] = 1.0
+        return logits
+
+    return forward
+
+
+async def run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tuple[list[list[int]], float]:
+    sampling = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    start = time.perf_counter()
+
+    async def one(prompt: list[int]) -> list[int]:
+        tokens: list[int] = []
+        async for update in await engine.generate(prompt, sampling):
+            if update.error is not None:
+                raise update.error
+            tokens += update.token_ids
+        return tokens
+
+    outputs = await asyncio.gather(*(one(p) for p in prompts))
+    return outputs, time.perf_counter() - start
+
+
+def engine_config(args, mode: str) -> EngineConfig:
+    max_batch = max(args.batch_sizes)
+    return EngineConfig.for_model(
+        args.model,
+        scheduler=SchedulerConfig(max_num_seqs=max_batch, max_queue_len=4096),
+        device="cpu",
+        max_num_seqs=max_batch,
+        overlap_prepare=True,
+        speculative=SpeculativeConfig(
+            method=mode, max_draft_tokens=args.num_speculative_tokens, max_batch_size=max_batch
+        ),
+    )
+
+
+async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
+    """Every mode's engine runs at once (idle but for its own batches), and each batch size's
+    repeats alternate between the modes, so the host's drifts land on every mode alike."""
+    max_batch = max(args.batch_sizes)
+    rows: dict[str, dict[int, dict]] = {mode: {} for mode in modes}
+    async with contextlib.AsyncExitStack() as stack:
+        engines = {mode: await stack.enter_async_context(Engine(engine_config(args, mode))) for mode in modes}
+        for mode, engine in engines.items():
+            core = engine.executors[0]
+            core.model.forward = hashed_forward(core.info.vocab_size)
+            if mode != "off":  # as a GPU's start-up timing would set it
+                core.spec_switch = SpecSwitch(
+                    max_batch, {b: args.ratio for b in BUCKETS if b <= max_batch},
+                    max_gain=args.num_speculative_tokens + 1,
+                )
+        vocab = engines[modes[0]].executors[0].info.vocab_size
+        rng = random.Random(args.seed)
+        for batch in args.batch_sizes:
+            seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+            outputs: dict[str, list[list[int]]] = {mode: [] for mode in modes}
+            drafts = {mode: 0 for mode in modes}
+            for repeat in range(args.repeats + 1):  # the first warms the shape, untimed
+                prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt_len)] for _ in range(batch)]
+                for mode, engine in engines.items():
+                    stats = engine.executors[0].spec_stats
+                    before = stats.snapshot().num_drafts
+                    out, took = await run_batch(engine, prompts, args.output_len)
+                    if repeat:
+                        seconds[mode].append(took)
+                        outputs[mode].extend(out)
+                        drafts[mode] += stats.snapshot().num_drafts - before
+            for mode, engine in engines.items():
+                median = statistics.median(seconds[mode])
+                rows[mode][batch] = {
+                    "output_tok_s": batch * args.output_len / median,
+                    "seconds": seconds[mode],
+                    "num_drafts": drafts[mode],
+                    "outputs": outputs[mode],
+                    "switch": engine.executors[0].spec_switch.describe(),
+                }
+                print(f"{mode:<7} b{batch:<4} {rows[mode][batch]['output_tok_s']:9.0f} tok/s  "
+                      f"drafts {drafts[mode]}", flush=True)
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model folder (default: the tiny model)")
+    p.add_argument("--modes", nargs="+", default=["off", "ngram", "suffix"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--ratio", type=float, default=1.5,
+                   help="every bucket's verify/decode time ratio in the switch's start-up table")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model is None:
+        from mesh.tiny_model import ensure_default_model
+
+        args.model = str(ensure_default_model())
+    modes = args.modes if "off" in args.modes else ["off", *args.modes]
+    results = asyncio.run(bench(args, modes))
+    identical = True
+    for mode in modes[1:]:
+        for batch, row in results[mode].items():
+            off = results["off"][batch]
+            same = row["outputs"] == off["outputs"]
+            identical = identical and same
+            print(f"{mode:<7} b{batch:<4} x{row['output_tok_s'] / off['output_tok_s']:.2f} of off  "
+                  f"identical {same}  switch {row['switch']}")
+    if args.json:
+        strip = {m: {b: {k: v for k, v in r.items() if k != "outputs"} for b, r in rows.items()}
+                 for m, rows in results.items()}
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": strip}, indent=1))
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
