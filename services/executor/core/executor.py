@@ -547,7 +547,7 @@ class ExecutorCore:
         if seq is not None:
             self._release_row(seq)
             if self._proposer is not None:
-                self._proposer.observe(seq.token_ids)
+                self._proposer.observe(seq.token_ids, seq.num_prompt_tokens)
 
     def _end(self, seq: SequenceState) -> None:
         """The core ends the sequence: later prepared steps skip it."""
@@ -556,7 +556,7 @@ class ExecutorCore:
             del self._seqs[seq.req_id]
         self._release_row(seq)
         if self._proposer is not None:
-            self._proposer.observe(seq.token_ids)
+            self._proposer.observe(seq.token_ids, seq.num_prompt_tokens)
 
     def _release_row(self, seq: SequenceState) -> None:
         # The row may be reused at once: its next owner reads it only after writing it.

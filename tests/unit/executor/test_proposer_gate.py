@@ -21,7 +21,6 @@ from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.drafting import (
     NO_DRAFTS,
-    YOUNG_GUESSES,
     DraftChoice,
     best_gain,
     undrafted_steps,
@@ -141,7 +140,7 @@ def test_a_young_sequence_is_asked_for_its_guess_in_declined_steps(model_dir):
     """Where the executor's rates are low a new sequence is declined from its first decode;
     with text to copy, the proposer's guess in that declined step (the one the next step
     would be given) raises its found rate, and the next step may draft: no wait for the
-    batch's probe. An old sequence is not asked."""
+    batch's probe. The guess is held, one at a time, to be scored by the tokens that follow."""
     core = make_core(model_dir)
     try:
         core.step(admit())
@@ -152,14 +151,55 @@ def test_a_young_sequence_is_asked_for_its_guess_in_declined_steps(model_dir):
         assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) > 0  # no proposer: declined
         assert seq.draft_length is None
         assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT, proposer) == 0  # found one
-        assert seq.draft_length.num_guesses == 1
-        assert seq.draft_length.found == pytest.approx(0.7 * 0.02 + 0.3)
-        seq.draft_length.num_guesses = YOUNG_GUESSES
-        seq.draft_length.found = 0.02
-        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT, proposer) > 0  # not asked
-        assert seq.draft_length.num_guesses == YOUNG_GUESSES
+        length = seq.draft_length
+        assert length.num_guesses == 1 and length.found == pytest.approx(0.7 * 0.02 + 0.3)
+        assert (length.unverified, length.unverified_at) == ([7] * MAX_DRAFT, len(seq.token_ids))
+        length.found = 0.02
+        assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT, proposer) > 0
+        assert length.num_guesses == 1  # its guess is still unscored: not asked again
     finally:
         core.shutdown()
+
+
+def test_declined_steps_score_their_guesses_by_the_tokens_the_model_then_produced(model_dir):
+    """Steps the switch declines ask the proposer anyway and keep its guess; the next step's
+    token scores it as a verification would have (its kept prefix), so acceptance is
+    measured without drafting, and the sequence's found rate and acceptance move."""
+    core = make_core(model_dir)
+    core._proposer = Guessing()  # guesses token 7 every time
+    try:
+        core.step(admit())
+        core.spec_switch = switch_with_ratio(50.0)  # declines whatever it expects
+        expected_acceptance = 1.0
+        for step_id in range(2, 8):
+            seq = core._seqs["r"]
+            held = seq.draft_length.unverified if seq.draft_length is not None else None
+            before = len(seq.token_ids)
+            core.step(decode(step_id, num_draft_tokens=0))
+            if held is not None:  # settled by the one token this step produced
+                kept = int(seq.token_ids[before] == held[0])
+                rate = kept / len(held)
+                expected_acceptance = 0.7 * expected_acceptance + 0.3 * rate
+        assert seq.draft_length.num_guesses == 6  # one guess a step, each scored
+        assert seq.draft_length.acceptance == pytest.approx(expected_acceptance)
+        assert seq.draft_length.acceptance < 0.5  # the model does not say 7, 7, 7, 7
+    finally:
+        core.shutdown()
+
+
+def test_an_unverified_guess_is_scored_once_the_tokens_decide_it() -> None:
+    length = DraftLength(MAX_DRAFT)
+    length.hold([5, 6, 7], position=3)
+    length.settle([1, 2, 3])
+    length.settle([1, 2, 3, 5])  # agrees so far: undecided
+    assert length.unverified == [5, 6, 7] and length.acceptance == 1.0
+    length.settle([1, 2, 3, 5, 6, 9])  # two of three kept
+    assert length.unverified is None
+    assert length.acceptance == pytest.approx(0.7 + 0.3 * 2 / 3)
+    length.hold([8, 8], position=6)
+    length.settle([1, 2, 3, 5, 6, 9, 4])  # the first differs: decided at once, none kept
+    assert length.unverified is None
+    assert length.acceptance == pytest.approx(0.7 * (0.7 + 0.3 * 2 / 3))
 
 
 def test_drafting_declines_a_step_whose_best_case_does_not_pay_and_probes(model_dir):
@@ -207,7 +247,7 @@ class Guessing:
     def index_for(self) -> None:
         return None
 
-    def observe(self, token_ids) -> None:
+    def observe(self, token_ids, num_prompt_tokens: int = 0) -> None:
         pass
 
 

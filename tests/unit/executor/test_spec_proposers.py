@@ -44,6 +44,16 @@ def test_suffix_index_continues_like_an_earlier_sequence_and_forgets_the_oldest(
     assert index.lookup([22, 23], 2).token_ids == [24, 25]
 
 
+def test_the_suffix_index_keeps_outputs_with_the_prompt_tail_before_them() -> None:
+    index = SuffixIndex(min_match_len=2, max_match_len=3, max_tokens=100)
+    prompt, output = [10, 11, 12, 13, 14, 15], [20, 21, 22, 23]
+    index.add(prompt + output, num_prompt_tokens=len(prompt))
+    assert index.num_tokens == 3 + len(output)  # the prompt's last max_match_len and the output
+    assert index.lookup([13, 14, 15], 2).token_ids == [20, 21]  # reaches the output's start
+    assert index.lookup([10, 11], 2).token_ids == []  # the prompt's head is not kept
+    assert index.lookup([21, 22], 1).token_ids == [23]
+
+
 def test_suffix_proposer_prefers_the_longer_match() -> None:
     proposer = make_proposer(SpeculativeConfig(method="suffix", min_match_len=2, max_match_len=4))
     assert isinstance(proposer, SuffixProposer)

@@ -45,7 +45,7 @@ class FixedProposer:
     def index_for(self) -> None:
         return None
 
-    def observe(self, token_ids: Sequence[int]) -> None:
+    def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
         return None
 
 

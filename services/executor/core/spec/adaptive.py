@@ -4,6 +4,7 @@ the executor's rates over all its sequences, which a new sequence starts from.""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ACCEPTANCE_DECAY = 0.7
@@ -50,6 +51,11 @@ class DraftLength:
     """The executor's rates, fed by this sequence's too."""
     num_guesses: int = 0
     """The times the proposer was asked for this sequence's draft."""
+    unverified: list[int] | None = None
+    """A guess asked for in a step that did not draft (`hold`), kept to be settled against
+    the tokens the sequence produces instead (`settle`)."""
+    unverified_at: int = 0
+    """The position the unverified guess's first token would have taken."""
 
     def limit(self, match_len: int) -> int:
         by_rate = max(1, math.ceil(self.max_draft_tokens * self.acceptance))
@@ -61,6 +67,26 @@ class DraftLength:
         self.num_guesses += 1
         if self.prior is not None:
             self.prior.found = PRIOR_DECAY * self.prior.found + (1 - PRIOR_DECAY) * found
+
+    def hold(self, guess: list[int], position: int) -> None:
+        """A guess for `position` on that was not verified: `settle` scores it later."""
+        self.unverified, self.unverified_at = guess, position
+
+    def settle(self, token_ids: Sequence[int]) -> None:
+        """Score the unverified guess once the sequence's tokens decide it, as a verification
+        would have: the tokens kept are its prefix that the sequence produced. A greedy
+        sequence's kept prefix is exactly a verification's; a sampled one keeps each draft
+        token with the probability the model gave it, as rejection sampling accepts it."""
+        guess = self.unverified
+        if guess is None:
+            return
+        produced = token_ids[self.unverified_at : self.unverified_at + len(guess)]
+        kept = 0
+        while kept < len(produced) and produced[kept] == guess[kept]:
+            kept += 1
+        if kept < len(produced) or len(produced) == len(guess):  # decided
+            self.unverified = None
+            self.update(len(guess), kept)
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens <= 0:

@@ -109,10 +109,11 @@ def undrafted_steps(
     `num_ahead`: steps prepared after this one (the pipeline prepares ahead): they have
     counted toward the probe already, so the probe is that many steps further from this one.
 
-    Where the rule declines, the `proposer` is asked for the next guess of each young
-    sequence (fewer than YOUNG_GUESSES asked so far), as the next step would ask it: a
-    sequence that started from the executor's low rates (spec/adaptive.py) but has text
-    to copy is found in its first steps, not at the batch's next probe."""
+    Where the rule declines, the `proposer` is asked for the next guesses of the young
+    sequences and of a few older ones (`_ask_declined`), not verified but scored against
+    the tokens that follow: a sequence that started from the executor's low rates
+    (spec/adaptive.py) but has text to copy is found in its first steps, and one that
+    begins to quote late in its output within a few, not at the batch's next probe."""
     num_decodes = len(decodes)
     if switch.cost_ratios is None or not 0 < num_decodes <= switch.max_batch_size:
         return 0
@@ -122,7 +123,7 @@ def undrafted_steps(
     if (  # a young sequence's guess may change the answer
         not admits
         and proposer is not None
-        and _ask_young(proposer, decodes, max_draft_tokens, prior)
+        and _ask_declined(proposer, decodes, max_draft_tokens, switch)
     ):
         expected = sum(_best_guess(seq, max_draft_tokens, prior) for seq in decodes)
         admits = switch.admits(num_decodes, (num_decodes + expected) / num_decodes)
@@ -132,28 +133,45 @@ def undrafted_steps(
 
 
 YOUNG_GUESSES = 8
-"""A sequence asked for fewer guesses than this is asked in declined steps too."""
+"""A sequence asked for fewer guesses than this is asked in every declined step."""
+ASKED_PER_STEP = 4
+"""In a declined step, this many of the older sequences are asked too, in turn."""
 
 
-def _ask_young(
-    proposer: Proposer, decodes: Sequence[SequenceState], allowed: int, prior: DraftPrior
+def _ask_declined(
+    proposer: Proposer, decodes: Sequence[SequenceState], allowed: int, switch: SpecSwitch
 ) -> bool:
-    """Ask the proposer for each young decode's next guess (noting whether it had one);
-    whether any was asked."""
+    """A declined step's guesses, not verified: each young decode's next one, and the next
+    ASKED_PER_STEP older ones', in turn from step to step, as the next step would ask for
+    them. Each is noted (found or not) and held to be scored against the tokens the
+    sequence then produces (`DraftLength.settle`), so a sequence's found rate and acceptance
+    follow its text while the batch declines. Whether any was asked."""
     asked = False
-    for seq in decodes:
+    num_old = 0
+    turn = switch.num_declined_asks
+    for i, seq in enumerate(decodes):
         length = seq.draft_length
-        if length is not None and length.num_guesses >= YOUNG_GUESSES:
-            continue
+        if length is not None:
+            length.settle(seq.token_ids)
         if seq.grammar is not None or not can_draft(seq):
             continue  # a constrained draft starts with forced tokens; no guess of its own
+        if length is not None and length.unverified is not None:
+            continue  # one guess at a time
+        if length is not None and length.num_guesses >= YOUNG_GUESSES:
+            if num_old >= ASKED_PER_STEP or (i + turn) % max(1, len(decodes)) >= ASKED_PER_STEP:
+                continue
+            num_old += 1
         if length is None:
-            length = seq.draft_length = prior.new_length(allowed)
+            length = seq.draft_length = switch.prior.new_length(allowed)
         if seq.ngram_index is None:
             seq.ngram_index = proposer.index_for()
         draft = proposer.propose(seq.token_ids, allowed, seq.ngram_index)
-        length.note_guess(draft.match_len > 0)
+        guess = draft.token_ids[: length.limit(draft.match_len)]
+        length.note_guess(bool(guess))
+        if guess:
+            length.hold(guess, len(seq.token_ids))
         asked = True
+    switch.num_declined_asks = turn + ASKED_PER_STEP
     return asked
 
 
@@ -288,6 +306,8 @@ def plan_drafts(
         if proposer is not None and len(tokens) < k and (probed is None or row in probed):
             if seq.draft_length is None:
                 seq.draft_length = switch.prior.new_length(cap) if switch else DraftLength(cap)
+            seq.draft_length.settle(seq.token_ids)  # a verified guess replaces a held one
+            seq.draft_length.unverified = None
             if tokens:  # forced tokens first: not yet the sequence's own, so no index
                 draft = proposer.propose([*seq.token_ids, *tokens], k - len(tokens))
             else:

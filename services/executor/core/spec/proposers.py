@@ -6,8 +6,8 @@ proposes what followed the latest earlier occurrence: right where the output
 quotes or edits its input (code editing, summaries that quote, extraction).
 A sequence's `NgramIndex` (kept on it by the executor) makes that a few
 searches of its packed tokens a step, extended by the tokens added since the last.
-`SuffixIndex` keeps recent finished sequences of the executor with every
-n-gram of those lengths mapped to where it last occurred, so a sequence can
+`SuffixIndex` keeps the outputs of recent finished sequences of the executor with
+every n-gram of those lengths mapped to where it last occurred, so a sequence can
 continue as another one did (multi-turn repeats, agents re-emitting a plan);
 `SuffixProposer` asks its own context first and takes the longer match.
 """
@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from services.executor.core.spec.config import SpeculativeConfig
 
 MAX_INDEXED_TOKENS_PER_SEQ = 4096
-"""A finished sequence's last this many tokens go into the suffix index."""
+"""At most a finished sequence's last this many tokens go into the suffix index."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +115,8 @@ class Proposer(Protocol):
         """A new sequence's n-gram index for `propose` (None: the proposer keeps none)."""
         ...
 
-    def observe(self, token_ids: Sequence[int]) -> None:
-        """A sequence ended with these tokens (prompt and output)."""
+    def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
+        """A sequence ended with these tokens (its prompt's first, then its output)."""
         ...
 
 
@@ -149,7 +149,7 @@ class PromptLookup:
                 return Draft(tokens[start : start + max_tokens].tolist(), n)
         return NO_DRAFT
 
-    def observe(self, token_ids: Sequence[int]) -> None:
+    def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
         return None
 
 
@@ -171,8 +171,14 @@ class SuffixIndex:
     def num_tokens(self) -> int:
         return self._num_tokens
 
-    def add(self, token_ids: Sequence[int]) -> None:
-        tokens = list(token_ids[-MAX_INDEXED_TOKENS_PER_SEQ:])
+    def add(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
+        """Index a finished sequence's output, with the last max_match_len tokens of its
+        prompt before it (so a match can reach the output's first tokens). The prompt is
+        left out: it is the request's own (prompt lookup reads it) and, shared, the radix
+        cache's; indexing it cost the step that ended a batch a millisecond a sequence."""
+        context = num_prompt_tokens - self.max_match_len
+        start = max(0, context, len(token_ids) - MAX_INDEXED_TOKENS_PER_SEQ)
+        tokens = list(token_ids[start:])
         if len(tokens) <= self.min_match_len:
             return
         seq_id = self._next_id
@@ -229,8 +235,8 @@ class SuffixProposer:
     def index_for(self) -> NgramIndex:
         return self.lookup.index_for()
 
-    def observe(self, token_ids: Sequence[int]) -> None:
-        self.index.add(token_ids)
+    def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
+        self.index.add(token_ids, num_prompt_tokens)
 
 
 def make_proposer(config: SpeculativeConfig) -> Proposer | None:

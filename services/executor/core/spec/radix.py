@@ -87,8 +87,8 @@ class RadixProposer:
     def index_for(self) -> NgramIndex:
         return self.lookup.index_for()
 
-    def observe(self, token_ids: Sequence[int]) -> None:
-        self.recent.add(token_ids)
+    def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
+        self.recent.add(token_ids, num_prompt_tokens)
 
 
 class TreePrefetch:

@@ -102,6 +102,8 @@ class SpecSwitch:
     num_plain_probes: int = 0
     prior: DraftPrior = field(default_factory=DraftPrior)
     """What a sequence that has not drafted yet is expected to find and keep."""
+    num_declined_asks: int = 0
+    """Older sequences asked for unverified guesses in declined steps so far (their turn)."""
     _since_plain_probe: int = 0
     _plain_left: int = 0
     """Steps of the plain probe under way still to run (`plain_probe`)."""
@@ -149,6 +151,10 @@ class SpecSwitch:
         if speculating and plain and min(speculating[1], plain[1]) >= MIN_STEP_SAMPLES:
             return speculating[0] / plain[0]
         return None
+
+    def _side_ms(self, bucket: int, speculating: bool) -> tuple[float, int]:
+        mean, count = self._wall.get((bucket, speculating), (0.0, 0))
+        return round(mean * 1e3, 4), count
 
     def observe_step(self, num_decodes: int, seconds: float, speculating: bool) -> None:
         """A step of `num_decodes` decodes and nothing else took `seconds` of wall time, in
@@ -242,6 +248,11 @@ class SpecSwitch:
             "gain": None if math.isinf(self.gain) else round(self.gain, 4),
             "wall_ratios": {
                 b: round(r, 4) for b in self._buckets if (r := self._wall_ratio(b)) is not None
+            },
+            "wall_ms": {  # bucket -> [speculating ms, steps, plain ms, steps]
+                b: [x for side in (True, False) for x in self._side_ms(b, side)]
+                for b in self._buckets
+                if (b, True) in self._wall or (b, False) in self._wall
             },
             "num_declined": self.num_declined,
             "num_probes": self.num_probes,
