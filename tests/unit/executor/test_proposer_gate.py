@@ -140,7 +140,8 @@ def test_a_young_sequence_is_asked_for_its_guess_in_declined_steps(model_dir):
     """Where the executor's rates are low a new sequence is declined from its first decode;
     with text to copy, the proposer's guess in that declined step (the one the next step
     would be given) raises its found rate, and the next step may draft: no wait for the
-    batch's probe. The guess is held, one at a time, to be scored by the tokens that follow."""
+    batch's probe. The guess is held, one at a time, to be scored by the tokens that follow.
+    It is asked while the next step is already prepared (the pipeline prepares ahead)."""
     core = make_core(model_dir)
     try:
         core.step(admit())
@@ -148,6 +149,7 @@ def test_a_young_sequence_is_asked_for_its_guess_in_declined_steps(model_dir):
         core.spec_switch.prior = DraftPrior(found=0.02, acceptance=1.0)
         seq = core._seqs["r"]
         proposer = Guessing()
+        core.prepare(decode(2, num_draft_tokens=0))  # ahead: its position is not known yet
         assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT) > 0  # no proposer: declined
         assert seq.draft_length is None
         assert undrafted_steps(core.spec_switch, [seq], MAX_DRAFT, proposer) == 0  # found one

@@ -153,7 +153,7 @@ def _ask_declined(
         length = seq.draft_length
         if length is not None:
             length.settle(seq.token_ids)
-        if seq.grammar is not None or not can_draft(seq):
+        if seq.grammar is not None or not may_draft(seq):  # (the next step may be prepared)
             continue  # a constrained draft starts with forced tokens; no guess of its own
         if length is not None and length.unverified is not None:
             continue  # one guess at a time
@@ -216,15 +216,23 @@ def check_not_verifying(plan: StepPlan, seqs: dict[str, SequenceState]) -> None:
 
 
 def can_draft(seq: SequenceState) -> bool:
-    """A decode whose every earlier step has executed, with no per-position output that a
-    verified run would have to carry (logprobs, prompt scores) and no penalties (they read
-    a history that would include the draft)."""
-    params = seq.sampling
+    """A decode whose every earlier step has executed, and whose sampling lets it draft
+    (`may_draft`)."""
     return (
         seq.has_device_token
         and len(seq.token_ids) == seq.num_known_tokens
         and seq.num_computed_tokens + 1 == seq.num_known_tokens
-        and not seq.finished
+        and may_draft(seq)
+    )
+
+
+def may_draft(seq: SequenceState) -> bool:
+    """A live sequence with no per-position output that a verified run would have to carry
+    (logprobs, prompt scores) and no penalties (they read a history that would include the
+    draft)."""
+    params = seq.sampling
+    return (
+        not seq.finished
         and not (params.logprobs or params.top_logprobs > 0)
         and params.prompt_logprobs_start is None
         and params.repetition_penalty == 1.0
