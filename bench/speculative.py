@@ -18,7 +18,9 @@ Workloads (text from the standard library's source, tokenized with the model's t
               request's output can draft (radix: the cache's tree; suffix: recent outputs)
   random      random token ids (drafts cannot be right: the automatic switch must hold)
 Every request is greedy with exactly --output-len tokens; the outputs of every mode are
-compared token for token with speculation off ("identical" in the JSON). With
+compared token for token with speculation off ("identical" in the JSON). With --repeats N
+each row runs N batches, each of new prompts (seed + 1,000 x repeat), and reports the
+medians (every repeat's tok/s in "output_tok_s_runs"). With
 --batch-invariant every engine runs in that mode (`batch_invariant` in each JSON row and
 in the table's header line), where they must be identical at every batch size too:
 "same_as_smaller_batches" says whether a row's outputs begin with every smaller batch's of
@@ -41,6 +43,7 @@ import asyncio
 import json
 import random
 import re
+import statistics
 import sys
 import sysconfig
 import time
@@ -184,30 +187,49 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
             await run_batch(engine, prompts, min(args.output_len, WARM_OUTPUT_LEN))
         for workload in args.workloads:
             for batch in args.batch_sizes:
-                prompts = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)
-                if workload == "multi_turn":  # turn 1, then its prompt + answer + the prompt again
-                    answers, _, _ = await run_batch(engine, prompts, args.output_len)
-                    prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
-                if workload == "repeat":  # the first round, unmeasured
-                    await run_batch(engine, prompts, args.output_len)
                 before = engine.executors[0].spec_stats.snapshot()
-                outputs, seconds, tpots = await run_batch(engine, prompts, args.output_len)
+                runs = []
+                for repeat in range(args.repeats):  # new prompts each: nothing drafts from the last
+                    seed = args.seed + REPEAT_SEED * repeat
+                    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len)
+                    if workload == "multi_turn":  # turn 1, then its prompt + answer + the prompt again
+                        answers, _, _ = await run_batch(engine, prompts, args.output_len)
+                        prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
+                    if workload == "repeat":  # the first round, unmeasured
+                        await run_batch(engine, prompts, args.output_len)
+                    runs.append(await run_batch(engine, prompts, args.output_len))
                 after = engine.executors[0].spec_stats.snapshot()
                 drafts = after.num_drafts - before.num_drafts
                 accepted = after.num_accepted_tokens - before.num_accepted_tokens
                 rows[f"{workload}/b{batch}"] = {
-                    "output_tok_s": sum(len(o) for o in outputs) / seconds,
-                    "tpot_ms": 1e3 * sum(tpots) / len(tpots),
+                    **median_of(runs),
                     "num_drafts": drafts,
                     "acceptance_rate": accepted / max(1, after.num_draft_tokens - before.num_draft_tokens),
                     "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-                    "outputs": outputs,
                     "switch": switch.describe(),
                     **tree_lookups(engine),
                 }
                 print(f"{mode:<7} {workload:<11} b{batch:<4} {rows[f'{workload}/b{batch}']['output_tok_s']:10.1f} tok/s  "
                       f"TPOT {rows[f'{workload}/b{batch}']['tpot_ms']:7.2f} ms  drafts {drafts}", flush=True)
     return rows
+
+
+REPEAT_SEED = 1_000
+"""A repeat's prompts come from seed + REPEAT_SEED x repeat."""
+
+
+def median_of(runs: list[tuple[list, float, list[float]]]) -> dict:
+    """A row's output tok/s and TPOT: the medians over its repeats (each (outputs, seconds,
+    TPOTs)); `outputs` are the first repeat's, `all_outputs` every repeat's."""
+    rates = [sum(len(o) for o in outputs) / seconds for outputs, seconds, _ in runs]
+    tpots = [1e3 * sum(t) / max(1, len(t)) for _, _, t in runs]
+    return {
+        "output_tok_s": statistics.median(rates),
+        "tpot_ms": statistics.median(tpots),
+        "output_tok_s_runs": rates,
+        "outputs": runs[0][0],
+        "all_outputs": [o for outputs, _, _ in runs for o in outputs],
+    }
 
 
 def tree_lookups(engine) -> dict:
@@ -233,24 +255,33 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
             serve_batch(mesh.url, prompts, min(args.output_len, WARM_OUTPUT_LEN))
         for workload in args.workloads:
             for batch in args.batch_sizes:
-                prompts = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)
-                if workload == "multi_turn":
-                    answers, _, _, _ = serve_batch(mesh.url, prompts, args.output_len)
-                    prompts = [
-                        p + tokenizer.encode(a, add_special_tokens=False) + p
-                        for p, a in zip(prompts, answers, strict=True)
-                    ]
-                if workload == "repeat":  # the first round, unmeasured
-                    serve_batch(mesh.url, prompts, args.output_len)
-                texts, seconds, tpots, spec = serve_batch(mesh.url, prompts, args.output_len)
-                drafts = spec["num_drafts"]
+                runs, totals = [], {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+                for repeat in range(args.repeats):  # new prompts each: nothing drafts from the last
+                    seed = args.seed + REPEAT_SEED * repeat
+                    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len)
+                    if workload == "multi_turn":
+                        answers, _, _, _ = serve_batch(mesh.url, prompts, args.output_len)
+                        prompts = [
+                            p + tokenizer.encode(a, add_special_tokens=False) + p
+                            for p, a in zip(prompts, answers, strict=True)
+                        ]
+                    if workload == "repeat":  # the first round, unmeasured
+                        serve_batch(mesh.url, prompts, args.output_len)
+                    texts, seconds, tpots, spec = serve_batch(mesh.url, prompts, args.output_len)
+                    runs.append((texts, seconds, tpots, spec["num_tokens"]))
+                    for name in totals:
+                        totals[name] += spec[name]
+                drafts = totals["num_drafts"]
+                rates = [num_tokens / seconds for _, seconds, _, num_tokens in runs]
                 rows[f"{workload}/b{batch}"] = {
-                    "output_tok_s": spec["num_tokens"] / seconds,
-                    "tpot_ms": 1e3 * sum(tpots) / max(1, len(tpots)),
+                    "output_tok_s": statistics.median(rates),
+                    "output_tok_s_runs": rates,
+                    "tpot_ms": statistics.median(1e3 * sum(t) / max(1, len(t)) for _, _, t, _ in runs),
                     "num_drafts": drafts,
-                    "acceptance_rate": spec["num_accepted_tokens"] / max(1, spec["num_draft_tokens"]),
-                    "mean_acceptance_length": 1 + spec["num_accepted_tokens"] / drafts if drafts else None,
-                    "outputs": texts,
+                    "acceptance_rate": totals["num_accepted_tokens"] / max(1, totals["num_draft_tokens"]),
+                    "mean_acceptance_length": 1 + totals["num_accepted_tokens"] / drafts if drafts else None,
+                    "outputs": runs[0][0],
+                    "all_outputs": [t for texts, _, _, _ in runs for t in texts],
                 }
                 row = rows[f"{workload}/b{batch}"]
                 print(f"{mode:<7} {workload:<11} b{batch:<4} {row['output_tok_s']:10.1f} tok/s  "
@@ -276,9 +307,9 @@ def summarize(results: dict[str, dict], batch_invariant: bool = False) -> dict:
     summary = {}
     for mode, rows in results.items():
         for key, row in rows.items():
-            entry = {k: v for k, v in row.items() if k != "outputs"}
+            entry = {k: v for k, v in row.items() if k not in ("outputs", "all_outputs")}
             entry["speedup_vs_off"] = row["output_tok_s"] / off[key]["output_tok_s"]
-            entry["identical"] = row["outputs"] == off[key]["outputs"]
+            entry["identical"] = row["all_outputs"] == off[key]["all_outputs"]
             entry["same_as_smaller_batches"] = same_as_smaller_batches(rows, key)
             entry["batch_invariant"] = batch_invariant
             summary[f"{mode}/{key}"] = entry
@@ -299,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a fixed cap (default: measured at start-up on CUDA, 8 on the CPU)")
     p.add_argument("--num-pages", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed batches per row, each of new prompts; the row's numbers are their medians")
     p.add_argument("--json", default=None)
     p.add_argument("--mode", default="inprocess", choices=("inprocess", "serve"))
     p.add_argument("--port", type=int, default=18080, help="--mode serve: the public port")

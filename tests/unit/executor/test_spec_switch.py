@@ -75,7 +75,7 @@ def test_a_steps_expected_gain_stands_in_for_the_rolling_one() -> None:
     switch.record(num_decodes=4, num_emitted=4)  # the rolling gain says 1
     assert not switch.allows(2)
     assert switch.allows(2, expected_gain=1.5)  # this step's drafts expect 1.5 a decode
-    assert not switch.allows(2, expected_gain=1.2)  # 1.2 is not < 1.2
+    assert not switch.allows(2, expected_gain=1.3)  # 1.2, a tenth over, is not < 1.3
     assert not switch.allows(8, expected_gain=5.0)  # past the cap, whatever it expects
 
 
@@ -127,7 +127,10 @@ def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
     assert [i for i, a in enumerate(answers) if a] == [PROBE_EVERY - 1 + PROBE_EVERY * j for j in range(3)]
     switch.record(num_decodes=2, num_emitted=6)  # a probe found drafts that pay
     assert switch.gain == pytest.approx(0.9 + 0.3)
-    assert switch.allows(1)  # 1.1 < 1.2
+    assert not switch.allows(1)  # 1.1, a tenth over (DRAFT_MARGIN), is not < 1.2
+    switch.record(num_decodes=2, num_emitted=8)
+    assert switch.gain == pytest.approx(0.9 * 1.2 + 0.4)
+    assert switch.allows(1)  # 1.21 < 1.48
 
 
 def test_step_wall_times_replace_the_start_up_ratio_once_a_bucket_has_enough() -> None:

@@ -79,6 +79,11 @@ PLAIN_PROBE_EVERY = 256
 (every 2 * MIN_STEP_SAMPLES while the bucket has too few plain steps timed)."""
 PLAIN_PROBE_STEPS = MIN_STEP_SAMPLES + 2
 """A plain probe's steps: the first is not timed, and a plan's last may be cut short."""
+DRAFT_MARGIN = 1.1
+"""Drafts must be expected to pay this much over their cost: the wall times they are weighed
+against vary by a tenth from one stretch of steps to the next on the same load (the lent
+GPU, bench/RESULTS.md), and where the expected gain is that close to the cost, drafting
+wins little where it wins and loses as much where it loses."""
 OUTLIER = 10.0
 """A step over this many times its kind's rolling wall time (once it has MIN_STEP_SAMPLES)
 waited on something else (a stalled client, a collector pause): not counted."""
@@ -169,11 +174,12 @@ class SpecSwitch:
 
     def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
         """The rule alone, changing nothing: within the cap, and no timing table or the
-        bucket's cost ratio below the gain (`expected_gain`, else the rolling one)."""
+        bucket's cost ratio, DRAFT_MARGIN over, below the gain (`expected_gain`, else the
+        rolling one)."""
         if num_decodes > self.max_batch_size:
             return False
         gain = self.gain if expected_gain is None else expected_gain
-        return self.cost_ratios is None or self.ratio(num_decodes) < gain
+        return self.cost_ratios is None or self.ratio(num_decodes) * DRAFT_MARGIN < gain
 
     def allows(self, num_decodes: int, expected_gain: float | None = None) -> bool:
         """Whether a step of `num_decodes` decodes drafts (changes state: counts a probe).
