@@ -72,14 +72,15 @@ class DraftLength:
         """A guess for `position` on that was not verified: `settle` scores it later."""
         self.unverified, self.unverified_at = guess, position
 
-    def settle(self, token_ids: Sequence[int]) -> None:
+    def settle(self, token_ids: Sequence[int]) -> bool:
         """Score the unverified guess once the sequence's tokens decide it, as a verification
         would have: the tokens kept are its prefix that the sequence produced. A greedy
         sequence's kept prefix is exactly a verification's; a sampled one keeps each draft
-        token with the probability the model gave it, as rejection sampling accepts it."""
+        token with the probability the model gave it, as rejection sampling accepts it.
+        Whether it was decided with tokens kept."""
         guess = self.unverified
         if guess is None:
-            return
+            return False
         produced = token_ids[self.unverified_at : self.unverified_at + len(guess)]
         kept = 0
         while kept < len(produced) and produced[kept] == guess[kept]:
@@ -87,6 +88,8 @@ class DraftLength:
         if kept < len(produced) or len(produced) == len(guess):  # decided
             self.unverified = None
             self.update(len(guess), kept)
+            return kept > 0
+        return False
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:
         if num_draft_tokens <= 0:

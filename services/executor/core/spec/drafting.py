@@ -145,22 +145,25 @@ def _ask_declined(
     ASKED_PER_STEP older ones', in turn from step to step, as the next step would ask for
     them. Each is noted (found or not) and held to be scored against the tokens the
     sequence then produces (`DraftLength.settle`), so a sequence's found rate and acceptance
-    follow its text while the batch declines. Whether any was asked."""
-    asked = False
+    follow its text while the batch declines. Whether any guess was found or a held one
+    kept tokens (nothing else can make the switch's answer change)."""
+    changed = False
     num_old = 0
     turn = switch.num_declined_asks
+    num_decodes = len(decodes)
     for i, seq in enumerate(decodes):
         length = seq.draft_length
         if length is not None:
-            length.settle(seq.token_ids)
+            if length.unverified is not None:
+                changed = length.settle(seq.token_ids) or changed
+                if length.unverified is not None:
+                    continue  # one guess at a time
+            if length.num_guesses >= YOUNG_GUESSES:
+                if num_old >= ASKED_PER_STEP or (i + turn) % num_decodes >= ASKED_PER_STEP:
+                    continue
+                num_old += 1
         if seq.grammar is not None or not may_draft(seq):  # (the next step may be prepared)
             continue  # a constrained draft starts with forced tokens; no guess of its own
-        if length is not None and length.unverified is not None:
-            continue  # one guess at a time
-        if length is not None and length.num_guesses >= YOUNG_GUESSES:
-            if num_old >= ASKED_PER_STEP or (i + turn) % max(1, len(decodes)) >= ASKED_PER_STEP:
-                continue
-            num_old += 1
         if length is None:
             length = seq.draft_length = switch.prior.new_length(allowed)
         if seq.ngram_index is None:
@@ -170,9 +173,9 @@ def _ask_declined(
         length.note_guess(bool(guess))
         if guess:
             length.hold(guess, len(seq.token_ids))
-        asked = True
+            changed = True
     switch.num_declined_asks = turn + ASKED_PER_STEP
-    return asked
+    return changed
 
 
 def _best_guess(seq: SequenceState, allowed: int, prior: DraftPrior) -> float:
