@@ -7,6 +7,7 @@ and is verified whatever its guesses are expected to keep."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from mesh.tiny_model import write_tiny_model
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan
+from services.executor.core import executor as executor_module
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.pipeline import StepPipeline
@@ -331,7 +333,22 @@ def test_a_declined_decode_step_says_how_many_steps_its_switch_declines_before_i
         core.shutdown()
 
 
-def test_decode_steps_are_timed_end_to_end_on_the_side_their_plan_chose(model_dir):
+SLOW_PREPARE_S = 0.02
+
+
+def slowed(prepare_batch):
+    """prepare_batch after SLOW_PREPARE_S of busy host work (a prepare that costs something)."""
+
+    def slow(*args, **kwargs):
+        until = time.perf_counter() + SLOW_PREPARE_S
+        while time.perf_counter() < until:
+            pass
+        return prepare_batch(*args, **kwargs)
+
+    return slow
+
+
+def test_decode_steps_are_timed_end_to_end_on_the_side_their_plan_chose(model_dir, monkeypatch):
     """The switch's step times: from the end of the timed step before, so a step prepared
     beside the one before (overlapped) counts only what it added; a plan that offered drafts
     times the speculating side whether it drafted or not, one that offered none the plain
@@ -348,11 +365,15 @@ def test_decode_steps_are_timed_end_to_end_on_the_side_their_plan_chose(model_di
     try:
         core.step(admit())
         a = core.prepare(decode(2, num_draft_tokens=0))
-        b = core.prepare(decode(3, num_draft_tokens=0))  # beside step 2: its prepare overlaps
+        with monkeypatch.context() as patch:  # step 3's prepare takes SLOW_PREPARE_S at least
+            patch.setattr(executor_module, "prepare_batch", slowed(executor_module.prepare_batch))
+            b = core.prepare(decode(3, num_draft_tokens=0))  # beside step 2: it overlaps
         core.execute(a)  # the first decode after the prefill: not timed
         result_b = core.execute(b)
         assert len(observed) == 1 and not observed[0][1]
-        assert 0 < observed[0][0] < result_b.step_seconds  # its overlapped prepare left out
+        assert b.prepare_seconds >= SLOW_PREPARE_S
+        # its overlapped prepare left out (the step's own seconds count it)
+        assert 0 < observed[0][0] < result_b.step_seconds - SLOW_PREPARE_S / 2
         core.step(decode(4))  # offered drafts: the speculating side, after a plain step
         core.step(decode(5, num_draft_tokens=0))  # plain after speculating: not timed
         core.step(decode(6, num_draft_tokens=0))
