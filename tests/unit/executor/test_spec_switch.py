@@ -401,3 +401,25 @@ def test_on_cuda_the_switch_is_measured_and_the_graph_memory_is_within_its_estim
     assert 0 < measured <= estimated, f"graphs hold {measured} bytes, estimated {estimated}"
     print(f"graph memory: estimated {estimated} B, measured {measured} B; switch {switch.describe()}")
     core.shutdown()
+
+
+def test_expected_gains_are_scaled_by_what_drafted_steps_kept_of_what_they_expected() -> None:
+    """A proposer whose guesses keep a quarter of what its requests' rates promise (matches
+    in other requests' outputs) is expected a quarter as much: a step expecting 2 tokens a
+    decode then expects 1.25, below a cost of 1.5 (1.65 with the margin). Steps that keep
+    what they expected, or more, bring it back up to 1, no further."""
+    switch = SpecSwitch(8, {8: 1.5}, max_gain=5)
+    assert switch.admits(8, expected_gain=2.0)
+    for _ in range(60):
+        switch.expected_kept = 8.0  # set by plan_drafts for the step being verified
+        switch.record(8, 8 + 2, num_kept=2)
+    assert switch.calibration == pytest.approx(0.25, abs=0.02)
+    assert not switch.admits(8, expected_gain=2.0)
+    assert switch.admits(8, expected_gain=4.0)  # 1 + 0.25 x 3 = 1.75: a strong case still pays
+    switch.record(8, 12, num_kept=4)  # nothing was expected of it: no measure
+    assert switch.calibration == pytest.approx(0.25, abs=0.02)
+    for _ in range(60):
+        switch.expected_kept = 2.0
+        switch.record(8, 8 + 4, num_kept=4)  # kept twice what it expected: counts as all
+    assert switch.calibration == pytest.approx(1.0, abs=0.01)
+    assert switch.admits(8, expected_gain=2.0)

@@ -340,6 +340,8 @@ def plan_drafts(
         and not switch.allows(num_decodes, gain)
     ):
         return None  # guesses only, and they do not pay: a plain step
+    if switch is not None and not any_forced:
+        switch.expected_kept = expected  # what the verification is to measure against
     return drafts if any(drafts) else None
 
 

@@ -65,8 +65,9 @@ def record_gain(
     is left out (it verifies, and pays for the padded rows, whatever the proposer does)."""
     if not any(drafts) or any(o.num_forced_tokens for o in outputs):
         return
-    emitted = sum(1 + len(o.accepted_token_ids) for o in outputs if o.token_id is not None)
-    switch.record(len(drafts), emitted)
+    kept = sum(len(o.accepted_token_ids) for o in outputs if o.token_id is not None)
+    emitted = kept + sum(1 for o in outputs if o.token_id is not None)
+    switch.record(len(drafts), emitted, kept)
 
 
 def record_gains(

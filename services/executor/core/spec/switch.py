@@ -107,6 +107,14 @@ class SpecSwitch:
     num_plain_probes: int = 0
     prior: DraftPrior = field(default_factory=DraftPrior)
     """What a sequence that has not drafted yet is expected to find and keep."""
+    calibration: float = 1.0
+    """Rolling share of the draft tokens drafted steps expected to keep that they kept (at
+    most 1). Expected gains are scaled by it (`admits`), so a proposer whose guesses keep
+    less than its requests' rates promise is expected less of: the suffix proposer's
+    matches in other requests' outputs were expected to keep three times what they did on
+    random prompts (bench/RESULTS.md)."""
+    expected_kept: float = 0.0
+    """The draft tokens the drafted step being verified expects to keep (`plan_drafts`)."""
     num_declined_asks: int = 0
     """Older sequences asked for unverified guesses in declined steps so far (their turn)."""
     _since_plain_probe: int = 0
@@ -174,11 +182,14 @@ class SpecSwitch:
 
     def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
         """The rule alone, changing nothing: within the cap, and no timing table or the
-        bucket's cost ratio, DRAFT_MARGIN over, below the gain (`expected_gain`, else the
-        rolling one)."""
+        bucket's cost ratio, DRAFT_MARGIN over, below the gain (`expected_gain`, its tokens
+        past one per decode scaled by `calibration`; else the rolling one)."""
         if num_decodes > self.max_batch_size:
             return False
-        gain = self.gain if expected_gain is None else expected_gain
+        if expected_gain is None:
+            gain = self.gain
+        else:
+            gain = 1.0 + self.calibration * (expected_gain - 1.0)
         return self.cost_ratios is None or self.ratio(num_decodes) * DRAFT_MARGIN < gain
 
     def allows(self, num_decodes: int, expected_gain: float | None = None) -> bool:
@@ -236,8 +247,14 @@ class SpecSwitch:
         hopeless = self.cost_ratios is not None and self.ratio(num_decodes) >= self.max_gain
         return HOPELESS_PROBE_EVERY if hopeless else PROBE_EVERY
 
-    def record(self, num_decodes: int, num_emitted: int) -> None:
-        """A drafted step emitted `num_emitted` tokens over its `num_decodes` decodes."""
+    def record(self, num_decodes: int, num_emitted: int, num_kept: int | None = None) -> None:
+        """A drafted step emitted `num_emitted` tokens over its `num_decodes` decodes,
+        `num_kept` of them draft tokens (the calibration's measure against
+        `expected_kept`)."""
+        expected, self.expected_kept = self.expected_kept, 0.0
+        if num_kept is not None and expected > 0:
+            kept = min(1.0, num_kept / expected)
+            self.calibration = GAIN_DECAY * self.calibration + (1 - GAIN_DECAY) * kept
         if num_decodes <= 0:
             return
         step_gain = num_emitted / num_decodes
@@ -252,6 +269,7 @@ class SpecSwitch:
             "max_batch_size": self.max_batch_size,
             "cost_ratios": dict(self.cost_ratios) if self.cost_ratios is not None else None,
             "gain": None if math.isinf(self.gain) else round(self.gain, 4),
+            "calibration": round(self.calibration, 4),
             "wall_ratios": {
                 b: round(r, 4) for b in self._buckets if (r := self._wall_ratio(b)) is not None
             },
