@@ -110,9 +110,9 @@ class SpecSwitch:
     calibration: float = 1.0
     """Rolling share of the draft tokens drafted steps expected to keep that they kept (at
     most 1). Expected gains are scaled by it (`admits`), so a proposer whose guesses keep
-    less than its requests' rates promise is expected less of: the suffix proposer's
-    matches in other requests' outputs were expected to keep three times what they did on
-    random prompts (bench/RESULTS.md)."""
+    less than its requests' rates promise is expected less of (the suffix proposer's
+    matches in other requests' outputs, on random prompts, kept about a fifth less than
+    expected: bench/RESULTS.md)."""
     expected_kept: float = 0.0
     """The draft tokens the drafted step being verified expects to keep (`plan_drafts`)."""
     num_declined_asks: int = 0
