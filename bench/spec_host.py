@@ -29,15 +29,14 @@ import json
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.speculative import run_batch
 from mesh.engine import Engine, EngineConfig
-from radixmesh.sampling import SamplingParams
 from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.switch import SpecSwitch
 from services.scheduler.core import SchedulerConfig
@@ -58,22 +57,6 @@ def hashed_forward(vocab_size: int):
         return logits
 
     return forward
-
-
-async def run_batch(engine: Engine, prompts: list[list[int]], output_len: int) -> tuple[list[list[int]], float]:
-    sampling = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    start = time.perf_counter()
-
-    async def one(prompt: list[int]) -> list[int]:
-        tokens: list[int] = []
-        async for update in await engine.generate(prompt, sampling):
-            if update.error is not None:
-                raise update.error
-            tokens += update.token_ids
-        return tokens
-
-    outputs = await asyncio.gather(*(one(p) for p in prompts))
-    return outputs, time.perf_counter() - start
 
 
 def engine_config(args, mode: str) -> EngineConfig:
@@ -116,7 +99,7 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
                 for mode, engine in engines.items():
                     stats = engine.executors[0].spec_stats
                     before = stats.snapshot().num_drafts
-                    out, took = await run_batch(engine, prompts, args.output_len)
+                    out, took, _ = await run_batch(engine, prompts, args.output_len)
                     if repeat:
                         seconds[mode].append(took)
                         outputs[mode].extend(out)

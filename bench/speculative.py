@@ -197,7 +197,8 @@ async def bench_mode(args, mode: str, tokenizer) -> dict:
                         prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
                     if workload == "repeat":  # the first round, unmeasured
                         await run_batch(engine, prompts, args.output_len)
-                    runs.append(await run_batch(engine, prompts, args.output_len))
+                    outputs, seconds, tpots = await run_batch(engine, prompts, args.output_len)
+                    runs.append((outputs, seconds, tpots, sum(map(len, outputs))))
                 after = engine.executors[0].spec_stats.snapshot()
                 drafts = after.num_drafts - before.num_drafts
                 accepted = after.num_accepted_tokens - before.num_accepted_tokens
@@ -218,17 +219,17 @@ REPEAT_SEED = 1_000
 """A repeat's prompts come from seed + REPEAT_SEED x repeat."""
 
 
-def median_of(runs: list[tuple[list, float, list[float]]]) -> dict:
-    """A row's output tok/s and TPOT: the medians over its repeats (each (outputs, seconds,
-    TPOTs)); `outputs` are the first repeat's, `all_outputs` every repeat's."""
-    rates = [sum(len(o) for o in outputs) / seconds for outputs, seconds, _ in runs]
-    tpots = [1e3 * sum(t) / max(1, len(t)) for _, _, t in runs]
+def median_of(runs: list[tuple[list, float, list[float], int]]) -> dict:
+    """A row's output tok/s and TPOT: the medians over its repeats, each (outputs, seconds,
+    TPOTs, output tokens); `outputs` are the first repeat's, `all_outputs` every repeat's."""
+    rates = [num_tokens / seconds for _, seconds, _, num_tokens in runs]
+    tpots = [1e3 * sum(t) / max(1, len(t)) for _, _, t, _ in runs]
     return {
         "output_tok_s": statistics.median(rates),
         "tpot_ms": statistics.median(tpots),
         "output_tok_s_runs": rates,
         "outputs": runs[0][0],
-        "all_outputs": [o for outputs, _, _ in runs for o in outputs],
+        "all_outputs": [o for outputs, _, _, _ in runs for o in outputs],
     }
 
 
@@ -272,16 +273,11 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
                     for name in totals:
                         totals[name] += spec[name]
                 drafts = totals["num_drafts"]
-                rates = [num_tokens / seconds for _, seconds, _, num_tokens in runs]
                 rows[f"{workload}/b{batch}"] = {
-                    "output_tok_s": statistics.median(rates),
-                    "output_tok_s_runs": rates,
-                    "tpot_ms": statistics.median(1e3 * sum(t) / max(1, len(t)) for _, _, t, _ in runs),
+                    **median_of(runs),
                     "num_drafts": drafts,
                     "acceptance_rate": totals["num_accepted_tokens"] / max(1, totals["num_draft_tokens"]),
                     "mean_acceptance_length": 1 + totals["num_accepted_tokens"] / drafts if drafts else None,
-                    "outputs": runs[0][0],
-                    "all_outputs": [t for texts, _, _, _ in runs for t in texts],
                 }
                 row = rows[f"{workload}/b{batch}"]
                 print(f"{mode:<7} {workload:<11} b{batch:<4} {row['output_tok_s']:10.1f} tok/s  "

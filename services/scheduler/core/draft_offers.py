@@ -41,15 +41,12 @@ class DraftOffers:
     """Number of the first step the executor's switch may draft; None: it drafts now."""
     offered: deque[int] = field(default_factory=deque)
     """Numbers of the steps in flight that were offered drafts, oldest first."""
-    last_offered: int = 0
-    """Number of the latest step planned with drafts offered (0: none yet)."""
 
     def planned(self, num_steps: int, offered: bool) -> None:
         """A plan of `num_steps` steps went out; `offered`: some decode of it may verify a
         draft (then it is a plan of one step)."""
         if offered:
-            self.last_offered = self.num_planned + 1
-            self.offered.append(self.last_offered)
+            self.offered.append(self.num_planned + 1)
         self.num_planned += num_steps
 
     def answered(self, undrafted_steps: int) -> None:
@@ -68,8 +65,8 @@ class DraftOffers:
         next_step = self.num_planned + 1
         if next_step < first:
             return first - next_step
-        if self.last_offered >= first:
-            return UNBOUNDED  # offered: its answer says what follows
+        if self.offered and self.offered[-1] >= first:
+            return UNBOUNDED  # offered, in flight: its answer says what follows
         return 0  # due, and planned without drafts (a step the switch did not count): now
 
     @property

@@ -24,6 +24,7 @@ from radixmesh.step import RunningSequence
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.leases import Leases
+from services.scheduler.core.multi_step import offers_no_drafts
 from services.scheduler.core.preemption import pick_victim, victim_order
 from services.scheduler.core.request import Request
 
@@ -58,7 +59,7 @@ async def schedule_running(
     max_draft = info.max_draft_tokens
     if len(decodes) > info.max_speculative_batch_size:
         max_draft = 0  # a large batch is compute-bound: verifying drafts costs more
-    elif ex.drafts.undrafted_ahead():
+    elif offers_no_drafts(ex, len(decodes)):
         max_draft = 0  # the executor's switch declines this batch until its next probe
     # per [no constraint, constraint]: tokens unverified steps may add (slack: k for each
     # step in flight offered drafts, the forced run's most for each with jump-forward),

@@ -30,7 +30,7 @@ class DraftPrior:
 
     def best_guess(self, allowed: int) -> float:
         """The draft tokens a new sequence offered `allowed` can expect kept at most."""
-        return self.found * self.acceptance * max(1, math.ceil(allowed * self.acceptance))
+        return _kept_at_most(self.found, self.acceptance, allowed, allowed)
 
 
 @dataclass(slots=True)
@@ -58,8 +58,12 @@ class DraftLength:
     """The position the unverified guess's first token would have taken."""
 
     def limit(self, match_len: int) -> int:
-        by_rate = max(1, math.ceil(self.max_draft_tokens * self.acceptance))
-        return max(1, min(by_rate, 2 * match_len, self.max_draft_tokens))
+        return _draft_limit(self.acceptance, self.max_draft_tokens, match_len)
+
+    def best_guess(self, allowed: int) -> float:
+        """The draft tokens this sequence offered `allowed` can expect kept at most: its
+        guess as long as its draft length allows, weighed by its found rate and acceptance."""
+        return _kept_at_most(self.found, self.acceptance, self.max_draft_tokens, allowed)
 
     def note_guess(self, found: bool) -> None:
         """The proposer was asked for this sequence's draft and had one or not."""
@@ -98,3 +102,15 @@ class DraftLength:
         self.acceptance = ACCEPTANCE_DECAY * self.acceptance + (1 - ACCEPTANCE_DECAY) * rate
         if (prior := self.prior) is not None:
             prior.acceptance = PRIOR_DECAY * prior.acceptance + (1 - PRIOR_DECAY) * rate
+
+
+def _draft_limit(acceptance: float, max_draft_tokens: int, match_len: int) -> int:
+    by_rate = max(1, math.ceil(max_draft_tokens * acceptance))
+    return max(1, min(by_rate, 2 * match_len, max_draft_tokens))
+
+
+def _kept_at_most(found: float, acceptance: float, max_draft_tokens: int, allowed: int) -> float:
+    """A guess as long as the draft length allows at the longest match, weighed by how often
+    one is found and the share of its tokens kept."""
+    length = min(allowed, _draft_limit(acceptance, max_draft_tokens, allowed))
+    return found * acceptance * length

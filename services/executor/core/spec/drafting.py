@@ -183,7 +183,7 @@ def _best_guess(seq: SequenceState, allowed: int, prior: DraftPrior) -> float:
     length = seq.draft_length
     if length is None:
         return prior.best_guess(allowed)  # a new sequence: at the executor's rates
-    return length.found * length.acceptance * min(allowed, length.limit(allowed))
+    return length.best_guess(allowed)
 
 
 def best_gain(

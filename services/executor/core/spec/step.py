@@ -65,8 +65,11 @@ def record_gain(
     is left out (it verifies, and pays for the padded rows, whatever the proposer does)."""
     if not any(drafts) or any(o.num_forced_tokens for o in outputs):
         return
-    kept = sum(len(o.accepted_token_ids) for o in outputs if o.token_id is not None)
-    emitted = kept + sum(1 for o in outputs if o.token_id is not None)
+    kept = emitted = 0
+    for output in outputs:
+        if output.token_id is not None:
+            kept += len(output.accepted_token_ids)
+            emitted += 1 + len(output.accepted_token_ids)
     switch.record(len(drafts), emitted, kept)
 
 
