@@ -120,7 +120,7 @@ def test_best_gain_weighs_each_decodes_longest_guess_by_its_acceptance(model_dir
         seqs["r"].draft_length = DraftLength(MAX_DRAFT, acceptance=0.1)
         assert best_gain(decode(2), seqs, 1, fresh) == pytest.approx(1 + 0.1 * 1)  # one at least
         assert best_gain(decode(2, num_draft_tokens=0), seqs, 1, fresh) == 1.0  # none allowed
-        assert best_gain(decode(2), seqs, 2, fresh) == pytest.approx((2 + 0.1) / 2)
+        assert best_gain(decode(2), seqs, 2, fresh) == pytest.approx(2 / (1 / 1.1 + 1))
     finally:
         core.shutdown()
 

@@ -25,6 +25,7 @@ from services.executor.core.spec.switch import (
     PROBE_EVERY,
     UNMEASURED_MAX_BATCH_SIZE,
     SpecSwitch,
+    request_gain,
 )
 from tests.unit.executor.conftest import TinyModel, greedy, make_core, random_prompt
 from tests.unit.executor.test_speculative import generate, repeating_prompt, spec_core
@@ -60,19 +61,34 @@ def test_drafts_while_the_measured_gain_beats_the_cost_ratio() -> None:
     assert math.isinf(switch.gain)
     assert switch.allows(4)  # nothing measured yet: try, and measure the gain
     assert not switch.allows(5)  # past the cap, whatever the gain
-    switch.record(num_decodes=4, num_emitted=8)  # 2 tokens per decode
+    switch.record(2.0)  # 2 tokens per decode
     assert switch.gain == pytest.approx(2.0)
     assert switch.allows(2)  # 1.2 < 2
     assert not switch.allows(4)  # 2.0 is not < 2.0
-    switch.record(num_decodes=4, num_emitted=4)  # drafts all rejected
+    switch.record(1.0)  # drafts all rejected
     assert switch.gain == pytest.approx(0.9 * 2.0 + 0.1 * 1.0)
-    switch.record(num_decodes=0, num_emitted=0)  # nothing to learn
+    switch.record(None)  # nothing to learn
     assert switch.gain == pytest.approx(1.9)
+
+
+def test_a_steps_gain_is_the_harmonic_mean_of_its_decodes_tokens() -> None:
+    """A quarter of 32 decodes keeping 3 draft tokens each is 2 tokens a decode on average,
+    but the other 24 requests decode a token a step at the verification's cost: as the
+    requests see it the step emits 32 / (8 / 4 + 24) = 1.23 tokens a decode, below a cost
+    ratio of 1.4 however it is weighed, so the switch declines it."""
+    assert request_gain([4.0] * 8, 32) == pytest.approx(32 / (8 / 4 + 24))
+    assert request_gain([4.0] * 8 + [1.0] * 24, 32) == request_gain([4.0] * 8, 32)
+    assert request_gain([3.0, 3.0], 2) == pytest.approx(3.0)  # all alike: the plain mean
+    assert request_gain([], 0) == 1.0
+    switch = SpecSwitch(32, {32: 1.4}, max_gain=5)
+    assert switch.admits(32, expected_gain=(8 * 4 + 24) / 32)  # the arithmetic mean would draft
+    assert not switch.admits(32, expected_gain=request_gain([4.0] * 8, 32))
+    assert switch.admits(32, expected_gain=request_gain([2.0] * 32, 32))  # every request gains
 
 
 def test_a_steps_expected_gain_stands_in_for_the_rolling_one() -> None:
     switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
-    switch.record(num_decodes=4, num_emitted=4)  # the rolling gain says 1
+    switch.record(1.0)  # the rolling gain says 1
     assert not switch.allows(2)
     assert switch.allows(2, expected_gain=1.5)  # this step's drafts expect 1.5 a decode
     assert not switch.allows(2, expected_gain=1.3)  # 1.2, a tenth over, is not < 1.3
@@ -121,14 +137,14 @@ def test_a_probe_drafts_for_a_few_decodes_in_turn(
 
 def test_a_declining_switch_probes_once_every_so_many_steps() -> None:
     switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
-    switch.record(num_decodes=2, num_emitted=2)  # gain 1: nothing pays
+    switch.record(1.0)  # gain 1: nothing pays
     answers = [switch.allows(1) for _ in range(3 * PROBE_EVERY)]
     assert answers.count(True) == 3 == switch.num_probes
     assert [i for i, a in enumerate(answers) if a] == [PROBE_EVERY - 1 + PROBE_EVERY * j for j in range(3)]
-    switch.record(num_decodes=2, num_emitted=6)  # a probe found drafts that pay
+    switch.record(3.0)  # a probe found drafts that pay
     assert switch.gain == pytest.approx(0.9 + 0.3)
     assert not switch.allows(1)  # 1.1, a tenth over (DRAFT_MARGIN), is not < 1.2
-    switch.record(num_decodes=2, num_emitted=8)
+    switch.record(4.0)
     assert switch.gain == pytest.approx(0.9 * 1.2 + 0.4)
     assert switch.allows(1)  # 1.21 < 1.48
 
@@ -240,7 +256,7 @@ def test_a_step_is_timed_from_the_end_of_the_timed_step_before(
 
 def test_without_a_table_the_cap_alone_decides() -> None:
     switch = SpecSwitch(3)
-    switch.record(num_decodes=4, num_emitted=4)
+    switch.record(1.0)
     assert [switch.allows(n) for n in (1, 3, 4)] == [True, True, False]
     assert switch.describe()["cost_ratios"] is None
 
@@ -253,10 +269,11 @@ def test_record_gain_counts_emitted_tokens_and_leaves_out_forced_steps() -> None
         SequenceOutput("c", None),  # a prefill chunk that samples nothing
     ]
     record_gain(switch, [[1, 2, 3], [9, 9]], outputs)
-    assert switch.gain == pytest.approx((4 + 1) / 2)
+    assert switch.gain == pytest.approx(2 / (1 / 4 + 1 / 1))  # as the two requests see it
+    assert switch.calibration == 1.0  # nothing was expected of it: no measure
     forced = [SequenceOutput("a", 5, accepted_token_ids=[1], num_draft_tokens=1, num_forced_tokens=1)]
     record_gain(switch, [[1]], forced)  # the step verified anyway: says nothing of the drafts
-    assert switch.gain == pytest.approx(2.5)
+    assert switch.gain == pytest.approx(1.6)
 
 
 def test_graph_plans_cover_jump_forward_and_the_measured_switch(tiny_model: TinyModel) -> None:
@@ -327,7 +344,7 @@ def test_record_forced_gain_counts_a_token_per_decode_and_the_forced_tokens_kept
         SequenceOutput("b", 6, accepted_token_ids=[4, 5, 7], num_draft_tokens=3, num_forced_tokens=2),
     ]
     record_forced_gain(switch, [[], [4, 5, 7]], outputs)  # the guessed 7 is not the grammar's
-    assert switch.gain == pytest.approx((2 + 2) / 2)
+    assert switch.gain == pytest.approx(2 / (1 / 1 + 1 / 3))  # a 1 and a 3, harmonically
 
 
 @pytest.fixture(scope="module")
@@ -412,14 +429,14 @@ def test_expected_gains_are_scaled_by_what_drafted_steps_kept_of_what_they_expec
     assert switch.admits(8, expected_gain=2.0)
     for _ in range(60):
         switch.expected_kept = 8.0  # set by plan_drafts for the step being verified
-        switch.record(8, 8 + 2, num_kept=2)
+        switch.record(1.25, num_kept=2)
     assert switch.calibration == pytest.approx(0.25, abs=0.02)
     assert not switch.admits(8, expected_gain=2.0)
     assert switch.admits(8, expected_gain=4.0)  # 1 + 0.25 x 3 = 1.75: a strong case still pays
-    switch.record(8, 12, num_kept=4)  # nothing was expected of it: no measure
+    switch.record(1.5, num_kept=4)  # nothing was expected of it: no measure
     assert switch.calibration == pytest.approx(0.25, abs=0.02)
     for _ in range(60):
         switch.expected_kept = 2.0
-        switch.record(8, 8 + 4, num_kept=4)  # kept twice what it expected: counts as all
+        switch.record(1.5, num_kept=4)  # kept twice what it expected: counts as all
     assert switch.calibration == pytest.approx(1.0, abs=0.01)
     assert switch.admits(8, expected_gain=2.0)

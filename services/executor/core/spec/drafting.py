@@ -12,7 +12,7 @@ from radixmesh.step import StepPlan
 from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
-from services.executor.core.spec.switch import SpecSwitch
+from services.executor.core.spec.switch import SpecSwitch, request_gain
 from services.executor.core.spec.verify import accepted_length
 
 if TYPE_CHECKING:
@@ -192,18 +192,19 @@ def best_gain(
     """The most tokens per decode the plan's step can expect from the proposer's guesses,
     known before the step before it has executed: each running decode's guess as long as
     its draft length allows (`DraftLength.limit` at the longest match), weighed by its
-    rolling acceptance. `plan_drafts` expects at most this from the guesses it gets, so a
-    switch that declines it would decline them too, and the step needs no wait for the
-    token sampled last (its prepare overlaps the step before)."""
-    expected = 0.0
+    rolling acceptance, averaged as the step's requests see it (`switch.request_gain`).
+    `plan_drafts` expects at most this from the guesses it gets, so a switch that declines
+    it would decline them too, and the step needs no wait for the token sampled last (its
+    prepare overlaps the step before)."""
+    tokens = []
     for running in plan.running_seqs:
         allowed = running.num_draft_tokens
         if running.num_scheduled_tokens != 1 or allowed <= 0:
             continue
         seq = seqs.get(running.req_id)
         if seq is not None:
-            expected += _best_guess(seq, allowed, prior)
-    return (num_decodes + expected) / max(num_decodes, 1)
+            tokens.append(1.0 + _best_guess(seq, allowed, prior))
+    return request_gain(tokens, num_decodes)
 
 
 def check_not_verifying(plan: StepPlan, seqs: dict[str, SequenceState]) -> None:
@@ -303,6 +304,7 @@ def plan_drafts(
     room = limits.max_num_batched_tokens - sum(num_tokens)
     drafts: list[list[int]] = []
     expected = 0.0  # the guesses' tokens expected kept
+    guessed: list[float] = []  # 1 + each guess's tokens expected kept
     any_forced = False
     probed = _probed_rows(len(seqs), switch.num_probes if switch else 0) if choice.probe else None
     for row, (seq, q, cap) in enumerate(zip(seqs, num_tokens, allowed, strict=True)):
@@ -328,10 +330,11 @@ def plan_drafts(
             guess = draft.token_ids[: seq.draft_length.limit(draft.match_len)]
             seq.draft_length.note_guess(bool(guess))
             expected += seq.draft_length.acceptance * len(guess)
+            guessed.append(1.0 + seq.draft_length.acceptance * len(guess))
             tokens += guess
         room -= len(tokens)
         drafts.append(tokens)
-    gain = (num_decodes + expected) / max(num_decodes, 1)
+    gain = request_gain(guessed, num_decodes)
     if (
         expected
         and not any_forced

@@ -25,7 +25,7 @@ from services.executor.core.spec.drafting import (
 )
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.proposers import Proposer
-from services.executor.core.spec.switch import SpecSwitch
+from services.executor.core.spec.switch import SpecSwitch, request_gain
 
 if TYPE_CHECKING:
     from services.executor.core.executor import PreparedStep
@@ -65,12 +65,9 @@ def record_gain(
     is left out (it verifies, and pays for the padded rows, whatever the proposer does)."""
     if not any(drafts) or any(o.num_forced_tokens for o in outputs):
         return
-    kept = emitted = 0
-    for output in outputs:
-        if output.token_id is not None:
-            kept += len(output.accepted_token_ids)
-            emitted += 1 + len(output.accepted_token_ids)
-    switch.record(len(drafts), emitted, kept)
+    emitted = [1 + len(o.accepted_token_ids) for o in outputs if o.token_id is not None]
+    gain = request_gain(emitted, len(emitted)) if emitted else None
+    switch.record(gain, sum(emitted) - len(emitted))
 
 
 def record_gains(
@@ -128,10 +125,10 @@ def record_forced_gain(
 ) -> None:
     """Tells jump-forward's switch what a step with forced runs emitted per decode: a
     token each, and the forced tokens kept (a proposer's accepted guesses left out)."""
-    forced = sum(o.num_forced_tokens for o in outputs)
-    if not forced:
+    if not any(o.num_forced_tokens for o in outputs):
         return
-    switch.record(len(drafts), sum(o.token_id is not None for o in outputs) + forced)
+    emitted = [1 + o.num_forced_tokens for o in outputs if o.token_id is not None]
+    switch.record(request_gain(emitted, len(emitted)) if emitted else None)
 
 
 def drafted_lengths(

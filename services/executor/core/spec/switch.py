@@ -42,6 +42,18 @@ side every step of a plan that offered none, as it runs when the switch declines
 drafts pay, the plain side is seldom seen, so every `PLAIN_PROBE_EVERY` decode steps a few
 run without drafts (`plain_probe`).
 
+A step's gain is counted as its requests see it: each decode's tokens (1 plus the draft
+tokens it keeps, or expects to), averaged harmonically over the step's decodes
+(`request_gain`). A drafted step costs every decode in it the same ratio, so a decode's
+time per token moves by ratio / its tokens, and the step lowers its requests' mean time
+per token only where the ratio is below the harmonic mean. The arithmetic mean (tokens
+per decode over the batch) is the throughput of a batch refilled the moment a request
+ends; where requests end together, and for each request's TPOT, the decodes that keep
+nothing pay the ratio for nothing. On random prompts at batch 32 the suffix proposer's
+drafted steps emitted 1.44 tokens per decode (arithmetic) at a wall ratio of 1.40, and
+the batch ran at 0.78x of speculation off (bench/RESULTS.md): the requests that kept
+nothing decoded 1.4x slower and the batch ended with them.
+
 A step's wall time is the clock from the end of the step before to its own end, taken
 when the step before was a timed decode step too (so an idle gap before a prefill never
 counts), and for a plain step when the step before was plain too (the first after drafted
@@ -56,7 +68,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services.executor.core.spec.adaptive import DraftPrior
@@ -87,6 +99,19 @@ wins little where it wins and loses as much where it loses."""
 OUTLIER = 10.0
 """A step over this many times its kind's rolling wall time (once it has MIN_STEP_SAMPLES)
 waited on something else (a stalled client, a collector pause): not counted."""
+
+def request_gain(tokens: Iterable[float], num_decodes: int) -> float:
+    """A step's tokens per decode as its requests see them: the harmonic mean, over its
+    `num_decodes` decodes, of each one's tokens (`tokens`: one entry, >= 1, per decode
+    that drafts or is weighed; every other decode emits 1). See the module docstring."""
+    inverse, weighed = 0.0, 0
+    for count in tokens:
+        inverse += 1.0 / count
+        weighed += 1
+    if num_decodes <= 0:
+        return 1.0
+    return num_decodes / (inverse + max(0, num_decodes - weighed))
+
 
 StepTimings = Mapping[int, tuple[float, float]]
 """Bucket -> (seconds of a plain decode step, seconds of a verification step)."""
@@ -247,17 +272,16 @@ class SpecSwitch:
         hopeless = self.cost_ratios is not None and self.ratio(num_decodes) >= self.max_gain
         return HOPELESS_PROBE_EVERY if hopeless else PROBE_EVERY
 
-    def record(self, num_decodes: int, num_emitted: int, num_kept: int | None = None) -> None:
-        """A drafted step emitted `num_emitted` tokens over its `num_decodes` decodes,
-        `num_kept` of them draft tokens (the calibration's measure against
-        `expected_kept`)."""
+    def record(self, step_gain: float | None, num_kept: int | None = None) -> None:
+        """A drafted step emitted `step_gain` tokens per decode (`request_gain`; None: it
+        had no decode to learn from), `num_kept` of them draft tokens in all (the
+        calibration's measure against `expected_kept`)."""
         expected, self.expected_kept = self.expected_kept, 0.0
         if num_kept is not None and expected > 0:
             kept = min(1.0, num_kept / expected)
             self.calibration = GAIN_DECAY * self.calibration + (1 - GAIN_DECAY) * kept
-        if num_decodes <= 0:
+        if step_gain is None:
             return
-        step_gain = num_emitted / num_decodes
         if math.isinf(self.gain):
             self.gain = step_gain
         else:
