@@ -138,3 +138,25 @@ Event = (
     | ProgramResult
     | StatementDone
 )
+
+
+def coalesce(events: list[Event]) -> list[Event]:
+    """The events in order, each Gen's TextDeltas joined into its first one in the list.
+    Only a Gen's own later events (its VarSet) follow its text, so moving text up past
+    other statements' events (a fork's other branches) keeps every statement's order."""
+    out: list[Event] = []
+    open_text: dict[str, int] = {}  # statement -> index in out of its TextDelta
+    for event in events:
+        at = open_text.get(event.statement)
+        if isinstance(event, TextDelta):
+            if at is not None:
+                first = out[at]
+                assert isinstance(first, TextDelta)
+                if first.var == event.var:
+                    out[at] = TextDelta(first.statement, first.var, first.text + event.text)
+                    continue
+            open_text[event.statement] = len(out)
+        elif at is not None:
+            del open_text[event.statement]
+        out.append(event)
+    return out

@@ -138,9 +138,7 @@ class ProgramRun:
         """Run the whole program; the last event is the ProgramResult."""
         task = asyncio.create_task(self._main(), name=f"program-{self.run_id}")
         try:
-            while (item := await self._queue.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
+            async for item in self._drain():
                 yield item
         finally:
             task.cancel()
@@ -148,6 +146,26 @@ class ProgramRun:
                 await task
             await asyncio.shield(self.release_holds())
             await self.settle_background()
+
+    async def _drain(self) -> AsyncGenerator[ev.Event, None]:
+        """The queue's events until its end (None) or failure (raised). What is queued by
+        the time the reader comes back is taken at once, each Gen's text in it as one
+        TextDelta (`coalesce`): a reader slower than the steps (a busy stream) gets fewer,
+        larger messages, one that keeps up gets each step's text as it comes."""
+        while True:
+            batch: list[ev.Event] = []
+            item = await self._queue.get()
+            while item is not None and not isinstance(item, BaseException):
+                batch.append(item)
+                if self._queue.empty():
+                    break
+                item = self._queue.get_nowait()
+            for event in ev.coalesce(batch):
+                yield event
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
 
     async def _main(self) -> None:
         try:
@@ -179,9 +197,7 @@ class ProgramRun:
         before = len(self.scope.assigned)
         task = asyncio.create_task(self._one(statement), name=f"program-{self.run_id}")
         try:
-            while (item := await self._queue.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
+            async for item in self._drain():
                 yield item
         finally:
             task.cancel()
