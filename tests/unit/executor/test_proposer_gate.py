@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -103,6 +104,19 @@ def test_a_decode_whose_proposer_seldom_has_a_guess_expects_little(model_dir):
         assert seq.draft_length.found == pytest.approx(0.7 * before + 0.3)
     finally:
         core.shutdown()
+
+
+def test_a_batch_where_one_request_in_four_copies_declines_and_says_so():
+    """One decode of four expecting every draft token kept (5 tokens) and three expecting
+    none: 2 tokens a decode on average, but 4 / (1/5 + 3) = 1.25 as the requests see it,
+    under a cost of 1.5 (1.65 with the margin): the executor's answer declines, as its
+    prepare would (plan_drafts weighs the step the same way)."""
+    switch = switch_with_ratio(1.5)
+    copying = SimpleNamespace(draft_length=DraftLength(MAX_DRAFT))
+    others = [SimpleNamespace(draft_length=DraftLength(MAX_DRAFT, acceptance=0.0)) for _ in range(3)]
+    assert undrafted_steps(switch, [copying, *others], MAX_DRAFT) > 0  # type: ignore[list-item]
+    copying_too = [SimpleNamespace(draft_length=DraftLength(MAX_DRAFT)) for _ in range(4)]
+    assert undrafted_steps(switch, copying_too, MAX_DRAFT) == 0  # type: ignore[arg-type]
 
 
 def test_best_gain_weighs_each_decodes_longest_guess_by_its_acceptance(model_dir):

@@ -117,16 +117,13 @@ def undrafted_steps(
     num_decodes = len(decodes)
     if switch.cost_ratios is None or not 0 < num_decodes <= switch.max_batch_size:
         return 0
-    prior = switch.prior
-    expected = sum(_best_guess(seq, max_draft_tokens, prior) for seq in decodes)
-    admits = switch.admits(num_decodes, (num_decodes + expected) / num_decodes)
+    admits = switch.admits(num_decodes, _best_of(decodes, max_draft_tokens, switch.prior))
     if (  # a young sequence's guess may change the answer
         not admits
         and proposer is not None
         and _ask_declined(proposer, decodes, max_draft_tokens, switch)
     ):
-        expected = sum(_best_guess(seq, max_draft_tokens, prior) for seq in decodes)
-        admits = switch.admits(num_decodes, (num_decodes + expected) / num_decodes)
+        admits = switch.admits(num_decodes, _best_of(decodes, max_draft_tokens, switch.prior))
     if admits:
         return switch.plain_probe(num_decodes)  # 0 but now and then: the plain side's time
     return switch.steps_to_probe(num_decodes) + num_ahead
@@ -176,6 +173,11 @@ def _ask_declined(
             changed = True
     switch.num_declined_asks = turn + ASKED_PER_STEP
     return changed
+
+
+def _best_of(decodes: Sequence[SequenceState], allowed: int, prior: DraftPrior) -> float:
+    """The tokens per decode the decodes' next step can expect at most (`best_gain`)."""
+    return request_gain((1.0 + _best_guess(seq, allowed, prior) for seq in decodes), len(decodes))
 
 
 def _best_guess(seq: SequenceState, allowed: int, prior: DraftPrior) -> float:
