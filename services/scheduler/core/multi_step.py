@@ -17,8 +17,10 @@ steps (`StepResult.undrafted_steps`, up to its next probe): meanwhile its
 decodes are offered no drafts and plans run several steps again, the probe's
 step offered drafts in a plan of its own (draft_offers.py). Pages
 for each sequence's k tokens (fewer when its max_tokens or the context limit
-comes first) are leased up front; those a sequence does not reach go back
-with its lease when it ends.
+comes first) are leased up front, with room for the drafts a step still in
+flight may keep (`draft_slacks`: the steps planned while a probe runs start
+wherever its verification leaves the sequence); those a sequence does not
+reach go back with its lease when it ends.
 
 Stop strings are matched where the text is, at the edge (the gateway cuts the
 text exactly and aborts the request); an abort that arrives while a plan
@@ -82,6 +84,16 @@ def offers_no_drafts(ex: ExecutorState, num_decodes: int) -> bool:
     return speculates_at(ex, num_decodes) and ex.drafts.undrafted_ahead() > 0
 
 
+def draft_slacks(ex: ExecutorState) -> tuple[int, int]:
+    """Per [no constraint, constraint]: the tokens that steps in flight, not yet answered,
+    may have added to a sequence past the position the scheduler has planned: the draft
+    cap for each step in flight that was offered drafts (its verification may keep them
+    all), and with jump-forward a forced run's most for each step in flight. A sequence's
+    pages must cover its planned tokens plus this."""
+    drafted = max(ex.info.max_draft_tokens, 0) * ex.drafts.num_offered_in_flight
+    return drafted, max(drafted, ex.info.max_forced_tokens * ex.num_in_flight)
+
+
 def max_steps_per_plan(ex: ExecutorState, num_decodes: int, k: int) -> int:
     """The most steps the next plan may run: k, or while the switch declines, no more than
     the steps it still declines (the step after them is offered drafts, and probes)."""
@@ -102,8 +114,10 @@ async def extend_to_steps(
     num_steps = 1 + max(extra, default=0)
     if num_steps == 1:
         return 1
+    slacks = draft_slacks(ex)  # a probe in flight may have kept its drafts
     grows = (
-        leases.grow(ex, r, r.num_computed_tokens + n) for r, n in zip(reqs, extra, strict=True)
+        leases.grow(ex, r, r.num_computed_tokens + n + slacks[r.constraint is not None])
+        for r, n in zip(reqs, extra, strict=True)
     )
     grown = await asyncio.gather(*grows)
     if not all(grown):  # the pool is short: one step (the pages leased stay for later)

@@ -24,7 +24,7 @@ from radixmesh.step import RunningSequence
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.executor_state import ExecutorState
 from services.scheduler.core.leases import Leases
-from services.scheduler.core.multi_step import offers_no_drafts
+from services.scheduler.core.multi_step import draft_slacks, offers_no_drafts
 from services.scheduler.core.preemption import pick_victim, victim_order
 from services.scheduler.core.request import Request
 
@@ -64,10 +64,8 @@ async def schedule_running(
     # per [no constraint, constraint]: tokens unverified steps may add (slack: k for each
     # step in flight offered drafts, the forced run's most for each with jump-forward),
     # and the draft cap (forced tokens are always accepted: they pay at any batch size)
-    forced = info.max_forced_tokens
-    drafted = max(info.max_draft_tokens, 0) * ex.drafts.num_offered_in_flight
-    slacks = (drafted, max(drafted, forced * ex.num_in_flight))
-    caps = (max(max_draft, 0), max(max_draft, forced))
+    slacks = draft_slacks(ex)
+    caps = (max(max_draft, 0), max(max_draft, info.max_forced_tokens))
     # no request's decode wish changes while this step is planned (no result is read);
     # pages ahead for every decode that needs them, asked for at once (one round trip
     # over gRPC); one that is refused retries below, where preemption makes room

@@ -78,6 +78,10 @@ class ToyExecutor:
         self.undrafted: Callable[[StepPlan, int, StepResult], int] | None = None
         """(plan, substep, result) -> the result's undrafted_steps, as a speculating
         executor's switch would say it; None: 0."""
+        self.keeps_drafts = False
+        """True: a decode offered d draft tokens verifies a draft of the toy model's own next
+        d tokens and keeps them all (KV for d + 1 positions, d + 1 tokens out), as a
+        perfect proposer would; False: offered drafts are not drafted."""
 
     def _report(self, plan: StepPlan, substep: int, result: StepResult) -> StepResult:
         if self.undrafted is not None:
@@ -127,16 +131,38 @@ class ToyExecutor:
             )
             self.seqs[new.req_id] = seq
             work.append((new.req_id, seq, new.num_scheduled_tokens))
+        drafts: dict[str, int] = {}
         for running in plan.running_seqs:
             seq = self.seqs.get(running.req_id)
             if seq is not None:
                 seq.page_ids.extend(running.appended_page_ids)
                 work.append((running.req_id, seq, running.num_scheduled_tokens))
+                if self.keeps_drafts and running.num_draft_tokens:
+                    drafts[running.req_id] = running.num_draft_tokens
         for req_id, seq, n in work:  # every KV write of the step happens before any read
             self._write(req_id, seq, n)
         self._copy([new.page_copy for new in plan.new_seqs if new.page_copy is not None])
-        outputs = [self._sample(req_id, seq, n) for req_id, seq, n in work]
+        outputs = [
+            self._verify(req_id, seq, drafts[req_id])
+            if req_id in drafts
+            else self._sample(req_id, seq, n)
+            for req_id, seq, n in work
+        ]
         return self._report(plan, 0, StepResult(plan.step_id, outputs))
+
+    def _verify(self, req_id: str, seq: _Seq, num_draft: int) -> SequenceOutput:
+        """A decode whose draft of `num_draft` tokens is the model's own: each kept token's
+        KV written in the sequence's pages (the step's first position is written already),
+        the tokens out as accepted ones and the one after them, up to the sequence's end."""
+        kept: list[int] = []
+        out = self._sample(req_id, seq, 1)
+        while len(kept) < num_draft and out.finish_reason is None and out.token_id is not None:
+            kept.append(out.token_id)
+            self._write(req_id, seq, 1)
+            out = self._sample(req_id, seq, 1)
+        out.accepted_token_ids = kept
+        out.num_draft_tokens = num_draft
+        return out
 
     def _copy(self, copies: list) -> None:
         """The step's page copies, as the executor's layers run them: after the step's

@@ -132,6 +132,28 @@ async def test_decodes_a_declining_switch_would_not_draft_run_several_steps_a_pl
     _assert_pool_clean(rig)
 
 
+@pytest.mark.parametrize(("num_pages", "length"), [(512, 200), (40, 70)])  # 40: pages run short
+async def test_plans_made_while_a_probe_runs_leave_room_for_the_drafts_it_keeps(num_pages, length):
+    """A declined batch's probe keeps every draft token (a perfect proposer): the plans
+    made while it runs (several steps each, no drafts offered) start wherever its
+    verification left each sequence, so their pages cover the drafts kept as well. The toy
+    asserts every KV write lands in the sequence's own pages; the tokens stay exact."""
+    speculates = {"max_draft_tokens": 4, "max_speculative_batch_size": 4}
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=8), num_pages=num_pages, executor_info=speculates)
+    switch = declining_executor(rig)
+    rig.toy.keeps_drafts = True
+    prompts = [[5, 6, 7], [8, 9], [3], [4, 4]][: 4 if num_pages > 100 else 2]
+    await _run(rig, prompts, [length] * len(prompts))
+    for i, p in enumerate(prompts):
+        assert rig.sink.tokens[f"r{i}"] == reference(p, length)
+    assert switch.num_probes >= 1
+    plans = rig.toy.plans
+    probes = [i for i, p in enumerate(plans) if any(r.num_draft_tokens for r in p.running_seqs)]
+    after = [plans[i + 1] for i in probes if i + 1 < len(plans)]
+    assert any(p.num_steps > 1 for p in after)  # planned while a probe ran: several steps
+    _assert_pool_clean(rig)
+
+
 async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():
     rig = make_rig(SchedulerConfig(decode_steps_per_plan=32))
     await rig.scheduler.start()
