@@ -261,6 +261,7 @@ def speculation_switches(
     elif speculative.enabled and timings is not None:
         max_gain = speculative.max_draft_tokens + 1  # the verification rows may be more
         proposer = SpecSwitch.measured(timings, max_gain, config.max_num_seqs)
+        proposer.backs_off = True  # its declined steps score guesses (drafting.py)
     else:
         proposer = SpecSwitch(min(UNMEASURED_MAX_BATCH_SIZE, config.max_num_seqs))
     forced = None

@@ -18,6 +18,7 @@ from services.executor.core.resources import size_num_pages
 from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.step import record_forced_gain, record_gain
 from services.executor.core.spec.switch import (
+    CLIP,
     HOPELESS_PROBE_EVERY,
     MIN_STEP_SAMPLES,
     PLAIN_PROBE_EVERY,
@@ -252,6 +253,39 @@ def test_a_step_is_timed_from_the_end_of_the_timed_step_before(
     # every decode step but the first after the prefill is timed
     assert kinds[0] and not any(kinds[1:])
     assert len(seen) == len(kinds) - 2
+
+
+def test_a_switch_that_backs_off_probes_less_often_while_probes_find_nothing() -> None:
+    switch = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)
+    switch.backs_off = True
+    switch.record(1.0)  # gain 1: nothing pays
+    answers = [switch.allows(1) for _ in range(PROBE_EVERY * 15 + HOPELESS_PROBE_EVERY)]
+    probes = [i + 1 for i, a in enumerate(answers) if a]
+    gaps = [b - a for a, b in zip([0, *probes], probes, strict=False)]
+    assert gaps == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY, 8 * PROBE_EVERY, HOPELESS_PROBE_EVERY]
+    assert switch.describe()["probe_every"] == HOPELESS_PROBE_EVERY
+    switch.record(9.0)  # the last probe found drafts that pay: the rule admits
+    for _ in range(20):
+        switch.record(9.0)
+    assert switch.allows(1)
+    switch.gain = 1.0
+    answers = [switch.allows(1) for _ in range(PROBE_EVERY)]
+    assert answers.index(True) == PROBE_EVERY - 1  # back to probing every PROBE_EVERY
+    plain = SpecSwitch.measured(TIMINGS, max_gain=5, max_batch_size=256)  # no backing off
+    plain.record(1.0)
+    answers = [plain.allows(1) for _ in range(4 * PROBE_EVERY)]
+    assert answers.count(True) == 4
+
+
+def test_one_slow_step_moves_its_sides_mean_by_at_most_a_clipped_share() -> None:
+    switch = SpecSwitch(8, {8: 1.5}, max_gain=5)
+    for _ in range(MIN_STEP_SAMPLES):
+        switch.observe_step(8, 0.002, speculating=False)
+    switch.observe_step(8, 0.009, speculating=False)  # a batch's end: 4.5x, counted clipped
+    mean = switch.describe()["wall_ms"][8][2]
+    assert mean == pytest.approx(0.9 * 2.0 + 0.1 * CLIP * 2.0)
+    switch.observe_step(8, 0.5, speculating=False)  # past OUTLIER: not counted at all
+    assert switch.describe()["wall_ms"][8][2] == mean
 
 
 def test_without_a_table_the_cap_alone_decides() -> None:

@@ -56,6 +56,9 @@ class DraftLength:
     the tokens the sequence produces instead (`settle`)."""
     unverified_at: int = 0
     """The position the unverified guess's first token would have taken."""
+    _best: tuple[int, float, float, float] = (-1, 0.0, 0.0, 0.0)
+    """(allowed, found, acceptance, best_guess(allowed)) as last computed: the switch weighs
+    every decode's best case after every step, and most rates have not changed since."""
 
     def limit(self, match_len: int) -> int:
         return _draft_limit(self.acceptance, self.max_draft_tokens, match_len)
@@ -63,7 +66,11 @@ class DraftLength:
     def best_guess(self, allowed: int) -> float:
         """The draft tokens this sequence offered `allowed` can expect kept at most: its
         guess as long as its draft length allows, weighed by its found rate and acceptance."""
-        return _kept_at_most(self.found, self.acceptance, self.max_draft_tokens, allowed)
+        best, found, acceptance = self._best, self.found, self.acceptance
+        if best[0] != allowed or best[1] != found or best[2] != acceptance:
+            kept = _kept_at_most(found, acceptance, self.max_draft_tokens, allowed)
+            best = self._best = (allowed, found, acceptance, kept)
+        return best[3]
 
     def note_guess(self, found: bool) -> None:
         """The proposer was asked for this sequence's draft and had one or not."""

@@ -15,7 +15,9 @@ gain of jump-forward's switch is a rolling mean over its own steps (`record`; a 
 run's length is only known once proposed), starting optimistic. While the rule
 says no, one candidate step in `PROBE_EVERY` drafts anyway, so that the gain follows a
 workload that changes (one in `HOPELESS_PROBE_EVERY` where the bucket's wall ratio is past
-the best gain possible: there a probe only checks that the ratio has not fallen). Past
+the best gain possible: there a probe only checks that the ratio has not fallen). The proposer's switch `backs_off`: each probe that leaves the
+rule declining doubles the interval, up to HOPELESS_PROBE_EVERY, since its declined steps
+score guesses without verifying them and follow a changing workload without probes. Past
 the largest bucket whose ratio beats the best gain possible
 (every draft of k accepted: k + 1) speculation cannot pay: that bucket is the cap the
 scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing table
@@ -99,6 +101,14 @@ wins little where it wins and loses as much where it loses."""
 OUTLIER = 10.0
 """A step over this many times its kind's rolling wall time (once it has MIN_STEP_SAMPLES)
 waited on something else (a stalled client, a collector pause): not counted."""
+CLIP = 2.0
+"""A counted step's wall time enters its side's rolling mean at most this many times the
+mean: one slow step (the one that ends a batch, where finished sequences are taken in)
+moves the mean a tenth of twice itself at most, not of ten times, so the side the stall
+happened to land on is not made to look dearer than the other for the steps after it."""
+MAX_PROBE_BACKOFF = 3
+"""With `backs_off`, each probe that leaves the rule declining doubles the steps to the
+next one, up to 2**MAX_PROBE_BACKOFF times PROBE_EVERY (HOPELESS_PROBE_EVERY)."""
 
 def request_gain(tokens: Iterable[float], num_decodes: int) -> float:
     """A step's tokens per decode as its requests see them: the harmonic mean, over its
@@ -142,6 +152,13 @@ class SpecSwitch:
     """The draft tokens the drafted step being verified expects to keep (`plan_drafts`)."""
     num_declined_asks: int = 0
     """Older sequences asked for unverified guesses in declined steps so far (their turn)."""
+    backs_off: bool = False
+    """Probes grow apart while they find nothing that pays (MAX_PROBE_BACKOFF), back to
+    PROBE_EVERY once the rule admits a step. For the proposer's switch, whose declined
+    steps still score each sequence's guesses (drafting.undrafted_steps): those follow a
+    workload that changes without a probe; a probe costs a verification and the plan
+    boundaries around it, a few steps' time in 64 on a host-bound model."""
+    _probe_backoff: int = 0
     _since_plain_probe: int = 0
     _plain_left: int = 0
     """Steps of the plain probe under way still to run (`plain_probe`)."""
@@ -201,8 +218,10 @@ class SpecSwitch:
             return
         key = (self.bucket(num_decodes), speculating)
         mean, count = self._wall.get(key, (seconds, 0))
-        if count >= MIN_STEP_SAMPLES and seconds > OUTLIER * mean:
-            return
+        if count >= MIN_STEP_SAMPLES:
+            if seconds > OUTLIER * mean:
+                return
+            seconds = min(seconds, CLIP * mean)
         self._wall[key] = (GAIN_DECAY * mean + (1 - GAIN_DECAY) * seconds, count + 1)
 
     def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
@@ -224,6 +243,7 @@ class SpecSwitch:
         if num_decodes > self.max_batch_size:
             return False
         if self.admits(num_decodes, expected_gain):
+            self._probe_backoff = 0
             return True
         self.num_declined += 1
         self._since_probe += 1
@@ -231,6 +251,8 @@ class SpecSwitch:
             return False
         self._since_probe = 0
         self.num_probes += 1
+        if self.backs_off:
+            self._probe_backoff = min(self._probe_backoff + 1, MAX_PROBE_BACKOFF)
         return True
 
     def note_undrafted(self, num_decodes: int) -> None:
@@ -249,6 +271,7 @@ class SpecSwitch:
         a plain probe answers the steps it has left, plus one."""
         if self.cost_ratios is None:
             return 0
+        self._probe_backoff = 0  # the rule drafts here
         if self._plain_left:
             self._plain_left -= 1
             return self._plain_left + 1
@@ -270,7 +293,9 @@ class SpecSwitch:
 
     def _probe_every(self, num_decodes: int) -> int:
         hopeless = self.cost_ratios is not None and self.ratio(num_decodes) >= self.max_gain
-        return HOPELESS_PROBE_EVERY if hopeless else PROBE_EVERY
+        if hopeless:
+            return HOPELESS_PROBE_EVERY
+        return min(HOPELESS_PROBE_EVERY, PROBE_EVERY << self._probe_backoff)
 
     def record(self, step_gain: float | None, num_kept: int | None = None) -> None:
         """A drafted step emitted `step_gain` tokens per decode (`request_gain`; None: it
@@ -305,4 +330,5 @@ class SpecSwitch:
             "num_declined": self.num_declined,
             "num_probes": self.num_probes,
             "num_plain_probes": self.num_plain_probes,
+            "probe_every": PROBE_EVERY << self._probe_backoff,
         }
