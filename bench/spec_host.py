@@ -11,7 +11,7 @@ as the GPU's start-up would (every bucket's verify/decode ratio `--ratio`).
 
     python bench/spec_host.py                         # off, ngram, suffix at b1, 8, 32, 128
     python bench/spec_host.py --modes off ngram --batch-sizes 32 --repeats 5
-    python bench/spec_host.py --profile /tmp/spec.txt # py-spy top of each mode, if installed
+    py-spy record --gil --format raw -o /tmp/ngram.raw -- python bench/spec_host.py --modes ngram
 
 Rows: output tok/s per (mode, batch size), each the median of `--repeats` batches after
 one untimed batch, and the speculating modes' ratio to off; the drafts each row verified

@@ -489,11 +489,10 @@ class ExecutorCore:
         result = StepResult(prepared.step_id, outputs, substep=prepared.substep)
         if self._proposer is not None and batch is not None:  # a prefill's too: no reset
             going = [seq for seq in prepared.seqs if not seq.finished]
-            k = self.config.speculative.max_draft_tokens
             ahead = self._num_prepared - prepared.index - 1  # prepared since: counted
-            result.undrafted_steps = undrafted_steps(
-                self.spec_switch, going, k, self._proposer, ahead
-            )
+            k, proposer = self.config.speculative.max_draft_tokens, self._proposer
+            result.undrafted_steps = undrafted_steps(self.spec_switch, going, k, proposer, ahead)
+            proposer.take_in()  # the ended sequences' outputs, a bounded share a step
         end = time.perf_counter()  # the switch's answer is this step's work
         result.step_seconds = prepared.prepare_seconds + end - start
         self._step_clock.tick(prepared, end, (self.spec_switch, self.forced_switch))

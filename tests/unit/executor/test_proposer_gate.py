@@ -268,6 +268,9 @@ class Guessing:
     def observe(self, token_ids, num_prompt_tokens: int = 0) -> None:
         pass
 
+    def take_in(self) -> None:
+        pass
+
 
 def run_direct(core: ExecutorCore) -> list[int]:
     tokens: list[int] = []

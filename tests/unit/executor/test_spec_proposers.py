@@ -18,7 +18,7 @@ from services.executor.core.spec import (
     make_proposer,
 )
 from services.executor.core.spec.drafting import expand_rows, verify_draft
-from services.executor.core.spec.proposers import NO_DRAFT
+from services.executor.core.spec.proposers import MAX_WAITING_SEQS, NO_DRAFT
 
 
 def test_prompt_lookup_continues_the_latest_occurrence_of_the_longest_suffix() -> None:
@@ -54,10 +54,32 @@ def test_the_suffix_index_keeps_outputs_with_the_prompt_tail_before_them() -> No
     assert index.lookup([21, 22], 1).token_ids == [23]
 
 
+def test_ended_sequences_are_indexed_a_bounded_share_a_step() -> None:
+    """observe only queues; take_in (after each step) indexes the oldest waiting outputs up
+    to its token budget, at least one; past MAX_WAITING_SEQS the oldest waiting is left out."""
+    index = SuffixIndex(min_match_len=2, max_match_len=3, max_tokens=10**6)
+    outputs = [[100 + 10 * i + j for j in range(6)] for i in range(MAX_WAITING_SEQS + 2)]
+    for output in outputs:
+        index.defer(output)
+    assert index.num_waiting == MAX_WAITING_SEQS and index.num_tokens == 0
+    assert index.lookup([100, 101], 2) == NO_DRAFT  # not taken in yet
+    index.take_in(max_tokens=12)  # two outputs of 6
+    assert index.num_waiting == MAX_WAITING_SEQS - 2 and index.num_tokens == 12
+    assert index.lookup([120, 121], 2).token_ids == [122, 123]  # the first kept, in
+    assert index.lookup([100, 101], 2) == NO_DRAFT  # the two oldest were left out
+    index.take_in(max_tokens=0)  # at least one a step
+    assert index.num_waiting == MAX_WAITING_SEQS - 3
+    while index.num_waiting:
+        index.take_in()
+    last = outputs[-1]
+    assert index.lookup(last[:2], 2).token_ids == last[2:4]
+
+
 def test_suffix_proposer_prefers_the_longer_match() -> None:
     proposer = make_proposer(SpeculativeConfig(method="suffix", min_match_len=2, max_match_len=4))
     assert isinstance(proposer, SuffixProposer)
     proposer.observe([1, 2, 3, 4, 5, 6, 7])
+    proposer.take_in()  # the executor does after each step
     own = [3, 4, 8, 8, 2, 3, 4]  # own context matches [3, 4] (2), the index [2, 3, 4] (3)
     assert proposer.propose(own, 2).token_ids == [5, 6]
     assert proposer.propose([9, 3, 4, 8, 3, 4], 2).token_ids == [8, 3]  # own: [3, 4] -> 8

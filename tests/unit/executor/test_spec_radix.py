@@ -47,6 +47,7 @@ def test_references_from_another_thread_draft_and_the_longest_match_wins() -> No
     assert proposer.propose([1, 6, 7], 3).token_ids == [30, 31, 32]
     assert proposer.num_tree_drafts == 1
     proposer.observe([5, 6, 7, 40, 41])  # a recent output matching one token longer
+    proposer.take_in()
     assert proposer.propose([5, 6, 7], 2).token_ids == [40, 41]
     assert proposer.num_tree_drafts == 1
     # Its own context matching as long as the longest suffix: prompt lookup, first.

@@ -48,6 +48,9 @@ class FixedProposer:
     def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
         return None
 
+    def take_in(self) -> None:
+        return None
+
 
 def generate(
     core: ExecutorCore,

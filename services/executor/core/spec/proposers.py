@@ -27,6 +27,15 @@ from services.executor.core.spec.config import SpeculativeConfig
 
 MAX_INDEXED_TOKENS_PER_SEQ = 4096
 """At most a finished sequence's last this many tokens go into the suffix index."""
+TAKE_IN_TOKENS_PER_STEP = 128
+"""Finished sequences' tokens the suffix index takes in after a step (at least one
+sequence's): indexing costs about 2.5 us a token on the build VM (an entry for every n-gram
+length), and a batch that ends together would otherwise pay for all its outputs in the
+step that ends it (128 outputs of 128 tokens: some 40 ms)."""
+MAX_WAITING_SEQS = 8
+"""Finished sequences waiting to be indexed; past this the oldest waiting one is left out
+(where that many end faster than the steps take them in, the batch is large and drafts
+seldom pay there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +128,10 @@ class Proposer(Protocol):
         """A sequence ended with these tokens (its prompt's first, then its output)."""
         ...
 
+    def take_in(self) -> None:
+        """After a step: index some of what `observe` was given (a bounded share a step)."""
+        ...
+
 
 class PromptLookup:
     """Suffix match over the sequence's own tokens (a `Proposer`; observes nothing)."""
@@ -152,6 +165,9 @@ class PromptLookup:
     def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
         return None
 
+    def take_in(self) -> None:
+        return None
+
 
 class SuffixIndex:
     """Recent finished sequences, with each n-gram (min..max_match_len tokens) mapped to
@@ -166,10 +182,28 @@ class SuffixIndex:
         self._next_id = 0
         self._num_tokens = 0
         self._index: dict[tuple[int, ...], tuple[int, int]] = {}
+        self._waiting: deque[tuple[Sequence[int], int]] = deque(maxlen=MAX_WAITING_SEQS)
 
     @property
     def num_tokens(self) -> int:
         return self._num_tokens
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def defer(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
+        """`add` later, from `take_in` (the oldest waiting sequence left out past
+        MAX_WAITING_SEQS)."""
+        self._waiting.append((token_ids, num_prompt_tokens))
+
+    def take_in(self, max_tokens: int = TAKE_IN_TOKENS_PER_STEP) -> None:
+        """`add` waiting sequences, oldest first, until `max_tokens` of them (at least one)."""
+        taken = 0
+        while self._waiting and (taken == 0 or taken < max_tokens):
+            token_ids, num_prompt_tokens = self._waiting.popleft()
+            taken += max(1, len(token_ids) - num_prompt_tokens)
+            self.add(token_ids, num_prompt_tokens)
 
     def add(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
         """Index a finished sequence's output, with the last max_match_len tokens of its
@@ -236,7 +270,10 @@ class SuffixProposer:
         return self.lookup.index_for()
 
     def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
-        self.index.add(token_ids, num_prompt_tokens)
+        self.index.defer(token_ids, num_prompt_tokens)
+
+    def take_in(self) -> None:
+        self.index.take_in()
 
 
 def make_proposer(config: SpeculativeConfig) -> Proposer | None:

@@ -88,7 +88,10 @@ class RadixProposer:
         return self.lookup.index_for()
 
     def observe(self, token_ids: Sequence[int], num_prompt_tokens: int = 0) -> None:
-        self.recent.add(token_ids, num_prompt_tokens)
+        self.recent.defer(token_ids, num_prompt_tokens)
+
+    def take_in(self) -> None:
+        self.recent.take_in()
 
 
 class TreePrefetch:
