@@ -20,15 +20,19 @@ from services.executor.core import executor as executor_module
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.pipeline import StepPipeline
+from services.executor.core.sequence import SequenceState
 from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.drafting import (
+    ASKED_PER_STEP,
     NO_DRAFTS,
+    OLD_ASK_EVERY,
+    YOUNG_GUESSES,
     DraftChoice,
     best_gain,
     undrafted_steps,
 )
-from services.executor.core.spec.proposers import Draft
+from services.executor.core.spec.proposers import NO_DRAFT, Draft
 from services.executor.core.spec.switch import PROBE_EVERY, SpecSwitch
 
 PAGE_SIZE = 4
@@ -179,6 +183,25 @@ def test_a_young_sequence_is_asked_for_its_guess_in_declined_steps(model_dir):
         core.shutdown()
 
 
+def test_an_older_sequence_is_asked_at_most_once_in_so_many_declined_steps():
+    """Past its first guesses a sequence in a declined batch is asked in turn: at batch 8
+    each one once in OLD_ASK_EVERY steps (not half the batch a step), at batch 128 four a
+    step (each once in 32)."""
+    for batch, every in ((8, OLD_ASK_EVERY), (128, 128 // ASKED_PER_STEP)):
+        switch = SpecSwitch(128, cost_ratios={1: 50.0, 8: 50.0, 128: 50.0})  # declines all
+        counting = Counting()
+        sampling = SamplingParams(temperature=0.0, max_tokens=NUM_OUT, ignore_eos=True)
+        seqs = [
+            SequenceState(f"r{i}", [i, 1, 2], 2, 2, 3, 4, sampling, 0, i, has_device_token=True)
+            for i in range(batch)
+        ]
+        for seq in seqs:
+            seq.draft_length = DraftLength(MAX_DRAFT, num_guesses=YOUNG_GUESSES)
+        for _ in range(4 * every):
+            undrafted_steps(switch, seqs, MAX_DRAFT, counting)
+        assert all(counting.asked.count(i) == 4 for i in range(batch)), batch
+
+
 def test_declined_steps_score_their_guesses_by_the_tokens_the_model_then_produced(model_dir):
     """Steps the switch declines ask the proposer anyway and keep its guess; the next step's
     token scores it as a verification would have (its kept prefix), so acceptance is
@@ -253,6 +276,21 @@ def test_a_probe_verifies_its_draft_though_its_expected_gain_does_not_pay(model_
         finally:
             core.shutdown()
     assert counts[0] > 0 and counts[1] == 0
+
+
+class Counting:
+    """A proposer that finds nothing and notes whose guess it was asked for (the sequence's
+    first token names it)."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def propose(self, token_ids, max_tokens: int, own=None) -> Draft:
+        self.asked.append(int(token_ids[0]))
+        return NO_DRAFT
+
+    def index_for(self) -> None:
+        return None
 
 
 class Guessing:

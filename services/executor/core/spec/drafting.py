@@ -132,7 +132,11 @@ def undrafted_steps(
 YOUNG_GUESSES = 8
 """A sequence asked for fewer guesses than this is asked in every declined step."""
 ASKED_PER_STEP = 4
-"""In a declined step, this many of the older sequences are asked too, in turn."""
+"""In a declined step, at most this many of the older sequences are asked too, in turn."""
+OLD_ASK_EVERY = 16
+"""An older sequence is asked at most once in this many declined steps: at batch 8 asking
+4 a step asked each one every other step, an n-gram search each, for a sequence whose text
+has not repeated for 8 guesses (a tenth of a declined step's host work on the build VM)."""
 
 
 def _ask_declined(
@@ -140,14 +144,18 @@ def _ask_declined(
 ) -> bool:
     """A declined step's guesses, not verified: each young decode's next one, and the next
     ASKED_PER_STEP older ones', in turn from step to step, as the next step would ask for
-    them. Each is noted (found or not) and held to be scored against the tokens the
-    sequence then produces (`DraftLength.settle`), so a sequence's found rate and acceptance
-    follow its text while the batch declines. Whether any guess was found or a held one
+    them (an older one at most once in OLD_ASK_EVERY steps). Each is noted (found or not)
+    and held to be scored against the tokens the sequence then produces
+    (`DraftLength.settle`), so a sequence's found rate and acceptance follow its text while
+    the batch declines. Whether any guess was found or a held one
     kept tokens (nothing else can make the switch's answer change)."""
     changed = False
-    num_old = 0
-    turn = switch.num_declined_asks
     num_decodes = len(decodes)
+    # older sequences: a window of `width` positions on a ring of at least OLD_ASK_EVERY
+    # windows, moved by one window a step
+    width = min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY))
+    ring = max(num_decodes, OLD_ASK_EVERY * width)
+    start = switch.num_declined_asks % ring
     for i, seq in enumerate(decodes):
         length = seq.draft_length
         if length is not None:
@@ -155,10 +163,8 @@ def _ask_declined(
                 changed = length.settle(seq.token_ids) or changed
                 if length.unverified is not None:
                     continue  # one guess at a time
-            if length.num_guesses >= YOUNG_GUESSES:
-                if num_old >= ASKED_PER_STEP or (i + turn) % num_decodes >= ASKED_PER_STEP:
-                    continue
-                num_old += 1
+            if length.num_guesses >= YOUNG_GUESSES and (i - start) % ring >= width:
+                continue
         if seq.grammar is not None or not may_draft(seq):  # (the next step may be prepared)
             continue  # a constrained draft starts with forced tokens; no guess of its own
         if length is None:
@@ -171,13 +177,19 @@ def _ask_declined(
         if guess:
             length.hold(guess, len(seq.token_ids))
             changed = True
-    switch.num_declined_asks = turn + ASKED_PER_STEP
+    switch.num_declined_asks += width
     return changed
 
 
 def _best_of(decodes: Sequence[SequenceState], allowed: int, prior: DraftPrior) -> float:
-    """The tokens per decode the decodes' next step can expect at most (`best_gain`)."""
-    return request_gain((1.0 + _best_guess(seq, allowed, prior) for seq in decodes), len(decodes))
+    """The tokens per decode the decodes' next step can expect at most (`best_gain`); after
+    every step, so `_best_guess` inline."""
+    fresh = prior.best_guess(allowed)
+    tokens = [
+        1.0 + (fresh if (length := seq.draft_length) is None else length.best_guess(allowed))
+        for seq in decodes
+    ]
+    return request_gain(tokens, len(decodes))
 
 
 def _best_guess(seq: SequenceState, allowed: int, prior: DraftPrior) -> float:
