@@ -182,22 +182,10 @@ def _ask_declined(
 
 
 def _best_of(decodes: Sequence[SequenceState], allowed: int, prior: DraftPrior) -> float:
-    """The tokens per decode the decodes' next step can expect at most (`best_gain`); after
-    every step, so `_best_guess` inline."""
-    fresh = prior.best_guess(allowed)
-    tokens = [
-        1.0 + (fresh if (length := seq.draft_length) is None else length.best_guess(allowed))
-        for seq in decodes
-    ]
+    """The tokens per decode the decodes' next step can expect at most (`best_gain`): each
+    one's best guess by its own rates, a new sequence's by the executor's (`prior`)."""
+    tokens = [1.0 + (seq.draft_length or prior).best_guess(allowed) for seq in decodes]
     return request_gain(tokens, len(decodes))
-
-
-def _best_guess(seq: SequenceState, allowed: int, prior: DraftPrior) -> float:
-    """The draft tokens a decode offered `allowed` can expect kept at most."""
-    length = seq.draft_length
-    if length is None:
-        return prior.best_guess(allowed)  # a new sequence: at the executor's rates
-    return length.best_guess(allowed)
 
 
 def best_gain(
@@ -217,7 +205,7 @@ def best_gain(
             continue
         seq = seqs.get(running.req_id)
         if seq is not None:
-            tokens.append(1.0 + _best_guess(seq, allowed, prior))
+            tokens.append(1.0 + (seq.draft_length or prior).best_guess(allowed))
     return request_gain(tokens, num_decodes)
 
 
@@ -317,7 +305,6 @@ def plan_drafts(
         return None
     room = limits.max_num_batched_tokens - sum(num_tokens)
     drafts: list[list[int]] = []
-    expected = 0.0  # the guesses' tokens expected kept
     guessed: list[float] = []  # 1 + each guess's tokens expected kept
     any_forced = False
     probed = _probed_rows(len(seqs), switch.num_probes if switch else 0) if choice.probe else None
@@ -343,12 +330,12 @@ def plan_drafts(
                 draft = proposer.propose(seq.token_ids, k, seq.ngram_index)
             guess = draft.token_ids[: seq.draft_length.limit(draft.match_len)]
             seq.draft_length.note_guess(bool(guess))
-            expected += seq.draft_length.acceptance * len(guess)
             guessed.append(1.0 + seq.draft_length.acceptance * len(guess))
             tokens += guess
         room -= len(tokens)
         drafts.append(tokens)
     gain = request_gain(guessed, num_decodes)
+    expected = sum(guessed) - len(guessed)  # the guesses' tokens expected kept
     if (
         expected
         and not any_forced

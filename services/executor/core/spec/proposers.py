@@ -200,7 +200,7 @@ class SuffixIndex:
     def take_in(self, max_tokens: int = TAKE_IN_TOKENS_PER_STEP) -> None:
         """`add` waiting sequences, oldest first, until `max_tokens` of them (at least one)."""
         taken = 0
-        while self._waiting and (taken == 0 or taken < max_tokens):
+        while self._waiting and taken < max(1, max_tokens):
             token_ids, num_prompt_tokens = self._waiting.popleft()
             taken += max(1, len(token_ids) - num_prompt_tokens)
             self.add(token_ids, num_prompt_tokens)

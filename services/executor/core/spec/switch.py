@@ -15,9 +15,10 @@ gain of jump-forward's switch is a rolling mean over its own steps (`record`; a 
 run's length is only known once proposed), starting optimistic. While the rule
 says no, one candidate step in `PROBE_EVERY` drafts anyway, so that the gain follows a
 workload that changes (one in `HOPELESS_PROBE_EVERY` where the bucket's wall ratio is past
-the best gain possible: there a probe only checks that the ratio has not fallen). The proposer's switch `backs_off`: each probe that leaves the
-rule declining doubles the interval, up to HOPELESS_PROBE_EVERY, since its declined steps
-score guesses without verifying them and follow a changing workload without probes. Past
+the best gain possible: there a probe only checks that the ratio has not fallen). The
+proposer's switch `backs_off`: each probe that leaves the rule declining doubles the
+interval, up to HOPELESS_PROBE_EVERY, since its declined steps score guesses without
+verifying them and follow a changing workload without probes. Past
 the largest bucket whose ratio beats the best gain possible
 (every draft of k accepted: k + 1) speculation cannot pay: that bucket is the cap the
 scheduler is told (`ExecutorInfo.max_speculative_batch_size`). Without a timing table
@@ -109,6 +110,7 @@ happened to land on is not made to look dearer than the other for the steps afte
 MAX_PROBE_BACKOFF = 3
 """With `backs_off`, each probe that leaves the rule declining doubles the steps to the
 next one, up to 2**MAX_PROBE_BACKOFF times PROBE_EVERY (HOPELESS_PROBE_EVERY)."""
+
 
 def request_gain(tokens: Iterable[float], num_decodes: int) -> float:
     """A step's tokens per decode as its requests see them: the harmonic mean, over its
