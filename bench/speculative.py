@@ -20,7 +20,12 @@ Workloads (text from the standard library's source, tokenized with the model's t
 Every request is greedy with exactly --output-len tokens; the outputs of every mode are
 compared token for token with speculation off ("identical" in the JSON). With --repeats N
 each row runs N batches, each of new prompts (seed + 1,000 x repeat), and reports the
-medians (every repeat's tok/s in "output_tok_s_runs"). With
+medians (every repeat's tok/s in "output_tok_s_runs"). In process, every mode's engine is
+alive for the whole run and each row's repeats take turns across the modes (the order
+rotated each repeat), so a drift of the machine's speed falls on every mode alike;
+--control adds a second speculation-off engine whose ratio to off is the run's noise
+floor. Each row also reports what its steps waited for ("pipeline": the share prepared
+only after the step before ended, the share queued to an idle step thread). With
 --batch-invariant every engine runs in that mode (`batch_invariant` in each JSON row and
 in the table's header line), where they must be identical at every batch size too:
 "same_as_smaller_batches" says whether a row's outputs begin with every smaller batch's of
@@ -40,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import random
 import re
@@ -164,56 +171,147 @@ async def run_batch(engine, prompts: list[list[int]], output_len: int) -> tuple[
     return [d[0] for d in done], time.perf_counter() - start, [d[1] for d in done]
 
 
-async def bench_mode(args, mode: str, tokenizer) -> dict:
+CONTROL = "off2"
+"""--control: a second engine with speculation off, measured like the others (the A/A
+row: its ratio to "off" is the noise floor of every other ratio of the same run)."""
+
+
+def engine_config(args, mode: str) -> EngineConfig:
+    method = "off" if mode == CONTROL else mode
     spec = SpeculativeConfig(
-        method=mode, max_draft_tokens=args.num_speculative_tokens, max_batch_size=args.speculative_max_batch_size
+        method=method, max_draft_tokens=args.num_speculative_tokens, max_batch_size=args.speculative_max_batch_size
     )
-    config = EngineConfig.for_model(
+    return EngineConfig.for_model(
         args.model,
         scheduler=SchedulerConfig(max_num_seqs=max(args.batch_sizes), max_queue_len=4096),
+        tune_gc=not args.default_gc,
         device=args.device,
         max_num_seqs=max(args.batch_sizes),
         speculative=spec,
         batch_invariant=args.batch_invariant,
-        **({"num_pages": args.num_pages} if args.num_pages else {}),
+        num_pages=args.num_pages or pages_for(args),
     )
-    rows = {}
-    async with Engine(config) as engine:
-        vocab = engine.executors[0].info.vocab_size
-        switch = engine.executors[0].spec_switch
-        print(f"{mode:<7} speculation switch: {switch.describe()}; CUDA graph bytes (estimated, "
-              f"measured): {engine.executors[0].graph_bytes}", flush=True)
-        for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
-            await run_batch(engine, prompts, min(args.output_len, WARM_OUTPUT_LEN))
+
+
+def pages_for(args, page_size: int = 16) -> int:
+    """KV pages for the largest batch of the longest prompts (multi_turn's second turn:
+    two prompts and an answer), twice over: every engine of the run is alive at once, so
+    none may take the device's free memory for its pool."""
+    longest = 2 * args.prompt_len + 2 * args.output_len + 64
+    return 2 * max(args.batch_sizes) * -(-longest // page_size)
+
+
+async def bench_modes(args, tokenizer) -> dict[str, dict]:
+    """Every mode's engine started (and warmed on every measured shape) before any row is
+    timed, then each row's repeats run in turn across the modes, the order rotated from
+    one repeat to the next, so drift in the machine (clocks, other load) lands on every
+    mode alike rather than on whichever ran later."""
+    async with contextlib.AsyncExitStack() as stack:
+        engines = {}
+        for mode in args.modes:
+            engine = await stack.enter_async_context(Engine(engine_config(args, mode)))
+            switch = engine.executors[0].spec_switch
+            print(f"{mode:<7} speculation switch: {switch.describe()}; CUDA graph bytes (estimated, "
+                  f"measured): {engine.executors[0].graph_bytes}", flush=True)
+            engines[mode] = engine
+        vocab = next(iter(engines.values())).executors[0].info.vocab_size
+        for engine in engines.values():
+            for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
+                await run_batch(engine, prompts, min(args.output_len, WARM_OUTPUT_LEN))
+        rows: dict[str, dict] = {mode: {} for mode in engines}
+        pauses = GcPauses()
         for workload in args.workloads:
             for batch in args.batch_sizes:
-                before = engine.executors[0].spec_stats.snapshot()
-                runs = []
+                gc_before = pauses.snapshot()
+                before = {m: (e.executors[0].spec_stats.snapshot(), e.ports[0].pipeline_counts)
+                          for m, e in engines.items()}
+                runs: dict[str, list] = {mode: [] for mode in engines}
                 for repeat in range(args.repeats):  # new prompts each: nothing drafts from the last
                     seed = args.seed + REPEAT_SEED * repeat
-                    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len)
-                    if workload == "multi_turn":  # turn 1, then its prompt + answer + the prompt again
-                        answers, _, _ = await run_batch(engine, prompts, args.output_len)
-                        prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
-                    if workload == "repeat":  # the first round, unmeasured
-                        await run_batch(engine, prompts, args.output_len)
-                    outputs, seconds, tpots = await run_batch(engine, prompts, args.output_len)
-                    runs.append((outputs, seconds, tpots, sum(map(len, outputs))))
-                after = engine.executors[0].spec_stats.snapshot()
-                drafts = after.num_drafts - before.num_drafts
-                accepted = after.num_accepted_tokens - before.num_accepted_tokens
-                rows[f"{workload}/b{batch}"] = {
-                    **median_of(runs),
-                    "num_drafts": drafts,
-                    "acceptance_rate": accepted / max(1, after.num_draft_tokens - before.num_draft_tokens),
-                    "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-                    "switch": switch.describe(),
-                    **tree_lookups(engine),
-                }
-                print(f"{mode:<7} {workload:<11} b{batch:<4} {rows[f'{workload}/b{batch}']['output_tok_s']:10.1f} tok/s  "
-                      f"TPOT {rows[f'{workload}/b{batch}']['tpot_ms']:7.2f} ms (slowest "
-                      f"{rows[f'{workload}/b{batch}']['tpot_ms_slowest']:.2f})  drafts {drafts}", flush=True)
+                    order = list(engines)[repeat % len(engines):] + list(engines)[:repeat % len(engines)]
+                    for mode in order:
+                        runs[mode].append(await measured_batch(engines[mode], args, workload, batch, tokenizer, vocab, seed))
+                gc_row = gc_over(gc_before, pauses.snapshot())  # the row's, every mode's batches
+                print(f"row {workload}/b{batch}: collector passes by generation {gc_row['passes']}, "
+                      f"{gc_row['ms']} ms", flush=True)
+                for mode, engine in engines.items():
+                    rows[mode][f"{workload}/b{batch}"] = row = summarize_row(engine, runs[mode], *before[mode])
+                    row["gc"] = gc_row
+                    print(f"{mode:<7} {workload:<11} b{batch:<4} {row['output_tok_s']:10.1f} tok/s  "
+                          f"TPOT {row['tpot_ms']:7.2f} ms (slowest {row['tpot_ms_slowest']:.2f})  drafts "
+                          f"{row['num_drafts']}  steps {row['pipeline']['steps']} (serial "
+                          f"{row['pipeline']['serial_share']:.2f}, idle starts "
+                          f"{row['pipeline']['idle_start_share']:.2f}, prepare wait "
+                          f"{row['pipeline']['prepare_wait_us_per_step']:.0f} us/step)", flush=True)
     return rows
+
+
+async def measured_batch(engine, args, workload: str, batch: int, tokenizer, vocab: int, seed: int):
+    """One timed batch of a row: (outputs, seconds, TPOTs, output tokens)."""
+    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len)
+    if workload == "multi_turn":  # turn 1, then its prompt + answer + the prompt again
+        answers, _, _ = await run_batch(engine, prompts, args.output_len)
+        prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
+    if workload == "repeat":  # the first round, unmeasured
+        await run_batch(engine, prompts, args.output_len)
+    outputs, seconds, tpots = await run_batch(engine, prompts, args.output_len)
+    return outputs, seconds, tpots, sum(map(len, outputs))
+
+
+def summarize_row(engine, runs: list, stats_before, counts_before) -> dict:
+    """A row of one mode: its medians, drafts and acceptance, the switch's state, what the
+    steps waited for, the tree's lookups."""
+    after = engine.executors[0].spec_stats.snapshot()
+    drafts = after.num_drafts - stats_before.num_drafts
+    accepted = after.num_accepted_tokens - stats_before.num_accepted_tokens
+    return {
+        **median_of(runs),
+        "num_drafts": drafts,
+        "acceptance_rate": accepted / max(1, after.num_draft_tokens - stats_before.num_draft_tokens),
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "switch": engine.executors[0].spec_switch.describe(),
+        "pipeline": step_waits(counts_before, engine.ports[0].pipeline_counts),
+        **tree_lookups(engine),
+    }
+
+
+class GcPauses:
+    """The process's cyclic-collector passes and their wall time, as they happen (every
+    engine of the run shares the process, so a pass stalls every one of them)."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.passes[info["generation"]] += 1
+            self.seconds += time.perf_counter() - self._start
+
+    def snapshot(self) -> tuple[list[int], float]:
+        return list(self.passes), self.seconds
+
+
+def gc_over(before: tuple[list[int], float], after: tuple[list[int], float]) -> dict:
+    return {"passes": [b - a for a, b in zip(before[0], after[0], strict=True)],
+            "ms": round(1e3 * (after[1] - before[1]), 1)}
+
+
+def step_waits(before, after) -> dict:
+    """What a row's steps waited for (the pipeline's counts over the row): how many, the
+    share prepared after the step before them ended (serial), the share queued to an idle
+    step thread, and the prepares' mean wait."""
+    steps = max(1, after.steps - before.steps)
+    return {
+        "steps": after.steps - before.steps,
+        "serial_share": (after.serial_steps - before.serial_steps) / steps,
+        "idle_start_share": (after.idle_starts - before.idle_starts) / steps,
+        "prepare_wait_us_per_step": 1e6 * (after.prepare_wait_s - before.prepare_wait_s) / steps,
+    }
 
 
 REPEAT_SEED = 1_000
@@ -253,7 +351,7 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
 
     vocab = len(tokenizer)
     extra = ["--max-restarts", "0", *(["--batch-invariant"] if args.batch_invariant else [])]
-    mesh = ServedMesh(args.model, args.device, mode, args.port, extra)
+    mesh = ServedMesh(args.model, args.device, "off" if mode == CONTROL else mode, args.port, extra)
     rows = {}
     try:
         for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
@@ -333,6 +431,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1,
                    help="timed batches per row, each of new prompts; the row's numbers are their medians")
     p.add_argument("--json", default=None)
+    p.add_argument("--default-gc", action="store_true",
+                   help="leave the collector at CPython's defaults (the engines tune it: services/common/gc_policy.py)")
+    p.add_argument("--control", action="store_true",
+                   help=f"a second speculation-off engine ({CONTROL!r}): its ratio to off is the run's noise floor")
     p.add_argument("--mode", default="inprocess", choices=("inprocess", "serve"))
     p.add_argument("--port", type=int, default=18080, help="--mode serve: the public port")
     p.add_argument("--smoke", action="store_true", help="batch 1 and 2, short outputs")
@@ -341,6 +443,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.batch_sizes, args.output_len, args.prompt_len = [1, 2], 8, 96
+    if "off" not in args.modes:
+        args.modes = ["off", *args.modes]
+    if args.control and CONTROL not in args.modes:
+        args.modes = [*args.modes, CONTROL]
     return args
 
 
@@ -353,12 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    if "off" not in args.modes:
-        args.modes = ["off", *args.modes]
     if args.mode == "serve":
         results = {mode: bench_serve(args, mode, tokenizer) for mode in args.modes}
     else:
-        results = {mode: asyncio.run(bench_mode(args, mode, tokenizer)) for mode in args.modes}
+        results = asyncio.run(bench_modes(args, tokenizer))
     summary = summarize(results, args.batch_invariant)
     print(f"batch-invariant mode: {'on' if args.batch_invariant else 'off'}")
     for key, row in summary.items():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import sys
 from typing import Any
@@ -49,6 +48,7 @@ from gateway.server import InferenceServicer
 from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import inference_pb2_grpc, program_pb2_grpc
 from services.common.config import ServerConfig, add_server_arguments
+from services.common.gc_policy import tune_gc
 from services.common.health import RECONNECT_OPTIONS, wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.server import ServiceRuntime, run_service
@@ -256,24 +256,6 @@ def programs_servicer(
     )
     deps = RuntimeDeps(SchedulerBackend(upstream), models, tools, plugins, limits, predictor)
     return ProgramsServicer(deps, admission), plugins
-
-
-GC_YOUNG_THRESHOLD = 20_000
-"""Allocations between young-generation collections (CPython's default is 700)."""
-
-
-def tune_gc() -> None:
-    """Keep the collector off the request path: what startup made (modules, protobuf
-    descriptors, the tokenizer) goes to the permanent generation, which no collection
-    scans, and young collections run every GC_YOUNG_THRESHOLD allocations instead of 700.
-    A program's events, updates and requests are short-lived and acyclic, so they are
-    freed by reference counting; at the default threshold a collection ran every few
-    hundred of them and each older-generation pass walked every live object, whose number
-    grows with the programs running at once."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 async def serve(args: argparse.Namespace) -> int:

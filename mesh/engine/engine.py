@@ -31,6 +31,7 @@ from radixmesh.speculation import SpecUsage
 from radixmesh.step import StepPlan, TokenLogprobs
 from radixmesh.updates import RequestUpdate
 from services.cache.core import CacheConfig, CacheCore, PoolStats
+from services.common.gc_policy import hold_tuned_gc, release_tuned_gc
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.spec.radix import RadixProposer, TreePrefetch
 from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates, fit_to_executors
@@ -46,6 +47,10 @@ class EngineConfig:
     overlap_prepare: bool | None = None
     """Prepare plan N + 1 on a thread of its own while step N executes. None: on CUDA
     devices only (on CPU the threads would only contend for the interpreter)."""
+    tune_gc: bool = True
+    """Once started, freeze what the start made and raise the collector's young threshold
+    (services/common/gc_policy.py), as the services do: process-wide, so a caller that
+    embeds the engine in a process of its own design may turn it off."""
 
     def __post_init__(self) -> None:
         if not self.executors:
@@ -59,6 +64,7 @@ class EngineConfig:
         num_executors: int = 1,
         scheduler: SchedulerConfig | None = None,
         overlap_prepare: bool | None = None,
+        tune_gc: bool = True,
         **executor_fields: object,
     ) -> EngineConfig:
         """One model folder served by `num_executors` executors built from executor_fields."""
@@ -67,6 +73,7 @@ class EngineConfig:
             executors=(executor,) * num_executors,
             scheduler=scheduler or SchedulerConfig(),
             overlap_prepare=overlap_prepare,
+            tune_gc=tune_gc,
         )
 
 
@@ -142,6 +149,10 @@ class Engine:
         self.grammar = grammar
         self.cache = CacheCore(config.cache)
         self.executors: list[ExecutorCore] = []
+        self.ports: list[InProcessExecutor] = []
+        """The executors' in-process ports, in `executors`' order (their pipeline counts)."""
+        self._holds_gc = False
+        """Start tuned the collector (config.tune_gc); stop releases it."""
         self.prefetches: list[TreePrefetch] = []
         """`--speculative radix`: each executor's tree lookups (read by tests and benches)."""
         self._scheduler: SchedulerCore | None = None
@@ -178,9 +189,13 @@ class Engine:
             self.cache.register_pool(info.executor_id, info.model, info.num_pages, info.page_size)
             ports.append(port)
         self.executors = list(cores)
+        self.ports = ports
         config = fit_to_executors(self.config.scheduler, (port.info for port in ports))
         self._scheduler = SchedulerCore(config, InProcessCache(self.cache), ports, self._fan_out)
         await self._scheduler.start()
+        if self.config.tune_gc:
+            hold_tuned_gc()
+            self._holds_gc = True
 
     def _tree_prefetch(self, core: ExecutorCore) -> Callable[[StepPlan], None] | None:
         """`--speculative radix`: the tree lookups of each plan's new sequences, inline on
@@ -204,6 +219,10 @@ class Engine:
         for core in self.executors:
             core.shutdown()
         self.executors = []
+        self.ports = []
+        if self._holds_gc:
+            self._holds_gc = False
+            release_tuned_gc()  # what start froze is garbage now
 
     @property
     def models(self) -> list[str]:

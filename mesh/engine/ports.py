@@ -22,7 +22,7 @@ from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint
 from radixmesh.step import StepPlan, StepResult
 from services.cache.core import CacheCore
-from services.executor.core.pipeline import StepPipeline, prepare_constraint
+from services.executor.core.pipeline import PipelineCounts, StepPipeline, prepare_constraint
 
 if TYPE_CHECKING:
     from services.executor.core.executor import ExecutorCore
@@ -101,6 +101,11 @@ class InProcessExecutor:
     @property
     def info(self) -> ExecutorInfo:
         return self._info
+
+    @property
+    def pipeline_counts(self) -> PipelineCounts:
+        """What this port's steps waited for so far (cumulative)."""
+        return self._run.counts.snapshot()
 
     def submit(self, plan: StepPlan) -> None:
         if self._closed:

@@ -38,6 +38,7 @@ from radixmesh.errors import InvalidArgument, NotFound, RadixmeshError
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, executor_pb2_grpc
 from services.cache.client import CacheClient
 from services.common.config import ServerConfig, add_server_arguments
+from services.common.gc_policy import tune_gc
 from services.common.health import follow_serving
 from services.common.interceptor import error_from_rpc_error
 from services.common.logging import configure_logging, get_logger
@@ -397,6 +398,7 @@ async def serve(args: argparse.Namespace) -> int:
         watch.append(asyncio.create_task(keep_registered(args, executor_id, core.info)))
         if followers:
             watch.append(asyncio.create_task(_watch_followers(followers, runtime)))
+        tune_gc()  # the loaded model's wrappers frozen: no collection walks them per step
         runtime.set_serving()
         return 0
 

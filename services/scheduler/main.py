@@ -25,6 +25,7 @@ from radixmesh.errors import InvalidArgument, RadixmeshError
 from radixmesh.v1 import scheduler_pb2_grpc
 from services.cache.client import CacheClient
 from services.common.config import ServerConfig, add_server_arguments
+from services.common.gc_policy import tune_gc
 from services.common.health import wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
@@ -230,6 +231,7 @@ async def serve(args: argparse.Namespace) -> int:
         rejoin.append(rejoin_for(core, cache, args))
         rejoin[0].start()
         servicer.attach(core)
+        tune_gc()
         runtime.set_serving()
         log.info("scheduler_ready", address=runtime.address, models=core.models)
         return 0

@@ -28,6 +28,7 @@ here; `prepare_constraint` is their `PrepareConstraint`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -47,6 +48,25 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 T = TypeVar("T")
+
+
+@dataclasses.dataclass(slots=True)
+class PipelineCounts:
+    """What a run's steps waited for, counted as they run (cumulative; `snapshot` copies)."""
+
+    steps: int = 0
+    """Steps prepared (each step of a multi-step plan counts)."""
+    serial_steps: int = 0
+    """Steps whose prepare waited for the step just before it (it may draft, or that one
+    may have): their host work is not hidden behind a step on the device."""
+    idle_starts: int = 0
+    """Steps queued while no step before them was running or waiting: the step thread had
+    nothing to do until this one's prepare ended (the scheduler had not planned ahead)."""
+    prepare_wait_s: float = 0.0
+    """Seconds the prepares spent waiting for the steps they were gated on."""
+
+    def snapshot(self) -> PipelineCounts:
+        return dataclasses.replace(self)
 
 
 class PlanRun(Generic[R]):
@@ -83,6 +103,8 @@ class PlanRun(Generic[R]):
         """Prepare thread: a prepare raised; the plans after it are skipped."""
         self.execute_failed = False
         """Execute thread: a step raised (or a failed prepare surfaced); later ones are skipped."""
+        self.counts = PipelineCounts()
+        """Prepare thread (idle_starts: loop thread): what the steps waited for."""
 
     def submit(self, plan: StepPlan) -> Future[R | None]:
         """`submit_steps` for a plan of one step: its one future."""
@@ -107,6 +129,8 @@ class PlanRun(Generic[R]):
         executes = self._executes
         last = executes[-1] if executes else None
         older = executes[0] if len(executes) == executes.maxlen else None
+        if last is None or last.done():
+            self.counts.idle_starts += 1
         prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, last, older, substep)
         self.last_prepare = prepare
         execute = self._pipeline.step_thread.submit(self._execute, plan, prepare)
@@ -134,10 +158,16 @@ class PlanRun(Generic[R]):
             self.prepare_failed = True
             raise
         may_draft = drafting != NO_DRAFTS
-        gate = last if may_draft or self._drafts_before else older
+        serial = may_draft or self._drafts_before
+        gate = last if serial else older
         self._drafts_before = may_draft
-        if gate is not None:
+        counts = self.counts
+        counts.steps += 1
+        counts.serial_steps += serial and last is not None
+        if gate is not None and not gate.done():
+            start = time.perf_counter()
             wait([gate])
+            counts.prepare_wait_s += time.perf_counter() - start
         if self.closed or self.prepare_failed or self.execute_failed:
             return None
         if self._before_prepare is not None and not substep:

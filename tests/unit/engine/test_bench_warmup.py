@@ -9,6 +9,7 @@ import importlib
 import types
 
 from radixmesh.sampling import SamplingParams
+from services.executor.core.pipeline import PipelineCounts
 
 
 class _Tokenizer:
@@ -37,6 +38,7 @@ class _FakeEngine:
             _verify_graphs=None, execute=lambda prepared: None, forced_switch=None,
         )  # fmt: skip
         self.executors = [core]
+        self.ports = [types.SimpleNamespace(pipeline_counts=PipelineCounts())]
 
     async def __aenter__(self) -> _FakeEngine:
         return self
@@ -77,15 +79,46 @@ def test_speculative_bench_warms_every_workload_and_batch_before_timing(monkeypa
     monkeypatch.setattr(bench, "run_batch", run_batch)
     args = bench.parse_args([
         "--workloads", "code_edit", "multi_turn", "repeat", "random", "--batch-sizes", "1", "3",
-        "--prompt-len", "64", "--output-len", "8", "--device", "cpu",
+        "--prompt-len", "64", "--output-len", "8", "--device", "cpu", "--modes", "off",
     ])  # fmt: skip
-    rows = asyncio.run(bench.bench_mode(args, "off", _Tokenizer()))
+    rows = asyncio.run(bench.bench_modes(args, _Tokenizer()))["off"]
     assert len(rows) == 8
     num_shapes = 4 * 2
     assert all(len(p) > 0 for _, prompts in calls for p in prompts)
     _check(calls, num_shapes)
     warm_lengths = {len(p) for _, prompts in calls[:num_shapes] for p in prompts}
     assert 2 * 64 + 8 in warm_lengths  # multi_turn's second turn, not only its first
+
+
+def test_speculative_bench_warms_every_engine_first_then_rotates_the_modes_per_repeat(
+    monkeypatch,
+) -> None:
+    """All engines are warmed before any row is timed; a row's repeats take turns across
+    the engines, the first of each turn rotating, so no mode always runs first."""
+    bench = importlib.import_module("bench.speculative")
+    engines: list[_FakeEngine] = []
+    calls: list[tuple[int, bool]] = []
+
+    def make_engine(config):
+        engines.append(_FakeEngine())
+        return engines[-1]
+
+    async def run_batch(engine, prompts, output_len):
+        calls.append((engines.index(engine), engine.measuring))
+        return [[11] * output_len for _ in prompts], 1.0, [0.01] * len(prompts)
+
+    monkeypatch.setattr(bench, "Engine", make_engine)
+    monkeypatch.setattr(bench, "EngineConfig", types.SimpleNamespace(for_model=lambda *a, **k: None))
+    monkeypatch.setattr(bench, "run_batch", run_batch)
+    args = bench.parse_args([
+        "--workloads", "random", "--batch-sizes", "2", "--repeats", "3", "--prompt-len", "16",
+        "--output-len", "4", "--device", "cpu", "--modes", "off", "ngram", "--control",
+    ])  # fmt: skip
+    rows = asyncio.run(bench.bench_modes(args, _Tokenizer()))
+    assert list(rows) == ["off", "ngram", bench.CONTROL]
+    assert [engine for engine, _ in calls[:3]] == [0, 1, 2]  # one warm-up batch each
+    assert [engine for engine, _ in calls[3:]] == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    assert all(len(mode_rows["random/b2"]["output_tok_s_runs"]) == 3 for mode_rows in rows.values())
 
 
 def test_jump_forward_bench_warms_every_batch_size_on_both_engines(monkeypatch) -> None:
