@@ -212,9 +212,9 @@ def test_speculative_bench_passes_the_mode_and_reports_it(monkeypatch, capsys) -
     for flag, expected in (([], False), (["--batch-invariant"], True)):
         args = bench.parse_args([
             "--workloads", "random", "--batch-sizes", "1", "--prompt-len", "16",
-            "--output-len", "4", "--device", "cpu", *flag,
+            "--output-len", "4", "--device", "cpu", "--modes", "off", "ngram", *flag,
         ])  # fmt: skip
-        results = {mode: asyncio.run(bench.bench_mode(args, mode, _Tokenizer())) for mode in ("off", "ngram")}
+        results = asyncio.run(bench.bench_modes(args, _Tokenizer()))
         assert configs[-1]["batch_invariant"] is expected
         summary = bench.summarize(results, args.batch_invariant)
         assert [row["batch_invariant"] for row in summary.values()] == [expected, expected]
