@@ -60,23 +60,34 @@ def _check(calls: list[tuple[bool, list[list[int]]]], num_shapes: int) -> None:
     assert not later & {tuple(p[:16]) for prompts in warm for p in prompts}
 
 
-def test_speculative_bench_warms_every_workload_and_batch_before_timing(monkeypatch) -> None:
+def _patched_speculative_bench(monkeypatch, on_batch):
+    """bench.speculative with fake engines (each made appended to the list returned) whose
+    batches call on_batch(engines, engine, prompts) and answer output_len 11s."""
     bench = importlib.import_module("bench.speculative")
     engines: list[_FakeEngine] = []
-    calls: list[tuple[bool, list[list[int]]]] = []
 
     def make_engine(config):
         engines.append(_FakeEngine())
         return engines[-1]
 
     async def run_batch(engine, prompts, output_len):
-        calls.append((engine.measuring, prompts))
-        engine.measuring = False
+        on_batch(engines, engine, prompts)
         return [[11] * output_len for _ in prompts], 1.0, [0.01] * len(prompts)
 
     monkeypatch.setattr(bench, "Engine", make_engine)
     monkeypatch.setattr(bench, "EngineConfig", types.SimpleNamespace(for_model=lambda *a, **k: None))
     monkeypatch.setattr(bench, "run_batch", run_batch)
+    return bench, engines
+
+
+def test_speculative_bench_warms_every_workload_and_batch_before_timing(monkeypatch) -> None:
+    calls: list[tuple[bool, list[list[int]]]] = []
+
+    def on_batch(engines, engine, prompts) -> None:
+        calls.append((engine.measuring, prompts))
+        engine.measuring = False
+
+    bench, _ = _patched_speculative_bench(monkeypatch, on_batch)
     args = bench.parse_args([
         "--workloads", "code_edit", "multi_turn", "repeat", "random", "--batch-sizes", "1", "3",
         "--prompt-len", "64", "--output-len", "8", "--device", "cpu", "--modes", "off",
@@ -95,21 +106,10 @@ def test_speculative_bench_warms_every_engine_first_then_rotates_the_modes_per_r
 ) -> None:
     """All engines are warmed before any row is timed; a row's repeats take turns across
     the engines, the first of each turn rotating, so no mode always runs first."""
-    bench = importlib.import_module("bench.speculative")
-    engines: list[_FakeEngine] = []
     calls: list[tuple[int, bool]] = []
-
-    def make_engine(config):
-        engines.append(_FakeEngine())
-        return engines[-1]
-
-    async def run_batch(engine, prompts, output_len):
-        calls.append((engines.index(engine), engine.measuring))
-        return [[11] * output_len for _ in prompts], 1.0, [0.01] * len(prompts)
-
-    monkeypatch.setattr(bench, "Engine", make_engine)
-    monkeypatch.setattr(bench, "EngineConfig", types.SimpleNamespace(for_model=lambda *a, **k: None))
-    monkeypatch.setattr(bench, "run_batch", run_batch)
+    bench, _ = _patched_speculative_bench(
+        monkeypatch, lambda engines, engine, prompts: calls.append((engines.index(engine), engine.measuring))
+    )
     args = bench.parse_args([
         "--workloads", "random", "--batch-sizes", "2", "--repeats", "3", "--prompt-len", "16",
         "--output-len", "4", "--device", "cpu", "--modes", "off", "ngram", "--control",
