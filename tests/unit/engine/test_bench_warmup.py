@@ -75,7 +75,8 @@ def _patched_speculative_bench(monkeypatch, on_batch):
         return [[11] * output_len for _ in prompts], 1.0, [0.01] * len(prompts)
 
     monkeypatch.setattr(bench, "Engine", make_engine)
-    monkeypatch.setattr(bench, "EngineConfig", types.SimpleNamespace(for_model=lambda *a, **k: None))
+    no_config = types.SimpleNamespace(for_model=lambda *a, **k: None)
+    monkeypatch.setattr(bench, "EngineConfig", no_config)
     monkeypatch.setattr(bench, "run_batch", run_batch)
     return bench, engines
 
@@ -107,9 +108,10 @@ def test_speculative_bench_warms_every_engine_first_then_rotates_the_modes_per_r
     """All engines are warmed before any row is timed; a row's repeats take turns across
     the engines, the first of each turn rotating, so no mode always runs first."""
     calls: list[tuple[int, bool]] = []
-    bench, _ = _patched_speculative_bench(
-        monkeypatch, lambda engines, engine, prompts: calls.append((engines.index(engine), engine.measuring))
-    )
+    def on_batch(engines, engine, prompts) -> None:
+        calls.append((engines.index(engine), engine.measuring))
+
+    bench, _ = _patched_speculative_bench(monkeypatch, on_batch)
     args = bench.parse_args([
         "--workloads", "random", "--batch-sizes", "2", "--repeats", "3", "--prompt-len", "16",
         "--output-len", "4", "--device", "cpu", "--modes", "off", "ngram", "--control",
