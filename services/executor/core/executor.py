@@ -71,11 +71,11 @@ from services.executor.core.sequence import SequenceState, check_finish
 from services.executor.core.spec import Proposer, SpecStats, make_proposer
 from services.executor.core.spec.drafting import (
     NO_DRAFTS,
+    DeclinedSteps,
     DraftChoice,
     DraftLimits,
     check_not_verifying,
     choose_drafting,
-    undrafted_steps,
 )
 from services.executor.core.spec.forced import ForcedTokens
 from services.executor.core.spec.step import (
@@ -231,6 +231,7 @@ class ExecutorCore:
         self._num_prepared = 0
         self._num_executed = 0
         self._step_clock = StepClock()  # times decode steps for the switches
+        self._declined = DeclinedSteps()  # the proposer's switch's answer after each step
         self._seqs: dict[str, SequenceState] = {}
         self._drafting: tuple[StepPlan, DraftChoice] | None = None
         """The plan `drafting` was asked about last and its answer, for its prepare."""
@@ -491,7 +492,7 @@ class ExecutorCore:
             going = [seq for seq in prepared.seqs if not seq.finished]
             ahead = self._num_prepared - prepared.index - 1  # prepared since: counted
             k, proposer = self.config.speculative.max_draft_tokens, self._proposer
-            result.undrafted_steps = undrafted_steps(self.spec_switch, going, k, proposer, ahead)
+            result.undrafted_steps = self._declined(self.spec_switch, going, k, proposer, ahead)
             proposer.take_in()  # the ended sequences' outputs, a bounded share a step
         end = time.perf_counter()  # the switch's answer is this step's work
         result.step_seconds = prepared.prepare_seconds + end - start

@@ -150,3 +150,13 @@ def test_jump_forward_bench_warms_every_batch_size_on_both_engines(monkeypatch) 
     measured = {tuple(p) for c in timed for p in c[2]}
     assert not measured & {tuple(p) for c in warm for p in c[2]}
 
+
+
+def test_speculative_bench_speedups_pair_each_repeat_with_off_and_compare_the_fastest() -> None:
+    bench = importlib.import_module("bench.speculative")
+    # repeat 2 of the mode fell on a stall of the machine; off's repeat 1 did
+    rates, off_rates = [90.0, 100.0, 40.0], [100.0, 50.0, 50.0]
+    found = bench.speedups(rates, off_rates)
+    assert found["speedup_vs_off"] == 90.0 / 50.0  # medians: 90 over 50
+    assert found["speedup_paired"] == 0.9  # ratios 0.9, 2.0, 0.8
+    assert found["speedup_best"] == 1.0  # 100 against 100

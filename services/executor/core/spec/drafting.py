@@ -3,6 +3,9 @@ verified draft occupies, and what a verification emits."""
 
 from __future__ import annotations
 
+import bisect
+import operator
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -99,34 +102,8 @@ def undrafted_steps(
     proposer: Proposer | None = None,
     num_ahead: int = 0,
 ) -> int:
-    """After a step: 0 when the switch would draft these sequences' next decode step, each
-    offered `max_draft_tokens`; else D, the D-th decode step from now being the first that
-    may draft (its probe), the D - 1 before it declined. Where it would draft, now and then
-    D > 0 too: a few plain steps, to time what it weighs drafts against
-    (`SpecSwitch.plain_probe`). The scheduler plans the D - 1 without drafts, several a plan
-    (StepResult's `undrafted_steps`); without a timing table, or past the cap, 0.
-
-    `num_ahead`: steps prepared after this one (the pipeline prepares ahead): they have
-    counted toward the probe already, so the probe is that many steps further from this one.
-
-    Where the rule declines, the `proposer` is asked for the next guesses of the young
-    sequences and of a few older ones (`_ask_declined`), not verified but scored against
-    the tokens that follow: a sequence that started from the executor's low rates
-    (spec/adaptive.py) but has text to copy is found in its first steps, and one that
-    begins to quote late in its output within a few, not at the batch's next probe."""
-    num_decodes = len(decodes)
-    if switch.cost_ratios is None or not 0 < num_decodes <= switch.max_batch_size:
-        return 0
-    admits = switch.admits(num_decodes, _best_of(decodes, max_draft_tokens, switch.prior))
-    if (  # a young sequence's guess may change the answer
-        not admits
-        and proposer is not None
-        and _ask_declined(proposer, decodes, max_draft_tokens, switch)
-    ):
-        admits = switch.admits(num_decodes, _best_of(decodes, max_draft_tokens, switch.prior))
-    if admits:
-        return switch.plain_probe(num_decodes)  # 0 but now and then: the plain side's time
-    return switch.steps_to_probe(num_decodes) + num_ahead
+    """`DeclinedSteps`'s answer for one step, nothing kept from steps before it."""
+    return DeclinedSteps()(switch, decodes, max_draft_tokens, proposer, num_ahead)
 
 
 YOUNG_GUESSES = 8
@@ -139,53 +116,215 @@ OLD_ASK_EVERY = 16
 has not repeated for 8 guesses (a tenth of a declined step's host work on the build VM)."""
 
 
-def _ask_declined(
-    proposer: Proposer, decodes: Sequence[SequenceState], allowed: int, switch: SpecSwitch
-) -> bool:
-    """A declined step's guesses, not verified: each young decode's next one, and the next
-    ASKED_PER_STEP older ones', in turn from step to step, as the next step would ask for
-    them (an older one at most once in OLD_ASK_EVERY steps). Each is noted (found or not)
-    and held to be scored against the tokens the sequence then produces
-    (`DraftLength.settle`), so a sequence's found rate and acceptance follow its text while
-    the batch declines. Whether any guess was found or a held one
-    kept tokens (nothing else can make the switch's answer change)."""
-    changed = False
-    num_decodes = len(decodes)
-    # older sequences: a window of `width` positions on a ring of at least OLD_ASK_EVERY
-    # windows, moved by one window a step
-    width = min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY))
-    ring = max(num_decodes, OLD_ASK_EVERY * width)
-    start = switch.num_declined_asks % ring
-    for i, seq in enumerate(decodes):
+ASK_SHARE = 0.02
+"""A declined step's guesses cost at most this share of a plain step's wall time (at least
+one guess a step): at batch 128 on the H200, asking each of a new batch's sequences in
+each of its first steps took 1 ms a step for YOUNG_GUESSES steps, on steps of 2 ms. The
+young ones are then asked in turn, fewer a step, and older ones after them."""
+ASK_DECAY = 0.9
+"""Weight of the past in the rolling wall time of one guess."""
+
+
+class DeclinedSteps:
+    """After each step of an executor: 0 when the switch would draft these sequences' next
+    decode step, each offered `max_draft_tokens`; else D, the D-th decode step from now
+    being the first that may draft (its probe), the D - 1 before it declined. Where it
+    would draft, now and then D > 0 too: a few plain steps, to time what it weighs drafts
+    against (`SpecSwitch.plain_probe`). The scheduler plans the D - 1 without drafts,
+    several a plan (StepResult's `undrafted_steps`); without a timing table, or past the
+    cap, 0.
+
+    `num_ahead`: steps prepared after this one (the pipeline prepares ahead): they have
+    counted toward the probe already, so the probe is that many steps further from this one.
+
+    Where the rule declines, the `proposer` is asked for the next guesses of the young
+    sequences and of a few older ones (`_ask`), not verified but scored against the tokens
+    that follow: a sequence that started from the executor's low rates (spec/adaptive.py)
+    but has text to copy is found in its first steps, and one that begins to quote late in
+    its output within a few, not at the batch's next probe.
+
+    It keeps the last step's decodes and what it weighed of each (1 / (1 + its best
+    guess), the terms of the step's harmonic gain), its young sequences and those holding
+    a guess to settle, while the decodes stay the same and no step has planned drafts since
+    (`SpecSwitch.num_planned`: a drafting step changes their rates): a declined step then
+    costs the few sequences it asks, not the batch (at batch 32 on the H200, weighing every
+    decode after every step cost the trained tiny model's declined steps 7% of their time).
+    """
+
+    def __init__(self, ask_s: float | None = None) -> None:
+        self._ask_s = ask_s
+        """The wall time of one guess: given (fixed), else measured (rolling, ASK_DECAY)."""
+        self._measure = ask_s is None
+        self._young_next = 0
+        """Where the next capped step's young guesses start (by position in the batch)."""
+        self._switch: SpecSwitch | None = None
+        self._allowed = 0
+        self._planned = -1
+        """The switch's num_planned when the decodes were weighed."""
+        self._decodes: list[SequenceState] = []
+        self._inverse: list[float] = []
+        """Per decode: 1 / (1 + its best guess) by its own rates; 0.0 for one weighed by the
+        switch's prior (no draft length yet), counted in `_num_prior`."""
+        self._num_prior = 0
+        self._young: set[int] = set()
+        """Decodes asked in every declined step (fewer than YOUNG_GUESSES guesses so far)."""
+        self._holding: set[int] = set()
+        """Decodes holding an unverified guess (`DraftLength.hold`)."""
+
+    def __call__(
+        self,
+        switch: SpecSwitch,
+        decodes: Sequence[SequenceState],
+        max_draft_tokens: int,
+        proposer: Proposer | None = None,
+        num_ahead: int = 0,
+    ) -> int:
+        num_decodes = len(decodes)
+        if switch.cost_ratios is None or not 0 < num_decodes <= switch.max_batch_size:
+            return 0
+        if not self._same(switch, decodes, max_draft_tokens):
+            self._weigh(switch, decodes, max_draft_tokens)
+        admits = switch.admits(num_decodes, self.gain(switch.prior, max_draft_tokens))
+        if (  # a young sequence's guess may change the answer
+            not admits and proposer is not None and self._ask(proposer, max_draft_tokens, switch)
+        ):
+            admits = switch.admits(num_decodes, self.gain(switch.prior, max_draft_tokens))
+        if admits:
+            return switch.plain_probe(num_decodes)  # 0 but now and then: the plain side's time
+        return switch.steps_to_probe(num_decodes) + num_ahead
+
+    def _same(self, switch: SpecSwitch, decodes: Sequence[SequenceState], allowed: int) -> bool:
+        """The decodes weighed last, unchanged since by a drafting step."""
+        kept = self._decodes
+        return (
+            switch is self._switch
+            and allowed == self._allowed
+            and switch.num_planned == self._planned
+            and len(decodes) == len(kept)
+            and all(map(operator.is_, decodes, kept))
+        )
+
+    def _weigh(self, switch: SpecSwitch, decodes: Sequence[SequenceState], allowed: int) -> None:
+        self._switch, self._allowed, self._planned = switch, allowed, switch.num_planned
+        self._decodes = list(decodes)
+        self._inverse = [0.0] * len(decodes)
+        self._num_prior = 0
+        self._young, self._holding = set(), set()
+        for i, seq in enumerate(decodes):
+            self._reweigh(i, seq, allowed, new=True)
+
+    def _reweigh(self, i: int, seq: SequenceState, allowed: int, new: bool = False) -> None:
+        """Decode i's terms after its draft length changed (`new`: not weighed before)."""
         length = seq.draft_length
-        if length is not None:
-            if length.unverified is not None:
-                changed = length.settle(seq.token_ids) or changed
-                if length.unverified is not None:
-                    continue  # one guess at a time
-            if length.num_guesses >= YOUNG_GUESSES and (i - start) % ring >= width:
-                continue
-        if seq.grammar is not None or not may_draft(seq):  # (the next step may be prepared)
-            continue  # a constrained draft starts with forced tokens; no guess of its own
         if length is None:
-            length = seq.draft_length = switch.prior.new_length(allowed)
-        if seq.ngram_index is None:
-            seq.ngram_index = proposer.index_for()
-        draft = proposer.propose(seq.token_ids, allowed, seq.ngram_index)
-        guess = draft.token_ids[: length.limit(draft.match_len)]
-        length.note_guess(bool(guess))
-        if guess:
-            length.hold(guess, len(seq.token_ids))
-            changed = True
-    switch.num_declined_asks += width
-    return changed
+            self._num_prior += new
+            young = True
+        else:
+            self._num_prior -= not new and self._inverse[i] == 0.0
+            self._inverse[i] = 1.0 / (1.0 + length.best_guess(allowed))
+            young = length.num_guesses < YOUNG_GUESSES
+            if length.unverified is not None:
+                self._holding.add(i)
+            else:
+                self._holding.discard(i)
+        if young:
+            self._young.add(i)
+        else:
+            self._young.discard(i)
 
+    def gain(self, prior: DraftPrior, allowed: int) -> float:
+        """The tokens per decode the decodes weighed last can expect of their next step at
+        most (`best_gain`): each one's best guess by its own rates, a new sequence's by the
+        executor's (`prior`)."""
+        inverse = sum(self._inverse) + self._num_prior / (1.0 + prior.best_guess(allowed))
+        return len(self._inverse) / inverse
 
-def _best_of(decodes: Sequence[SequenceState], allowed: int, prior: DraftPrior) -> float:
-    """The tokens per decode the decodes' next step can expect at most (`best_gain`): each
-    one's best guess by its own rates, a new sequence's by the executor's (`prior`)."""
-    tokens = [1.0 + (seq.draft_length or prior).best_guess(allowed) for seq in decodes]
-    return request_gain(tokens, len(decodes))
+    def _ask(self, proposer: Proposer, allowed: int, switch: SpecSwitch) -> bool:
+        """A declined step's guesses, not verified: each young decode's next one, and the next
+        ASKED_PER_STEP older ones', in turn from step to step, as the next step would ask for
+        them (an older one at most once in OLD_ASK_EVERY steps), within the step's share of
+        guesses (`_max_asks`: the young ones first, in turn). Each is noted (found or not)
+        and held to be scored against the tokens the sequence then produces
+        (`DraftLength.settle`: every held guess is looked at each step), so a sequence's
+        found rate and acceptance follow its text while the batch declines. Whether any
+        guess was found or a held one kept tokens (nothing else can make the switch's
+        answer change)."""
+        changed = False
+        decodes = self._decodes
+        num_decodes = len(decodes)
+        for i in sorted(self._holding):
+            length = decodes[i].draft_length
+            assert length is not None and length.unverified is not None
+            changed = length.settle(decodes[i].token_ids) or changed
+            if length.unverified is None:
+                self._reweigh(i, decodes[i], allowed)
+        # older sequences: a window of `width` positions on a ring of at least OLD_ASK_EVERY
+        # windows, moved by one window a step
+        width = min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY))
+        ring = max(num_decodes, OLD_ASK_EVERY * width)
+        start = switch.num_declined_asks % ring
+        window = [i for j in range(width) if (i := (start + j) % ring) < num_decodes]
+        switch.num_declined_asks += width
+        if not (window or self._young):
+            return changed  # (most declined steps of a small batch)
+        asking = self._asking(window, switch.plain_step_s(num_decodes))
+        begun = time.perf_counter()
+        for i in asking:
+            seq = decodes[i]
+            length = seq.draft_length
+            if length is None:
+                length = seq.draft_length = switch.prior.new_length(allowed)
+            if seq.ngram_index is None:
+                seq.ngram_index = proposer.index_for()
+            draft = proposer.propose(seq.token_ids, allowed, seq.ngram_index)
+            guess = draft.token_ids[: length.limit(draft.match_len)]
+            length.note_guess(bool(guess))
+            if guess:
+                length.hold(guess, len(seq.token_ids))
+                changed = True
+            self._reweigh(i, seq, allowed)
+        if asking and self._measure:
+            took = (time.perf_counter() - begun) / len(asking)
+            last = self._ask_s
+            self._ask_s = took if last is None else ASK_DECAY * last + (1 - ASK_DECAY) * took
+        return changed
+
+    def _asking(self, window: list[int], step_s: float | None) -> list[int]:
+        """The decodes this step asks, in batch order: the young ones, then the window's
+        older ones, none holding a guess, within `_max_asks` (the young in turn from where
+        the last capped step stopped); only those reached are looked at."""
+        decodes, holding = self._decodes, self._holding
+        limit = self._max_asks(step_s)
+        young = sorted(self._young)
+        if limit is not None and len(young) > limit:
+            turn = bisect.bisect_left(young, self._young_next)
+            young = young[turn:] + young[:turn]
+        ask: list[int] = []
+        for i in young:
+            if limit is not None and len(ask) >= limit:
+                break
+            seq = decodes[i]
+            if seq.grammar is not None or not may_draft(seq):  # (the next step may be prepared)
+                self._young.discard(i)  # never asks (may_draft changes only with a grammar)
+            elif i not in holding:  # one guess at a time
+                ask.append(i)
+        if ask and limit is not None:
+            self._young_next = ask[-1] + 1
+        for i in window:
+            if limit is not None and len(ask) >= limit:
+                break
+            seq = decodes[i]
+            if i in ask or i in holding or seq.grammar is not None or not may_draft(seq):
+                continue  # a constrained draft starts with forced tokens; no guess of its own
+            ask.append(i)
+        return sorted(ask)
+
+    def _max_asks(self, step_s: float | None) -> int | None:
+        """The guesses a declined step may ask (ASK_SHARE of a plain step's time); None (no
+        cap) until both a guess and a plain step have been timed."""
+        if step_s is None or not self._ask_s:
+            return None
+        return max(1, int(ASK_SHARE * step_s / self._ask_s))
 
 
 def best_gain(
@@ -303,6 +442,8 @@ def plan_drafts(
         forced = None
     if proposer is None and forced is None:
         return None
+    if proposer is not None and switch is not None:
+        switch.num_planned += 1  # the rates below change: DeclinedSteps weighs them again
     room = limits.max_num_batched_tokens - sum(num_tokens)
     drafts: list[list[int]] = []
     guessed: list[float] = []  # 1 + each guess's tokens expected kept

@@ -153,6 +153,9 @@ class SpecSwitch:
     expected_kept: float = 0.0
     """The draft tokens the drafted step being verified expects to keep (`plan_drafts`)."""
     num_declined_asks: int = 0
+    num_planned: int = 0
+    """Steps whose drafts `drafting.plan_drafts` planned with the proposer: each may change
+    its sequences' rates (guesses noted, held ones settled, verified ones scored)."""
     """Older sequences asked for unverified guesses in declined steps so far (their turn)."""
     backs_off: bool = False
     """Probes grow apart while they find nothing that pays (MAX_PROBE_BACKOFF), back to
@@ -170,6 +173,10 @@ class SpecSwitch:
     _buckets: list[int] = field(default_factory=list)
     _wall: dict[tuple[int, bool], tuple[float, int]] = field(default_factory=dict)
     """(bucket, speculating) -> (rolling step seconds, steps seen)."""
+    _bucket_of: dict[int, int] = field(default_factory=dict)
+    """num_decodes -> its bucket, as looked up."""
+    _ratio_of: dict[int, float] = field(default_factory=dict)
+    """bucket -> `ratio`, until the bucket's next step is observed."""
 
     def __post_init__(self) -> None:
         if self.cost_ratios is not None:
@@ -192,22 +199,37 @@ class SpecSwitch:
 
     def bucket(self, num_decodes: int) -> int:
         """The timed bucket `num_decodes` decodes run in (past the largest: the largest)."""
-        i = min(bisect.bisect_left(self._buckets, num_decodes), len(self._buckets) - 1)
-        return self._buckets[i]
+        bucket = self._bucket_of.get(num_decodes)
+        if bucket is None:
+            i = min(bisect.bisect_left(self._buckets, num_decodes), len(self._buckets) - 1)
+            bucket = self._bucket_of[num_decodes] = self._buckets[i]
+        return bucket
 
     def ratio(self, num_decodes: int) -> float:
         """The cost ratio of the bucket `num_decodes` decodes run in: from its steps' wall
-        times once it has seen enough of both kinds, else the start-up measurement."""
+        times once it has seen enough of both kinds, else the start-up measurement (kept
+        per bucket until its next step is observed: a declined step asks several times)."""
         assert self.cost_ratios is not None
         bucket = self.bucket(num_decodes)
-        wall = self._wall_ratio(bucket)
-        return self.cost_ratios[bucket] if wall is None else wall
+        ratio = self._ratio_of.get(bucket)
+        if ratio is None:
+            wall = self._wall_ratio(bucket)
+            ratio = self._ratio_of[bucket] = self.cost_ratios[bucket] if wall is None else wall
+        return ratio
 
     def _wall_ratio(self, bucket: int) -> float | None:
         speculating, plain = self._wall.get((bucket, True)), self._wall.get((bucket, False))
         if speculating and plain and min(speculating[1], plain[1]) >= MIN_STEP_SAMPLES:
             return speculating[0] / plain[0]
         return None
+
+    def plain_step_s(self, num_decodes: int) -> float | None:
+        """The rolling wall time of a plain decode step of `num_decodes` decodes' bucket,
+        once it has MIN_STEP_SAMPLES; None before (or without a timing table)."""
+        if self.cost_ratios is None:
+            return None
+        plain = self._wall.get((self.bucket(num_decodes), False))
+        return plain[0] if plain is not None and plain[1] >= MIN_STEP_SAMPLES else None
 
     def _side_ms(self, bucket: int, speculating: bool) -> tuple[float, int]:
         mean, count = self._wall.get((bucket, speculating), (0.0, 0))
@@ -225,6 +247,7 @@ class SpecSwitch:
                 return
             seconds = min(seconds, CLIP * mean)
         self._wall[key] = (GAIN_DECAY * mean + (1 - GAIN_DECAY) * seconds, count + 1)
+        self._ratio_of.pop(key[0], None)
 
     def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
         """The rule alone, changing nothing: within the cap, and no timing table or the
