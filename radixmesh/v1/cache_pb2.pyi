@@ -164,6 +164,18 @@ class CacheOp(_message.Message):
     traceparent: str
     def __init__(self, op_id: _Optional[int] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., commit: _Optional[_Union[CommitRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., match: _Optional[_Union[MatchRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
+class CacheOps(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[CacheOp]
+    def __init__(self, ops: _Optional[_Iterable[_Union[CacheOp, _Mapping]]] = ...) -> None: ...
+
+class CacheOpResults(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[CacheOpResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[CacheOpResult, _Mapping]]] = ...) -> None: ...
+
 class CacheOpResult(_message.Message):
     __slots__ = ("op_id", "error_code", "error_message", "acquire", "extend", "commit", "release", "match", "heartbeat")
     OP_ID_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class CacheStub:
                 request_serializer=radixmesh_dot_v1_dot_cache__pb2.CacheOp.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_cache__pb2.CacheOpResult.FromString,
                 _registered_method=True)
+        self.BatchMany = channel.stream_stream(
+                '/radixmesh.v1.Cache/BatchMany',
+                request_serializer=radixmesh_dot_v1_dot_cache__pb2.CacheOps.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_cache__pb2.CacheOpResults.FromString,
+                _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/radixmesh.v1.Cache/GetStats',
                 request_serializer=radixmesh_dot_v1_dot_cache__pb2.GetStatsRequest.SerializeToString,
@@ -186,6 +191,16 @@ class CacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchMany(self, request_iterator, context):
+        """Batch with any number of ops a message: each CacheOps message gets one
+        CacheOpResults message, a result per op with the same op_id, in order. A
+        client with several ops at hand (the scheduler's requests, admitted and
+        ended in the same step) sends them in one message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStats(self, request, context):
         """Read-only: page and prefix counters per pool.
         """
@@ -277,6 +292,11 @@ def add_CacheServicer_to_server(servicer, server):
                     servicer.Batch,
                     request_deserializer=radixmesh_dot_v1_dot_cache__pb2.CacheOp.FromString,
                     response_serializer=radixmesh_dot_v1_dot_cache__pb2.CacheOpResult.SerializeToString,
+            ),
+            'BatchMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.BatchMany,
+                    request_deserializer=radixmesh_dot_v1_dot_cache__pb2.CacheOps.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_cache__pb2.CacheOpResults.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
@@ -552,6 +572,33 @@ class Cache:
             '/radixmesh.v1.Cache/Batch',
             radixmesh_dot_v1_dot_cache__pb2.CacheOp.SerializeToString,
             radixmesh_dot_v1_dot_cache__pb2.CacheOpResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/radixmesh.v1.Cache/BatchMany',
+            radixmesh_dot_v1_dot_cache__pb2.CacheOps.SerializeToString,
+            radixmesh_dot_v1_dot_cache__pb2.CacheOpResults.FromString,
             options,
             channel_credentials,
             insecure,

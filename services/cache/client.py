@@ -189,10 +189,14 @@ class CacheClient:
         self._channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         self._stub = cache_pb2_grpc.CacheStub(self._channel)
         self._op_ids = itertools.count(1)
-        self._stream: Any = None  # the open Batch call
+        self._stream: Any = None  # the open BatchMany call
         self._reader: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
-        self._write_lock = asyncio.Lock()
+        self._outbox: list[pb.CacheOp] = []
+        """Ops queued for the stream, in order: the writer sends all there are in one message."""
+        self._writer: asyncio.Task | None = None
+        self.num_messages = 0
+        """CacheOps messages written so far (each carries every op queued when it was sent)."""
 
     async def __aenter__(self) -> CacheClient:
         return self
@@ -202,6 +206,8 @@ class CacheClient:
 
     async def close(self) -> None:
         """Ends the Batch stream and the channel."""
+        if self._writer is not None:
+            self._writer.cancel()
         if self._stream is not None:
             self._stream.cancel()
         if self._reader is not None:
@@ -294,30 +300,23 @@ class CacheClient:
     # ---- the Batch stream ----
 
     async def batch(self, ops: Sequence[CacheOp]) -> list[BatchResult]:
-        """Runs `ops` in order on the Batch stream; one result per op (an exception object
-        for a failed op). Raises Unavailable if the stream itself breaks."""
+        """Runs `ops` in order on the BatchMany stream; one result per op (an exception object
+        for a failed op). Raises Unavailable if the stream itself breaks. Ops of calls made
+        while a message is being written go out together in the next one (`_write`)."""
         if not ops:
             return []
         loop = asyncio.get_running_loop()
         waits = []
         span = tracing.recording_span()  # a traced request's: the verbs become its events
         start = time.monotonic() if span is not None else 0.0
-        async with self._write_lock:
-            stream = self._open_stream()
-            for op in ops:
-                op_id = next(self._op_ids)
-                future = loop.create_future()
-                self._pending[op_id] = future
-                waits.append(future)
-                try:
-                    await stream.write(
-                        pb.CacheOp(op_id=op_id, **{op.field: op.request()})
-                    )
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                    self._fail_pending(
-                        Unavailable(f"cache Batch stream to {self.address} broke: {exc}")
-                    )
-                    break
+        for op in ops:
+            op_id = next(self._op_ids)
+            future = loop.create_future()
+            self._pending[op_id] = future
+            waits.append(future)
+            self._outbox.append(pb.CacheOp(op_id=op_id, **{op.field: op.request()}))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write())
         replies = await asyncio.gather(*waits, return_exceptions=True)
         for reply in replies:
             if isinstance(reply, BaseException):
@@ -329,9 +328,25 @@ class CacheClient:
             _note_verbs(span, ops, results, start)
         return results
 
+    async def _write(self) -> None:
+        """Sends the queued ops, all of them in one CacheOps message a write, until none are
+        left: the ops queued while a write is in flight go out together in the next (the
+        scheduler's requests that end or are admitted in one step share a message)."""
+        while self._outbox:
+            ops, self._outbox = self._outbox, []
+            try:
+                await self._open_stream().write(pb.CacheOps(ops=ops))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                self._outbox = []  # not sent: their callers get the error below
+                self._fail_pending(
+                    Unavailable(f"cache Batch stream to {self.address} broke: {exc}")
+                )
+                return
+            self.num_messages += 1
+
     def _open_stream(self) -> Any:
         if self._stream is None or self._stream.done():
-            self._stream = self._stub.Batch()
+            self._stream = self._stub.BatchMany()
             self._reader = asyncio.create_task(self._read(self._stream))
         return self._stream
 
@@ -339,12 +354,13 @@ class CacheClient:
         error: RadixmeshError = Unavailable(f"cache Batch stream to {self.address} ended")
         try:
             while True:
-                result = await stream.read()
-                if result is grpc.aio.EOF:
+                message = await stream.read()
+                if message is grpc.aio.EOF:
                     break
-                future = self._pending.pop(result.op_id, None)
-                if future is not None and not future.done():
-                    future.set_result(result)
+                for result in message.results:
+                    future = self._pending.pop(result.op_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(result)
         except grpc.aio.AioRpcError as exc:
             error = Unavailable(
                 f"cache Batch stream to {self.address} broke: {error_from_rpc_error(exc)}"

@@ -174,6 +174,10 @@ class CacheServicer(cache_pb2_grpc.CacheServicer):
         async for op in request_iterator:
             yield self.run_op(op)
 
+    async def BatchMany(self, request_iterator, context) -> AsyncIterator[pb.CacheOpResults]:
+        async for message in request_iterator:
+            yield pb.CacheOpResults(results=[self.run_op(op) for op in message.ops])
+
     def run_op(self, op: pb.CacheOp) -> pb.CacheOpResult:
         """One batched op -> its result; a failure becomes error_code/error_message."""
         name = op.WhichOneof("op")

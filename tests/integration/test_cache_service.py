@@ -154,6 +154,27 @@ async def test_batch_answers_every_op_in_order_with_errors_inline(client, reques
     assert [r[0][pool] for r in results] == [12] * 8
 
 
+async def test_ops_of_concurrent_calls_share_messages_and_keep_their_order(client, request):
+    """Calls made together go out in one CacheOps message (and their results in one back),
+    each op answered as alone, in order: a lease acquired, committed and matched by calls
+    made in the same turn of the loop."""
+    pool = request.node.name
+    before = client.num_messages
+    matches = [client.batch([MatchOp(seq(300 + i, 8))]) for i in range(12)]
+    acquired = client.batch([AcquireOp(pool, seq(500, 8), 8, "sched")])
+    results = await asyncio.gather(*matches, acquired)
+    assert client.num_messages == before + 1  # 13 calls, one message
+    assert [r[0][pool] for r in results[:12]] == [0] * 12
+    (lease,) = results[12]
+    assert isinstance(lease, Lease)
+    committed, matched = await asyncio.gather(
+        client.batch([CommitOp(lease.lease_id, seq(500, 8))]), client.batch([MatchOp(seq(500, 8))])
+    )
+    assert committed[0].num_cached_tokens == 8  # the commit ran before the match queued after it
+    assert matched[0][pool] == 8
+    assert client.num_messages == before + 2
+
+
 async def test_full_pool_is_resource_exhausted_and_unchanged(client, request):
     pool = request.node.name
     lease = await client.acquire(pool, [], 12 * PS, "sched")
