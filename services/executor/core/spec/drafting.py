@@ -147,8 +147,9 @@ class DeclinedSteps:
     guess), the terms of the step's harmonic gain), its young sequences and those holding
     a guess to settle, while the decodes stay the same and no step has planned drafts since
     (`SpecSwitch.num_planned`: a drafting step changes their rates): a declined step then
-    costs the few sequences it asks, not the batch (at batch 32 on the H200, weighing every
-    decode after every step cost the trained tiny model's declined steps 7% of their time).
+    costs the few sequences it asks, not the batch (the whole declined path cost the trained
+    tiny model 7% a step at batch 32 on the H200 while it weighed and scanned every decode
+    after every step: bench/RESULTS.md).
     """
 
     def __init__(self, ask_s: float | None = None) -> None:
@@ -254,7 +255,9 @@ class DeclinedSteps:
         num_decodes = len(decodes)
         for i in sorted(self._holding):
             length = decodes[i].draft_length
-            assert length is not None and length.unverified is not None
+            if length is None or length.unverified is None:  # settled elsewhere
+                self._holding.discard(i)
+                continue
             changed = length.settle(decodes[i].token_ids) or changed
             if length.unverified is None:
                 self._reweigh(i, decodes[i], allowed)
