@@ -7,7 +7,7 @@ backend.
   bf16, page size 16, the page table exactly as wide as the context), each path timed as
   a replayed CUDA graph (as the executor runs decode); per batch, the longest context at
   which the one-launch path is still at least as fast: what `SINGLE_PASS_MAX_CONTEXT`
-  (kernels/paged_decode_attention.py) should be;
+  (radixmesh_kernels/paged_decode_attention.py) should be;
 - prefill: one 4,096-token causal prompt (and a 1,024 one, and a 2,048-token extend over
   a 2,048-token paged prefix, which SDPA has no row for), TFLOP/s of causal work against
   SDPA cuDNN on the same tensors (target >= 0.85).
@@ -33,10 +33,10 @@ import torch
 from kernel_bench import Shape, copy_bandwidth, paged_kv, sdpa_ms, time_ms
 from torch.nn.attention import SDPBackend
 
-from kernels import paged_decode_attention as pda
-from kernels import prefill_attention
-from kernels.dense_prefill_attention import DenseConfig, dense_prefill_attention
-from kernels.paged_attention import gather_kv, paged_attention_ref, paged_attention_triton
+from radixmesh_kernels import paged_decode_attention as pda
+from radixmesh_kernels import prefill_attention
+from radixmesh_kernels.dense_prefill_attention import DenseConfig, dense_prefill_attention
+from radixmesh_kernels.paged_attention import gather_kv, paged_attention_ref, paged_attention_triton
 
 PREFILL_TARGET = 0.85  # of SDPA cuDNN
 

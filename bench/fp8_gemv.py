@@ -5,7 +5,7 @@ captured in one CUDA graph, weights rotated over enough copies that none stays i
 host launch cost), the weight bytes it reads per second against the
 device's copy bandwidth, and the same product in bf16 through F.linear. Rows 1-2 run in
 two modes: `onepass` (the one-pass GEMV alone) and `auto` (the per-shape choice of
-kernels/gemv.py, whose tuning timings per candidate are printed after the table).
+radixmesh_kernels/gemv.py, whose tuning timings per candidate are printed after the table).
 With --sweep the one-pass GEMV's block shape, warps and stages are swept and the best
 setting per shape printed.
 
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels import fp8_linear as op
-from kernels import gemv
+from radixmesh_kernels import fp8_linear as op
+from radixmesh_kernels import gemv
 
 SHAPES = {  # name -> (out_features, in_features) of Llama-3.1-8B
     "qkv": (6144, 4096),

@@ -5,7 +5,7 @@
   device copy bandwidth (target >= 0.7);
 - prefill attention (one 4096-token causal sequence, same heads), the op as the
   executor calls it (the new tokens' K/V handed in, so the per-shape choice of
-  kernels/prefill_attention.py serves it; the paged kernel alone is printed
+  radixmesh_kernels/prefill_attention.py serves it; the paged kernel alone is printed
   beside it): TFLOP/s as a fraction of torch's scaled_dot_product_attention on
   the same shape in the same run (target >= 0.8).
 
@@ -33,14 +33,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels import paged_attention, paged_decode_attention, prefill_attention
-from kernels._triton import triton  # first: sets up the interpreter on a machine without CUDA
-from kernels.paged_attention import gather_kv, paged_attention_ref, paged_attention_triton
-from kernels.paged_decode_attention import (
+from radixmesh_kernels import paged_attention, paged_decode_attention, prefill_attention
+from radixmesh_kernels._triton import (
+    triton,  # first: sets up the interpreter on a machine without CUDA
+)
+from radixmesh_kernels.paged_attention import gather_kv, paged_attention_ref, paged_attention_triton
+from radixmesh_kernels.paged_decode_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_triton,
 )
-from kernels.prefill_attention import prefill_attention_triton
+from radixmesh_kernels.prefill_attention import prefill_attention_triton
 
 DECODE_TARGET = 0.7  # of copy bandwidth
 PREFILL_TARGET = 0.8  # of torch SDPA

@@ -31,8 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-# Import nothing of this repository: its top-level `kernels` package
-# would shadow the Hugging Face package of that name, which transformers probes for.
+# Import nothing of this repository: the peer runs on transformers alone.
 _REPO = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (_REPO, _REPO / "bench")]
 

@@ -232,7 +232,7 @@ def main() -> None:
         print_report(report)
         reports.append(report)
     core.shutdown()
-    from kernels import gemv
+    from radixmesh_kernels import gemv
 
     for plan in gemv.chosen_plans():  # the GEMV's choice per shape at batch 1-2
         print(f"gemv {plan['weight']} rows={plan['rows']} {plan['out']}x{plan['in']}: {plan['chosen']} "

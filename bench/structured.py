@@ -238,7 +238,7 @@ def _cuda_us(fn, reps: int = 200) -> float:
 
 def bench_device(service: GrammarService, batch_size: int) -> dict[str, float]:
     """Device side of a constrained step: bitmask copy to the GPU, then the apply op."""
-    from kernels import get_ops
+    from radixmesh_kernels import get_ops
 
     host = service.allocate_bitmask(batch_size)
     host.random_(-(2**31), 2**31 - 1)
@@ -249,7 +249,7 @@ def bench_device(service: GrammarService, batch_size: int) -> dict[str, float]:
         "bitmask copy host->device (pinned, non_blocking)": _cuda_us(
             lambda: device.copy_(host, non_blocking=True)
         ),
-        "apply_bitmask, fp32 logits (kernels.get_ops)": _cuda_us(lambda: apply(logits, device)),
+        "apply_bitmask, fp32 logits (radixmesh_kernels.get_ops)": _cuda_us(lambda: apply(logits, device)),
         "apply, fp32 logits (xgrammar triton)": _cuda_us(
             lambda: xgr.apply_token_bitmask_inplace(logits, device)
         ),

@@ -1,6 +1,6 @@
 """Kernel tests run on a GPU when one is present, else through Triton's interpreter.
 
-TRITON_INTERPRET must be set before triton is first imported; `kernels._triton`
+TRITON_INTERPRET must be set before triton is first imported; `radixmesh_kernels._triton`
 also defaults it on machines without CUDA, so the order in which test packages
 import the kernels does not matter.
 """

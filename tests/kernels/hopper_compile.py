@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
-from kernels import (
+from radixmesh_kernels import (
     batch_invariant,
     bitmask,
     gemv,

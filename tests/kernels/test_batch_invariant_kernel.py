@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from kernel_factories import DEVICE, make_paged_batch, tolerance
 
-from kernels.batch_invariant import (
+from radixmesh_kernels.batch_invariant import (
     MATMUL_BLOCK_M,
     SPLIT_LEN,
     batch_invariant_decode_attention_triton,
@@ -17,8 +17,8 @@ from kernels.batch_invariant import (
     decode_rows,
     num_splits_for,
 )
-from kernels.paged_attention import paged_attention_ref
-from kernels.paged_decode_attention import paged_decode_attention_ref
+from radixmesh_kernels.paged_attention import paged_attention_ref
+from radixmesh_kernels.paged_decode_attention import paged_decode_attention_ref
 
 LINEARS = [batch_invariant_linear_triton, batch_invariant_linear_ref]
 
@@ -176,7 +176,7 @@ def test_gpu_linear_rows_invariant_at_model_shapes():
 
 def test_rows_in_chunks_are_the_same_bits(monkeypatch):
     """Past PARTIALS_BYTES of partials the rows run in chunks: the result does not change."""
-    import kernels.batch_invariant as bi
+    import radixmesh_kernels.batch_invariant as bi
 
     batch = _paged([SPLIT_LEN + 9, 3, 60, 2 * SPLIT_LEN, 17], seed=12)
     whole = _decode(batch)

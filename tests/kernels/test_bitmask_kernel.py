@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_factories import DEVICE
 
-from kernels.bitmask import apply_bitmask_ref, apply_bitmask_triton
+from radixmesh_kernels.bitmask import apply_bitmask_ref, apply_bitmask_triton
 
 
 def _random_bitmask(num_rows: int, vocab_size: int, seed: int) -> torch.Tensor:

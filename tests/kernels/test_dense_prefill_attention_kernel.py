@@ -11,14 +11,14 @@ import pytest
 import torch
 from kernel_factories import make_paged_batch, tolerance
 
-from kernels.dense_prefill_attention import (
+from radixmesh_kernels.dense_prefill_attention import (
     HAS_TMA_DESCRIPTORS,
     DenseConfig,
     dense_prefill_attention,
     dense_supported,
     tma_supported,
 )
-from kernels.paged_attention import gather_kv, paged_attention_ref
+from radixmesh_kernels.paged_attention import gather_kv, paged_attention_ref
 
 # (new tokens, cached prefix) per sequence: a fresh prompt, an extend over a prefix that
 # ends inside a page, one token over a long prefix, a prompt across several tiles
@@ -105,7 +105,7 @@ def test_dense_prefill_rejects_mismatched_new_kv():
 
 
 def _spy_paged(monkeypatch):
-    from kernels import prefill_attention
+    from radixmesh_kernels import prefill_attention
 
     calls = []
     real = prefill_attention.paged_attention_triton
@@ -119,7 +119,7 @@ def _spy_paged(monkeypatch):
 
 
 def test_op_takes_the_dense_kernel_when_given_new_kv(monkeypatch):
-    from kernels.prefill_attention import prefill_attention_triton
+    from radixmesh_kernels.prefill_attention import prefill_attention_triton
 
     paged_calls = _spy_paged(monkeypatch)
     batch, k_new, v_new = _batch(SEQS, seed=7)
@@ -130,7 +130,7 @@ def test_op_takes_the_dense_kernel_when_given_new_kv(monkeypatch):
 
 @pytest.mark.parametrize("case", ["no new kv", "window", "paged mode", "new kv of another dtype"])
 def test_op_keeps_the_paged_kernel_where_dense_does_not_apply(monkeypatch, case):
-    from kernels import prefill_attention
+    from radixmesh_kernels import prefill_attention
 
     paged_calls = _spy_paged(monkeypatch)
     batch, k_new, v_new = _batch(SEQS[:2], seed=8)
@@ -150,7 +150,7 @@ def test_op_keeps_the_paged_kernel_where_dense_does_not_apply(monkeypatch, case)
 
 
 def test_op_refuses_only_one_of_the_new_kv():
-    from kernels.prefill_attention import prefill_attention_triton
+    from radixmesh_kernels.prefill_attention import prefill_attention_triton
 
     batch, k_new, _ = _batch([(4, 0)], seed=9)
     with pytest.raises(ValueError, match="both k_new and v_new"):
@@ -188,7 +188,7 @@ def test_dense_prefill_on_gpu_bench_heads(config):
 
 @pytest.mark.gpu
 def test_per_shape_choice_on_gpu_agrees_and_records_its_timings():
-    from kernels import prefill_attention
+    from radixmesh_kernels import prefill_attention
 
     prefill_attention.reset_plans()
     batch, k_new, v_new = _batch(
@@ -204,7 +204,7 @@ def test_per_shape_choice_on_gpu_agrees_and_records_its_timings():
 
 
 def test_a_bad_mode_in_the_environment_names_the_variable():
-    code = "import kernels.prefill_attention"
+    code = "import radixmesh_kernels.prefill_attention"
     env = {**os.environ, "RADIXMESH_PREFILL_ATTENTION": "fast"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode != 0
@@ -230,7 +230,7 @@ class _StubCase:
 
 
 def _choose(monkeypatch, outputs, times):
-    from kernels import prefill_attention
+    from radixmesh_kernels import prefill_attention
 
     configs = [DenseConfig(32, 16), DenseConfig(64, 16), DenseConfig(16, 16)]
     monkeypatch.setattr(prefill_attention, "DENSE_CANDIDATES", tuple(configs))
@@ -263,7 +263,7 @@ def test_choice_keeps_the_paged_kernel_when_no_dense_one_is_faster(monkeypatch):
 
 
 def test_timing_case_holds_its_dense_kv_in_its_pages_and_both_kernels_agree():
-    from kernels.prefill_attention import INTERPRETER_CONFIG, _Case
+    from radixmesh_kernels.prefill_attention import INTERPRETER_CONFIG, _Case
 
     like = torch.empty(1, 8, 32)
     cache = torch.empty(1, 16, 2, 32)
@@ -279,7 +279,7 @@ def test_timing_case_holds_its_dense_kv_in_its_pages_and_both_kernels_agree():
 
 def test_warp_specialized_configurations_are_timed_only_when_asked_for():
     code = (
-        "from kernels import prefill_attention as p; "
+        "from radixmesh_kernels import prefill_attention as p; "
         "print(sum(c.warp_specialize for c in p.DENSE_CANDIDATES))"
     )
     counts = {}
@@ -296,7 +296,11 @@ def test_warp_specialized_configurations_are_timed_only_when_asked_for():
 
 
 def test_startup_buckets_cover_every_dense_step_up_to_the_limit_and_stay_bounded():
-    from kernels.prefill_attention import MAX_STARTUP_BUCKETS, q_len_bucket, startup_buckets
+    from radixmesh_kernels.prefill_attention import (
+        MAX_STARTUP_BUCKETS,
+        q_len_bucket,
+        startup_buckets,
+    )
 
     assert startup_buckets(127) == ()
     assert startup_buckets(128) == (128,)
@@ -311,7 +315,7 @@ def test_startup_buckets_cover_every_dense_step_up_to_the_limit_and_stay_bounded
 def startup_choice(monkeypatch):
     """The choice as the executor's start-up makes it, on this machine's kernels (the
     interpreter here): one small dense candidate, timings counted (paged slower)."""
-    from kernels import prefill_attention
+    from radixmesh_kernels import prefill_attention
 
     prefill_attention.reset_plans()
     monkeypatch.setattr(prefill_attention, "DENSE_CANDIDATES", (PLAIN,))
@@ -374,8 +378,8 @@ def test_on_gpu_after_the_startup_choice_serving_calls_time_and_compile_nothing(
     """The 8B shape's buckets up to 1,024 decided; then calls of decided and undecided
     buckets (odd lengths, a cached prefix, two sequences, page-table widths of both
     classes) run without a timing and without a new compiled kernel."""
-    from kernels import dense_prefill_attention as dense_module
-    from kernels import paged_attention, prefill_attention
+    from radixmesh_kernels import dense_prefill_attention as dense_module
+    from radixmesh_kernels import paged_attention, prefill_attention
 
     prefill_attention.reset_plans()
     device = torch.device("cuda", torch.cuda.current_device())

@@ -6,10 +6,10 @@ import pytest
 import torch
 from kernel_factories import DEVICE, tolerance
 
-from kernels.kv_store import kv_store_ref, kv_store_triton
-from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
-from kernels.rotary import rope_cos_sin_cache, rotary_ref, rotary_triton
-from kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
+from radixmesh_kernels.kv_store import kv_store_ref, kv_store_triton
+from radixmesh_kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
+from radixmesh_kernels.rotary import rope_cos_sin_cache, rotary_ref, rotary_triton
+from radixmesh_kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
 
 DTYPES = [torch.float32, torch.bfloat16]
 LLAMA3_SCALING = {

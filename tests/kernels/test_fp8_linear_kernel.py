@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_factories import DEVICE
 
-from kernels import fp8_linear, gemv
-from kernels.fp8_linear import (
+from radixmesh_kernels import fp8_linear, gemv
+from radixmesh_kernels.fp8_linear import (
     FP8,
     GEMV_MAX_ROWS,
     fp8_gemv_triton,

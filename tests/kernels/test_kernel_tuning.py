@@ -1,4 +1,4 @@
-"""The timed choice of a kernel configuration (`kernels.tuning.fastest`), on fake candidates
+"""The timed choice of a kernel configuration (`radixmesh_kernels.tuning.fastest`), on fake candidates
 with known costs and outputs: no device needed."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.tuning import fastest, within
+from radixmesh_kernels.tuning import fastest, within
 
 
 class _Fakes:

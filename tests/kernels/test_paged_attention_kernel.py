@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_factories import make_paged_batch, tolerance
 
-from kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from radixmesh_kernels.paged_attention import paged_attention_ref, paged_attention_triton
 
 # (q_len, seq_len) per sequence: a fresh prefill, an extend over a cached
 # prefix, a single-token extend, a sequence with nothing scheduled, and a

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_factories import make_paged_batch, tolerance
 
-from kernels.paged_decode_attention import (
+from radixmesh_kernels.paged_decode_attention import (
     default_num_splits,
     paged_decode_attention_ref,
     paged_decode_attention_triton,
@@ -136,7 +136,7 @@ def test_single_pass_matches_reference_across_page_boundaries(page_size, group, 
 def test_short_capacity_runs_one_launch_and_no_merge(monkeypatch):
     """A page table of at most SINGLE_PASS_MAX_CONTEXT positions takes the one-launch path:
     the merge kernel is never launched, and the output is the reference's."""
-    from kernels import paged_decode_attention as pda
+    from radixmesh_kernels import paged_decode_attention as pda
 
     class _NoMerge:
         def __getitem__(self, grid):
@@ -148,7 +148,7 @@ def test_short_capacity_runs_one_launch_and_no_merge(monkeypatch):
 
 
 def test_long_capacity_still_splits_and_merges(monkeypatch):
-    from kernels import paged_decode_attention as pda
+    from radixmesh_kernels import paged_decode_attention as pda
 
     merges = []
     real = pda._decode_reduce_kernel
@@ -180,7 +180,7 @@ def test_single_pass_and_split_paths_agree_with_a_sliding_window():
 
 
 def test_default_split_count_is_one_up_to_the_single_pass_context():
-    from kernels.paged_decode_attention import SINGLE_PASS_MAX_CONTEXT
+    from radixmesh_kernels.paged_decode_attention import SINGLE_PASS_MAX_CONTEXT
 
     at = SINGLE_PASS_MAX_CONTEXT
     assert default_num_splits(num_seqs=1, num_kv_heads=8, max_seq_len=at, num_sms=132) == 1
@@ -219,7 +219,7 @@ def test_single_pass_replays_from_a_captured_cuda_graph():
 
 
 def test_decode_graph_widths_split_at_the_single_pass_capacity(monkeypatch):
-    from kernels import paged_decode_attention as pda
+    from radixmesh_kernels import paged_decode_attention as pda
 
     monkeypatch.setattr(pda, "SINGLE_PASS_MAX_CONTEXT", 512)
     assert pda.decode_graph_widths(512, 16) == [32, 512]

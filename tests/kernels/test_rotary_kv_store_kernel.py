@@ -6,9 +6,9 @@ import pytest
 import torch
 from kernel_factories import DEVICE
 
-from kernels.kv_store import kv_store_ref
-from kernels.rotary import rope_cos_sin_cache, rotary_ref
-from kernels.rotary_kv_store import rotary_kv_store_ref, rotary_kv_store_triton
+from radixmesh_kernels.kv_store import kv_store_ref
+from radixmesh_kernels.rotary import rope_cos_sin_cache, rotary_ref
+from radixmesh_kernels.rotary_kv_store import rotary_kv_store_ref, rotary_kv_store_triton
 
 PAGE_SIZE = 4
 

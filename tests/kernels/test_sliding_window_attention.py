@@ -12,8 +12,8 @@ import pytest
 import torch
 from kernel_factories import PagedBatch, make_paged_batch, tolerance
 
-from kernels.paged_attention import paged_attention_ref, paged_attention_triton
-from kernels.paged_decode_attention import (
+from radixmesh_kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from radixmesh_kernels.paged_decode_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_triton,
 )

@@ -6,11 +6,11 @@ import inspect
 
 import pytest
 
-import kernels
-from kernels import REFERENCE_OPS, get_ops
-from kernels.triton_ops import TRITON_OPS
+import radixmesh_kernels
+from radixmesh_kernels import REFERENCE_OPS, get_ops
+from radixmesh_kernels.triton_ops import TRITON_OPS
 
-OP_NAMES = kernels.op_names()
+OP_NAMES = radixmesh_kernels.op_names()
 
 
 def test_cuda_device_gets_the_triton_ops():

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = ("radixmesh", "mesh", "services", "kernels", "gateway")
+FIRST_PARTY = ("radixmesh", "mesh", "services", "radixmesh_kernels", "gateway")
 ROOMS = {
     "services.cache": "services/cache",
     "services.scheduler": "services/scheduler",
@@ -27,7 +27,7 @@ ROOMS = {
 }
 # What every room may import besides itself; rooms that may import more say so here.
 COMMON = ("radixmesh", "services.common")
-EXTRA = {"services.executor": ("kernels",)}
+EXTRA = {"services.executor": ("radixmesh_kernels",)}
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,9 @@ def test_the_runtime_imports_only_the_contract():
 def test_kernels_import_nothing_of_the_project():
     bad = [
         f"{imp.path}:{imp.line} imports {imp.module}"
-        for path in files_under("kernels")
+        for path in files_under("radixmesh_kernels")
         for imp in imports_of(path)
-        if first_party(imp.module) and not within(imp.module, "kernels")
+        if first_party(imp.module) and not within(imp.module, "radixmesh_kernels")
     ]
     assert bad == []
 
@@ -164,7 +164,7 @@ def test_cores_import_no_grpc_and_no_stubs():
 def test_nothing_below_the_top_floor_imports_it():
     bad = [
         f"{imp.path}:{imp.line} imports {imp.module}"
-        for path in files_under("radixmesh", "services", "gateway", "kernels")
+        for path in files_under("radixmesh", "services", "gateway", "radixmesh_kernels")
         for imp in imports_of(path)
         if within(imp.module, "mesh")
     ]

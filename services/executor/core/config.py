@@ -48,7 +48,7 @@ class ExecutorConfig:
     """On CUDA: replay decode steps as captured graphs (one per batch-size bucket)."""
     kernel_backends: tuple[str, ...] = ()
     """Ops replaced by a site's own implementation, as `op=module:object` or
-    `module:object` (a `kernels.backends.KernelOverride`); see kernels/backends.py."""
+    `module:object` (a `radixmesh_kernels.backends.KernelOverride`); see radixmesh_kernels/backends.py."""
     kernel_entry_points: bool = True
     """Also load the backends installed under the `radixmesh.kernels` entry-point group."""
     tensor_parallel_size: int = 1
@@ -58,7 +58,7 @@ class ExecutorConfig:
     """A sequence's logits do not depend on the rest of the batch, its size, or whether its
     positions run as a decode or as a verification extend: one fixed-tile matmul for every
     row count, decode attention split by each row's own length, every extend's attention
-    run as decode rows (kernels/batch_invariant.py). Greedy outputs are then the same with
+    run as decode rows (radixmesh_kernels/batch_invariant.py). Greedy outputs are then the same with
     speculation on or off at any batch size, at some cost in speed. Plain (not FP8) weights
     and one rank only."""
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

@@ -12,7 +12,7 @@ the per-launch host cost that otherwise dominates decode. `StepGraphs(num_rows=r
   (the causal offset is seq_len - q_len).
 
 A set may also be captured at several page-table widths (`widths`, narrowest first): a
-decode kernel may pick its path by the table's capacity (kernels/paged_decode_attention.py,
+decode kernel may pick its path by the table's capacity (radixmesh_kernels/paged_decode_attention.py,
 `decode_graph_widths`), so a step replays the narrowest width that holds its longest
 sequence's pages.
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.batch_invariant import workspace_bytes
-from kernels.paged_decode_attention import decode_graph_widths
+from radixmesh_kernels.batch_invariant import workspace_bytes
+from radixmesh_kernels.paged_decode_attention import decode_graph_widths
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import (

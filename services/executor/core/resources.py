@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels import Ops, get_ops
-from kernels.backends import KernelBackendError, discover, load_spec, with_overrides
-from kernels.batch_invariant import batch_invariant_ops
 from radixmesh.errors import InvalidArgument
 from radixmesh.executor_info import ExecutorInfo
+from radixmesh_kernels import Ops, get_ops
+from radixmesh_kernels.backends import KernelBackendError, discover, load_spec, with_overrides
+from radixmesh_kernels.batch_invariant import batch_invariant_ops
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.kv_pool import num_pages_for_budget, page_bytes
 from services.executor.core.loader import DTYPES, ModelFolder

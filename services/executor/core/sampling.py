@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kernels import get_ops
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import TokenLogprobs
+from radixmesh_kernels import get_ops
 from services.common.logging import get_logger
 
 log = get_logger(__name__)

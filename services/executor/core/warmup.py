@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import prefill_attention
+from radixmesh_kernels import prefill_attention
 from services.common.logging import get_logger
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool

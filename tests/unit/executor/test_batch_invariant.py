@@ -136,7 +136,7 @@ def test_fp8_and_tensor_parallel_are_refused_naming_both_fields(llama_model: Tin
 
 def test_fp8_weights_are_refused_by_the_model(llama_model: TinyModel) -> None:
     """quantization auto on an FP8 checkpoint resolves at load: the model refuses it."""
-    from kernels.batch_invariant import batch_invariant_ops
+    from radixmesh_kernels.batch_invariant import batch_invariant_ops
     from services.executor.core.models.decoder import Decoder, quantize_projections
 
     core = make_core(llama_model)
@@ -232,7 +232,7 @@ def test_speculative_bench_compares_each_batch_with_the_smaller_ones() -> None:
 
 
 def test_the_graph_estimate_counts_the_modes_attention_workspace(llama_model: TinyModel) -> None:
-    from kernels.batch_invariant import workspace_bytes
+    from radixmesh_kernels.batch_invariant import workspace_bytes
     from services.executor.core.graph_setup import estimate_graph_bytes, plan_graphs
     from services.executor.core.loader import read_model_folder
 

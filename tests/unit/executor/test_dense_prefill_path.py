@@ -8,9 +8,9 @@ import inspect
 import pytest
 import torch
 
-from kernels._triton import interpreting
-from kernels.paged_decode_attention import paged_decode_attention_triton
-from kernels.prefill_attention import prefill_attention_triton
+from radixmesh_kernels._triton import interpreting
+from radixmesh_kernels.paged_decode_attention import paged_decode_attention_triton
+from radixmesh_kernels.prefill_attention import prefill_attention_triton
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models.decoder import Decoder
 from tests.unit.executor.conftest import TinyModel, hf_logits, make_core, random_prompt

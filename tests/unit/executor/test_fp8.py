@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from kernels import get_ops
 from radixmesh.errors import InvalidArgument
+from radixmesh_kernels import get_ops
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models.fp8 import (

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from kernels.bitmask import apply_bitmask_ref, unpack_bitmask
 from mesh.tiny_model import write_tiny_model
 from radixmesh.errors import FailedPrecondition, InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind
+from radixmesh_kernels.bitmask import apply_bitmask_ref, unpack_bitmask
 from services.executor.core.grammar import (
     ConstraintMatcher,
     GrammarConfig,

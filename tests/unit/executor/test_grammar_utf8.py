@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from kernels.bitmask import unpack_bitmask
 from mesh.tiny_model import write_tiny_model
 from radixmesh.sampling import Constraint, ConstraintKind
+from radixmesh_kernels.bitmask import unpack_bitmask
 from services.executor.core.grammar import GrammarConfig, GrammarService, accept_batch
 from services.executor.core.grammar.utf8 import Utf8Guard
 

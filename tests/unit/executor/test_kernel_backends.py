@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import REFERENCE_OPS, get_ops
-from kernels.backend_checks import CASES
-from kernels.backends import KernelBackendError, KernelOverride, load_spec, with_overrides
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import NewSequence, StepPlan
+from radixmesh_kernels import REFERENCE_OPS, get_ops
+from radixmesh_kernels.backend_checks import CASES
+from radixmesh_kernels.backends import KernelBackendError, KernelOverride, load_spec, with_overrides
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from tests.fixtures.tiny_llama import write_tiny_llama
@@ -124,7 +124,7 @@ def test_replacing_rotary_or_kv_store_turns_the_fused_op_off():
 def test_the_fused_rotary_kv_store_path_gives_the_two_ops_tokens(model_path):
     fused = make_core(model_path, kernel_entry_points=False)
     assert fused.model.ops.rotary_kv_store is not None
-    separate = make_core(model_path, kernel_backends=("rotary=kernels.rotary:rotary_ref",))
+    separate = make_core(model_path, kernel_backends=("rotary=radixmesh_kernels.rotary:rotary_ref",))
     assert separate.model.ops.rotary_kv_store is None
     prompt = [5, 9, 17, 33, 8, 2, 40]
     assert greedy_tokens(fused, prompt) == greedy_tokens(separate, prompt)

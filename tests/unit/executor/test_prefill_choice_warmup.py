@@ -9,9 +9,9 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from kernels import prefill_attention
-from kernels._triton import interpreting
-from kernels.dense_prefill_attention import DenseConfig
+from radixmesh_kernels import prefill_attention
+from radixmesh_kernels._triton import interpreting
+from radixmesh_kernels.dense_prefill_attention import DenseConfig
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models.decoder import Decoder
 from services.executor.core.warmup import decide_prefill_attention

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels._triton import interpreting
-from kernels.paged_attention import paged_attention_triton
-from kernels.paged_decode_attention import paged_decode_attention_triton
 from radixmesh.errors import InvalidArgument
+from radixmesh_kernels._triton import interpreting
+from radixmesh_kernels.paged_attention import paged_attention_triton
+from radixmesh_kernels.paged_decode_attention import paged_decode_attention_triton
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models import ARCHITECTURES, parse_spec
 from services.executor.core.models.decoder import Decoder

@@ -13,7 +13,7 @@ Each constrained sequence then gets a `ConstraintMatcher` (matcher.py) that
 fills its bitmask row and follows its tokens. The service is the executor's
 `Grammar` backend (interface.py): `matcher_for` and `accept_batch`.
 
-Bitmask layout (xgrammar's, and `kernels/bitmask.py`'s): int32 words
+Bitmask layout (xgrammar's, and `radixmesh_kernels/bitmask.py`'s): int32 words
 [batch, ceil(vocab_size / 32)], bit j of word i allows token 32 * i + j.
 """
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from kernels.bitmask import unpack_bitmask
 from radixmesh.sampling import Constraint
+from radixmesh_kernels.bitmask import unpack_bitmask
 from services.executor.core.grammar.interface import Grammar, SequenceGrammar, TokenMatcher
 
 

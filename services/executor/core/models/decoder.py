@@ -4,7 +4,7 @@ Llama, Mistral, Qwen2 and Qwen3 differ only in the options of `ModelSpec`
 (q/k/v bias, per-head q/k RMSNorm, head_dim, rotary parameters, Mistral's
 sliding window). Weights are plain tensors with q/k/v and gate/up fused at load
 time (the four projections may instead be FP8, see `fp8.py`); every op comes from
-`kernels.get_ops(device)`, matrix products go to torch.
+`radixmesh_kernels.get_ops(device)`, matrix products go to torch.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels import Ops
-from kernels.batch_invariant import decode_rows
-from kernels.rotary import rope_cos_sin_cache
 from radixmesh.errors import InvalidArgument
+from radixmesh_kernels import Ops
+from radixmesh_kernels.batch_invariant import decode_rows
+from radixmesh_kernels.rotary import rope_cos_sin_cache
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.fp8 import Fp8Weight, Weight, empty_fp8, linear, quantize_weight
@@ -152,7 +152,7 @@ class Decoder:
     Under tensor parallelism (`tp`, see tensor_parallel.py) `spec` and `weights` are this
     rank's shard; every rank runs the same batches, and the logits are whole on each.
 
-    With a batch-invariant op set (`ops.batch_invariant`, kernels/batch_invariant.py) every
+    With a batch-invariant op set (`ops.batch_invariant`, radixmesh_kernels/batch_invariant.py) every
     query row of an extend (a verified draft, a prefill) attends through the decode
     attention as the decode of its own position would, so a row's logits do not depend on
     the batch or on how its positions were grouped into steps.

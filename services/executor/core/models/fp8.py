@@ -5,7 +5,7 @@ scale per output row. A checkpoint's per-tensor scale is spread over that tensor
 so the fused q/k/v and gate/up matrices keep each part's own scale and every product is
 one matrix call.
 
-The product is the `fp8_linear` op of `kernels` (`kernels/fp8_linear.py`): on CUDA a
+The product is the `fp8_linear` op of `kernels` (`radixmesh_kernels/fp8_linear.py`): on CUDA a
 weight-only GEMV for decode-sized batches and the FP8 tensor cores (per-token activation
 scales) above that; the torch reference dequantizes the weight and calls `F.linear`.
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from kernels import Ops
 from radixmesh.errors import InvalidArgument
+from radixmesh_kernels import Ops
 from services.executor.core.config import QUANTIZATIONS
 
 FP8 = torch.float8_e4m3fn

@@ -7,7 +7,7 @@ row-major, scale [out] float32 (one per output row), bias [out] or None; y is
 `fp8_linear_triton` picks the kernel by the number of rows:
 - up to GEMV_MAX_ROWS (decode at batch 1 to 8): a weight-only GEMV (FP8 weights widened
   in registers, fp32 accumulation with the activations as they are: no activation
-  rounding). `kernels/gemv.py` holds the split-K kernel and the per-shape choice
+  rounding). `radixmesh_kernels/gemv.py` holds the split-K kernel and the per-shape choice
   among its configs, the one-pass `_fp8_gemv_kernel` here (one program per BLOCK_N
   output rows, the whole K) and the tensor-core path, timed on the device;
 - above it: the activations are quantized per token by `_quantize_rows_kernel` (one
@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import gemv
-from kernels._triton import check, tl, triton
-from kernels.gemv import MAX_ROWS, GemvFn, gemv_plan
+from radixmesh_kernels import gemv
+from radixmesh_kernels._triton import check, tl, triton
+from radixmesh_kernels.gemv import MAX_ROWS, GemvFn, gemv_plan
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0

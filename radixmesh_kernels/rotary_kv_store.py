@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import check, tl, triton
-from kernels.kv_store import kv_store_ref
-from kernels.rotary import _rotate_heads, rotary_ref
+from radixmesh_kernels._triton import check, tl, triton
+from radixmesh_kernels.kv_store import kv_store_ref
+from radixmesh_kernels.rotary import _rotate_heads, rotary_ref
 
 
 def rotary_kv_store_ref(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kernels.rotary import rope_cos_sin_cache
+from radixmesh_kernels.rotary import rope_cos_sin_cache
 
 
 @dataclass(slots=True)
@@ -165,7 +165,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def check(op: str, fn: Callable, reference: Callable, device: torch.device, source: str) -> None:
     """Raises KernelBackendError naming the op when `fn` disagrees with `reference`."""
-    from kernels.backends import KernelBackendError
+    from radixmesh_kernels.backends import KernelBackendError
 
     build = CASES.get(op)
     if build is None:
@@ -194,7 +194,7 @@ def check(op: str, fn: Callable, reference: Callable, device: torch.device, sour
 
 
 def _compare(got: torch.Tensor, want: torch.Tensor, where: str) -> None:
-    from kernels.backends import KernelBackendError
+    from radixmesh_kernels.backends import KernelBackendError
 
     if got.shape != want.shape:
         raise KernelBackendError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import check, tl, triton
+from radixmesh_kernels._triton import check, tl, triton
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,8 @@ import functools
 
 import torch
 
-from kernels._triton import check, interpreting, tl, triton
-from kernels.paged_attention import (
+from radixmesh_kernels._triton import check, interpreting, tl, triton
+from radixmesh_kernels.paged_attention import (
     LOG2E,
     attend_range,
     check_paged_kv,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import check, tl, triton
+from radixmesh_kernels._triton import check, tl, triton
 
 
 def rmsnorm_ref(

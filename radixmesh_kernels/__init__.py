@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.bitmask import apply_bitmask_ref
-from kernels.fp8_linear import fp8_linear_ref
-from kernels.gemv import dense_linear_ref
-from kernels.kv_store import kv_store_ref
-from kernels.paged_attention import paged_attention_ref
-from kernels.paged_decode_attention import paged_decode_attention_ref
-from kernels.rmsnorm import rmsnorm_ref
-from kernels.rotary import rotary_ref
-from kernels.rotary_kv_store import rotary_kv_store_ref
-from kernels.silu_and_mul import silu_and_mul_ref
+from radixmesh_kernels.bitmask import apply_bitmask_ref
+from radixmesh_kernels.fp8_linear import fp8_linear_ref
+from radixmesh_kernels.gemv import dense_linear_ref
+from radixmesh_kernels.kv_store import kv_store_ref
+from radixmesh_kernels.paged_attention import paged_attention_ref
+from radixmesh_kernels.paged_decode_attention import paged_decode_attention_ref
+from radixmesh_kernels.rmsnorm import rmsnorm_ref
+from radixmesh_kernels.rotary import rotary_ref
+from radixmesh_kernels.rotary_kv_store import rotary_kv_store_ref
+from radixmesh_kernels.silu_and_mul import silu_and_mul_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +44,13 @@ class Ops:
     fp8_linear: Callable
     linear: Callable = dense_linear_ref
     """x @ weight.T + bias for plain (not FP8) weights: `F.linear`, or on CUDA the per-shape
-    choice between cuBLAS and a split-K GEMV for one or two rows (kernels/gemv.py)."""
+    choice between cuBLAS and a split-K GEMV for one or two rows (radixmesh_kernels/gemv.py)."""
     rotary_kv_store: Callable | None = None
     """`rotary` then `kv_store` of the rotated keys in one op (returns the rotated q); None
     when the set has no fused form, or a backend replaced `rotary` or `kv_store` (the model
     then calls those two)."""
     batch_invariant: bool = False
-    """The set of `kernels.batch_invariant.batch_invariant_ops`: a row's linear and decode
+    """The set of `radixmesh_kernels.batch_invariant.batch_invariant_ops`: a row's linear and decode
     attention do not depend on the rest of the batch, and the model runs an extend's
     attention as decode rows (not an op: backends cannot replace it)."""
 
@@ -90,7 +90,7 @@ def get_ops(device: torch.device | str) -> Ops:
     device_type = torch.device(device).type
     factory = _BACKENDS.get(device_type)
     if factory is None and device_type == "cuda":
-        from kernels import triton_ops  # registers the "cuda" backend
+        from radixmesh_kernels import triton_ops  # registers the "cuda" backend
 
         factory = _BACKENDS.get("cuda")
         del triton_ops

@@ -103,8 +103,8 @@ def discover(group: str = ENTRY_POINT_GROUP) -> list[KernelOverride]:
 def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.device | str):
     """`ops` with each override for this device checked against the op's reference and
     put in place. Raises KernelBackendError naming the op for a refused override."""
-    from kernels import REFERENCE_OPS, op_names
-    from kernels.backend_checks import check
+    from radixmesh_kernels import REFERENCE_OPS, op_names
+    from radixmesh_kernels.backend_checks import check
 
     device = torch.device(device)
     fields = set(op_names())

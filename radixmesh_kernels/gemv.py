@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import interpreting, tl, triton
-from kernels.tuning import cuda_time_us, fastest, within
+from radixmesh_kernels._triton import interpreting, tl, triton
+from radixmesh_kernels.tuning import cuda_time_us, fastest, within
 
 MAX_ROWS = 8
 """Rows (decode sequences) the GEMV serves: programs take them in pairs; from 3 rows on the

@@ -33,15 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._triton import check, interpreting
-from kernels.dense_prefill_attention import (
+from radixmesh_kernels._triton import check, interpreting
+from radixmesh_kernels.dense_prefill_attention import (
     INTERPRETER_CONFIG,
     DenseConfig,
     dense_prefill_attention,
     dense_supported,
 )
-from kernels.paged_attention import check_window, paged_attention_triton
-from kernels.tuning import cuda_time_us, fastest, within
+from radixmesh_kernels.paged_attention import check_window, paged_attention_triton
+from radixmesh_kernels.tuning import cuda_time_us, fastest, within
 
 MODES = ("auto", "paged", "dense")
 MODE = os.environ.get("RADIXMESH_PREFILL_ATTENTION", "auto")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kernels._triton import check, tl, triton
+from radixmesh_kernels._triton import check, tl, triton
 
 
 def rope_inv_freq(

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._triton import check, interpreting, tl, triton
-from kernels.paged_attention import LOG2E, attend_range, check_paged_kv, mma
+from radixmesh_kernels._triton import check, interpreting, tl, triton
+from radixmesh_kernels.paged_attention import LOG2E, attend_range, check_paged_kv, mma
 
 try:  # triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor

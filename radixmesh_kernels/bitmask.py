@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import check, tl, triton
+from radixmesh_kernels._triton import check, tl, triton
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -38,9 +38,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import check, interpreting, tl, triton
-from kernels.paged_attention import LOG2E, check_paged_kv, check_window, mma
-from kernels.paged_decode_attention import attend_split, store_partials
+from radixmesh_kernels._triton import check, interpreting, tl, triton
+from radixmesh_kernels.paged_attention import LOG2E, check_paged_kv, check_window, mma
+from radixmesh_kernels.paged_decode_attention import attend_split, store_partials
 
 MATMUL_BLOCK_M = 64
 MATMUL_BLOCK_N = 64
@@ -344,7 +344,7 @@ def decode_rows(
 
 
 def batch_invariant_ops(ops, device: torch.device | str):
-    """`ops` (a `kernels.Ops`) in the batch-invariant mode: the fixed-tile linear and the
+    """`ops` (a `radixmesh_kernels.Ops`) in the batch-invariant mode: the fixed-tile linear and the
     fixed-split decode attention on CUDA, the row-by-row linear elsewhere (the reference
     decode attention already attends each row alone)."""
     if torch.device(device).type == "cuda":
@@ -353,7 +353,7 @@ def batch_invariant_ops(ops, device: torch.device | str):
             "paged_decode_attention": batch_invariant_decode_attention_triton,
         }
     else:
-        from kernels.paged_decode_attention import paged_decode_attention_ref
+        from radixmesh_kernels.paged_decode_attention import paged_decode_attention_ref
 
         replaced = {
             "linear": batch_invariant_linear_ref,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import check, interpreting, tl, triton
+from radixmesh_kernels._triton import check, interpreting, tl, triton
 
 LOG2E = 1.4426950408889634
 
