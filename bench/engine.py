@@ -161,7 +161,9 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         max_queue_len=max(1024, args.num_requests),
         decode_steps_per_plan=args.decode_steps_per_plan,
     )
-    config = EngineConfig.for_model(model_dir(args), scheduler=scheduler, **executor_fields)
+    config = EngineConfig.for_model(
+        model_dir(args), scheduler=scheduler, launch_ahead=args.launch_ahead, **executor_fields
+    )
     if args.num_threads:
         import torch
 
@@ -343,6 +345,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the scheduler's multi-step decode plans; 1: a plan per step (default %(default)s)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-launch-ahead",
+        dest="launch_ahead",
+        action="store_const",
+        const=False,
+        default=None,
+        help="in-process: read each step back before the next is queued on the device",
+    )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(
         "--num-threads",

@@ -10,7 +10,7 @@
 #        contexts and prefill against SDPA cuDNN; fp8_gemv, the FP8 GEMV per
 #        8B projection against copy bandwidth and bf16 cuBLAS; kernel_tests_gpu, the GPU-only
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
-#        interval; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
+#        interval; engine_b1_serial, batch-1 decode with launch-ahead off; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
 #        which need 2 GPUs; train_tiny and speculative: a small model trained on the standard
 #        library's source, then speculative decoding off / ngram / suffix on it, in-process and, as
 #        speculative_serve, through radixmesh serve)
@@ -152,6 +152,9 @@ batch_1() {
 step_engine_b1() { batch_1 engine_b1; }
 
 step_engine_b1_si() { batch_1 engine_b1_si --switch-interval-us 200; }
+
+# engine_b1 with every step read back before the next is queued (launch-ahead off): the A/B
+step_engine_b1_serial() { batch_1 engine_b1_serial --no-launch-ahead; }
 
 step_engine_b1_fp8() { batch_1 engine_b1_fp8 --quantization fp8; }
 
@@ -326,6 +329,11 @@ if b1:
     row("batch-1 TPOT (engine)", tpot, "ms", floor_ms and round(floor_ms, 3),
         floor_ms and round(tpot / floor_ms, 3), 1.15, higher=False,
         note="reference: weight bytes / copy BW")
+if b1_serial := engine("engine_b1_serial"):
+    tpot = b1_serial["tpot_p50_ms"]
+    row("batch-1 TPOT, launch-ahead off", tpot, "ms", floor_ms and round(floor_ms, 3),
+        floor_ms and round(tpot / floor_ms, 3), 1.15, higher=False,
+        note="each step read back before the next is queued")
 if b1_si := engine("engine_b1_si"):
     tpot = b1_si["tpot_p50_ms"]
     row("batch-1 TPOT, 200 us GIL switch", tpot, "ms", floor_ms and round(floor_ms, 3),

@@ -47,6 +47,9 @@ class EngineConfig:
     overlap_prepare: bool | None = None
     """Prepare plan N + 1 on a thread of its own while step N executes. None: on CUDA
     devices only (on CPU the threads would only contend for the interpreter)."""
+    launch_ahead: bool | None = None
+    """Queue a plain step on the device before the step before it is read back
+    (services/executor/core/pipeline.py; needs overlapping prepares). None: on CUDA."""
     tune_gc: bool = True
     """Once started, freeze what the start made and raise the collector's young threshold
     (services/common/gc_policy.py), as the services do: process-wide, so a caller that
@@ -64,6 +67,7 @@ class EngineConfig:
         num_executors: int = 1,
         scheduler: SchedulerConfig | None = None,
         overlap_prepare: bool | None = None,
+        launch_ahead: bool | None = None,
         tune_gc: bool = True,
         **executor_fields: object,
     ) -> EngineConfig:
@@ -73,6 +77,7 @@ class EngineConfig:
             executors=(executor,) * num_executors,
             scheduler=scheduler or SchedulerConfig(),
             overlap_prepare=overlap_prepare,
+            launch_ahead=launch_ahead,
             tune_gc=tune_gc,
         )
 
@@ -183,6 +188,7 @@ class Engine:
                 core,
                 self.grammar,
                 overlap_prepare=self.config.overlap_prepare,
+                launch_ahead=self.config.launch_ahead,
                 on_plan=self._tree_prefetch(core),
             )
             info = port.info

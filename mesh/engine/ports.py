@@ -73,6 +73,8 @@ class InProcessExecutor:
     executes (no further ahead: its prepare waits for step N - 1). None: on a
     CUDA device only; on CPU the two threads would only contend for the
     interpreter, so each plan is prepared and executed on the step thread.
+    `launch_ahead`: queue a plain step before the one before it is read back (see
+    `StepPipeline`); None: on a CUDA device only.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class InProcessExecutor:
         grammar: GrammarService | None = None,
         *,
         overlap_prepare: bool | None = None,
+        launch_ahead: bool | None = None,
         on_plan: Callable[[StepPlan], None] | None = None,
     ) -> None:
         """`on_plan`: called with each plan before it is queued (on the event loop), e.g.
@@ -89,7 +92,9 @@ class InProcessExecutor:
         self.grammar = grammar
         self._on_plan = on_plan
         self._info = dataclasses.replace(core.info, executor_id=executor_id)
-        self._pipeline = StepPipeline(executor_id, overlap_prepare=overlap_prepare)
+        self._pipeline = StepPipeline(
+            executor_id, overlap_prepare=overlap_prepare, launch_ahead=launch_ahead
+        )
         self._pipeline.attach(core)
         self._run = self._pipeline.open(core, after_execute=_result)
         """One run for the port's life: once a step fails, later plans are refused."""

@@ -155,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ignore the kernel backends installed under the radixmesh.kernels entry points",
     )
+    parser.add_argument(
+        "--launch-ahead",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="queue a plain decode step on the device before the step before it is read "
+        "back; auto: on a CUDA device",
+    )
     add_speculative_arguments(parser)
     parser.add_argument("--log-level", default="info")
     add_server_arguments(parser)
@@ -369,6 +376,7 @@ async def serve(args: argparse.Namespace) -> int:
     REGISTRY.register(collector)
     servicer = ExecutorServicer(
         max_inflight_plans=args.max_inflight_plans,
+        launch_ahead={"auto": None, "on": True, "off": False}[args.launch_ahead],
         shutdown_requested=runtime.wait_shutdown_requested,
         health=health,
     )

@@ -143,6 +143,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         metrics: StepMetrics | None = None,
         health: HealthSampler | None = None,
         overlap_prepare: bool | None = None,
+        launch_ahead: bool | None = None,
     ) -> None:
         """`shutdown_requested`: returns once the service is shutting down
         (`ServiceRuntime.wait_shutdown_requested`); open streams then wind down.
@@ -150,14 +151,17 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         `overlap_prepare`: prepare plan N + 1 on its own thread while step N executes;
         None: on a CUDA device only (on CPU there is no device time to hide, and the
         two threads only contend for the interpreter: prepares then run on the step
-        thread, between steps)."""
+        thread, between steps). `launch_ahead`: queue a plain step on the device before
+        the step before it is read back (`StepPipeline`); None: on a CUDA device only."""
         if max_inflight_plans < 1:
             raise InvalidArgument(f"max_inflight_plans must be >= 1, got {max_inflight_plans}")
         self._max_inflight = max_inflight_plans
         self._shutdown_requested = shutdown_requested
         self._metrics = metrics or StepMetrics.create()
         self._health = health or HealthSampler()
-        self._pipeline = StepPipeline("executor", overlap_prepare=overlap_prepare)
+        self._pipeline = StepPipeline(
+            "executor", overlap_prepare=overlap_prepare, launch_ahead=launch_ahead
+        )
         self._core: ExecutorCore | None = None
         self._grammar: GrammarService | None = None
         self._executor_id = ""

@@ -12,6 +12,12 @@ A step is split in two, so that the host work of step N + 1 can run while
 step N is on the device: `prepare(plan)` (checks, state updates known from
 the plan alone, host arrays, their upload) and `execute(prepared)` (forward,
 sampling, finish detection). `step(plan)` is `execute(prepare(plan))`.
+`execute` is itself `finish(launch(prepared))`: for a plain step (`plain`: no
+grammar, drafts, scoring, page copies or log probabilities, its sampling inputs
+prepared) `launch` only queues the device work (forward, sample, the sampled
+ids' copy to the host) and `finish` waits for that copy and detects the
+finishes, so a pipeline can queue step N + 1 on the device before it reads
+step N's tokens back (`pipeline.py`, launch-ahead).
 """
 
 from __future__ import annotations
@@ -124,6 +130,21 @@ class PreparedStep:
     substep: int = 0
     """Which step of its plan this is (a multi-step plan prepares one per step)."""
     offered: bool = False  # the plan offered decodes draft tokens (drafted or not)
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose device work is queued (`ExecutorCore.launch`), for `finish`."""
+
+    prepared: PreparedStep
+    start: float
+    """perf_counter() when the launch began."""
+    result: StepResult | None = None
+    """Set when the launch ran the whole step (not a plain one)."""
+    token_ids: torch.Tensor | None = None
+    """The sampled ids, one per sampler row, on the host once `ready` has fired."""
+    ready: torch.cuda.Event | None = None
+    """Recorded after the ids' copy to the host (None on the CPU: already there)."""
 
 
 class ExecutorCore:
@@ -394,9 +415,9 @@ class ExecutorCore:
         prepared.prepare_seconds = time.perf_counter() - start
         return prepared
 
-    @torch.inference_mode()
     def execute(self, prepared: PreparedStep) -> StepResult:
-        """Runs a prepared step: forward, grammar masks, sampling, finish detection.
+        """Runs a prepared step: forward, grammar masks, sampling, finish detection
+        (`finish(launch(prepared))`).
 
         Beside the forward (on a worker thread on CPU, on this thread while the device
         computes with CUDA; see grammar/step.py) each constrained sequence's grammar
@@ -404,13 +425,92 @@ class ExecutorCore:
         step_seconds in the result is this call's time plus the prepare's. If it
         raises, the state of the step's sequences is undefined: drop them.
         """
+        return self.finish(self.launch(prepared))
+
+    def plain(self, prepared: PreparedStep) -> bool:
+        """The step needs nothing of the host but its prepared inputs until its sampled ids
+        are read back: no grammar, drafts, prompt scoring, page copies or log
+        probabilities, and its sampling inputs built at prepare. Such a step may be
+        launched before the steps prepared ahead of it are finished (their tokens stay on
+        the device), and its own finish waits only for its own ids."""
+        inputs = prepared.sampling_inputs
+        return (
+            prepared.batch is not None
+            and inputs is not None
+            and not inputs.want_logprobs
+            and prepared.scoring is None
+            and not prepared.scored_to_end
+            and prepared.drafts is None
+            and prepared.copies is None
+            and all(s.grammar is None for s in prepared.samplers)
+        )
+
+    @torch.inference_mode()
+    def launch(self, prepared: PreparedStep) -> LaunchedStep:
+        """Queues a plain step's device work (forward, sample, the ids' copy to the host)
+        and returns without waiting for it; any other step runs whole here. Steps launch
+        in the order prepared, each once; `finish` them in the same order."""
         start = time.perf_counter()
+        if not self.plain(prepared):
+            return LaunchedStep(prepared, start, result=self._execute_whole(prepared, start))
+        self._count_executed(prepared)
+        batch, inputs = prepared.batch, prepared.sampling_inputs
+        assert batch is not None and inputs is not None and batch.sample_rows is not None
+        batch.load_device_tokens(self._last_tokens)
+        logits = self._forward(batch)
+        live = [not s.finished for s in prepared.samplers]
+        token_ids = self._step_sampler.draw(inputs, batch.sample_rows, logits, live).token_ids
+        if token_ids.device.type != "cuda":
+            return LaunchedStep(prepared, start, token_ids=token_ids)
+        host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+        host.copy_(token_ids, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return LaunchedStep(prepared, start, token_ids=host, ready=ready)
+
+    @torch.inference_mode()
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """The launched step's result: waits for its sampled ids (not for steps launched
+        after it), appends them and detects the finishes. A sequence that a step finished
+        since this one was launched is skipped (its row ran and is discarded)."""
+        if launched.result is not None:
+            return launched.result
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        assert launched.token_ids is not None
+        token_ids = launched.token_ids.tolist()
+        prepared = launched.prepared
+        outputs: list[SequenceOutput] = []
+        with self._lock:
+            for seq, row in zip(prepared.seqs, prepared.sampler_rows, strict=True):
+                if seq.finished:
+                    continue
+                if row < 0:
+                    outputs.append(SequenceOutput(seq.req_id, None))
+                else:
+                    outputs.append(self._finish_sample(seq, token_ids[row], None))
+        return self._result(prepared, outputs, launched.start)
+
+    def _count_executed(self, prepared: PreparedStep) -> None:
         with self._lock:
             if prepared.index < self._num_executed:
                 raise FailedPrecondition(
                     f"step {prepared.step_id}: prepared steps run once, in the order prepared"
                 )
             self._num_executed = prepared.index + 1
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """The batch's logits: a captured graph where one runs it, else the eager forward."""
+        plain = batch.slot_copies is None  # copies run between a layer's writes and reads
+        if plain and self._graphs is not None and self._graphs.can_run(batch):
+            return self._graphs.run(batch)
+        if plain and self._verify_graphs is not None and self._verify_graphs.can_run(batch):
+            return self._verify_graphs.run(batch)
+        return self.model.forward(batch, self.kv_pool)
+
+    def _execute_whole(self, prepared: PreparedStep, start: float) -> StepResult:
+        """Any step, from its forward to its result (`execute` before the split)."""
+        self._count_executed(prepared)
         batch = prepared.batch
         outputs: list[SequenceOutput] = []
         if prepared.copies is not None:  # each layer copies after its KV writes (page_copy.py)
@@ -428,17 +528,12 @@ class ExecutorCore:
             )
             pending = self._grammar.start(grammar_rows, grammar_lens)
             scoring, scored = prepared.scoring, {}
-            plain = batch.slot_copies is None  # copies run between a layer's writes and reads
             if scoring is not None:  # an extend that scores prompt tokens: never a graph
                 logits, hidden = self.model.forward_scored(batch, self.kv_pool, scoring.rows)
                 entries = score(hidden, self.model.lm_head, scoring)
                 scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries, strict=True)}
-            elif plain and self._graphs is not None and self._graphs.can_run(batch):
-                logits = self._graphs.run(batch)
-            elif plain and self._verify_graphs is not None and self._verify_graphs.can_run(batch):
-                logits = self._verify_graphs.run(batch)
             else:
-                logits = self.model.forward(batch, self.kv_pool)
+                logits = self._forward(batch)
             scored_to_end = {id(seq) for seq in prepared.scored_to_end}
             masks = pending.result()
             verified: list[tuple[list[int], int] | None] = []
@@ -487,8 +582,14 @@ class ExecutorCore:
             if prepared.drafts is not None:
                 switch = self.spec_switch if self._proposer is not None else None
                 record_gains(switch, self.forced_switch, prepared.drafts, outputs)
+        return self._result(prepared, outputs, start)
+
+    def _result(
+        self, prepared: PreparedStep, outputs: list[SequenceOutput], start: float
+    ) -> StepResult:
+        """The step's result, with the proposer's answer and the step's timing."""
         result = StepResult(prepared.step_id, outputs, substep=prepared.substep)
-        if self._proposer is not None and batch is not None:  # a prefill's too: no reset
+        if self._proposer is not None and prepared.batch is not None:  # a prefill's too: no reset
             going = [seq for seq in prepared.seqs if not seq.finished]
             ahead = self._num_prepared - prepared.index - 1  # prepared since: counted
             k, proposer = self.config.speculative.max_draft_tokens, self._proposer

@@ -13,6 +13,14 @@ for the interpreter) prepares run on the execute thread, between steps. On a
 device "cuda:N" both threads make it their current device (`bind_device`,
 from `attach` at the latest) before any job queued after.
 
+Launch-ahead (`launch_ahead`, by default on a CUDA core whose prepares overlap): a
+step is `launch`ed (its forward, sample and the sampled ids' copy to the host queued on
+the device) and then, before it is `finish`ed (its ids read back, its finishes found,
+its answer given), the step after it is launched too when both are plain
+(`ExecutorCore.plain`) and that step's prepare is not waiting for this one. So the
+device runs step N + 1 while the host reads step N back: no gap between two decode
+steps for the read-back, the finish detection and the next launch's host work.
+
 A multi-step plan (`StepPlan.num_steps` k) is queued as k steps of the same plan,
 each its own prepare and execute (`ExecutorCore.prepare`, then `prepare_next`), with
 one future per step, so each step's tokens are answered as the step ends.
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,7 +52,7 @@ from radixmesh.step import MAX_STEPS_PER_PLAN, StepPlan, StepResult
 from services.executor.core.spec.drafting import NO_DRAFTS
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import ExecutorCore, PreparedStep
+    from services.executor.core.executor import ExecutorCore, LaunchedStep, PreparedStep
     from services.executor.core.grammar import GrammarService
 
 R = TypeVar("R")
@@ -67,6 +76,18 @@ class PipelineCounts:
 
     def snapshot(self) -> PipelineCounts:
         return dataclasses.replace(self)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Slot:
+    """One queued step, as the step thread sees the one after its own."""
+
+    prepare: Future[PreparedStep | None] | None = None
+    """Set by the loop thread right after the prepare is queued."""
+    decided: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set by the prepare thread once `serial` is known (or the prepare ended early)."""
+    serial: bool = True
+    """The prepare waits for the step before it (or gave up): never waited on by that step."""
 
 
 class PlanRun(Generic[R]):
@@ -105,6 +126,13 @@ class PlanRun(Generic[R]):
         """Execute thread: a step raised (or a failed prepare surfaced); later ones are skipped."""
         self.counts = PipelineCounts()
         """Prepare thread (idle_starts: loop thread): what the steps waited for."""
+        self._slots: deque[_Slot] = deque()
+        """The steps queued and not yet executed, oldest first (appended by the loop thread,
+        taken by the step thread)."""
+        self._ahead: LaunchedStep | None = None
+        """Step thread: the next step, launched while the one before it finished."""
+        self.num_launched_ahead = 0
+        """Step thread: steps launched before the step before them was finished."""
 
     def submit(self, plan: StepPlan) -> Future[R | None]:
         """`submit_steps` for a plan of one step: its one future."""
@@ -131,9 +159,13 @@ class PlanRun(Generic[R]):
         older = executes[0] if len(executes) == executes.maxlen else None
         if last is None or last.done():
             self.counts.idle_starts += 1
-        prepare = self._pipeline.prepare_thread.submit(self._prepare, plan, last, older, substep)
-        self.last_prepare = prepare
-        execute = self._pipeline.step_thread.submit(self._execute, plan, prepare)
+        slot = _Slot()
+        self._slots.append(slot)
+        prepare = self._pipeline.prepare_thread.submit(
+            self._prepare, plan, last, older, substep, slot
+        )
+        slot.prepare = self.last_prepare = prepare
+        execute = self._pipeline.step_thread.submit(self._execute, plan, slot)
         executes.append(execute)
         return execute
 
@@ -143,6 +175,20 @@ class PlanRun(Generic[R]):
         last: Future[R | None] | None,
         older: Future[R | None] | None,
         substep: int,
+        slot: _Slot,
+    ) -> PreparedStep | None:
+        try:
+            return self._prepare_gated(plan, last, older, substep, slot)
+        finally:
+            slot.decided.set()  # an early end too: the step before never waits for it
+
+    def _prepare_gated(
+        self,
+        plan: StepPlan,
+        last: Future[R | None] | None,
+        older: Future[R | None] | None,
+        substep: int,
+        slot: _Slot,
     ) -> PreparedStep | None:
         """On the prepare thread: step N + 1 is prepared once step N - 1 (`older`) has
         executed, or step N (`last`) when the core says this step may draft
@@ -161,6 +207,8 @@ class PlanRun(Generic[R]):
         serial = may_draft or self._drafts_before
         gate = last if serial else older
         self._drafts_before = may_draft
+        slot.serial = serial
+        slot.decided.set()
         counts = self.counts
         counts.steps += 1
         counts.serial_steps += serial and last is not None
@@ -180,15 +228,25 @@ class PlanRun(Generic[R]):
             self.prepare_failed = True
             raise
 
-    def _execute(self, plan: StepPlan, prepare: Future[PreparedStep | None]) -> R | None:
+    def _execute(self, plan: StepPlan, slot: _Slot) -> R | None:
         """One step, on the execute thread; None when the run closed or failed before it."""
+        taken = self._slots.popleft()
+        assert taken is slot, "steps execute in the order queued"
+        ahead, self._ahead = self._ahead, None
         if self.closed or self.execute_failed:
             return None
         try:
-            prepared = prepare.result()  # a failed prepare raises here, after the steps before
+            assert slot.prepare is not None
+            prepared = slot.prepare.result()  # a failed prepare raises here, after the steps before
             if prepared is None:
                 return None
-            result = self._core.execute(prepared)
+            if not self._pipeline.launch_ahead:
+                result = self._core.execute(prepared)
+            else:
+                launched = ahead if ahead is not None else self._core.launch(prepared)
+                if launched.result is None:
+                    self._launch_next()
+                result = self._core.finish(launched)
         except BaseException:
             self.execute_failed = True
             if self._on_error is not None:
@@ -196,20 +254,51 @@ class PlanRun(Generic[R]):
             raise
         return self._after_execute(plan, result)
 
+    def _launch_next(self) -> None:
+        """Launches the step queued after the one being executed, if its prepare does not
+        wait for that one and it prepared a plain step; its own execute finishes it. A
+        failed prepare is left for that execute to surface."""
+        try:
+            slot = self._slots[0]
+        except IndexError:
+            return  # nothing queued yet: the next plan has not come
+        slot.decided.wait()
+        if slot.serial or self.closed:
+            return
+        assert slot.prepare is not None
+        wait([slot.prepare])
+        if slot.prepare.exception() is not None:
+            return
+        prepared = slot.prepare.result()
+        if prepared is not None and self._core.plain(prepared):
+            self._ahead = self._core.launch(prepared)
+            self.num_launched_ahead += 1
+
 
 class StepPipeline:
     """The two worker threads of one executor core; see the module docstring.
 
     Threads are named "<name>-prepare" and "<name>-step". `overlap_prepare`: prepare
-    on the prepare thread while a step executes; None: on a CUDA core only.
+    on the prepare thread while a step executes; `launch_ahead`: launch a plain step
+    before the one before it is finished (only with overlapping prepares); None: on a
+    CUDA core only.
     """
 
-    def __init__(self, name: str = "executor", *, overlap_prepare: bool | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "executor",
+        *,
+        overlap_prepare: bool | None = None,
+        launch_ahead: bool | None = None,
+    ) -> None:
         self._prepare_thread = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-prepare")
         self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-step")
         self._overlap_prepare = overlap_prepare
+        self._launch_ahead = launch_ahead
         self._prepare_on = self._prepare_thread
         """Where prepares run: the prepare thread, or the execute thread (set by `attach`)."""
+        self.launch_ahead = False
+        """Steps launched before the step before them is finished (set by `attach`)."""
         self._closed = False
 
     def attach(self, core: ExecutorCore) -> None:
@@ -219,6 +308,11 @@ class StepPipeline:
         if overlap is None:
             overlap = core.device.type == "cuda"
         self._prepare_on = self._prepare_thread if overlap else self._execute_thread
+        ahead = self._launch_ahead
+        if ahead is None:
+            ahead = core.device.type == "cuda"
+        # the step thread may wait for the next prepare: never one queued behind it
+        self.launch_ahead = ahead and overlap
 
     def bind_device(self, device: torch.device | str) -> None:
         """Make `device` the current CUDA device of both worker threads, before any job

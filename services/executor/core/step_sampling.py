@@ -13,7 +13,7 @@ import torch
 
 from radixmesh.step import TokenLogprobs
 from services.executor.core.grammar import StepMasks
-from services.executor.core.sampling import Sampler, SamplingInputs
+from services.executor.core.sampling import Sampler, SampleResult, SamplingInputs
 from services.executor.core.sequence import SequenceState
 
 _NONE: frozenset[int] = frozenset()
@@ -95,15 +95,28 @@ class StepSampler:
         `inputs` None (or rows with min_tokens lifted): built here."""
         if inputs is None or masks.lifted:
             inputs = self.inputs(seqs, output_lens, masks.lifted)
-        result = self.sampler.sample(logits, inputs, masks.bitmask)
+        result = self.draw(inputs, sample_rows, logits, live, masks.bitmask)
+        token_ids = result.token_ids.tolist()
+        if result.logprobs is None:  # no row asked for them
+            return [(t, None) if ok else None for t, ok in zip(token_ids, live, strict=True)]
+        logprobs = result.logprobs_by_row([s.sampling for s in seqs], token_ids)
+        return [(token_ids[i], logprobs[i]) if live[i] else None for i in range(len(seqs))]
+
+    def draw(
+        self,
+        inputs: SamplingInputs,
+        sample_rows: torch.Tensor,
+        logits: torch.Tensor,
+        live: list[bool],
+        bitmask: torch.Tensor | None = None,
+    ) -> SampleResult:
+        """Samples every row on the device and keeps the live rows' tokens as their
+        buffer rows' last tokens; reads nothing back."""
+        result = self.sampler.sample(logits, inputs, bitmask)
         if all(live):
             self.last_tokens[sample_rows] = result.token_ids
         else:  # a finished sequence's row may have a new owner already
             kept = [i for i, ok in enumerate(live) if ok]
             keep = torch.tensor(kept, dtype=torch.int64, device=self.last_tokens.device)
             self.last_tokens[sample_rows[keep]] = result.token_ids[keep]
-        token_ids = result.token_ids.tolist()
-        if result.logprobs is None:  # no row asked for them
-            return [(t, None) if ok else None for t, ok in zip(token_ids, live, strict=True)]
-        logprobs = result.logprobs_by_row([s.sampling for s in seqs], token_ids)
-        return [(token_ids[i], logprobs[i]) if live[i] else None for i in range(len(seqs))]
+        return result

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from radixmesh.errors import InvalidArgument, RadixmeshError
 from radixmesh.step import StepPlan, StepResult
 from services.common.logging import get_logger
+from services.executor.core.executor import LaunchedStep
 from services.executor.core.models.tensor_parallel import TensorParallel
 
 log = get_logger(__name__)
@@ -120,6 +122,17 @@ class LeaderCore:
     def execute(self, prepared: Any) -> StepResult:
         self._send((_EXECUTE, prepared.index))
         return self._core.execute(prepared)
+
+    def plain(self, prepared: Any) -> bool:
+        """Never: every rank runs a step whole when the leader does (no launch-ahead)."""
+        return False
+
+    def launch(self, prepared: Any) -> LaunchedStep:
+        return LaunchedStep(prepared, time.perf_counter(), result=self.execute(prepared))
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        assert launched.result is not None
+        return launched.result
 
     def _check_running(self) -> None:
         if self._stopped:

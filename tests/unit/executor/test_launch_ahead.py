@@ -1,0 +1,213 @@
+"""Launch-ahead on the executor core and its step pipeline: a plain step is queued on the
+device before the step before it is read back, and the tokens, finishes and answers are
+those of running every step whole; steps that need the host between them (a grammar,
+log probabilities) are never launched ahead; a prepare that waits for the step before is
+never waited on by that step."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import pytest
+import torch
+
+from radixmesh.step import NewSequence, RunningSequence, StepPlan, StepResult
+from services.executor.core.executor import LaunchedStep
+from services.executor.core.pipeline import StepPipeline
+from services.executor.core.spec.drafting import NO_DRAFTS, DraftChoice
+from tests.unit.executor.conftest import TinyModel, greedy, make_core, random_prompt
+
+STEP_IDS = itertools.count(1)
+WAIT_S = 10.0
+
+
+def admit(core, req_id: str, prompt: list[int], page_ids: list[int], **sampling) -> int:
+    params = greedy(**sampling)
+    new = NewSequence(req_id, prompt, len(prompt), 0, len(prompt), page_ids, params)
+    (out,) = core.step(StepPlan(next(STEP_IDS), new_seqs=[new])).outputs
+    assert out.token_id is not None
+    return out.token_id
+
+
+async def run_plans(core, plans: list[StepPlan], *, launch_ahead: bool):
+    """Every plan's results through a pipeline with overlapping prepares, in order, and
+    the number of steps it launched ahead."""
+    pipeline = StepPipeline("test", overlap_prepare=True, launch_ahead=launch_ahead)
+    pipeline.attach(core)
+    assert pipeline.launch_ahead is launch_ahead
+    run = pipeline.open(core, after_execute=lambda plan, result: result)
+    futures = [f for plan in plans for f in run.submit_steps(plan)]
+    results = [await asyncio.wrap_future(f) for f in futures]
+    await pipeline.close()
+    return results, run.num_launched_ahead
+
+
+def outputs_of(results) -> list[list[tuple]]:
+    return [
+        [(o.req_id, o.token_id, o.finish_reason, o.matched_stop_token_id) for o in r.outputs]
+        for r in results
+    ]
+
+
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ],
+)
+
+
+async def decode_both_ways(
+    llama_model: TinyModel, sampling: dict[str, dict], num_steps: int, device: str = "cpu"
+):
+    """Three sequences admitted alike in two cores, then decoded by multi-step plans with
+    launch-ahead off and on: (results off, results on, steps launched ahead)."""
+    runs = []
+    for launch_ahead in (False, True):
+        core = make_core(llama_model, num_pages=64, max_num_seqs=8, device=device)
+        for i, (req_id, params) in enumerate(sampling.items()):
+            pages = list(range(8 * i, 8 * i + 8))
+            admit(core, req_id, random_prompt(4 + 3 * i, seed=i), pages, **params)
+        running = [RunningSequence(r, 1) for r in sampling]
+        plans = [
+            StepPlan(next(STEP_IDS), running_seqs=running, num_steps=num_steps) for _ in range(2)
+        ]
+        runs.append(await run_plans(core, plans, launch_ahead=launch_ahead))
+        core.shutdown()
+    (off, _), (on, launched) = runs
+    return off, on, launched
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+async def test_launched_ahead_steps_give_the_tokens_and_finishes_of_whole_steps(
+    llama_model, device
+):
+    # on CUDA the steps replay captured graphs and read their ids back through events
+    sampling = {"r0": {"max_tokens": 5}, "r1": {"max_tokens": 40}, "r2": {"max_tokens": 40}}
+    off, on, launched = await decode_both_ways(llama_model, sampling, 4, device)
+    assert outputs_of(on) == outputs_of(off)
+    assert launched >= 4  # the later steps of each plan were queued before the one before
+    # r0 ends on its length inside the first plan and is in no later step
+    ends = [o for r in on for o in r.outputs if o.finish_reason]
+    assert [(o.req_id, o.finish_reason) for o in ends] == [("r0", "length")]
+    assert all("r0" not in {o.req_id for o in r.outputs} for r in on[4:])
+
+
+async def test_a_stop_token_found_after_the_next_step_was_launched_ends_the_sequence_there(
+    llama_model,
+):
+    # the stop token is r1's third decoded token: found when the step after it is queued
+    probe = make_core(llama_model, num_pages=64, max_num_seqs=8)
+    admit(probe, "r1", random_prompt(7, seed=1), list(range(8, 16)), max_tokens=40)
+    tokens = [
+        probe.step(StepPlan(next(STEP_IDS), running_seqs=[RunningSequence("r1", 1)]))
+        .outputs[0]
+        .token_id
+        for _ in range(3)
+    ]
+    probe.shutdown()
+    stop = tokens[2]
+    if stop in tokens[:2]:  # the stop must first appear at the third step
+        stop = tokens[1] if tokens[1] not in tokens[:1] else tokens[0]
+    sampling = {
+        "r0": {"max_tokens": 40},
+        "r1": {"max_tokens": 40, "stop_token_ids": [stop]},
+        "r2": {"max_tokens": 40},
+    }
+    off, on, launched = await decode_both_ways(llama_model, sampling, num_steps=4)
+    assert outputs_of(on) == outputs_of(off)
+    assert launched >= 4
+    ended = [
+        (i, o) for i, r in enumerate(on) for o in r.outputs if o.req_id == "r1" and o.finish_reason
+    ]
+    assert len(ended) == 1 and ended[0][1].finish_reason == "stop"
+    assert all("r1" not in {o.req_id for o in r.outputs} for r in on[ended[0][0] + 1 :])
+
+
+async def test_steps_that_read_log_probabilities_are_never_launched_ahead(llama_model):
+    core = make_core(llama_model, num_pages=64, max_num_seqs=8)
+    admit(core, "lp", random_prompt(5, seed=3), list(range(8)), max_tokens=40, logprobs=True)
+    plan = StepPlan(next(STEP_IDS), running_seqs=[RunningSequence("lp", 1)], num_steps=4)
+    results, launched = await run_plans(core, [plan], launch_ahead=True)
+    assert launched == 0
+    assert [len(r.outputs) for r in results] == [1] * 4
+    assert all(out.logprobs is not None for r in results for out in r.outputs)
+    core.shutdown()
+
+
+class OrderCore:
+    """Records launch / finish / execute per step; each step plain unless listed."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, serial: set[int] = frozenset(), not_plain: set[int] = frozenset()):
+        self.calls: list[tuple[str, int]] = []
+        self.serial, self.not_plain = serial, not_plain
+        self.lock = threading.Lock()
+        self.submitted = threading.Event()
+        """Set once every plan is queued: the first prepare waits for it, so no step runs
+        before the steps after it are queued."""
+
+    def drafting(self, plan: StepPlan, substep: int = 0) -> DraftChoice:
+        # a drafting step's prepare waits for the step before it
+        return (
+            DraftChoice(proposer=True, forced=False) if plan.step_id in self.serial else NO_DRAFTS
+        )
+
+    def prepare(self, plan: StepPlan) -> int:
+        assert self.submitted.wait(WAIT_S)
+        return plan.step_id
+
+    def plain(self, step_id: int) -> bool:
+        return step_id not in self.not_plain
+
+    def launch(self, step_id: int) -> LaunchedStep:
+        with self.lock:
+            self.calls.append(("launch", step_id))
+        result = None if self.plain(step_id) else StepResult(step_id, [], 0.0)
+        return LaunchedStep(step_id, 0.0, result=result)  # type: ignore[arg-type]
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        with self.lock:
+            self.calls.append(("finish", launched.prepared))  # type: ignore[arg-type]
+        return launched.result or StepResult(launched.prepared, [], 0.0)  # type: ignore[arg-type]
+
+
+async def run_order(core: OrderCore, step_ids: range) -> list[int | None]:
+    pipeline = StepPipeline("order", overlap_prepare=True, launch_ahead=True)
+    pipeline.attach(core)  # type: ignore[arg-type]
+    run = pipeline.open(core, after_execute=lambda plan, result: result)  # type: ignore[arg-type]
+    futures = [run.submit(StepPlan(s)) for s in step_ids]
+    core.submitted.set()
+    done = [f.result(timeout=WAIT_S) for f in futures]
+    await pipeline.close()
+    return [None if r is None else r.step_id for r in done]
+
+
+async def test_the_next_plain_step_is_launched_before_this_one_is_finished():
+    core = OrderCore()
+    assert await run_order(core, range(1, 5)) == [1, 2, 3, 4]
+    assert core.calls == [
+        ("launch", 1), ("launch", 2), ("finish", 1),
+        ("launch", 3), ("finish", 2),
+        ("launch", 4), ("finish", 3),
+        ("finish", 4),
+    ]  # fmt: skip
+
+
+async def test_a_step_whose_prepare_waits_for_the_one_before_is_launched_after_it():
+    # step 3 drafts: its prepare waits for step 2's execute, so step 2 must not wait for it
+    core = OrderCore(serial={3}, not_plain={5})
+    assert await run_order(core, range(1, 7)) == [1, 2, 3, 4, 5, 6]
+    assert core.calls == [
+        ("launch", 1), ("launch", 2), ("finish", 1),
+        ("finish", 2),  # step 3 is not launched ahead of step 2's finish
+        ("launch", 3),  # nor step 4 ahead of step 3 (it follows a drafting step)
+        ("finish", 3),
+        ("launch", 4), ("finish", 4),  # step 5 (not plain) runs whole at its own launch
+        ("launch", 5), ("finish", 5),
+        ("launch", 6), ("finish", 6),
+    ]  # fmt: skip
