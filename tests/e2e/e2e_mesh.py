@@ -57,8 +57,26 @@ def _state(pid: int) -> str:
         return "X"
 
 
+BIND_RETRIES = 3
+"""Starts tried when a port picked free was taken before the mesh bound it (another
+process of the suite can be handed the same port between the pick and the bind)."""
+
+
 def start_serve(tmp: Path, *extra: str, timeout_s: float = START_TIMEOUT_S) -> Serve:
-    """`radixmesh serve` as a subprocess; returns once it is ready (fails with its output)."""
+    """`radixmesh serve` as a subprocess; returns once it is ready (fails with its output).
+    A start that failed only because a port was taken is tried again on new ports."""
+    for attempt in range(BIND_RETRIES):
+        where = tmp / f"retry{attempt}" if attempt else tmp
+        serve, output = _start_serve(where, extra, timeout_s)
+        if serve is not None:
+            return serve
+        if "Address already in use" not in output:
+            break
+    pytest.fail(f"radixmesh serve did not become ready:\n{output[-6000:]}")
+
+
+def _start_serve(tmp: Path, extra: tuple[str, ...], timeout_s: float) -> tuple[Serve | None, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
     endpoints_path = tmp / "endpoints.json"
     argv = [
@@ -85,8 +103,8 @@ def start_serve(tmp: Path, *extra: str, timeout_s: float = START_TIMEOUT_S) -> S
     if not ready.wait(timeout_s) or process.poll() is not None:
         process.send_signal(signal.SIGINT)
         process.wait(60)
-        pytest.fail(f"radixmesh serve did not become ready:\n{''.join(output)[-6000:]}")
-    return Serve(process, port, json.loads(endpoints_path.read_text()), output)
+        return None, "".join(output)
+    return Serve(process, port, json.loads(endpoints_path.read_text()), output), ""
 
 
 def stop_serve(serve: Serve) -> None:
