@@ -73,6 +73,8 @@ class PipelineCounts:
     nothing to do until this one's prepare ended (the scheduler had not planned ahead)."""
     prepare_wait_s: float = 0.0
     """Seconds the prepares spent waiting for the steps they were gated on."""
+    launched_ahead: int = 0
+    """Steps queued on the device before the step before them was finished (launch-ahead)."""
 
     def snapshot(self) -> PipelineCounts:
         return dataclasses.replace(self)
@@ -125,14 +127,13 @@ class PlanRun(Generic[R]):
         self.execute_failed = False
         """Execute thread: a step raised (or a failed prepare surfaced); later ones are skipped."""
         self.counts = PipelineCounts()
-        """Prepare thread (idle_starts: loop thread): what the steps waited for."""
+        """Prepare thread (idle_starts: loop thread; launched_ahead: step thread): what the
+        steps waited for."""
         self._slots: deque[_Slot] = deque()
         """The steps queued and not yet executed, oldest first (appended by the loop thread,
         taken by the step thread)."""
         self._ahead: LaunchedStep | None = None
         """Step thread: the next step, launched while the one before it finished."""
-        self.num_launched_ahead = 0
-        """Step thread: steps launched before the step before them was finished."""
 
     def submit(self, plan: StepPlan) -> Future[R | None]:
         """`submit_steps` for a plan of one step: its one future."""
@@ -243,6 +244,7 @@ class PlanRun(Generic[R]):
             if not self._pipeline.launch_ahead:
                 result = self._core.execute(prepared)
             else:
+                assert ahead is None or ahead.prepared is prepared, "launched in queue order"
                 launched = ahead if ahead is not None else self._core.launch(prepared)
                 if launched.result is None:
                     self._launch_next()
@@ -272,7 +274,7 @@ class PlanRun(Generic[R]):
         prepared = slot.prepare.result()
         if prepared is not None and self._core.plain(prepared):
             self._ahead = self._core.launch(prepared)
-            self.num_launched_ahead += 1
+            self.counts.launched_ahead += 1
 
 
 class StepPipeline:

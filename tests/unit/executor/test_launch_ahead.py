@@ -41,7 +41,7 @@ async def run_plans(core, plans: list[StepPlan], *, launch_ahead: bool):
     futures = [f for plan in plans for f in run.submit_steps(plan)]
     results = [await asyncio.wrap_future(f) for f in futures]
     await pipeline.close()
-    return results, run.num_launched_ahead
+    return results, run.counts.launched_ahead
 
 
 def outputs_of(results) -> list[list[tuple]]:
