@@ -142,7 +142,8 @@ class LaunchedStep:
     result: StepResult | None = None
     """Set when the launch ran the whole step (not a plain one)."""
     token_ids: torch.Tensor | None = None
-    """The sampled ids, one per sampler row, on the host once `ready` has fired."""
+    """The sampled ids, one per sampler row, on the host once `ready` has fired (None: the
+    step samples nothing)."""
     ready: torch.cuda.Event | None = None
     """Recorded after the ids' copy to the host (None on the CPU: already there)."""
 
@@ -455,9 +456,12 @@ class ExecutorCore:
             return LaunchedStep(prepared, start, result=self._execute_whole(prepared, start))
         self._count_executed(prepared)
         batch, inputs = prepared.batch, prepared.sampling_inputs
-        assert batch is not None and inputs is not None and batch.sample_rows is not None
+        assert batch is not None and inputs is not None
         batch.load_device_tokens(self._last_tokens)
         logits = self._forward(batch)
+        if not prepared.samplers:  # prefill chunks only: nothing to sample
+            return LaunchedStep(prepared, start)
+        assert batch.sample_rows is not None
         live = [not s.finished for s in prepared.samplers]
         token_ids = self._step_sampler.draw(inputs, batch.sample_rows, logits, live).token_ids
         if token_ids.device.type != "cuda":
@@ -477,8 +481,7 @@ class ExecutorCore:
             return launched.result
         if launched.ready is not None:
             launched.ready.synchronize()
-        assert launched.token_ids is not None
-        token_ids = launched.token_ids.tolist()
+        token_ids = [] if launched.token_ids is None else launched.token_ids.tolist()
         prepared = launched.prepared
         outputs: list[SequenceOutput] = []
         with self._lock:

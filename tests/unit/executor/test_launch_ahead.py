@@ -127,6 +127,35 @@ async def test_a_stop_token_found_after_the_next_step_was_launched_ends_the_sequ
     assert all("r1" not in {o.req_id for o in r.outputs} for r in on[ended[0][0] + 1 :])
 
 
+async def test_prefill_chunks_launched_ahead_among_decodes_give_the_same_tokens(llama_model):
+    # a 13-token prompt in chunks of 5, 5 and 3 (the first step samples nothing), then
+    # decodes, beside a sequence decoding throughout
+    long_prompt = random_prompt(13, seed=9)
+    runs = []
+    for launch_ahead in (False, True):
+        core = make_core(llama_model, num_pages=64, max_num_seqs=8)
+        admit(core, "r0", random_prompt(4, seed=0), list(range(8)), max_tokens=40)
+        new = NewSequence("r9", long_prompt, 13, 0, 5, list(range(8, 16)), greedy(max_tokens=40))
+        plans = [
+            StepPlan(next(STEP_IDS), new_seqs=[new]),
+            StepPlan(next(STEP_IDS), running_seqs=[RunningSequence("r9", 5)]),
+            StepPlan(
+                next(STEP_IDS), running_seqs=[RunningSequence("r0", 1), RunningSequence("r9", 3)]
+            ),
+            StepPlan(
+                next(STEP_IDS),
+                running_seqs=[RunningSequence("r0", 1), RunningSequence("r9", 1)],
+                num_steps=3,
+            ),
+        ]
+        runs.append(await run_plans(core, plans, launch_ahead=launch_ahead))
+        core.shutdown()
+    (off, _), (on, launched) = runs
+    assert outputs_of(on) == outputs_of(off)
+    assert outputs_of(on)[0] == [("r9", None, None, None)]  # a chunk samples nothing
+    assert launched >= 3
+
+
 async def test_steps_that_read_log_probabilities_are_never_launched_ahead(llama_model):
     core = make_core(llama_model, num_pages=64, max_num_seqs=8)
     admit(core, "lp", random_prompt(5, seed=3), list(range(8)), max_tokens=40, logprobs=True)
