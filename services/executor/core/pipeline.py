@@ -82,8 +82,14 @@ class PipelineCounts:
 
 @dataclasses.dataclass(slots=True, eq=False)
 class _Slot:
-    """One queued step, as the step thread sees the one after its own."""
+    """One queued step: what its prepare waits for, and what the step before it sees."""
 
+    plan: StepPlan
+    substep: int
+    last: Future | None
+    """The execute of the step queued just before (waited for when the prepare is serial)."""
+    older: Future | None
+    """The execute of the step before that (waited for otherwise)."""
     prepare: Future[PreparedStep | None] | None = None
     """Set by the loop thread right after the prepare is queued."""
     decided: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -160,43 +166,28 @@ class PlanRun(Generic[R]):
         older = executes[0] if len(executes) == executes.maxlen else None
         if last is None or last.done():
             self.counts.idle_starts += 1
-        slot = _Slot()
+        slot = _Slot(plan, substep, last, older)
         self._slots.append(slot)
-        prepare = self._pipeline.prepare_thread.submit(
-            self._prepare, plan, last, older, substep, slot
-        )
+        prepare = self._pipeline.prepare_thread.submit(self._prepare, slot)
         slot.prepare = self.last_prepare = prepare
-        execute = self._pipeline.step_thread.submit(self._execute, plan, slot)
+        execute = self._pipeline.step_thread.submit(self._execute, slot)
         executes.append(execute)
         return execute
 
-    def _prepare(
-        self,
-        plan: StepPlan,
-        last: Future[R | None] | None,
-        older: Future[R | None] | None,
-        substep: int,
-        slot: _Slot,
-    ) -> PreparedStep | None:
+    def _prepare(self, slot: _Slot) -> PreparedStep | None:
         try:
-            return self._prepare_gated(plan, last, older, substep, slot)
+            return self._prepare_gated(slot)
         finally:
             slot.decided.set()  # an early end too: the step before never waits for it
 
-    def _prepare_gated(
-        self,
-        plan: StepPlan,
-        last: Future[R | None] | None,
-        older: Future[R | None] | None,
-        substep: int,
-        slot: _Slot,
-    ) -> PreparedStep | None:
+    def _prepare_gated(self, slot: _Slot) -> PreparedStep | None:
         """On the prepare thread: step N + 1 is prepared once step N - 1 (`older`) has
         executed, or step N (`last`) when the core says this step may draft
         (`ExecutorCore.drafting`, asked first) or the step before may have (a draft is
         proposed from the token sampled last, and a verified one moves the position). The
         core's prepare follows the answer it gave for the plan, so a step prepared without
         waiting for `last` drafts nothing."""
+        plan, substep = slot.plan, slot.substep
         if self.closed or self.prepare_failed or self.execute_failed:
             return None
         try:
@@ -206,13 +197,13 @@ class PlanRun(Generic[R]):
             raise
         may_draft = drafting != NO_DRAFTS
         serial = may_draft or self._drafts_before
-        gate = last if serial else older
+        gate = slot.last if serial else slot.older
         self._drafts_before = may_draft
         slot.serial = serial
         slot.decided.set()
         counts = self.counts
         counts.steps += 1
-        counts.serial_steps += serial and last is not None
+        counts.serial_steps += serial and slot.last is not None
         if gate is not None and not gate.done():
             start = time.perf_counter()
             wait([gate])
@@ -229,7 +220,7 @@ class PlanRun(Generic[R]):
             self.prepare_failed = True
             raise
 
-    def _execute(self, plan: StepPlan, slot: _Slot) -> R | None:
+    def _execute(self, slot: _Slot) -> R | None:
         """One step, on the execute thread; None when the run closed or failed before it."""
         taken = self._slots.popleft()
         assert taken is slot, "steps execute in the order queued"
@@ -254,7 +245,7 @@ class PlanRun(Generic[R]):
             if self._on_error is not None:
                 self._on_error()
             raise
-        return self._after_execute(plan, result)
+        return self._after_execute(slot.plan, result)
 
     def _launch_next(self) -> None:
         """Launches the step queued after the one being executed, if its prepare does not
