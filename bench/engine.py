@@ -76,6 +76,11 @@ class Report:
     best_prefix_hit_rate: float
     """The same if every request after the first found the whole shared prefix cached."""
     num_preemptions: int
+    steps: int | None = None
+    """In-process: steps the executor ran, warm-up included (each step of a multi-step plan
+    counts)."""
+    steps_launched_ahead: int | None = None
+    """In-process: of them, queued on the device before the step before was read back."""
 
 
 def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
@@ -177,7 +182,10 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         vocab = engine.executors[0].info.vocab_size
         prompts, timings, seconds = await timed(args, generate, vocab)
         num_preemptions = engine.scheduler.num_preemptions
-    return summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
+        counts = engine.ports[0].pipeline_counts
+    report = summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
+    report.steps, report.steps_launched_ahead = counts.steps, counts.launched_ahead
+    return report
 
 
 def free_ports(n: int) -> list[int]:
