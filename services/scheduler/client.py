@@ -6,7 +6,8 @@
 
 The one client of `Scheduler.Stream`: the gateway, the load generator, the
 benchmarks and the tests all use it. Submits and aborts are written to one
-long-lived stream in order; each StreamResponse (one per scheduler step, with
+long-lived stream in order (submits queued one after another go out as one
+`SubmitBatch` message: a fork's branches, a select's choices, a burst); each StreamResponse (one per scheduler step, with
 every request's new tokens) is split by req_id onto per-request queues, as
 `radixmesh.updates.RequestUpdate`s (an error as the core's exception type).
 When the stream breaks, every request on it ends with Unavailable (the
@@ -57,20 +58,64 @@ class _Inbox:
         return self._items.popleft()
 
 
+_Outgoing = scheduler_pb2.StreamRequest | scheduler_pb2.SubmitRequest | None
+
+
+class _Outbox:
+    """What the stream sends, in order; None ends it. Submits queued one after another
+    go out as one message (`SubmitBatch`): those issued while a write is in flight, or
+    in one turn of the event loop (a fork's branches, a select's choices), reach the
+    scheduler together and cost it one read."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[_Outgoing] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: _Outgoing) -> None:
+        """A StreamRequest, a SubmitRequest (sent as a submit), or None (the end)."""
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def messages(self) -> AsyncIterator[scheduler_pb2.StreamRequest]:
+        items = self._items
+        while True:
+            while not items:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            item = items.popleft()
+            if item is None:
+                return
+            if not isinstance(item, scheduler_pb2.SubmitRequest):
+                yield item
+                continue
+            if not (items and isinstance(items[0], scheduler_pb2.SubmitRequest)):
+                yield scheduler_pb2.StreamRequest(submit=item)
+                continue
+            message = scheduler_pb2.StreamRequest()
+            submits = message.submit_batch.submits
+            submits.append(item)
+            while items and isinstance(items[0], scheduler_pb2.SubmitRequest):
+                submits.append(items.popleft())  # type: ignore[arg-type]
+            yield message
+
+
 class _Stream:
     """One open Stream call: an outbox feeding the request iterator, a reader task."""
 
     def __init__(
         self, stub: scheduler_pb2_grpc.SchedulerStub, on_lost: Callable[[_Stream], None]
     ) -> None:
-        self.outbox: asyncio.Queue[scheduler_pb2.StreamRequest | None] = asyncio.Queue()
+        self.outbox = _Outbox()
         self.queues: dict[str, _Inbox] = {}
-        self.call = stub.Stream(self._requests())
+        self.call = stub.Stream(self.outbox.messages())
         self.reader = asyncio.create_task(self._read(on_lost), name="scheduler-stream-reader")
-
-    async def _requests(self) -> AsyncIterator[scheduler_pb2.StreamRequest]:
-        while (message := await self.outbox.get()) is not None:
-            yield message
 
     async def _read(self, on_lost: Callable[[_Stream], None]) -> None:
         reason = "the scheduler closed the stream"
@@ -154,7 +199,7 @@ class SchedulerClient:
         if constraint is not None:
             submit.constraint.CopyFrom(wire.constraint_to_proto(constraint))
         queue = stream.queues[req_id] = _Inbox()
-        stream.outbox.put_nowait(scheduler_pb2.StreamRequest(submit=submit))
+        stream.outbox.put_nowait(submit)
         finished = False
         try:
             while not finished:

@@ -157,9 +157,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             async for message in request_iterator:
                 op = message.WhichOneof("op")
                 if op == "submit":  # concurrently: submits sent together start in one step
-                    task = asyncio.create_task(self._submit(core, stream, message.submit))
-                    stream.submitting.add(task)
-                    task.add_done_callback(stream.submitting.discard)
+                    self._start_submit(core, stream, message.submit)
+                    continue
+                if op == "submit_batch":  # in order, as if each came alone
+                    for submit in message.submit_batch.submits:
+                        self._start_submit(core, stream, submit)
                     continue
                 if stream.submitting:  # an abort or release applies after earlier submits
                     await asyncio.gather(*stream.submitting, return_exceptions=True)
@@ -178,6 +180,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await asyncio.gather(*stream.submitting, return_exceptions=True)
         stream.half_closed = True
         stream.end_if_done()
+
+    def _start_submit(
+        self, core: SchedulerCore, stream: _Stream, msg: scheduler_pb2.SubmitRequest
+    ) -> None:
+        """The submit runs in a task of its own (its prefix match awaits the cache), so the
+        submits read together queue their matches together and start in one step."""
+        task = asyncio.create_task(self._submit(core, stream, msg))
+        stream.submitting.add(task)
+        task.add_done_callback(stream.submitting.discard)
 
     async def _submit(
         self, core: SchedulerCore, stream: _Stream, msg: scheduler_pb2.SubmitRequest

@@ -25,7 +25,7 @@ from radixmesh.v1 import cache_pb2, cache_pb2_grpc, scheduler_pb2, scheduler_pb2
 from radixmesh.v1 import inference_pb2 as ipb
 from services.common.config import free_port
 from services.common.health import wait_for_serving
-from services.scheduler.client import SchedulerClient
+from services.scheduler.client import SchedulerClient, _Outbox
 from tests.fixtures.tiny_llama import VOCAB, write_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,6 +140,51 @@ async def test_a_stream_of_requests_gets_greedy_tokens_one_message_per_step(mesh
     assert max(len(r.updates) for r in client.responses) >= 4
     step_ids = [r.step_id for r in client.responses]
     assert step_ids == sorted(step_ids)
+
+
+async def test_a_submit_batch_runs_each_submit_as_if_sent_alone(mesh):
+    address, _, model, _ = mesh
+    prompts = {f"b{i}": [20 + i] * (2 + 3 * i) + [50 + i] for i in range(4)}
+    sampling = ipb.SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    batch = scheduler_pb2.StreamRequest()
+    for req_id, prompt in prompts.items():
+        batch.submit_batch.submits.add(req_id=req_id, token_ids=prompt, sampling=sampling)
+    batch.submit_batch.submits.add(req_id="b0", token_ids=[1, 2], sampling=sampling)  # a repeat
+    async with grpc.aio.insecure_channel(address) as channel:
+        client = Client(channel)
+        client.outbox.put_nowait(batch)
+        updates = await client.until_finished(*prompts)
+        client.outbox.put_nowait(None)
+        assert await client.call.read() == grpc.aio.EOF
+    for req_id, prompt in prompts.items():
+        assert _tokens(updates[req_id]) == _greedy(model, prompt, 5), req_id
+    refused = [u for u in updates["b0"] if u.error_code]
+    assert len(refused) == 1 and "already running" in refused[0].error_message
+
+
+async def test_the_client_sends_submits_issued_together_as_one_batch(mesh, monkeypatch):
+    address, _, model, _ = mesh
+    prompts = {f"g{i}": [30 + i] * (3 + i) + [60 + i] for i in range(4)}
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    sent: list[scheduler_pb2.StreamRequest] = []
+    messages = _Outbox.messages  # record what goes on the wire
+    monkeypatch.setattr(_Outbox, "messages", lambda outbox: _recorded(messages(outbox), sent))
+    async with SchedulerClient(address) as client:
+
+        async def tokens(req_id: str, prompt: list[int]) -> list[int]:
+            return [t async for u in client.generate(req_id, prompt, sampling) for t in u.token_ids]
+
+        got = await asyncio.gather(*(tokens(r, p) for r, p in prompts.items()))
+    assert got == [_greedy(model, p, 4) for p in prompts.values()]
+    submits = [m for m in sent if m.WhichOneof("op") in ("submit", "submit_batch")]
+    assert [m.WhichOneof("op") for m in submits] == ["submit_batch"]
+    assert [s.req_id for s in submits[0].submit_batch.submits] == list(prompts)
+
+
+async def _recorded(messages, sent: list):
+    async for message in messages:
+        sent.append(message)
+        yield message
 
 
 async def test_bad_submits_fail_alone_and_aborts_free_the_lease(mesh):
