@@ -194,10 +194,13 @@ class _FakeCall:
 
     async def __aiter__(self) -> AsyncIterator[scheduler_pb2.StreamResponse]:
         async for message in self._requests:
-            if message.WhichOneof("op") == "submit":
+            op = message.WhichOneof("op")
+            if op == "submit":
                 self.req_ids.append(message.submit.req_id)
-                if len(self.req_ids) == self._gate.batch:
-                    break
+            elif op == "submit_batch":
+                self.req_ids.extend(s.req_id for s in message.submit_batch.submits)
+            if len(self.req_ids) >= self._gate.batch:
+                break
         self._gate.started()
         for data in self._steps:
             # req ids "0".."B-1" are the gateway's: the steps were built with the same names

@@ -65,8 +65,10 @@ class _FakeCall:
     async def _read(self) -> None:
         async for message in self._requests:
             op = message.WhichOneof("op")
-            if op == "submit":
-                self._running[message.submit.req_id] = _Fake(message.submit)
+            if op in ("submit", "submit_batch"):
+                batch = message.submit_batch.submits
+                for submit in [message.submit] if op == "submit" else batch:
+                    self._running[submit.req_id] = _Fake(submit)
                 self._wake.set()
             elif op == "abort":
                 self._running.pop(message.abort.req_id, None)
