@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from radixmesh.v1 import inference_pb2 as radixmesh_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/scheduler.proto\x12\x0cradixmesh.v1\x1a\x1cradixmesh/v1/inference.proto\"\xaf\x02\n\rSubmitRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12,\n\nconstraint\x18\x05 \x01(\x0b\x32\x18.radixmesh.v1.Constraint\x12(\n\x08priority\x18\x06 \x01(\x0e\x32\x16.radixmesh.v1.Priority\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x07 \x01(\x04\x12\x0f\n\x07hold_id\x18\x08 \x01(\t\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x10\n\x08group_id\x18\n \x01(\t\x12\x12\n\ngroup_size\x18\x0b \x01(\r\"\x1e\n\x0c\x41\x62ortRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\"\x1e\n\x0bReleaseHold\x12\x0f\n\x07hold_id\x18\x01 \x01(\t\";\n\x0bSubmitBatch\x12,\n\x07submits\x18\x01 \x03(\x0b\x32\x1b.radixmesh.v1.SubmitRequest\"\xd7\x01\n\rStreamRequest\x12-\n\x06submit\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.SubmitRequestH\x00\x12+\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32\x1a.radixmesh.v1.AbortRequestH\x00\x12\x31\n\x0crelease_hold\x18\x03 \x01(\x0b\x32\x19.radixmesh.v1.ReleaseHoldH\x00\x12\x31\n\x0csubmit_batch\x18\x04 \x01(\x0b\x32\x19.radixmesh.v1.SubmitBatchH\x00\x42\x04\n\x02op\"\xbc\x03\n\x0bTokenUpdate\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x30\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x1e\n\x11num_prompt_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x1e\n\x11num_cached_tokens\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x12\n\nerror_code\x18\x08 \x01(\x05\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x37\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x33\n\x0bspeculation\x18\x0b \x01(\x0b\x32\x1e.radixmesh.v1.SpeculationUsageB\x18\n\x16_matched_stop_token_idB\x14\n\x12_num_prompt_tokensB\x14\n\x12_num_cached_tokens\"M\n\x0eStreamResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12*\n\x07updates\x18\x02 \x03(\x0b\x32\x19.radixmesh.v1.TokenUpdate\"\x10\n\x0eGetLoadRequest\"\x7f\n\x0c\x45xecutorLoad\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x10\n\x08kv_usage\x18\x05 \x01(\x02\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\"\xbc\x01\n\rModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1b\n\x0erequests_per_s\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12;\n\x08headroom\x18\x03 \x03(\x0b\x32).radixmesh.v1.ModelCapacity.HeadroomEntry\x1a/\n\rHeadroomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x42\x11\n\x0f_requests_per_s\"\xe6\x01\n\x0fGetLoadResponse\x12-\n\texecutors\x18\x01 \x03(\x0b\x32\x1a.radixmesh.v1.ExecutorLoad\x12\x42\n\x0bnum_waiting\x18\x02 \x03(\x0b\x32-.radixmesh.v1.GetLoadResponse.NumWaitingEntry\x12-\n\x08\x63\x61pacity\x18\x03 \x03(\x0b\x32\x1b.radixmesh.v1.ModelCapacity\x1a\x31\n\x0fNumWaitingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\x9c\x01\n\tScheduler\x12G\n\x06Stream\x12\x1b.radixmesh.v1.StreamRequest\x1a\x1c.radixmesh.v1.StreamResponse(\x01\x30\x01\x12\x46\n\x07GetLoad\x12\x1c.radixmesh.v1.GetLoadRequest\x1a\x1d.radixmesh.v1.GetLoadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cradixmesh/v1/scheduler.proto\x12\x0cradixmesh.v1\x1a\x1cradixmesh/v1/inference.proto\"\xaf\x02\n\rSubmitRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12,\n\nconstraint\x18\x05 \x01(\x0b\x32\x18.radixmesh.v1.Constraint\x12(\n\x08priority\x18\x06 \x01(\x0e\x32\x16.radixmesh.v1.Priority\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x07 \x01(\x04\x12\x0f\n\x07hold_id\x18\x08 \x01(\t\x12\x13\n\x0btraceparent\x18\t \x01(\t\x12\x10\n\x08group_id\x18\n \x01(\t\x12\x12\n\ngroup_size\x18\x0b \x01(\r\"\x1e\n\x0c\x41\x62ortRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\"\x1e\n\x0bReleaseHold\x12\x0f\n\x07hold_id\x18\x01 \x01(\t\";\n\x0bSubmitBatch\x12,\n\x07submits\x18\x01 \x03(\x0b\x32\x1b.radixmesh.v1.SubmitRequest\" \n\x0cReleaseHolds\x12\x10\n\x08hold_ids\x18\x01 \x03(\t\"\x8c\x02\n\rStreamRequest\x12-\n\x06submit\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.SubmitRequestH\x00\x12+\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32\x1a.radixmesh.v1.AbortRequestH\x00\x12\x31\n\x0crelease_hold\x18\x03 \x01(\x0b\x32\x19.radixmesh.v1.ReleaseHoldH\x00\x12\x31\n\x0csubmit_batch\x18\x04 \x01(\x0b\x32\x19.radixmesh.v1.SubmitBatchH\x00\x12\x33\n\rrelease_holds\x18\x05 \x01(\x0b\x32\x1a.radixmesh.v1.ReleaseHoldsH\x00\x42\x04\n\x02op\"\xbc\x03\n\x0bTokenUpdate\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x30\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\"\n\x15matched_stop_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x1e\n\x11num_prompt_tokens\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x1e\n\x11num_cached_tokens\x18\x07 \x01(\rH\x02\x88\x01\x01\x12\x12\n\nerror_code\x18\x08 \x01(\x05\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x37\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x1e.radixmesh.v1.PositionLogprobs\x12\x33\n\x0bspeculation\x18\x0b \x01(\x0b\x32\x1e.radixmesh.v1.SpeculationUsageB\x18\n\x16_matched_stop_token_idB\x14\n\x12_num_prompt_tokensB\x14\n\x12_num_cached_tokens\"M\n\x0eStreamResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12*\n\x07updates\x18\x02 \x03(\x0b\x32\x19.radixmesh.v1.TokenUpdate\"\x10\n\x0eGetLoadRequest\"\x7f\n\x0c\x45xecutorLoad\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x10\n\x08kv_usage\x18\x05 \x01(\x02\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\"\xbc\x01\n\rModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1b\n\x0erequests_per_s\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12;\n\x08headroom\x18\x03 \x03(\x0b\x32).radixmesh.v1.ModelCapacity.HeadroomEntry\x1a/\n\rHeadroomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x42\x11\n\x0f_requests_per_s\"\xe6\x01\n\x0fGetLoadResponse\x12-\n\texecutors\x18\x01 \x03(\x0b\x32\x1a.radixmesh.v1.ExecutorLoad\x12\x42\n\x0bnum_waiting\x18\x02 \x03(\x0b\x32-.radixmesh.v1.GetLoadResponse.NumWaitingEntry\x12-\n\x08\x63\x61pacity\x18\x03 \x03(\x0b\x32\x1b.radixmesh.v1.ModelCapacity\x1a\x31\n\x0fNumWaitingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\x9c\x01\n\tScheduler\x12G\n\x06Stream\x12\x1b.radixmesh.v1.StreamRequest\x1a\x1c.radixmesh.v1.StreamResponse(\x01\x30\x01\x12\x46\n\x07GetLoad\x12\x1c.radixmesh.v1.GetLoadRequest\x1a\x1d.radixmesh.v1.GetLoadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,24 +44,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASEHOLD']._serialized_end=444
   _globals['_SUBMITBATCH']._serialized_start=446
   _globals['_SUBMITBATCH']._serialized_end=505
-  _globals['_STREAMREQUEST']._serialized_start=508
-  _globals['_STREAMREQUEST']._serialized_end=723
-  _globals['_TOKENUPDATE']._serialized_start=726
-  _globals['_TOKENUPDATE']._serialized_end=1170
-  _globals['_STREAMRESPONSE']._serialized_start=1172
-  _globals['_STREAMRESPONSE']._serialized_end=1249
-  _globals['_GETLOADREQUEST']._serialized_start=1251
-  _globals['_GETLOADREQUEST']._serialized_end=1267
-  _globals['_EXECUTORLOAD']._serialized_start=1269
-  _globals['_EXECUTORLOAD']._serialized_end=1396
-  _globals['_MODELCAPACITY']._serialized_start=1399
-  _globals['_MODELCAPACITY']._serialized_end=1587
-  _globals['_MODELCAPACITY_HEADROOMENTRY']._serialized_start=1521
-  _globals['_MODELCAPACITY_HEADROOMENTRY']._serialized_end=1568
-  _globals['_GETLOADRESPONSE']._serialized_start=1590
-  _globals['_GETLOADRESPONSE']._serialized_end=1820
-  _globals['_GETLOADRESPONSE_NUMWAITINGENTRY']._serialized_start=1771
-  _globals['_GETLOADRESPONSE_NUMWAITINGENTRY']._serialized_end=1820
-  _globals['_SCHEDULER']._serialized_start=1823
-  _globals['_SCHEDULER']._serialized_end=1979
+  _globals['_RELEASEHOLDS']._serialized_start=507
+  _globals['_RELEASEHOLDS']._serialized_end=539
+  _globals['_STREAMREQUEST']._serialized_start=542
+  _globals['_STREAMREQUEST']._serialized_end=810
+  _globals['_TOKENUPDATE']._serialized_start=813
+  _globals['_TOKENUPDATE']._serialized_end=1257
+  _globals['_STREAMRESPONSE']._serialized_start=1259
+  _globals['_STREAMRESPONSE']._serialized_end=1336
+  _globals['_GETLOADREQUEST']._serialized_start=1338
+  _globals['_GETLOADREQUEST']._serialized_end=1354
+  _globals['_EXECUTORLOAD']._serialized_start=1356
+  _globals['_EXECUTORLOAD']._serialized_end=1483
+  _globals['_MODELCAPACITY']._serialized_start=1486
+  _globals['_MODELCAPACITY']._serialized_end=1674
+  _globals['_MODELCAPACITY_HEADROOMENTRY']._serialized_start=1608
+  _globals['_MODELCAPACITY_HEADROOMENTRY']._serialized_end=1655
+  _globals['_GETLOADRESPONSE']._serialized_start=1677
+  _globals['_GETLOADRESPONSE']._serialized_end=1907
+  _globals['_GETLOADRESPONSE_NUMWAITINGENTRY']._serialized_start=1858
+  _globals['_GETLOADRESPONSE_NUMWAITINGENTRY']._serialized_end=1907
+  _globals['_SCHEDULER']._serialized_start=1910
+  _globals['_SCHEDULER']._serialized_end=2066
 # @@protoc_insertion_point(module_scope)

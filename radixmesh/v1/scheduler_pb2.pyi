@@ -51,17 +51,25 @@ class SubmitBatch(_message.Message):
     submits: _containers.RepeatedCompositeFieldContainer[SubmitRequest]
     def __init__(self, submits: _Optional[_Iterable[_Union[SubmitRequest, _Mapping]]] = ...) -> None: ...
 
+class ReleaseHolds(_message.Message):
+    __slots__ = ("hold_ids",)
+    HOLD_IDS_FIELD_NUMBER: _ClassVar[int]
+    hold_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hold_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class StreamRequest(_message.Message):
-    __slots__ = ("submit", "abort", "release_hold", "submit_batch")
+    __slots__ = ("submit", "abort", "release_hold", "submit_batch", "release_holds")
     SUBMIT_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     RELEASE_HOLD_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_BATCH_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_HOLDS_FIELD_NUMBER: _ClassVar[int]
     submit: SubmitRequest
     abort: AbortRequest
     release_hold: ReleaseHold
     submit_batch: SubmitBatch
-    def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequest, _Mapping]] = ..., release_hold: _Optional[_Union[ReleaseHold, _Mapping]] = ..., submit_batch: _Optional[_Union[SubmitBatch, _Mapping]] = ...) -> None: ...
+    release_holds: ReleaseHolds
+    def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequest, _Mapping]] = ..., release_hold: _Optional[_Union[ReleaseHold, _Mapping]] = ..., submit_batch: _Optional[_Union[SubmitBatch, _Mapping]] = ..., release_holds: _Optional[_Union[ReleaseHolds, _Mapping]] = ...) -> None: ...
 
 class TokenUpdate(_message.Message):
     __slots__ = ("req_id", "token_ids", "logprobs", "finish_reason", "matched_stop_token_id", "num_prompt_tokens", "num_cached_tokens", "error_code", "error_message", "prompt_logprobs", "speculation")

@@ -7,7 +7,8 @@
 The one client of `Scheduler.Stream`: the gateway, the load generator, the
 benchmarks and the tests all use it. Submits and aborts are written to one
 long-lived stream in order (submits queued one after another go out as one
-`SubmitBatch` message: a fork's branches, a select's choices, a burst); each StreamResponse (one per scheduler step, with
+`SubmitBatch` message: a fork's branches, a select's choices, a burst; hold releases
+as one `ReleaseHolds`); each StreamResponse (one per scheduler step, with
 every request's new tokens) is split by req_id onto per-request queues, as
 `radixmesh.updates.RequestUpdate`s (an error as the core's exception type).
 When the stream breaks, every request on it ends with Unavailable (the
@@ -58,14 +59,17 @@ class _Inbox:
         return self._items.popleft()
 
 
-_Outgoing = scheduler_pb2.StreamRequest | scheduler_pb2.SubmitRequest | None
+_Outgoing = (
+    scheduler_pb2.StreamRequest | scheduler_pb2.SubmitRequest | scheduler_pb2.ReleaseHold | None
+)
 
 
 class _Outbox:
     """What the stream sends, in order; None ends it. Submits queued one after another
-    go out as one message (`SubmitBatch`): those issued while a write is in flight, or
-    in one turn of the event loop (a fork's branches, a select's choices), reach the
-    scheduler together and cost it one read."""
+    go out as one message (`SubmitBatch`), and so do hold releases (`ReleaseHolds`):
+    those issued while a write is in flight, or in one turn of the event loop (a fork's
+    branches, a select's choices, the holds a join ends), reach the scheduler together
+    and cost it one read."""
 
     __slots__ = ("_items", "_waiter")
 
@@ -74,7 +78,8 @@ class _Outbox:
         self._waiter: asyncio.Future[None] | None = None
 
     def put_nowait(self, item: _Outgoing) -> None:
-        """A StreamRequest, a SubmitRequest (sent as a submit), or None (the end)."""
+        """A StreamRequest, a SubmitRequest or ReleaseHold (sent as such, together with
+        the ones queued right after it), or None (the end)."""
         self._items.append(item)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -92,17 +97,24 @@ class _Outbox:
             item = items.popleft()
             if item is None:
                 return
-            if not isinstance(item, scheduler_pb2.SubmitRequest):
+            if isinstance(item, scheduler_pb2.StreamRequest):
                 yield item
                 continue
-            if not (items and isinstance(items[0], scheduler_pb2.SubmitRequest)):
-                yield scheduler_pb2.StreamRequest(submit=item)
+            kind = type(item)
+            if not (items and isinstance(items[0], kind)):
+                if isinstance(item, scheduler_pb2.SubmitRequest):
+                    yield scheduler_pb2.StreamRequest(submit=item)
+                else:
+                    yield scheduler_pb2.StreamRequest(release_hold=item)
                 continue
+            run = [item]
+            while items and isinstance(items[0], kind):
+                run.append(items.popleft())  # type: ignore[arg-type]
             message = scheduler_pb2.StreamRequest()
-            submits = message.submit_batch.submits
-            submits.append(item)
-            while items and isinstance(items[0], scheduler_pb2.SubmitRequest):
-                submits.append(items.popleft())  # type: ignore[arg-type]
+            if kind is scheduler_pb2.SubmitRequest:
+                message.submit_batch.submits.extend(run)  # type: ignore[arg-type]
+            else:
+                message.release_holds.hold_ids.extend(r.hold_id for r in run)  # type: ignore[union-attr]
             yield message
 
 
@@ -221,8 +233,7 @@ class SchedulerClient:
         the update that finished a held request has arrived, its hold is in place."""
         stream = self._stream
         if stream is not None:
-            release = scheduler_pb2.ReleaseHold(hold_id=hold_id)
-            stream.outbox.put_nowait(scheduler_pb2.StreamRequest(release_hold=release))
+            stream.outbox.put_nowait(scheduler_pb2.ReleaseHold(hold_id=hold_id))
 
     async def get_load(self, timeout_s: float | None = None) -> scheduler_pb2.GetLoadResponse:
         return await self._stub.GetLoad(scheduler_pb2.GetLoadRequest(), timeout=timeout_s)

@@ -168,8 +168,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 if op == "abort" and message.abort.req_id in stream.req_ids:
                     core.abort(stream.core_id(message.abort.req_id))
                 elif op == "release_hold":
-                    stream.hold_ids.discard(message.release_hold.hold_id)
-                    await core.release_hold(stream.core_id(message.release_hold.hold_id))
+                    await self._release_hold(core, stream, message.release_hold.hold_id)
+                elif op == "release_holds":  # together: their cache verbs share a message
+                    await asyncio.gather(
+                        *(self._release_hold(core, stream, h) for h in message.release_holds.hold_ids)
+                    )
         except asyncio.CancelledError:
             return
         except Exception as exc:  # the stream broke: Stream's finally aborts what is left
@@ -180,6 +183,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await asyncio.gather(*stream.submitting, return_exceptions=True)
         stream.half_closed = True
         stream.end_if_done()
+
+    @staticmethod
+    async def _release_hold(core: SchedulerCore, stream: _Stream, hold_id: str) -> None:
+        stream.hold_ids.discard(hold_id)
+        await core.release_hold(stream.core_id(hold_id))
 
     def _start_submit(
         self, core: SchedulerCore, stream: _Stream, msg: scheduler_pb2.SubmitRequest

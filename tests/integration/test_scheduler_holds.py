@@ -17,7 +17,7 @@ import torch
 from radixmesh.sampling import SamplingParams
 from radixmesh.v1 import cache_pb2, cache_pb2_grpc, scheduler_pb2
 from radixmesh.v1 import inference_pb2 as ipb
-from services.scheduler.client import SchedulerClient
+from services.scheduler.client import SchedulerClient, _Outbox
 from tests.fixtures.tiny_llama import VOCAB
 from tests.integration.test_scheduler_service import EXECUTOR_ID, Client, mesh  # noqa: F401
 
@@ -65,6 +65,30 @@ async def test_scores_over_a_held_context_then_release_returns_the_pages(mesh): 
         await run(client, "after", tokens(6, seed=3), GREEDY)  # the stream keeps order
         stats = await pool_stats(cache_address)
         assert (stats.num_leases, stats.num_locked_pages) == (0, 0)
+
+
+async def test_holds_released_together_go_in_one_message_and_all_end(mesh, monkeypatch):  # noqa: F811
+    address, cache_address, _, _ = mesh
+    sent: list[scheduler_pb2.StreamRequest] = []
+    messages = _Outbox.messages  # record what goes on the wire
+
+    async def recorded(outbox):
+        async for message in messages(outbox):
+            sent.append(message)
+            yield message
+
+    monkeypatch.setattr(_Outbox, "messages", recorded)
+    async with SchedulerClient(address) as client:
+        for i in range(3):
+            await run(client, f"branch{i}", tokens(9 + 4 * i, seed=20 + i), GREEDY, hold_id=f"b{i}")
+        assert (await pool_stats(cache_address)).num_leases == 3
+        for i in range(3):  # a join ends its branches' holds in one turn
+            await client.release_hold(f"b{i}")
+        await run(client, "after", tokens(6, seed=30), GREEDY)  # the stream keeps order
+        stats = await pool_stats(cache_address)
+        assert (stats.num_leases, stats.num_locked_pages) == (0, 0)
+    releases = [m for m in sent if m.WhichOneof("op") in ("release_hold", "release_holds")]
+    assert [list(m.release_holds.hold_ids) for m in releases] == [["b0", "b1", "b2"]]
 
 
 async def test_closing_the_stream_ends_its_holds(mesh):  # noqa: F811

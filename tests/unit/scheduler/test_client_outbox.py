@@ -1,5 +1,6 @@
 """The scheduler client's outbox: what it sends, in order, with consecutive submits in one
-`SubmitBatch` message and every other message alone."""
+`SubmitBatch` message, consecutive hold releases in one `ReleaseHolds`, and every other
+message alone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def describe(message: pb.StreamRequest) -> tuple:
         return (op, message.submit.req_id)
     if op == "abort":
         return (op, message.abort.req_id)
+    if op == "release_holds":
+        return (op, list(message.release_holds.hold_ids))
     return (op, message.release_hold.hold_id)
 
 
@@ -46,6 +49,24 @@ async def test_consecutive_submits_go_as_one_batch_and_the_rest_keeps_its_place(
         ("submit", "c"),
         ("release_hold", "h"),
         ("submit_batch", ["d", "e", "f"]),
+    ]
+
+
+async def test_consecutive_hold_releases_go_as_one_message_between_the_submits():
+    outbox = _Outbox()
+    for item in (
+        submit("a"),
+        pb.ReleaseHold(hold_id="h1"), pb.ReleaseHold(hold_id="h2"), pb.ReleaseHold(hold_id="h3"),
+        submit("b"), submit("c"),
+        pb.ReleaseHold(hold_id="h4"),
+        None,
+    ):  # fmt: skip
+        outbox.put_nowait(item)
+    assert await sent(outbox) == [
+        ("submit", "a"),
+        ("release_holds", ["h1", "h2", "h3"]),
+        ("submit_batch", ["b", "c"]),
+        ("release_hold", "h4"),
     ]
 
 
