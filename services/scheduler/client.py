@@ -100,22 +100,23 @@ class _Outbox:
             if isinstance(item, scheduler_pb2.StreamRequest):
                 yield item
                 continue
-            kind = type(item)
-            if not (items and isinstance(items[0], kind)):
-                if isinstance(item, scheduler_pb2.SubmitRequest):
-                    yield scheduler_pb2.StreamRequest(submit=item)
-                else:
-                    yield scheduler_pb2.StreamRequest(release_hold=item)
-                continue
             run = [item]
-            while items and isinstance(items[0], kind):
+            while items and type(items[0]) is type(item):
                 run.append(items.popleft())  # type: ignore[arg-type]
-            message = scheduler_pb2.StreamRequest()
-            if kind is scheduler_pb2.SubmitRequest:
-                message.submit_batch.submits.extend(run)  # type: ignore[arg-type]
-            else:
-                message.release_holds.hold_ids.extend(r.hold_id for r in run)  # type: ignore[union-attr]
-            yield message
+            yield _message_of(run)
+
+
+def _message_of(run: list) -> scheduler_pb2.StreamRequest:
+    """One message for consecutive submits (or hold releases): alone, or as a batch."""
+    first = run[0]
+    if isinstance(first, scheduler_pb2.SubmitRequest):
+        if len(run) == 1:
+            return scheduler_pb2.StreamRequest(submit=first)
+        return scheduler_pb2.StreamRequest(submit_batch=scheduler_pb2.SubmitBatch(submits=run))
+    if len(run) == 1:
+        return scheduler_pb2.StreamRequest(release_hold=first)
+    holds = scheduler_pb2.ReleaseHolds(hold_ids=[r.hold_id for r in run])
+    return scheduler_pb2.StreamRequest(release_holds=holds)
 
 
 class _Stream:
