@@ -246,9 +246,13 @@ async def test_the_client_streams_updates_and_aborts_when_left_early(mesh):
         assert tokens == _greedy(model, [20, 21, 22], 5)
         assert (updates[0].num_prompt_tokens, updates[-1].finish_reason) == (3, "length")
         endless = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
-        async for update in client.generate("c2", [23, 24], endless):
+        running = client.generate("c2", [23, 24], endless)
+        async for update in running:
             assert update.token_ids
-            break  # leaving early aborts it upstream
+            break
+        # leaving early aborts it upstream; closed here, not whenever the event loop
+        # finalizes the abandoned generator (a turn later: after the next submit)
+        await running.aclose()
         # a later request on the same stream finishes only after the loop applied the abort
         after = [u async for u in client.generate("c3", [25], sampling)]
         assert after[-1].finish_reason == "length"
