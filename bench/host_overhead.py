@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from scheduler_core import NullExecutor  # noqa: E402  (bench/scheduler_core.py)
 
 from mesh.engine.ports import InProcessCache  # noqa: E402
+from radixmesh import wire  # noqa: E402
 from radixmesh.executor_info import ExecutorInfo  # noqa: E402
 from radixmesh.sampling import SamplingParams  # noqa: E402
 from radixmesh.step import StepPlan, StepResult  # noqa: E402
@@ -194,11 +195,7 @@ class _FakeCall:
 
     async def __aiter__(self) -> AsyncIterator[scheduler_pb2.StreamResponse]:
         async for message in self._requests:
-            op = message.WhichOneof("op")
-            if op == "submit":
-                self.req_ids.append(message.submit.req_id)
-            elif op == "submit_batch":
-                self.req_ids.extend(s.req_id for s in message.submit_batch.submits)
+            self.req_ids.extend(s.req_id for s in wire.submits_of(message))
             if len(self.req_ids) >= self._gate.batch:
                 break
         self._gate.started()

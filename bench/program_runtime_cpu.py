@@ -34,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from radixmesh import wire  # noqa: E402
 from radixmesh.v1 import inference_pb2, scheduler_pb2  # noqa: E402
 
 _TOKENS = (5, 17, 33, 64, 101, 150, 222, 301)
@@ -66,8 +67,7 @@ class _FakeCall:
         async for message in self._requests:
             op = message.WhichOneof("op")
             if op in ("submit", "submit_batch"):
-                batch = message.submit_batch.submits
-                for submit in [message.submit] if op == "submit" else batch:
+                for submit in wire.submits_of(message):
                     self._running[submit.req_id] = _Fake(submit)
                 self._wake.set()
             elif op == "abort":

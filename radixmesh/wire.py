@@ -545,3 +545,14 @@ def info_from_proto(msg: executor_pb2.GetInfoResponse) -> ExecutorInfo:
     for name in _OPTIONAL_INFO_FIELDS:
         values[name] = values[name] or None
     return ExecutorInfo(**values)
+
+
+def submits_of(message: scheduler_pb2.StreamRequest) -> list[scheduler_pb2.SubmitRequest]:
+    """The submits a `Scheduler.Stream` request carries, in order: its one submit, its
+    `SubmitBatch`'s, or none (an abort or a hold release)."""
+    op = message.WhichOneof("op")
+    if op == "submit":
+        return [message.submit]
+    if op == "submit_batch":
+        return list(message.submit_batch.submits)
+    return []

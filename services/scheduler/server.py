@@ -156,11 +156,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             async for message in request_iterator:
                 op = message.WhichOneof("op")
-                if op == "submit":  # concurrently: submits sent together start in one step
-                    self._start_submit(core, stream, message.submit)
-                    continue
-                if op == "submit_batch":  # in order, as if each came alone
-                    for submit in message.submit_batch.submits:
+                if op in ("submit", "submit_batch"):  # a batch's in order, as if each came alone
+                    for submit in wire.submits_of(message):  # concurrently: start in one step
                         self._start_submit(core, stream, submit)
                     continue
                 if stream.submitting:  # an abort or release applies after earlier submits

@@ -26,7 +26,6 @@ import random
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -44,35 +43,20 @@ from services.executor.core.cuda_graphs import StepGraphs
 from services.executor.core.forward_batch import ForwardBatch, PageTables
 from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
 from services.executor.core.graph_setup import (
-    capture_graphs,
-    estimate_graph_bytes,
-    plan_graphs,
     speculation_switches,
 )
-from services.executor.core.kv_pool import KVPool
-from services.executor.core.loader import load_weights, read_model_folder
-from services.executor.core.models.decoder import Decoder
 from services.executor.core.models.tensor_parallel import (
     SINGLE,
     TensorParallel,
-    check_divisible,
-    shard_spec,
-    shard_weights,
-    weights_to,
 )
-from services.executor.core.page_copy import SlotCopies, copy_slots, step_copies, upload
+from services.executor.core.page_copy import copy_slots, step_copies, upload
 from services.executor.core.plan_checks import PlanLimits, next_decodes, validate_plan
-from services.executor.core.prompt_scoring import PromptScoring, score
+from services.executor.core.prompt_scoring import score
 from services.executor.core.resources import (
     describe_executor,
-    max_forced_tokens,
     resolve_device,
-    resolve_dtype,
-    resolve_max_model_len,
-    resolve_ops,
-    size_num_pages,
 )
-from services.executor.core.sampling import Sampler, SamplingInputs
+from services.executor.core.sampling import Sampler
 from services.executor.core.sequence import SequenceState, check_finish
 from services.executor.core.spec import Proposer, SpecStats, make_proposer
 from services.executor.core.spec.drafting import (
@@ -91,61 +75,12 @@ from services.executor.core.spec.step import (
     step_drafts,
 )
 from services.executor.core.spec.verifier import Verifier
+from services.executor.core.startup import load_model
 from services.executor.core.step_batch import next_step_seqs, prepare_batch, prepare_decodes
 from services.executor.core.step_sampling import StepSampler
-from services.executor.core.warmup import decide_prefill_attention, warm_prefill
+from services.executor.core.step_types import LaunchedStep, PreparedStep, is_plain
 
 log = get_logger(__name__)
-
-
-@dataclass(slots=True)
-class PreparedStep:
-    """A plan with its host work done, for `ExecutorCore.execute`; opaque beyond step_id."""
-
-    step_id: int
-    index: int
-    """Order of preparation: steps execute in this order."""
-    seqs: list[SequenceState] = field(default_factory=list)
-    """The scheduled sequences, in batch order."""
-    batch: ForwardBatch | None = None
-    """None when nothing is scheduled."""
-    samplers: list[SequenceState] = field(default_factory=list)
-    """The sequences that sample, in batch (and logits row) order."""
-    sampler_rows: list[int] = field(default_factory=list)
-    """Each of `seqs`' row among the samplers, or -1 if it does not sample."""
-    output_lens: list[int] = field(default_factory=list)
-    """Each sampler's number of output tokens before this step's sample."""
-    sampling_inputs: SamplingInputs | None = None
-    """None: built at execute time (a penalised history was not complete)."""
-    scoring: PromptScoring | None = None
-    """Rows whose logits score prompt tokens (sampling.prompt_logprobs_start); None: none."""
-    scored_to_end: list[SequenceState] = field(default_factory=list)
-    """Score-only sequences (max_tokens 0) whose prompt this step finishes: they end here."""
-    drafts: list[list[int]] | None = None
-    """Speculative decoding: each sampler's draft, verified after its token (k + 1 logits
-    rows, most empty); None when the step verifies none."""
-    prepare_seconds: float = 0.0
-    copies: SlotCopies | None = None
-    """KV slots the new sequences' `page_copy`s copy before the forward."""
-    substep: int = 0
-    """Which step of its plan this is (a multi-step plan prepares one per step)."""
-    offered: bool = False  # the plan offered decodes draft tokens (drafted or not)
-
-
-@dataclass(slots=True)
-class LaunchedStep:
-    """A step whose device work is queued (`ExecutorCore.launch`), for `finish`."""
-
-    prepared: PreparedStep
-    start: float
-    """perf_counter() when the launch began."""
-    result: StepResult | None = None
-    """Set when the launch ran the whole step (not a plain one)."""
-    token_ids: torch.Tensor | None = None
-    """The sampled ids, one per sampler row, on the host once `ready` has fired (None: the
-    step samples nothing)."""
-    ready: torch.cuda.Event | None = None
-    """Recorded after the ids' copy to the host (None on the CPU: already there)."""
 
 
 class ExecutorCore:
@@ -171,49 +106,13 @@ class ExecutorCore:
                 f"was given a group of {tp.world_size} ranks"
             )
         self.tp = tp
-        folder = read_model_folder(config.model_path)
-        spec = folder.spec
-        if tp.world_size > 1:
-            check_divisible(spec, tp.world_size)
-        dtype = resolve_dtype(config.dtype, spec.torch_dtype, self.device)
-        max_model_len = resolve_max_model_len(config, spec)
-        start = time.perf_counter()
-        if tp.world_size == 1:
-            weights = load_weights(folder, dtype, self.device, config.quantization)
-        else:  # the whole model on the host, then this rank's slices on the device
-            full = load_weights(folder, dtype, torch.device("cpu"), config.quantization)
-            weights = weights_to(shard_weights(full, spec, tp), self.device)
-            del full
-            spec = shard_spec(spec, tp)
-        self.startup_seconds: dict[str, float] = {"load_weights": time.perf_counter() - start}
-        """Startup phases and their wall times: load_weights, then on CUDA
-        prefill_attention_choice (times the prefill attention per bucket), warm_prefill
-        (compiles and tunes the prefill kernels) and capture_graphs."""
-        self.model = Decoder(spec, weights, resolve_ops(config, self.device), max_model_len, tp)
-        use_graphs = config.cuda_graphs and self.device.type == "cuda"
-        forced_cap = max_forced_tokens(config, grammar is not None, self.device)
-        graph_plan = plan_graphs(config, forced_cap)
-        graph_bytes = estimate_graph_bytes(
-            graph_plan, spec, dtype, folder.spec.vocab_size, max_model_len, config.page_size
-        ) if use_graphs else 0  # fmt: skip
-        num_pages = size_num_pages(config, spec, dtype, self.device, int(use_graphs), graph_bytes)
-        num_pages = tp.min_over_ranks(num_pages, self.device)  # one pool of page ids
-        self.kv_pool = KVPool(
-            spec.num_layers, num_pages, config.page_size, spec.num_kv_heads, spec.head_dim,
-            dtype, self.device, num_scratch_pages=int(use_graphs),
-        )  # fmt: skip
-        if self.device.type == "cuda":  # every prefill attention choice before any forward
-            choice = decide_prefill_attention(
-                self.model, self.kv_pool, min(config.max_num_batched_tokens, max_model_len)
-            )
-            self.startup_seconds["prefill_attention_choice"] = choice.seconds
-            start = time.perf_counter()
-            warm_tokens = min(config.max_num_batched_tokens, max_model_len - 1, 4096)
-            warm_prefill(self.model, self.kv_pool, warm_tokens, page_id=0)  # no page is held yet
-            self.startup_seconds["warm_prefill"] = time.perf_counter() - start
-        captured = capture_graphs(
-            self.model, self.kv_pool, graph_plan, max_model_len, graph_bytes, self.startup_seconds
-        ) if use_graphs else None  # fmt: skip
+        loaded = load_model(config, grammar is not None, tp, self.device)
+        folder, spec, dtype = loaded.folder, loaded.spec, loaded.dtype
+        max_model_len, num_pages, captured = loaded.max_model_len, loaded.num_pages, loaded.graphs
+        forced_cap = loaded.forced_cap
+        self.startup_seconds = loaded.startup_seconds
+        """Startup phases and their wall times (see `startup.LoadedModel`)."""
+        self.model, self.kv_pool = loaded.model, loaded.kv_pool
         self._graphs: StepGraphs | None = captured.decode if captured else None
         self._verify_graphs: StepGraphs | None = captured.verify if captured else None
         self.graph_bytes = (captured.estimated_bytes, captured.measured_bytes) if captured else None
@@ -370,6 +269,7 @@ class ExecutorCore:
                         self._step_sampler,
                     )  # fmt: skip
                 self._decodes = (plan.step_id, decodes)
+                prepared.plain = is_plain(prepared)
                 prepared.prepare_seconds = time.perf_counter() - start
                 return prepared
             if substep:
@@ -413,6 +313,7 @@ class ExecutorCore:
                     self.device, self._step_sampler,
                 )  # fmt: skip
             self._decodes = (plan.step_id, prepared.seqs)
+        prepared.plain = is_plain(prepared)
         prepared.prepare_seconds = time.perf_counter() - start
         return prepared
 
@@ -429,22 +330,9 @@ class ExecutorCore:
         return self.finish(self.launch(prepared))
 
     def plain(self, prepared: PreparedStep) -> bool:
-        """The step needs nothing of the host but its prepared inputs until its sampled ids
-        are read back: no grammar, drafts, prompt scoring, page copies or log
-        probabilities, and its sampling inputs built at prepare. Such a step may be
-        launched before the steps prepared ahead of it are finished (their tokens stay on
-        the device), and its own finish waits only for its own ids."""
-        inputs = prepared.sampling_inputs
-        return (
-            prepared.batch is not None
-            and inputs is not None
-            and not inputs.want_logprobs
-            and prepared.scoring is None
-            and not prepared.scored_to_end
-            and prepared.drafts is None
-            and prepared.copies is None
-            and all(s.grammar is None for s in prepared.samplers)
-        )
+        """The step may be launched before the steps prepared ahead of it are finished
+        (`PreparedStep.plain`, decided at prepare)."""
+        return prepared.plain
 
     @torch.inference_mode()
     def launch(self, prepared: PreparedStep) -> LaunchedStep:
@@ -452,7 +340,7 @@ class ExecutorCore:
         and returns without waiting for it; any other step runs whole here. Steps launch
         in the order prepared, each once; `finish` them in the same order."""
         start = time.perf_counter()
-        if not self.plain(prepared):
+        if not prepared.plain:
             return LaunchedStep(prepared, start, result=self._execute_whole(prepared, start))
         self._count_executed(prepared)
         batch, inputs = prepared.batch, prepared.sampling_inputs

@@ -52,8 +52,9 @@ from radixmesh.step import MAX_STEPS_PER_PLAN, StepPlan, StepResult
 from services.executor.core.spec.drafting import NO_DRAFTS
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import ExecutorCore, LaunchedStep, PreparedStep
+    from services.executor.core.executor import ExecutorCore
     from services.executor.core.grammar import GrammarService
+    from services.executor.core.step_types import LaunchedStep, PreparedStep
 
 R = TypeVar("R")
 T = TypeVar("T")

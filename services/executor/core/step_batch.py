@@ -27,7 +27,7 @@ from services.executor.core.spec.step import drafted_lengths, start_verifying
 from services.executor.core.step_sampling import StepSampler
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import PreparedStep
+    from services.executor.core.step_types import PreparedStep
 
 
 def next_step_seqs(before: list[SequenceState], max_model_len: int) -> list[SequenceState]:

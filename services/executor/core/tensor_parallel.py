@@ -32,8 +32,8 @@ import torch.distributed as dist
 from radixmesh.errors import InvalidArgument, RadixmeshError
 from radixmesh.step import StepPlan, StepResult
 from services.common.logging import get_logger
-from services.executor.core.executor import LaunchedStep
 from services.executor.core.models.tensor_parallel import TensorParallel
+from services.executor.core.step_types import LaunchedStep
 
 log = get_logger(__name__)
 

@@ -6,6 +6,7 @@ mapping of any tensor shows up in the logits.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 import transformers
 
 from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.step import NewSequence, StepPlan
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.grammar import Grammar, TokenMatcher
@@ -128,6 +130,19 @@ def make_core(model: TinyModel, grammar: Grammar | None = None, **overrides: Any
 
 def greedy(max_tokens: int | None = 32, **overrides: Any) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **overrides)
+
+
+STEP_IDS = itertools.count(1)
+"""Step ids for plans driven straight into a core (it does not check them; the service
+does): any increasing ones."""
+
+
+def admit(core, req_id: str, prompt: list[int], page_ids: list[int], **sampling) -> int:
+    """Prefill req_id greedily in a step of its own; its first token."""
+    new = NewSequence(req_id, prompt, len(prompt), 0, len(prompt), page_ids, greedy(**sampling))
+    (out,) = core.step(StepPlan(next(STEP_IDS), new_seqs=[new])).outputs
+    assert out.token_id is not None
+    return out.token_id
 
 
 def hf_logits(hf: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:

@@ -7,28 +7,25 @@ never waited on by that step."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 
 import pytest
 import torch
 
 from radixmesh.step import NewSequence, RunningSequence, StepPlan, StepResult
-from services.executor.core.executor import LaunchedStep
 from services.executor.core.pipeline import StepPipeline
 from services.executor.core.spec.drafting import NO_DRAFTS, DraftChoice
-from tests.unit.executor.conftest import TinyModel, greedy, make_core, random_prompt
+from services.executor.core.step_types import LaunchedStep
+from tests.unit.executor.conftest import (
+    STEP_IDS,
+    TinyModel,
+    admit,
+    greedy,
+    make_core,
+    random_prompt,
+)
 
-STEP_IDS = itertools.count(1)
 WAIT_S = 10.0
-
-
-def admit(core, req_id: str, prompt: list[int], page_ids: list[int], **sampling) -> int:
-    params = greedy(**sampling)
-    new = NewSequence(req_id, prompt, len(prompt), 0, len(prompt), page_ids, params)
-    (out,) = core.step(StepPlan(next(STEP_IDS), new_seqs=[new])).outputs
-    assert out.token_id is not None
-    return out.token_id
 
 
 async def run_plans(core, plans: list[StepPlan], *, launch_ahead: bool):

@@ -5,27 +5,20 @@ and plans that break the multi-step contract refused with the field named."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 
 import pytest
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.step import MAX_STEPS_PER_PLAN, NewSequence, RunningSequence, StepPlan
 from services.executor.core.pipeline import StepPipeline
-from tests.unit.executor.conftest import TinyModel, greedy, make_core, random_prompt
-
-
-def admit(core, req_id: str, prompt: list[int], page_ids: list[int], **sampling) -> int:
-    """Prefill req_id in a step of its own; its first token."""
-    params = greedy(**sampling)
-    new = NewSequence(req_id, prompt, len(prompt), 0, len(prompt), page_ids, params)
-    (out,) = core.step(StepPlan(next(STEP_IDS), new_seqs=[new])).outputs
-    assert out.token_id is not None
-    return out.token_id
-
-
-STEP_IDS = itertools.count(1)
-"""The core does not check step ids (the service does): any increasing ones."""
+from tests.unit.executor.conftest import (
+    STEP_IDS,
+    TinyModel,
+    admit,
+    greedy,
+    make_core,
+    random_prompt,
+)
 
 
 @pytest.fixture

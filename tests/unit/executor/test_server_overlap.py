@@ -22,7 +22,8 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.v1 import executor_pb2
 from radixmesh.v1 import inference_pb2 as ipb
 from radixmesh.wire import plan_from_proto, result_from_proto, result_to_proto
-from services.executor.core.executor import ExecutorCore, PreparedStep
+from services.executor.core.executor import ExecutorCore
+from services.executor.core.step_types import PreparedStep
 from services.executor.server import ExecutorServicer
 from tests.unit.executor.conftest import TinyModel, make_core, random_prompt
 

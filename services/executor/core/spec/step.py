@@ -28,8 +28,8 @@ from services.executor.core.spec.proposers import Proposer
 from services.executor.core.spec.switch import SpecSwitch, request_gain
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import PreparedStep
     from services.executor.core.sequence import SequenceState
+    from services.executor.core.step_types import PreparedStep
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from services.executor.core.spec.drafting import expand_rows, verify_draft
 from services.executor.core.spec.stats import SpecStats
 
 if TYPE_CHECKING:
-    from services.executor.core.executor import PreparedStep
+    from services.executor.core.step_types import PreparedStep
 
 SamplingInputsFn = Callable[[list[SequenceState], list[int], frozenset[int]], SamplingInputs]
 Verified = tuple[list[int], int]
