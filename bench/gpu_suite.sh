@@ -677,6 +677,12 @@ step_programs() {
     programs_bench programs "$MODEL"
 }
 
+# programs_target: issue 16's target point alone: fork and select at concurrency 16, 48 programs.
+step_programs_target() {
+    [ -f "$MODEL/config.json" ] || step_model
+    programs_bench programs_target "$MODEL" --programs fork,select --concurrency 16 --num-programs 48
+}
+
 step_programs_trained() {
     [ -f "$TRAINED/config.json" ] || { echo "== programs_trained: skipped, no $TRAINED"; return 0; }
     programs_bench programs_trained "$TRAINED"
