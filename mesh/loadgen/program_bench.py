@@ -40,6 +40,7 @@ STEP_SECONDS = "radixmesh_executor_step_seconds"
 BATCH_SEQS = "radixmesh_executor_batch_sequences"
 TOKENS = "radixmesh_executor_tokens_total"
 CPU = "process_cpu_seconds_total"
+MESSAGES = "radixmesh_scheduler_stream_messages_total"
 ROLES = ("gateway", "scheduler", "cache", "executor")
 
 
@@ -184,6 +185,14 @@ def where_time_goes(before: Snapshot, after: Snapshot, wall_s: float, num_progra
     for role in ROLES:
         used = delta(before, after, role, CPU)
         out[f"{role}_cpu_s_per_program"] = used / n if used is not None else None
+    for peer in ("gateway", "executor", "cache"):  # what the scheduler sent and read
+        for direction in ("sent", "received"):
+            end = total(after, "scheduler", MESSAGES, peer=peer, direction=direction)
+            start = total(before, "scheduler", MESSAGES, peer=peer, direction=direction)
+            count = end - (start or 0.0) if end is not None else None
+            out[f"scheduler_{peer}_messages_{direction}_per_program"] = (
+                count / n if count is not None else None
+            )
     return out
 
 

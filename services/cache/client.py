@@ -197,6 +197,8 @@ class CacheClient:
         self._writer: asyncio.Task | None = None
         self.num_messages = 0
         """CacheOps messages written so far (each carries every op queued when it was sent)."""
+        self.num_received = 0
+        """CacheResults messages read so far."""
 
     async def __aenter__(self) -> CacheClient:
         return self
@@ -357,6 +359,7 @@ class CacheClient:
                 message = await stream.read()
                 if message is grpc.aio.EOF:
                     break
+                self.num_received += 1
                 for result in message.results:
                     future = self._pending.pop(result.op_id, None)
                     if future is not None and not future.done():

@@ -19,6 +19,7 @@ import asyncio
 import os
 import socket
 import sys
+from collections import Counter
 from collections.abc import Sequence
 
 from radixmesh.errors import InvalidArgument, RadixmeshError
@@ -30,6 +31,7 @@ from services.common.health import wait_for_serving
 from services.common.logging import configure_logging, get_logger
 from services.common.metrics import REGISTRY
 from services.common.server import ServiceRuntime, run_service
+from services.scheduler import messages
 from services.scheduler.core import SchedulerConfig, SchedulerCore, fit_to_executors
 from services.scheduler.core.ports import CachePort
 from services.scheduler.core.sharded_cache import ShardedCache
@@ -186,6 +188,15 @@ async def connect(
     return core, caches
 
 
+def message_counts(caches: list[CacheClient]) -> Counter[tuple[str, str]]:
+    """The scheduler's stream messages by (peer, direction), the cache clients' included."""
+    counts = Counter(messages.COUNTS)
+    for cache in caches:
+        counts["cache", "sent"] += cache.num_messages
+        counts["cache", "received"] += cache.num_received
+    return counts
+
+
 def rejoin_for(
     core: SchedulerCore, caches: list[CacheClient], args: argparse.Namespace
 ) -> Rejoin:
@@ -215,7 +226,9 @@ async def serve(args: argparse.Namespace) -> int:
     parts: list = []
     rejoin: list[Rejoin] = []
     background: list[asyncio.Task] = []
-    collector = SchedulerMetricsCollector(lambda: parts[0] if parts else None)
+    collector = SchedulerMetricsCollector(
+        lambda: parts[0] if parts else None, lambda: message_counts(parts[1] if parts else [])
+    )
     REGISTRY.register(collector)
 
     async def start_up() -> int:

@@ -7,7 +7,7 @@ request's events with plain arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -51,11 +51,27 @@ class SchedulerMetricsCollector(Collector):
         ("executor_healthy", "1 while the executor's Step stream works.", "healthy"),
     )
 
-    def __init__(self, core: Callable[[], SchedulerCore | None]) -> None:
-        """`core` returns the running core, or None before it is up."""
+    def __init__(
+        self,
+        core: Callable[[], SchedulerCore | None],
+        messages: Callable[[], Mapping[tuple[str, str], int]] | None = None,
+    ) -> None:
+        """`core` returns the running core, or None before it is up; `messages` the
+        messages on the scheduler's streams by (peer, direction)."""
         self._core = core
+        self._messages = messages
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        if self._messages is not None:
+            family = CounterMetricFamily(
+                PREFIX + "stream_messages",
+                "Messages on the scheduler's gRPC streams, by peer (gateway, executor, cache)"
+                " and direction (sent, received).",
+                labels=["peer", "direction"],
+            )
+            for (peer, direction), count in sorted(self._messages().items()):
+                family.add_metric([peer, direction], count)
+            yield family
         core = self._core()
         if core is None:
             return

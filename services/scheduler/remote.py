@@ -34,6 +34,7 @@ from services.cache.client import (
 )
 from services.common.health import wait_for_serving
 from services.common.interceptor import error_from_rpc_error
+from services.scheduler import messages
 
 
 class RemoteCache:
@@ -114,6 +115,7 @@ class RemoteExecutor:
         if self._call is None or self._call.done():
             raise Unavailable(f"executor {self.address}: the Step stream is closed")
         self._outbox.put_nowait(wire.plan_to_proto(plan))
+        messages.note("executor", "sent")
 
     async def next_result(self) -> StepResult:
         if self._ready:
@@ -124,6 +126,7 @@ class RemoteExecutor:
             raise Unavailable(f"executor {self.address}: {error_from_rpc_error(exc)}") from None
         if msg is grpc.aio.EOF:
             raise Unavailable(f"executor {self.address} ended the Step stream")
+        messages.note("executor", "received")
         if not msg.next_results:
             return wire.result_from_proto(msg, columnar=True)
         first, *more = wire.results_from_proto(msg, columnar=True)

@@ -30,7 +30,7 @@ from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import tracing
 from services.common.logging import get_logger
-from services.scheduler import convert
+from services.scheduler import convert, messages
 from services.scheduler.core import SchedulerCore, StepUpdates
 from services.scheduler.tracing import RequestTrace
 
@@ -105,6 +105,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for stream_id, response in list(responses.items()):
             if not response.updates:  # its updates were all of requests it no longer has
                 del responses[stream_id]
+        messages.note("gateway", "sent", len(responses))
         for stream_id, response in responses.items():
             stream = self._streams[stream_id]
             stream.outbox.put_nowait(response)
@@ -155,6 +156,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     ) -> None:
         try:
             async for message in request_iterator:
+                messages.note("gateway", "received")
                 op = message.WhichOneof("op")
                 if op in ("submit", "submit_batch"):  # a batch's in order, as if each came alone
                     for submit in wire.submits_of(message):  # concurrently: start in one step
@@ -234,6 +236,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except RadixmeshError as exc:
             response = scheduler_pb2.StreamResponse()
             wire.update_to_proto(RequestUpdate(msg.req_id, error=exc), out=response.updates.add())
+            messages.note("gateway", "sent")
             stream.outbox.put_nowait(response)
 
     def _require_core(self) -> SchedulerCore:

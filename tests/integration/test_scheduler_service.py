@@ -8,6 +8,7 @@ same tiny model folder.
 from __future__ import annotations
 
 import asyncio
+import re
 import contextlib
 import os
 import subprocess
@@ -225,6 +226,37 @@ async def test_bad_submits_fail_alone_and_aborts_free_the_lease(mesh):
     )
     assert f"{finished} 1.0" in text  # the constraint; a bad prompt is refused at submit
     assert 'radixmesh_scheduler_time_to_first_token_seconds_count{priority="interactive"}' in text
+
+
+async def test_the_scheduler_counts_the_messages_of_its_streams(mesh):
+    address, _, model, metrics_port = mesh
+    before = _messages(await _scrape(metrics_port))
+    prompts = {f"m{i}": [40 + i, 41, 42 + i] for i in range(3)}
+    batch = scheduler_pb2.StreamRequest()
+    sampling = ipb.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for req_id, prompt in prompts.items():
+        batch.submit_batch.submits.add(req_id=req_id, token_ids=prompt, sampling=sampling)
+    async with grpc.aio.insecure_channel(address) as channel:
+        client = Client(channel)
+        client.outbox.put_nowait(batch)
+        updates = await client.until_finished(*prompts)
+        client.outbox.put_nowait(None)
+        assert await client.call.read() == grpc.aio.EOF
+    assert {r: _tokens(u) for r, u in updates.items()} == {
+        r: _greedy(model, p, 3) for r, p in prompts.items()
+    }
+    after = _messages(await _scrape(metrics_port))
+    got = {key: after[key] - before.get(key, 0.0) for key in after}
+    assert got["gateway", "received"] == 1  # the one SubmitBatch
+    assert got["gateway", "sent"] == len(client.responses)
+    assert got["cache", "sent"] == got["cache", "received"] >= 2  # matches, leases, commits
+    # a plan of several decode steps may be answered step by step
+    assert got["executor", "sent"] >= 1 and got["executor", "received"] >= 1
+
+
+def _messages(text: str) -> dict[tuple[str, str], float]:
+    pattern = r'radixmesh_scheduler_stream_messages_total\{direction="(\w+)",peer="(\w+)"\} (\S+)'
+    return {(peer, way): float(n) for way, peer, n in re.findall(pattern, text)}
 
 
 async def _scrape(port: int) -> str:

@@ -83,10 +83,10 @@ async def _admit_followers(
     """Leases of the step's followers, after their leaders' shared pages are in the tree.
     A follower whose share cannot be honoured is left out (it waits for a later step)."""
     followers = keep_feasible_shares(candidates, budget.num_tokens)
-    published: set[str] = set()
-    for leader_id, (leader, num_tokens) in publish_targets(followers).items():
-        if await leases.publish(ex, leader, num_tokens):
-            published.add(leader_id)
+    targets = publish_targets(followers)
+    # together, in order: over gRPC every leader's verbs share one message
+    done = await asyncio.gather(*(leases.publish(ex, r, n) for r, n in targets.values()))
+    published = {leader_id for leader_id, ok in zip(targets, done, strict=True) if ok}
     shares = {
         r.req_id: r.step_share
         for r in followers

@@ -6,6 +6,7 @@ of a request (page_table, num_computed_tokens, lease_id) changes in one place.
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import AbstractContextManager, nullcontext
 
 import structlog
@@ -96,7 +97,9 @@ class Leases:
         The commit frees req's later pages and an extend leases as many again (the pool
         just got them back); should it be refused, req runs up to its pages this step and
         grows as a running prefill. Only the step loop of req's executor inserts into its
-        tree, so no other commit can have put those pages there meanwhile.
+        tree, so no other commit can have put those pages there meanwhile. The two verbs
+        are queued together, the extend after the commit: over gRPC they share one
+        message and one round trip (the cache runs a message's verbs in order).
         """
         page_size = ex.page_size
         num_pages = num_tokens // page_size
@@ -106,13 +109,19 @@ class Leases:
         tokens = req.all_token_ids
         num_tail = len(req.page_table) - num_pages
         with _traced(req):
-            await self._cache.commit(lease_id, tokens[: num_pages * page_size], keep_locked=True)
+            verbs = [self._cache.commit(lease_id, tokens[: num_pages * page_size], keep_locked=True)]
+            if num_tail > 0:
+                verbs.append(self._cache.extend(lease_id, num_tail))
+            committed, *extended = await asyncio.gather(*verbs, return_exceptions=True)
+        if isinstance(committed, BaseException):
+            raise committed
         tail: list[int] = []
-        try:
-            with _traced(req):
-                tail = await self._cache.extend(lease_id, num_tail) if num_tail > 0 else []
-        except ResourceExhausted:
+        if extended and isinstance(extended[0], ResourceExhausted):
             log.warning("pages after a shared prefix not lent again", req_id=req.req_id)
+        elif extended and isinstance(extended[0], BaseException):
+            raise extended[0]
+        elif extended:
+            tail = extended[0]
         req.page_table = req.page_table[:num_pages] + tail
         self.inflight.register(
             req, page_size, num_pages * page_size, len(tokens), tentative=False

@@ -356,6 +356,52 @@ class Rig:
 _ids = itertools.count()
 
 
+class MessageCache(InProcessCache):
+    """The cache core behind the cache client's outbox: the verbs called before the event
+    loop turns go out as one message (`messages`, their verb names in call order) and run
+    in that order when it is sent, as over the Batch stream."""
+
+    def __init__(self, core: CacheCore) -> None:
+        super().__init__(core)
+        self.messages: list[list[str]] = []
+        self._outbox: list[tuple[str, Callable[[], Any], asyncio.Future]] = []
+
+    async def _send(self, verb: str, run: Callable[[], Any]) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        self._outbox.append((verb, run, future))
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._write)
+        return await future
+
+    def _write(self) -> None:
+        ops, self._outbox = self._outbox, []
+        self.messages.append([verb for verb, _, _ in ops])
+        for _, run, future in ops:
+            try:
+                future.set_result(run())
+            except Exception as exc:
+                future.set_exception(exc)
+
+    async def match(self, token_ids, model=None):
+        return await self._send("match", lambda: self.core.match(token_ids, model or None))
+
+    async def acquire(self, executor_id, token_ids, num_tokens, holder):
+        return await self._send(
+            "acquire", lambda: self.core.acquire(executor_id, token_ids, num_tokens, holder)
+        )
+
+    async def extend(self, lease_id, num_pages):
+        return await self._send("extend", lambda: self.core.extend(lease_id, num_pages))
+
+    async def commit(self, lease_id, token_ids, keep_locked=False):
+        return await self._send(
+            "commit", lambda: self.core.commit(lease_id, token_ids, keep_locked)
+        )
+
+    async def release(self, lease_id):
+        return await self._send("release", lambda: self.core.release(lease_id))
+
+
 def make_rig(
     config: SchedulerConfig | None = None,
     *,
@@ -366,9 +412,11 @@ def make_rig(
     models: list[str] | None = None,
     manual_clock: bool = False,
     executor_info: dict[str, Any] | None = None,
+    cache_port: Callable[[CacheCore], InProcessCache] = InProcessCache,
 ) -> Rig:
     """A scheduler over the real cache core and toy executors (one pool per executor);
-    `executor_info`: more ExecutorInfo fields every toy reports."""
+    `executor_info`: more ExecutorInfo fields every toy reports; `cache_port`: the
+    scheduler's port onto the cache core (`MessageCache` counts messages)."""
     config = config or SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16)
     cache = CacheCore()
     toys, ports = [], []
@@ -385,7 +433,7 @@ def make_rig(
         for port in ports:
             port.clock = clock
     kwargs = {"clock": lambda: clock[0]} if manual_clock else {}
-    scheduler = SchedulerCore(config, InProcessCache(cache), ports, sink, **kwargs)
+    scheduler = SchedulerCore(config, cache_port(cache), ports, sink, **kwargs)
     return Rig(scheduler, cache, toys, ports, sink, clock)
 
 

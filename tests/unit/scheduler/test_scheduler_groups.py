@@ -19,7 +19,7 @@ from radixmesh.sampling import Priority
 from services.scheduler.core import SchedulerConfig
 from services.scheduler.core.queue import WaitQueue
 from services.scheduler.core.request import Request
-from tests.unit.scheduler.sched_fakes import greedy, make_rig, reference
+from tests.unit.scheduler.sched_fakes import MessageCache, greedy, make_rig, reference
 
 PAGE = 4
 PROMPT = list(range(3, 21))  # 18 tokens: 4 full pages shareable (the last token is computed)
@@ -79,6 +79,38 @@ async def test_a_forks_branches_start_in_one_step_and_compute_their_shared_pages
     for req_id in ids:
         assert rig.sink.tokens[req_id] == reference(PROMPT, 3)
     assert rig.stats().num_leases == 0
+
+
+async def test_the_leaders_of_a_steps_groups_publish_their_pages_in_one_cache_message():
+    # three forks start in one step: each leader's commit (its shared pages into the tree)
+    # and extend (its pages after them lent again) go out together, in order, not as six
+    # messages awaited one after another while the step is planned
+    caches: list[MessageCache] = []
+
+    def port(core):
+        caches.append(MessageCache(core))
+        return caches[0]
+
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=16)
+    rig = make_rig(config, num_pages=64, page_size=PAGE, cache_port=port)
+    await rig.scheduler.start()
+    prompts = {f"f{g}": [20 * (g + 1) + t for t in PROMPT] for g in range(3)}
+    ids = [f"{fork}-b{i}" for fork in prompts for i in range(3)]
+    await asyncio.gather(
+        *(
+            rig.scheduler.submit(req_id, prompts[req_id[:2]], greedy(3), group_id=req_id[:2])
+            for req_id in ids
+        )
+    )
+    await rig.sink.wait(*ids)
+    await rig.scheduler.stop()
+    starts = new_seq_plans(rig, ids)
+    assert len({s for steps in starts.values() for s in steps}) == 1, starts
+    published = [m for m in caches[0].messages if "extend" in m and "commit" in m]
+    assert published == [["commit", "extend"] * 3], caches[0].messages
+    assert rig.toy.corruptions == []
+    for req_id in ids:
+        assert rig.sink.tokens[req_id] == reference(prompts[req_id[:2]], 3)
 
 
 async def test_ungrouped_requests_sharing_uncached_pages_still_wait_a_step_for_them():
