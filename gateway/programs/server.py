@@ -55,7 +55,7 @@ class ProgramsServicer(program_pb2_grpc.ProgramsServicer):
         priority = wire.priority_from_proto(request.priority)
         run_id = _run_id(request.request_id)
         run = ProgramRun(program, dict(request.inputs), self._deps, run_id, priority)
-        started, outcome = time.monotonic(), "cancelled"
+        started, outcome, num_events = time.monotonic(), "cancelled", 0
         traceparent = traceparent_from_metadata(context.invocation_metadata())
         try:
             with request_trace("programs.Run", traceparent, run_id):
@@ -63,6 +63,7 @@ class ProgramsServicer(program_pb2_grpc.ProgramsServicer):
                     async for event in events:
                         if isinstance(event, ev.ProgramResult):
                             outcome = "ok"
+                        num_events += 1
                         yield convert.event_to_proto(event)
         except Exception as exc:
             outcome = getattr(exc, "code", "INTERNAL")
@@ -77,6 +78,7 @@ class ProgramsServicer(program_pb2_grpc.ProgramsServicer):
                 run_id=run_id,
                 outcome=outcome,
                 seconds=round(time.monotonic() - started, 3),
+                events=num_events,
                 prompt_tokens=total.prompt_tokens,
                 completion_tokens=total.completion_tokens,
                 cached_tokens=total.cached_tokens,
