@@ -8,9 +8,9 @@ same tiny model folder.
 from __future__ import annotations
 
 import asyncio
-import re
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
