@@ -108,20 +108,21 @@ class Leases:
         lease_id = req.lease_id
         tokens = req.all_token_ids
         num_tail = len(req.page_table) - num_pages
+        tail: list[int] | BaseException = []
         with _traced(req):
-            verbs = [self._cache.commit(lease_id, tokens[: num_pages * page_size], keep_locked=True)]
+            committing = self._cache.commit(lease_id, tokens[: num_pages * page_size], keep_locked=True)
             if num_tail > 0:
-                verbs.append(self._cache.extend(lease_id, num_tail))
-            committed, *extended = await asyncio.gather(*verbs, return_exceptions=True)
-        if isinstance(committed, BaseException):
-            raise committed
-        tail: list[int] = []
-        if extended and isinstance(extended[0], ResourceExhausted):
+                extending = self._cache.extend(lease_id, num_tail)
+                committed, tail = await asyncio.gather(committing, extending, return_exceptions=True)
+                if isinstance(committed, BaseException):
+                    raise committed
+            else:
+                await committing
+        if isinstance(tail, ResourceExhausted):
             log.warning("pages after a shared prefix not lent again", req_id=req.req_id)
-        elif extended and isinstance(extended[0], BaseException):
-            raise extended[0]
-        elif extended:
-            tail = extended[0]
+            tail = []
+        elif isinstance(tail, BaseException):
+            raise tail
         req.page_table = req.page_table[:num_pages] + tail
         self.inflight.register(
             req, page_size, num_pages * page_size, len(tokens), tentative=False
