@@ -81,6 +81,9 @@ class Report:
     counts)."""
     steps_launched_ahead: int | None = None
     """In-process: of them, queued on the device before the step before was read back."""
+    steps_launched_on_prepare: int | None = None
+    """In-process: of those, launched by the prepare thread (their plan came while the step
+    before ran)."""
 
 
 def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
@@ -185,6 +188,7 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         counts = engine.ports[0].pipeline_counts
     report = summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
     report.steps, report.steps_launched_ahead = counts.steps, counts.launched_ahead
+    report.steps_launched_on_prepare = counts.launched_on_prepare
     return report
 
 

@@ -19,7 +19,11 @@ the device) and then, before it is `finish`ed (its ids read back, its finishes f
 its answer given), the step after it is launched too when both are plain
 (`ExecutorCore.plain`) and that step's prepare is not waiting for this one. So the
 device runs step N + 1 while the host reads step N back: no gap between two decode
-steps for the read-back, the finish detection and the next launch's host work.
+steps for the read-back, the finish detection and the next launch's host work. Whichever
+thread comes second launches it: the step thread right after launching step N when step
+N + 1 is prepared by then, else the prepare thread as soon as it has prepared it, if step
+N is still unfinished (a plan that arrives while step N runs on the device, as the next
+plan does when the scheduler plans once the step before N is answered).
 
 A multi-step plan (`StepPlan.num_steps` k) is queued as k steps of the same plan,
 each its own prepare and execute (`ExecutorCore.prepare`, then `prepare_next`), with
@@ -76,6 +80,9 @@ class PipelineCounts:
     """Seconds the prepares spent waiting for the steps they were gated on."""
     launched_ahead: int = 0
     """Steps queued on the device before the step before them was finished (launch-ahead)."""
+    launched_on_prepare: int = 0
+    """Of those, the steps the prepare thread launched (prepared after the step before
+    them was launched, while it ran)."""
 
     def snapshot(self) -> PipelineCounts:
         return dataclasses.replace(self)
@@ -134,13 +141,18 @@ class PlanRun(Generic[R]):
         self.execute_failed = False
         """Execute thread: a step raised (or a failed prepare surfaced); later ones are skipped."""
         self.counts = PipelineCounts()
-        """Prepare thread (idle_starts: loop thread; launched_ahead: step thread): what the
-        steps waited for."""
+        """Prepare thread (idle_starts: loop thread; launched_ahead and launched_on_prepare:
+        under `_launching`): what the steps waited for."""
         self._slots: deque[_Slot] = deque()
         """The steps queued and not yet executed, oldest first (appended by the loop thread,
         taken by the step thread)."""
-        self._ahead: LaunchedStep | None = None
-        """Step thread: the next step, launched while the one before it finished."""
+        self._launching = threading.Lock()
+        """Held to launch a step ahead and to change `_running` and `_ahead`."""
+        self._running: _Slot | None = None
+        """The step launched by the step thread and not yet finished (its next step may be
+        launched ahead by either thread)."""
+        self._ahead: LaunchedStep | BaseException | None = None
+        """The next step, launched while the one before it ran (or what its launch raised)."""
 
     def submit(self, plan: StepPlan) -> Future[R | None]:
         """`submit_steps` for a plan of one step: its one future."""
@@ -215,17 +227,22 @@ class PlanRun(Generic[R]):
             self._before_prepare(plan)
         try:
             if substep:
-                return self._core.prepare_next(plan, substep)
-            return self._core.prepare(plan)  # with `drafting`: NO_DRAFTS unless it waited
+                prepared = self._core.prepare_next(plan, substep)
+            else:
+                prepared = self._core.prepare(plan)  # with `drafting`: NO_DRAFTS unless it waited
         except BaseException:
             self.prepare_failed = True
             raise
+        if not serial and self._pipeline.launch_ahead:
+            self._launch_if_next(slot, prepared, on_prepare=True)
+        return prepared
 
     def _execute(self, slot: _Slot) -> R | None:
         """One step, on the execute thread; None when the run closed or failed before it."""
-        taken = self._slots.popleft()
+        with self._launching:
+            taken = self._slots.popleft()
+            ahead, self._ahead = self._ahead, None
         assert taken is slot, "steps execute in the order queued"
-        ahead, self._ahead = self._ahead, None
         if self.closed or self.execute_failed:
             return None
         try:
@@ -236,11 +253,17 @@ class PlanRun(Generic[R]):
             if not self._pipeline.launch_ahead:
                 result = self._core.execute(prepared)
             else:
+                if isinstance(ahead, BaseException):
+                    raise ahead
                 assert ahead is None or ahead.prepared is prepared, "launched in queue order"
                 launched = ahead if ahead is not None else self._core.launch(prepared)
-                if launched.result is None:
-                    self._launch_next()
-                result = self._core.finish(launched)
+                if launched.result is None:  # plain: the next step may go before its finish
+                    self._launch_next(slot)
+                try:
+                    result = self._core.finish(launched)
+                finally:
+                    with self._launching:
+                        self._running = None
         except BaseException:
             self.execute_failed = True
             if self._on_error is not None:
@@ -248,25 +271,44 @@ class PlanRun(Generic[R]):
             raise
         return self._after_execute(slot.plan, result)
 
-    def _launch_next(self) -> None:
-        """Launches the step queued after the one being executed, if its prepare does not
-        wait for that one and it prepared a plain step; its own execute finishes it. A
-        failed prepare is left for that execute to surface."""
-        try:
+    def _launch_next(self, running: _Slot) -> None:
+        """On the step thread, `running`'s step just launched: launches the step queued
+        after it if that one is prepared already (and plain, and its prepare did not wait
+        for `running`); else its prepare thread may, once it has prepared it, until
+        `running` is finished. A failed prepare is left for that step's execute."""
+        with self._launching:
+            self._running = running
+            if not self._slots:
+                return  # the next plan has not come: the prepare thread may launch it
             slot = self._slots[0]
-        except IndexError:
-            return  # nothing queued yet: the next plan has not come
-        slot.decided.wait()
-        if slot.serial or self.closed:
-            return
-        assert slot.prepare is not None
-        wait([slot.prepare])
-        if slot.prepare.exception() is not None:
-            return
-        prepared = slot.prepare.result()
-        if prepared is not None and self._core.plain(prepared):
+            if not slot.decided.is_set() or slot.serial or self.closed:
+                return
+            assert slot.prepare is not None
+            if not slot.prepare.done() or slot.prepare.exception() is not None:
+                return
+            self._launch(slot.prepare.result())
+
+    def _launch_if_next(self, slot: _Slot, prepared: PreparedStep | None, on_prepare: bool) -> None:
+        """On the prepare thread, `slot` just prepared: launches it now if the step before
+        it is launched and not yet finished (and it is plain)."""
+        with self._launching:
+            running = self._running
+            if running is None or not self._slots or self._slots[0] is not slot or self.closed:
+                return
+            if self._launch(prepared):
+                self.counts.launched_on_prepare += on_prepare
+
+    def _launch(self, prepared: PreparedStep | None) -> bool:
+        """Under `_launching`: launch the next step ahead unless it was, or is not plain."""
+        if self._ahead is not None or prepared is None or not self._core.plain(prepared):
+            return False
+        try:
             self._ahead = self._core.launch(prepared)
-            self.counts.launched_ahead += 1
+        except BaseException as exc:  # its own execute raises it, in plan order
+            self._ahead = exc
+            return False
+        self.counts.launched_ahead += 1
+        return True
 
 
 class StepPipeline:

@@ -26,6 +26,8 @@ from tests.unit.executor.conftest import (
 )
 
 WAIT_S = 10.0
+DEVICE_S = 2.0
+"""The longest a fake device runs a step (what a step launched too late waits for)."""
 
 
 async def run_plans(core, plans: list[StepPlan], *, launch_ahead: bool):
@@ -165,17 +167,41 @@ async def test_steps_that_read_log_probabilities_are_never_launched_ahead(llama_
 
 
 class OrderCore:
-    """Records launch / finish / execute per step; each step plain unless listed."""
+    """Records launch / finish / execute per step; each step plain unless listed.
+
+    Its device is busy with a step until the step after it is launched, when that one
+    should be launched ahead (plain, its prepare not waiting for this step): a finish
+    waits for that launch (at most DEVICE_S), as a device still running the step would
+    keep the host waiting. A pipeline that fails to launch it ahead records the finish
+    first."""
 
     device = torch.device("cpu")
 
-    def __init__(self, serial: set[int] = frozenset(), not_plain: set[int] = frozenset()):
+    def __init__(
+        self, serial: set[int] = frozenset(), not_plain: set[int] = frozenset(), last: int = 0
+    ):
         self.calls: list[tuple[str, int]] = []
-        self.serial, self.not_plain = serial, not_plain
+        self.serial, self.not_plain, self.last = serial, not_plain, last
         self.lock = threading.Lock()
         self.submitted = threading.Event()
         """Set once every plan is queued: the first prepare waits for it, so no step runs
         before the steps after it are queued."""
+        self.launched: dict[int, threading.Event] = {}
+
+    def _launched(self, step_id: int) -> threading.Event:
+        with self.lock:
+            return self.launched.setdefault(step_id, threading.Event())
+
+    def goes_ahead(self, step_id: int) -> bool:
+        """Step step_id + 1 should be launched before step step_id is finished."""
+        after = step_id + 1
+        return (
+            after <= self.last
+            and step_id not in self.serial  # the step after a drafting one waits for it
+            and after not in self.serial
+            and step_id not in self.not_plain
+            and after not in self.not_plain
+        )
 
     def drafting(self, plan: StepPlan, substep: int = 0) -> DraftChoice:
         # a drafting step's prepare waits for the step before it
@@ -193,16 +219,21 @@ class OrderCore:
     def launch(self, step_id: int) -> LaunchedStep:
         with self.lock:
             self.calls.append(("launch", step_id))
+        self._launched(step_id).set()
         result = None if self.plain(step_id) else StepResult(step_id, [], 0.0)
         return LaunchedStep(step_id, 0.0, result=result)  # type: ignore[arg-type]
 
     def finish(self, launched: LaunchedStep) -> StepResult:
+        step_id: int = launched.prepared  # type: ignore[assignment]
+        if self.goes_ahead(step_id):  # the device runs it until the next is queued
+            self._launched(step_id + 1).wait(DEVICE_S)
         with self.lock:
             self.calls.append(("finish", launched.prepared))  # type: ignore[arg-type]
         return launched.result or StepResult(launched.prepared, [], 0.0)  # type: ignore[arg-type]
 
 
 async def run_order(core: OrderCore, step_ids: range) -> list[int | None]:
+    core.last = step_ids[-1]
     pipeline = StepPipeline("order", overlap_prepare=True, launch_ahead=True)
     pipeline.attach(core)  # type: ignore[arg-type]
     run = pipeline.open(core, after_execute=lambda plan, result: result)  # type: ignore[arg-type]
@@ -222,6 +253,30 @@ async def test_the_next_plain_step_is_launched_before_this_one_is_finished():
         ("launch", 4), ("finish", 3),
         ("finish", 4),
     ]  # fmt: skip
+
+
+async def test_a_plan_that_comes_while_the_step_before_runs_is_launched_before_its_finish():
+    # plan 3 is queued only once step 2 is launched (as a scheduler plans once step 1 is
+    # answered): the prepare thread launches it while the device still runs step 2
+    core = OrderCore(last=4)
+    core.submitted.set()
+    pipeline = StepPipeline("late", overlap_prepare=True, launch_ahead=True)
+    pipeline.attach(core)  # type: ignore[arg-type]
+    run = pipeline.open(core, after_execute=lambda plan, result: result)  # type: ignore[arg-type]
+    futures = [run.submit(StepPlan(1)), run.submit(StepPlan(2))]
+    for step_id in (3, 4):
+        assert await asyncio.to_thread(core._launched(step_id - 1).wait, WAIT_S)
+        futures.append(run.submit(StepPlan(step_id)))
+    done = [f.result(timeout=WAIT_S) for f in futures]
+    await pipeline.close()
+    assert [r.step_id for r in done] == [1, 2, 3, 4]
+    assert core.calls == [
+        ("launch", 1), ("launch", 2), ("finish", 1),
+        ("launch", 3), ("finish", 2),
+        ("launch", 4), ("finish", 3),
+        ("finish", 4),
+    ]  # fmt: skip
+    assert run.counts.launched_ahead == 3 and run.counts.launched_on_prepare >= 2
 
 
 async def test_a_step_whose_prepare_waits_for_the_one_before_is_launched_after_it():
