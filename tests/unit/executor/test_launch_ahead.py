@@ -81,12 +81,11 @@ async def decode_both_ways(
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-async def test_launched_ahead_steps_give_the_tokens_and_finishes_of_whole_steps(
-    llama_model, device
-):
-    # on CUDA the steps replay captured graphs and read their ids back through events
+def test_launched_ahead_steps_give_the_tokens_and_finishes_of_whole_steps(llama_model, device):
+    # on CUDA the steps replay captured graphs and read their ids back through events (a
+    # plain function running its own loop: the GPU machine's pytest has no asyncio plugin)
     sampling = {"r0": {"max_tokens": 5}, "r1": {"max_tokens": 40}, "r2": {"max_tokens": 40}}
-    off, on, launched = await decode_both_ways(llama_model, sampling, 4, device)
+    off, on, launched = asyncio.run(decode_both_ways(llama_model, sampling, 4, device))
     assert outputs_of(on) == outputs_of(off)
     assert launched >= 4  # the later steps of each plan were queued before the one before
     # r0 ends on its length inside the first plan and is in no later step
