@@ -147,11 +147,14 @@ class _ReportingGpu:
 def _collector_factories() -> dict[type, Callable[[], Collector]]:
     from services.cache.server import CacheMetricsCollector
     from services.executor.health import DeviceHealthCollector, HealthSampler
+    from services.scheduler import messages
     from services.scheduler.metrics import SchedulerMetricsCollector
 
     return {
         CacheMetricsCollector: lambda: CacheMetricsCollector(_cache_core()),
-        SchedulerMetricsCollector: lambda: SchedulerMetricsCollector(_scheduler_core),
+        SchedulerMetricsCollector: lambda: SchedulerMetricsCollector(
+            _scheduler_core, lambda: messages.COUNTS | {("cache", "sent"): 0}
+        ),
         DeviceHealthCollector: lambda: DeviceHealthCollector(HealthSampler(_ReportingGpu())),
     }
 
