@@ -143,20 +143,31 @@ async def test_a_stream_of_requests_gets_greedy_tokens_one_message_per_step(mesh
     assert step_ids == sorted(step_ids)
 
 
-async def test_a_submit_batch_runs_each_submit_as_if_sent_alone(mesh):
-    address, _, model, _ = mesh
-    prompts = {f"b{i}": [20 + i] * (2 + 3 * i) + [50 + i] for i in range(4)}
-    sampling = ipb.SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+async def _run_batch(
+    address: str,
+    prompts: dict[str, list[int]],
+    max_tokens: int,
+    repeat: tuple[str, list[int]] | None = None,
+) -> tuple[dict[str, list[scheduler_pb2.TokenUpdate]], int]:
+    """The prompts sent as one SubmitBatch (then `repeat`, a submit reusing a running id);
+    every update until each prompt finished, and the StreamResponses read."""
+    sampling = ipb.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     batch = scheduler_pb2.StreamRequest()
-    for req_id, prompt in prompts.items():
+    for req_id, prompt in [*prompts.items(), *([repeat] if repeat else [])]:
         batch.submit_batch.submits.add(req_id=req_id, token_ids=prompt, sampling=sampling)
-    batch.submit_batch.submits.add(req_id="b0", token_ids=[1, 2], sampling=sampling)  # a repeat
     async with grpc.aio.insecure_channel(address) as channel:
         client = Client(channel)
         client.outbox.put_nowait(batch)
         updates = await client.until_finished(*prompts)
         client.outbox.put_nowait(None)
         assert await client.call.read() == grpc.aio.EOF
+    return updates, len(client.responses)
+
+
+async def test_a_submit_batch_runs_each_submit_as_if_sent_alone(mesh):
+    address, _, model, _ = mesh
+    prompts = {f"b{i}": [20 + i] * (2 + 3 * i) + [50 + i] for i in range(4)}
+    updates, _ = await _run_batch(address, prompts, 5, repeat=("b0", [1, 2]))
     for req_id, prompt in prompts.items():
         assert _tokens(updates[req_id]) == _greedy(model, prompt, 5), req_id
     refused = [u for u in updates["b0"] if u.error_code]
@@ -232,23 +243,14 @@ async def test_the_scheduler_counts_the_messages_of_its_streams(mesh):
     address, _, model, metrics_port = mesh
     before = _messages(await _scrape(metrics_port))
     prompts = {f"m{i}": [40 + i, 41, 42 + i] for i in range(3)}
-    batch = scheduler_pb2.StreamRequest()
-    sampling = ipb.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    for req_id, prompt in prompts.items():
-        batch.submit_batch.submits.add(req_id=req_id, token_ids=prompt, sampling=sampling)
-    async with grpc.aio.insecure_channel(address) as channel:
-        client = Client(channel)
-        client.outbox.put_nowait(batch)
-        updates = await client.until_finished(*prompts)
-        client.outbox.put_nowait(None)
-        assert await client.call.read() == grpc.aio.EOF
+    updates, responses = await _run_batch(address, prompts, 3)
     assert {r: _tokens(u) for r, u in updates.items()} == {
         r: _greedy(model, p, 3) for r, p in prompts.items()
     }
     after = _messages(await _scrape(metrics_port))
     got = {key: after[key] - before.get(key, 0.0) for key in after}
     assert got["gateway", "received"] == 1  # the one SubmitBatch
-    assert got["gateway", "sent"] == len(client.responses)
+    assert got["gateway", "sent"] == responses
     assert got["cache", "sent"] == got["cache", "received"] >= 2  # matches, leases, commits
     # a plan of several decode steps may be answered step by step
     assert got["executor", "sent"] >= 1 and got["executor", "received"] >= 1

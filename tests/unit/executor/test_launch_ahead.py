@@ -243,15 +243,19 @@ async def run_order(core: OrderCore, step_ids: range) -> list[int | None]:
     return [None if r is None else r.step_id for r in done]
 
 
+AHEAD_1_TO_4 = [
+    ("launch", 1), ("launch", 2), ("finish", 1),
+    ("launch", 3), ("finish", 2),
+    ("launch", 4), ("finish", 3),
+    ("finish", 4),
+]  # fmt: skip
+"""Four plain steps, each launched before the one before it is finished."""
+
+
 async def test_the_next_plain_step_is_launched_before_this_one_is_finished():
     core = OrderCore()
     assert await run_order(core, range(1, 5)) == [1, 2, 3, 4]
-    assert core.calls == [
-        ("launch", 1), ("launch", 2), ("finish", 1),
-        ("launch", 3), ("finish", 2),
-        ("launch", 4), ("finish", 3),
-        ("finish", 4),
-    ]  # fmt: skip
+    assert core.calls == AHEAD_1_TO_4
 
 
 async def test_a_plan_that_comes_while_the_step_before_runs_is_launched_before_its_finish():
@@ -269,12 +273,7 @@ async def test_a_plan_that_comes_while_the_step_before_runs_is_launched_before_i
     done = [f.result(timeout=WAIT_S) for f in futures]
     await pipeline.close()
     assert [r.step_id for r in done] == [1, 2, 3, 4]
-    assert core.calls == [
-        ("launch", 1), ("launch", 2), ("finish", 1),
-        ("launch", 3), ("finish", 2),
-        ("launch", 4), ("finish", 3),
-        ("finish", 4),
-    ]  # fmt: skip
+    assert core.calls == AHEAD_1_TO_4
     assert run.counts.launched_ahead == 3 and run.counts.launched_on_prepare >= 2
 
 
