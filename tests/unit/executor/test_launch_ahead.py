@@ -177,10 +177,17 @@ class OrderCore:
     device = torch.device("cpu")
 
     def __init__(
-        self, serial: set[int] = frozenset(), not_plain: set[int] = frozenset(), last: int = 0
+        self,
+        serial: set[int] = frozenset(),
+        not_plain: set[int] = frozenset(),
+        last: int = 0,
+        fail_launch: set[int] = frozenset(),
     ):
         self.calls: list[tuple[str, int]] = []
         self.serial, self.not_plain, self.last = serial, not_plain, last
+        self.fail_launch = fail_launch
+        self.failed_on = ""
+        """The thread a failing launch was tried on."""
         self.lock = threading.Lock()
         self.submitted = threading.Event()
         """Set once every plan is queued: the first prepare waits for it, so no step runs
@@ -216,6 +223,10 @@ class OrderCore:
         return step_id not in self.not_plain
 
     def launch(self, step_id: int) -> LaunchedStep:
+        if step_id in self.fail_launch:
+            self.failed_on = threading.current_thread().name
+            self._launched(step_id).set()  # tried: the step before may finish
+            raise RuntimeError(f"step {step_id} could not be launched")
         with self.lock:
             self.calls.append(("launch", step_id))
         self._launched(step_id).set()
@@ -275,6 +286,32 @@ async def test_a_plan_that_comes_while_the_step_before_runs_is_launched_before_i
     assert [r.step_id for r in done] == [1, 2, 3, 4]
     assert core.calls == AHEAD_1_TO_4
     assert run.counts.launched_ahead == 3 and run.counts.launched_on_prepare >= 2
+
+
+async def test_a_launch_that_fails_on_the_prepare_thread_fails_its_own_step_in_order():
+    # step 3's launch raises on the prepare thread (its plan came while step 2 ran): step 2
+    # still answers, step 3's future raises the launch's error, step 4 is skipped
+    core = OrderCore(last=4, fail_launch={3})
+    core.submitted.set()
+    errors: list[str] = []
+    pipeline = StepPipeline("failing", overlap_prepare=True, launch_ahead=True)
+    pipeline.attach(core)  # type: ignore[arg-type]
+    run = pipeline.open(
+        core,  # type: ignore[arg-type]
+        after_execute=lambda plan, result: result,
+        on_error=lambda: errors.append("failed"),
+    )
+    futures = [run.submit(StepPlan(1)), run.submit(StepPlan(2))]
+    assert await asyncio.to_thread(core._launched(2).wait, WAIT_S)
+    futures += [run.submit(StepPlan(3)), run.submit(StepPlan(4))]
+    assert futures[0].result(WAIT_S).step_id == 1 and futures[1].result(WAIT_S).step_id == 2
+    with pytest.raises(RuntimeError, match="step 3 could not be launched"):
+        futures[2].result(WAIT_S)
+    assert futures[3].result(WAIT_S) is None
+    await pipeline.close()
+    assert errors == ["failed"]
+    assert core.failed_on.startswith("failing-prepare")
+    assert ("launch", 4) not in core.calls
 
 
 async def test_a_step_whose_prepare_waits_for_the_one_before_is_launched_after_it():
