@@ -104,6 +104,10 @@ class _Slot:
     """Set by the prepare thread once `serial` is known (or the prepare ended early)."""
     serial: bool = True
     """The prepare waits for the step before it (or gave up): never waited on by that step."""
+    prepared: PreparedStep | None = None
+    ready: bool = False
+    """Under `PlanRun._launching`: a step not serial is prepared (as `prepared`), so the
+    step thread may launch it ahead."""
 
 
 class PlanRun(Generic[R]):
@@ -234,7 +238,7 @@ class PlanRun(Generic[R]):
             self.prepare_failed = True
             raise
         if not serial and self._pipeline.launch_ahead:
-            self._launch_if_next(slot, prepared, on_prepare=True)
+            self._launch_if_next(slot, prepared)
         return prepared
 
     def _execute(self, slot: _Slot) -> R | None:
@@ -281,22 +285,20 @@ class PlanRun(Generic[R]):
             if not self._slots:
                 return  # the next plan has not come: the prepare thread may launch it
             slot = self._slots[0]
-            if not slot.decided.is_set() or slot.serial or self.closed:
-                return
-            assert slot.prepare is not None
-            if not slot.prepare.done() or slot.prepare.exception() is not None:
-                return
-            self._launch(slot.prepare.result())
+            if slot.ready and not self.closed:
+                self._launch(slot.prepared)
 
-    def _launch_if_next(self, slot: _Slot, prepared: PreparedStep | None, on_prepare: bool) -> None:
-        """On the prepare thread, `slot` just prepared: launches it now if the step before
-        it is launched and not yet finished (and it is plain)."""
+    def _launch_if_next(self, slot: _Slot, prepared: PreparedStep | None) -> None:
+        """On the prepare thread, `slot` (not serial) just prepared: launches it now if the
+        step before it is launched and not yet finished (and it is plain); else leaves it
+        ready for the step thread, which launches it with the step before it."""
         with self._launching:
+            slot.prepared, slot.ready = prepared, True
             running = self._running
             if running is None or not self._slots or self._slots[0] is not slot or self.closed:
                 return
             if self._launch(prepared):
-                self.counts.launched_on_prepare += on_prepare
+                self.counts.launched_on_prepare += 1
 
     def _launch(self, prepared: PreparedStep | None) -> bool:
         """Under `_launching`: launch the next step ahead unless it was, or is not plain."""
