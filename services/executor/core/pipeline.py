@@ -100,14 +100,10 @@ class _Slot:
     """The execute of the step before that (waited for otherwise)."""
     prepare: Future[PreparedStep | None] | None = None
     """Set by the loop thread right after the prepare is queued."""
-    decided: threading.Event = dataclasses.field(default_factory=threading.Event)
-    """Set by the prepare thread once `serial` is known (or the prepare ended early)."""
-    serial: bool = True
-    """The prepare waits for the step before it (or gave up): never waited on by that step."""
     prepared: PreparedStep | None = None
     ready: bool = False
-    """Under `PlanRun._launching`: a step not serial is prepared (as `prepared`), so the
-    step thread may launch it ahead."""
+    """Under `PlanRun._launching`: prepared (as `prepared`) without waiting for the step
+    before it, so the step thread may launch it ahead of that step's finish."""
 
 
 class PlanRun(Generic[R]):
@@ -192,12 +188,6 @@ class PlanRun(Generic[R]):
         return execute
 
     def _prepare(self, slot: _Slot) -> PreparedStep | None:
-        try:
-            return self._prepare_gated(slot)
-        finally:
-            slot.decided.set()  # an early end too: the step before never waits for it
-
-    def _prepare_gated(self, slot: _Slot) -> PreparedStep | None:
         """On the prepare thread: step N + 1 is prepared once step N - 1 (`older`) has
         executed, or step N (`last`) when the core says this step may draft
         (`ExecutorCore.drafting`, asked first) or the step before may have (a draft is
@@ -216,8 +206,6 @@ class PlanRun(Generic[R]):
         serial = may_draft or self._drafts_before
         gate = slot.last if serial else slot.older
         self._drafts_before = may_draft
-        slot.serial = serial
-        slot.decided.set()
         counts = self.counts
         counts.steps += 1
         counts.serial_steps += serial and slot.last is not None
@@ -285,7 +273,7 @@ class PlanRun(Generic[R]):
             if not self._slots:
                 return  # the next plan has not come: the prepare thread may launch it
             slot = self._slots[0]
-            if slot.ready and not self.closed:
+            if slot.ready:
                 self._launch(slot.prepared)
 
     def _launch_if_next(self, slot: _Slot, prepared: PreparedStep | None) -> None:
@@ -294,15 +282,15 @@ class PlanRun(Generic[R]):
         ready for the step thread, which launches it with the step before it."""
         with self._launching:
             slot.prepared, slot.ready = prepared, True
-            running = self._running
-            if running is None or not self._slots or self._slots[0] is not slot or self.closed:
+            if self._running is None or not self._slots or self._slots[0] is not slot:
                 return
             if self._launch(prepared):
                 self.counts.launched_on_prepare += 1
 
     def _launch(self, prepared: PreparedStep | None) -> bool:
-        """Under `_launching`: launch the next step ahead unless it was, or is not plain."""
-        if self._ahead is not None or prepared is None or not self._core.plain(prepared):
+        """Under `_launching`: launch the next step ahead unless it was, it is not plain, or
+        the run is closing."""
+        if self._ahead is not None or self.closed or prepared is None or not self._core.plain(prepared):
             return False
         try:
             self._ahead = self._core.launch(prepared)

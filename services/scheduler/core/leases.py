@@ -27,6 +27,10 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
 
+async def _no_pages() -> list[int]:
+    return []
+
+
 def _traced(req: Request) -> AbstractContextManager[object]:
     """While a cache verb req caused is awaited: its trace's span is the current one."""
     return req.trace.active() if req.trace is not None else nullcontext()
@@ -108,16 +112,12 @@ class Leases:
         lease_id = req.lease_id
         tokens = req.all_token_ids
         num_tail = len(req.page_table) - num_pages
-        tail: list[int] | BaseException = []
         with _traced(req):
             committing = self._cache.commit(lease_id, tokens[: num_pages * page_size], keep_locked=True)
-            if num_tail > 0:
-                extending = self._cache.extend(lease_id, num_tail)
-                committed, tail = await asyncio.gather(committing, extending, return_exceptions=True)
-                if isinstance(committed, BaseException):
-                    raise committed
-            else:
-                await committing
+            extending = self._cache.extend(lease_id, num_tail) if num_tail > 0 else _no_pages()
+            committed, tail = await asyncio.gather(committing, extending, return_exceptions=True)
+        if isinstance(committed, BaseException):
+            raise committed
         if isinstance(tail, ResourceExhausted):
             log.warning("pages after a shared prefix not lent again", req_id=req.req_id)
             tail = []
