@@ -21,7 +21,8 @@
 #        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
 #        workload at batch 1 and 64 with jump-forward off and on), programs, programs_trained and
 #        programs_rtt (bench/programs.py: programs server-side against client-driven, 8B shape /
-#        trained model / trained model with a 20 ms client round trip), profile_serve (`radixmesh
+#        trained model / trained model with a 20 ms client round trip), profile_programs (the
+#        executor torch-profiled under issue 16's select and fork at concurrency 16), profile_serve (`radixmesh
 #        profile` of a served executor under load, torch-profiler steps on CUDA) and tracing
 #        (bench/tracing_overhead.py, tracing on against off, on this host's CPU cores).
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
@@ -681,6 +682,31 @@ step_programs() {
 step_programs_target() {
     [ -f "$MODEL/config.json" ] || step_model
     programs_bench programs_target "$MODEL" --programs fork,select --concurrency 16 --num-programs 48
+}
+
+# profile_programs: where the executor's time goes in issue 16's target point: a `radixmesh
+# serve` runs select, then fork, server-side at concurrency 16 for long enough that `radixmesh
+# profile` takes 20 torch-profiled steps of each in the middle (files in
+# $RESULTS/profile_programs_{select,fork}/, kernels by group in executor-0.torch.json).
+step_profile_programs() {
+    [ -f "$MODEL/config.json" ] || step_model
+    mesh_up profile_programs --num-pages "${PROGRAM_NUM_PAGES:-8192}" || return 0
+    local prog num load
+    for prog in select fork; do
+        num=$([ "$prog" = select ] && echo 2400 || echo 600)
+        [ "$GPU" = 1 ] || num=24
+        $PY bench/programs.py --target "127.0.0.1:${MESH_PORT:-8080}" \
+            --mesh-info "$RESULTS/profile_programs.endpoints.json" --programs "$prog" --modes server \
+            --concurrency 16 --num-programs "$num" --max-tokens 32 \
+            --json "$RESULTS/profile_programs_$prog.load.json" >"$RESULTS/profile_programs_$prog.load.log" 2>&1 &
+        load=$!
+        sleep 8  # past the warm-up programs
+        run_step "profile_programs_$prog" 90 $PY -m mesh.cli profile --service executor-0 --seconds 4 \
+            --torch-steps 20 --port "${MESH_PORT:-8080}" --out "$RESULTS/profile_programs_$prog"
+        wait "$load"
+        tail -n 4 "$RESULTS/profile_programs_$prog.load.log"
+    done
+    mesh_down
 }
 
 step_programs_trained() {

@@ -111,13 +111,14 @@ def _attend_new(
     first new row is row0; MASKED applies causality (j <= i) and j < q_len."""
     row_end = row0 + q_len
     k = _new_tile(k_src, row0 + j0, col, stride_k_t, row_end, BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
-    s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), IEEE) * qk_scale
+    s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), IEEE)
     if MASKED:
         offs_n = j0 + tl.arange(0, BLOCK_N)
         visible = (offs_n[None, :] <= offs_m[:, None]) & (offs_n < q_len)[None, :]
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.math.exp2(s - m_new[:, None])
+    # as attend_block: the scale in the row max and one multiply-add per score
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = _new_tile(v_src, row0 + j0, col, stride_v_t, row_end, BLOCK_N, HEAD_DIM, USE_TMA, MASKED)

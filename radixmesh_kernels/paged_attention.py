@@ -139,14 +139,15 @@ def attend_block(
     k_off = page * stride_k_page + slot * stride_k_slot
     kv_mask = n_valid[None, :] & d_mask[:, None]
     k_t = tl.load(k_base_ptr + k_off[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)
-    s = mma(q, k_t, tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), IEEE) * qk_scale
+    s = mma(q, k_t, tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), IEEE)
     if MASKED:
         visible = n_valid[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if SLIDING:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.math.exp2(s - m_new[:, None])
+    # the scale goes into the row max (qk_scale > 0) and one multiply-add per score
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v_off = page * stride_v_page + slot * stride_v_slot
