@@ -16,7 +16,7 @@ import torch
 from radixmesh_kernels.bitmask import apply_bitmask_ref
 from radixmesh_kernels.fp8_linear import fp8_linear_ref
 from radixmesh_kernels.gemv import dense_linear_ref
-from radixmesh_kernels.kv_store import kv_store_ref
+from radixmesh_kernels.kv_store import copy_kv_slots_ref, kv_store_ref
 from radixmesh_kernels.paged_attention import paged_attention_ref
 from radixmesh_kernels.paged_decode_attention import paged_decode_attention_ref
 from radixmesh_kernels.rmsnorm import rmsnorm_ref
@@ -49,6 +49,9 @@ class Ops:
     """`rotary` then `kv_store` of the rotated keys in one op (returns the rotated q); None
     when the set has no fused form, or a backend replaced `rotary` or `kv_store` (the model
     then calls those two)."""
+    copy_kv_slots: Callable = copy_kv_slots_ref
+    """Slot src[i] -> dst[i] in a layer's K and V caches (a step's partial-page copies, run
+    in every layer between its KV store and its attention)."""
     batch_invariant: bool = False
     """The set of `radixmesh_kernels.batch_invariant.batch_invariant_ops`: a row's linear and decode
     attention do not depend on the rest of the batch, and the model runs an extend's
@@ -76,6 +79,7 @@ REFERENCE_OPS = Ops(
     fp8_linear=fp8_linear_ref,
     linear=dense_linear_ref,
     rotary_kv_store=rotary_kv_store_ref,
+    copy_kv_slots=copy_kv_slots_ref,
 )
 
 _BACKENDS: dict[str, Callable[[], Ops]] = {"cpu": lambda: REFERENCE_OPS}

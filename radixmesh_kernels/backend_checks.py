@@ -72,6 +72,12 @@ def _kv_store(device: torch.device, gen: torch.Generator) -> list[Case]:
     return [Case((k, v, k_cache, v_cache, slots), written=(2, 3))]
 
 
+def _copy_kv_slots(device: torch.device, gen: torch.Generator) -> list[Case]:
+    k_cache, v_cache = _paged_kv(device, gen)
+    slots = torch.randperm(k_cache.shape[0] * 4, generator=gen)[:10].to(device)
+    return [Case((k_cache, v_cache, slots[:5], slots[5:]), written=(0, 1))]
+
+
 def _rotary_kv_store(device: torch.device, gen: torch.Generator) -> list[Case]:
     dt = _dtype(device)
     k_cache, v_cache = _paged_kv(device, gen)
@@ -140,6 +146,7 @@ CASES: dict[str, Callable[[torch.device, torch.Generator], list[Case]]] = {
     "silu_and_mul": _silu_and_mul,
     "kv_store": _kv_store,
     "rotary_kv_store": _rotary_kv_store,
+    "copy_kv_slots": _copy_kv_slots,
     "paged_attention": _paged_attention,
     "paged_decode_attention": _paged_decode_attention,
     "apply_bitmask": _apply_bitmask,

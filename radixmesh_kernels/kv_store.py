@@ -130,3 +130,58 @@ def kv_store_triton(
         BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=4,
     )
+
+
+def copy_cache_slots(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copies slot src[i] to slot dst[i] (slot = page_id * page_size + offset) of one
+    contiguous [num_pages, page_size, ...] cache, as raw bytes whatever its dtype. src and
+    dst are [n] int64 on the cache's device; a destination is never also a source."""
+    if not cache.is_contiguous():
+        raise ValueError("a paged KV tensor must be contiguous to copy its slots")
+    slots = cache.view(torch.uint8).view(cache.shape[0] * cache.shape[1], -1)
+    slots.index_copy_(0, dst, slots.index_select(0, src))
+
+
+def copy_kv_slots_ref(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
+) -> None:
+    """`copy_cache_slots` in a layer's K and V caches."""
+    copy_cache_slots(k_cache, src, dst)
+    copy_cache_slots(v_cache, src, dst)
+
+
+@triton.jit
+def _copy_kv_slots_kernel(
+    k_cache_ptr, v_cache_ptr, src_ptr, dst_ptr, slot_elems, BLOCK: tl.constexpr
+):
+    i = tl.program_id(0)
+    src = tl.load(src_ptr + i).to(tl.int64) * slot_elems
+    dst = tl.load(dst_ptr + i).to(tl.int64) * slot_elems
+    for lo in range(0, slot_elems, BLOCK):
+        offs = lo + tl.arange(0, BLOCK)
+        mask = offs < slot_elems
+        tl.store(k_cache_ptr + dst + offs, tl.load(k_cache_ptr + src + offs, mask=mask), mask=mask)
+        tl.store(v_cache_ptr + dst + offs, tl.load(v_cache_ptr + src + offs, mask=mask), mask=mask)
+
+
+def copy_kv_slots_triton(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor
+) -> None:
+    """`copy_kv_slots_ref` in one launch for both caches (a step's page copies run in every
+    layer, between its KV store and its attention: one launch a layer, not four ops)."""
+    check(
+        k_cache.dim() == 4 and k_cache.is_contiguous() and v_cache.shape == k_cache.shape
+        and v_cache.is_contiguous() and v_cache.dtype == k_cache.dtype,
+        "copy_kv_slots: k_cache and v_cache must be contiguous [num_pages, page_size, ...] alike",
+    )  # fmt: skip
+    check(
+        src.shape == dst.shape and src.dim() == 1,
+        "copy_kv_slots: src and dst must be [n] slot indices",
+    )
+    if src.shape[0] == 0:
+        return
+    slot_elems = k_cache[0, 0].numel()
+    _copy_kv_slots_kernel[(src.shape[0],)](
+        k_cache, v_cache, src, dst, slot_elems,
+        BLOCK=min(triton.next_power_of_2(slot_elems), 2048), num_warps=4,
+    )  # fmt: skip

@@ -6,7 +6,7 @@ from radixmesh_kernels import Ops, register_backend
 from radixmesh_kernels.bitmask import apply_bitmask_triton
 from radixmesh_kernels.fp8_linear import fp8_linear_triton
 from radixmesh_kernels.gemv import dense_linear_triton
-from radixmesh_kernels.kv_store import kv_store_triton
+from radixmesh_kernels.kv_store import copy_kv_slots_triton, kv_store_triton
 from radixmesh_kernels.paged_decode_attention import paged_decode_attention_triton
 from radixmesh_kernels.prefill_attention import prefill_attention_triton
 from radixmesh_kernels.rmsnorm import rmsnorm_triton
@@ -26,6 +26,7 @@ TRITON_OPS = Ops(
     fp8_linear=fp8_linear_triton,
     linear=dense_linear_triton,
     rotary_kv_store=rotary_kv_store_triton,
+    copy_kv_slots=copy_kv_slots_triton,
 )
 
 register_backend("cuda", lambda: TRITON_OPS)

@@ -1,4 +1,4 @@
-"""Triton rmsnorm, rotary, silu_and_mul and kv_store against their torch references."""
+"""Triton rmsnorm, rotary, silu_and_mul, kv_store and copy_kv_slots against their torch references."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import pytest
 import torch
 from kernel_factories import DEVICE, tolerance
 
-from radixmesh_kernels.kv_store import kv_store_ref, kv_store_triton
+from radixmesh_kernels.kv_store import (
+    copy_kv_slots_ref,
+    copy_kv_slots_triton,
+    kv_store_ref,
+    kv_store_triton,
+)
 from radixmesh_kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
 from radixmesh_kernels.rotary import rope_cos_sin_cache, rotary_ref, rotary_triton
 from radixmesh_kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
@@ -98,6 +103,33 @@ def test_kv_store_skips_negative_slots():
     assert torch.equal(flat_k[17], k[0]) and torch.equal(flat_k[3], k[2])
     assert torch.equal(flat_v[17], v[0]) and torch.equal(flat_v[3], v[2])
     assert int((flat_k != 0).any(dim=(1, 2)).sum()) == 2
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float8_e4m3fn])
+@pytest.mark.parametrize(("num_kv_heads", "head_dim"), [(2, 64), (3, 80), (8, 128), (16, 256)])
+def test_copy_kv_slots_copies_the_same_slots_as_reference(num_kv_heads, head_dim, dtype):
+    """Random slots of random caches; a slot wider than one block (16 x 256) is copied whole,
+    and every slot not a destination is untouched."""
+    if dtype == torch.float8_e4m3fn and DEVICE.type != "cuda":
+        pytest.skip("FP8 KV caches are a GPU's")
+    num_pages, page_size, num_copies = 7, 4, 6
+    gen = torch.Generator().manual_seed(num_kv_heads * head_dim)
+    slots = torch.randperm(num_pages * page_size, generator=gen)[: 2 * num_copies].to(DEVICE)
+    src, dst = slots[:num_copies], slots[num_copies:]
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    k_cache = _randn(*shape, dtype=torch.float32, seed=3).to(dtype)
+    v_cache = _randn(*shape, dtype=torch.float32, seed=4).to(dtype)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    k_before = k_cache.clone()
+    copy_kv_slots_triton(k_cache, v_cache, src, dst)
+    copy_kv_slots_ref(k_ref, v_ref, src, dst)
+    for got, want in ((k_cache, k_ref), (v_cache, v_ref)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    flat, before = k_cache.view(-1, num_kv_heads * head_dim), k_before.view(-1, num_kv_heads * head_dim)
+    assert torch.equal(flat[dst].view(torch.uint8), before[src].view(torch.uint8))
+    kept = torch.ones(num_pages * page_size, dtype=torch.bool, device=DEVICE)
+    kept[dst] = False
+    assert torch.equal(flat[kept].view(torch.uint8), before[kept].view(torch.uint8))
 
 
 @pytest.mark.gpu

@@ -8,9 +8,9 @@ its first own page, and its num_computed_tokens counts them. The scheduler also 
 for a member of a program group whose shared prefix ends inside a page that its leader
 computes in the same step: the source is then the leader's own page.
 
-So each layer runs the step's copies, batched (one gather and one scatter per KV tensor,
-over every copy of the step), right after it stores the step's keys and values and before
-its attention reads them: a source written in the same step is complete, and no row reads
+So each layer runs the step's copies, batched (`Ops.copy_kv_slots`: on a GPU one launch
+for the layer's K and V over every copy of the step), right after it stores the step's keys
+and values and before its attention reads them: a source written in the same step is complete, and no row reads
 a destination before it is. A step with copies never runs in a CUDA graph (it holds new
 sequences; `ForwardBatch.slot_copies`). The copies move the raw bytes of each slot,
 whatever the KV dtype. A tensor-parallel rank copies its own heads: every rank runs the
@@ -27,6 +27,7 @@ import torch
 from radixmesh.cache_types import PageCopy
 from radixmesh.errors import InvalidArgument
 from radixmesh.step import NewSequence
+from radixmesh_kernels.kv_store import copy_cache_slots
 from services.executor.core.kv_pool import KVPool
 
 
@@ -103,23 +104,10 @@ def upload(copies: SlotCopies, device: torch.device) -> tuple[torch.Tensor, torc
     return copies.src.to(device, non_blocking=True), copies.dst.to(device, non_blocking=True)
 
 
-def copy_layer_slots(caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copies KV slots src[k] -> dst[k] in each of `caches` ([num_pages, page_size, ...]
-    tensors of one device; `src` and `dst` on it), as bytes."""
-    for cache in caches:
-        slots = _byte_slots(cache)
-        slots.index_copy_(0, dst, slots.index_select(0, src))
-
-
 def copy_slots(caches: Sequence[torch.Tensor], copies: SlotCopies) -> None:
     """Copies the slots of `copies` in every KV tensor of `caches` (a step with copies but
-    no forward)."""
+    no forward; a forward's layers copy theirs with `Ops.copy_kv_slots`)."""
     if caches:
-        copy_layer_slots(caches, *upload(copies, caches[0].device))
-
-
-def _byte_slots(cache: torch.Tensor) -> torch.Tensor:
-    """A [num_pages * page_size, bytes per slot] uint8 view of a paged KV tensor."""
-    if not cache.is_contiguous():
-        raise ValueError("a paged KV tensor must be contiguous to copy its slots")
-    return cache.view(torch.uint8).view(cache.shape[0] * cache.shape[1], -1)
+        src, dst = upload(copies, caches[0].device)
+        for cache in caches:
+            copy_cache_slots(cache, src, dst)

@@ -25,7 +25,6 @@ from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.fp8 import Fp8Weight, Weight, empty_fp8, linear, quantize_weight
 from services.executor.core.models.spec import ModelSpec
-from services.executor.core.page_copy import copy_layer_slots
 
 if TYPE_CHECKING:
     from services.executor.core.models.tensor_parallel import TensorParallel
@@ -286,7 +285,7 @@ class Decoder:
             q, k = ops.rotary(q, k, batch.positions, self.cos_sin_cache)
             ops.kv_store(k, v, k_cache, v_cache, batch.slot_mapping)
         if batch.slot_copies is not None:  # a partial page's KV, after this step's writes
-            copy_layer_slots((k_cache, v_cache), *batch.slot_copies)
+            ops.copy_kv_slots(k_cache, v_cache, *batch.slot_copies)
         window = spec.sliding_window
         if batch.is_decode or rows is not None:
             page_table, seq_lens = rows or (batch.page_table, batch.seq_lens)
