@@ -43,7 +43,7 @@ PY=${PYTHON:-python3}
 START=$(date +%s)
 mkdir -p "$RESULTS"
 
-if [ -d "$SITE" ]; then export PYTHONPATH="$SITE:$PWD"; else export PYTHONPATH="$PWD"; fi
+if [ -d "$SITE" ]; then export PYTHONPATH="$SITE:$PWD" PATH="$SITE/bin:$PATH"; else export PYTHONPATH="$PWD"; fi
 if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     GPU=1
 else
@@ -95,7 +95,7 @@ step_setup() {
             $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                 --target "$SITE" .whl/pytest/*.whl
         fi
-        export PYTHONPATH="$SITE:$PWD"
+        export PYTHONPATH="$SITE:$PWD" PATH="$SITE/bin:$PATH"
         nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv || true
     fi
     $PY - <<'PY'
@@ -686,23 +686,29 @@ step_programs_target() {
 
 # profile_programs: where the executor's time goes in issue 16's target point: a `radixmesh
 # serve` runs select, then fork, server-side at concurrency 16 for long enough that `radixmesh
-# profile` takes 20 torch-profiled steps of each in the middle (files in
-# $RESULTS/profile_programs_{select,fork}/, kernels by group in executor-0.torch.json).
+# profile` samples the executor for 5 s (py-spy, $RESULTS/profile_programs_{select,fork}/),
+# then takes 20 torch-profiled steps (kernels by group in
+# profile_programs_{select,fork}_torch/executor-0.torch.json).
 step_profile_programs() {
     [ -f "$MODEL/config.json" ] || step_model
     mesh_up profile_programs --num-pages "${PROGRAM_NUM_PAGES:-8192}" || return 0
     local prog num load
     for prog in select fork; do
-        num=$([ "$prog" = select ] && echo 2400 || echo 600)
+        num=$([ "$prog" = select ] && echo 3000 || echo 800)
         [ "$GPU" = 1 ] || num=24
         $PY bench/programs.py --target "127.0.0.1:${MESH_PORT:-8080}" \
             --mesh-info "$RESULTS/profile_programs.endpoints.json" --programs "$prog" --modes server \
             --concurrency 16 --num-programs "$num" --max-tokens 32 \
             --json "$RESULTS/profile_programs_$prog.load.json" >"$RESULTS/profile_programs_$prog.load.log" 2>&1 &
         load=$!
-        sleep 8  # past the warm-up programs
-        run_step "profile_programs_$prog" 90 $PY -m mesh.cli profile --service executor-0 --seconds 4 \
-            --torch-steps 20 --port "${MESH_PORT:-8080}" --out "$RESULTS/profile_programs_$prog"
+        sleep 6  # past the warm-up programs
+        # the samples first, alone (the torch profiler slows every op it records), then the
+        # device's view of 20 steps
+        run_step "profile_programs_$prog" 60 $PY -m mesh.cli profile --service executor-0 --seconds 5 \
+            --torch-steps 0 --port "${MESH_PORT:-8080}" --out "$RESULTS/profile_programs_$prog"
+        run_step "profile_programs_${prog}_torch" 60 $PY -m mesh.cli profile --service executor-0 \
+            --seconds 1 --torch-steps 20 --port "${MESH_PORT:-8080}" \
+            --out "$RESULTS/profile_programs_${prog}_torch"
         wait "$load"
         tail -n 4 "$RESULTS/profile_programs_$prog.load.log"
     done

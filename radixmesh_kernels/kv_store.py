@@ -180,7 +180,7 @@ def copy_kv_slots_triton(
     )
     if src.shape[0] == 0:
         return
-    slot_elems = k_cache[0, 0].numel()
+    slot_elems = k_cache.shape[2] * k_cache.shape[3]
     _copy_kv_slots_kernel[(src.shape[0],)](
         k_cache, v_cache, src, dst, slot_elems,
         BLOCK=min(triton.next_power_of_2(slot_elems), 2048), num_warps=4,
