@@ -10,7 +10,8 @@ backend.
   (radixmesh_kernels/paged_decode_attention.py) should be;
 - prefill: one 4,096-token causal prompt (and a 1,024 one, and a 2,048-token extend over
   a 2,048-token paged prefix, which SDPA has no row for), TFLOP/s of causal work against
-  SDPA cuDNN on the same tensors (target >= 0.85).
+  SDPA cuDNN on the same tensors (target >= 0.85), and each kernel's host time per call
+  (the device kept busy so no call waits), with a cProfile of the per-shape choice's calls.
 
 Every timed kernel is first checked against its torch reference. `--quick` runs tiny
 shapes (through Triton's interpreter without a GPU) to check that the script works.
@@ -112,6 +113,47 @@ def _prefill_case(q_len: int, prefix: int, shape: Shape, device: torch.device):
     return args, k_new, v_new
 
 
+def host_us(fn, device: torch.device, calls: int = 200) -> float:
+    """Host microseconds per call of `fn` with the device kept busy (a sleep queued first), so
+    no call waits on the device: what a call costs the thread that launches it."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(2e9))  # about a second of device time ahead of the calls
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def host_profile(fn, device: torch.device, calls: int = 200, top: int = 12) -> list[str]:
+    """cProfile of `calls` calls (device kept busy as in host_us): the functions with the most
+    own time, as `own us per call  name`."""
+    import cProfile
+    import pstats
+
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(2e9))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [
+        f"{tt / calls * 1e6:8.2f} us  {Path(file).name}:{line} {name}"
+        for (file, line, name), (_cc, _nc, tt, _ct, _callers) in rows
+    ]
+
+
 def prefill_rows(
     q_len: int, prefix: int, shape: Shape, device: torch.device, quick: bool
 ) -> list[dict]:
@@ -150,8 +192,12 @@ def prefill_rows(
         except Exception as exc:  # a configuration this device cannot run: reported, skipped
             print(f"  {name} {label}: failed ({type(exc).__name__}: {str(exc)[:200]})")
             continue
-        rows.append({"case": name, "kernel": label, "ms": ms,
+        host = round(host_us(fn, device, 2 if quick else 200), 1)
+        rows.append({"case": name, "kernel": label, "ms": ms, "host_us": host,
                      "tflops": round(flops / ms / 1e9, 1)})  # fmt: skip
+    print(f"  {name}: host time per call of 'auto', by function (own time):")
+    for line in host_profile(candidates["auto"], device, 2 if quick else 200):
+        print(f"    {line}")
     for plan in prefill_attention.chosen_plans():
         print(f"  {name}: bucket {plan['max_q_len_bucket']} chose {plan['chosen']!r} from "
               f"{plan['timings_us']}")
@@ -174,7 +220,8 @@ def prefill_rows(
     )
     for r in rows:
         r["of_sdpa"] = round(ref_row["ms"] / r["ms"], 3) if ref_row else None
-        print(f"{name:<24}{r['kernel']:<34}{r['ms']:>9.3f} ms{r['tflops']:>9.1f} TFLOP/s"
+        host = f"{r['host_us']:>10.1f} us host" if "host_us" in r else " " * 16
+        print(f"{name:<24}{r['kernel']:<34}{r['ms']:>9.3f} ms{r['tflops']:>9.1f} TFLOP/s{host}"
               f"   {r['of_sdpa'] if r['of_sdpa'] is not None else '-'} of SDPA")  # fmt: skip
     return rows
 
