@@ -604,9 +604,11 @@ step_multi_step() {
 # bench/model_8b.py --shape 1b if missing), then the seed's 70% short / 30% long mix at
 # concurrency 1,000 with the SLO gate, then the mix at rising Poisson rates
 # (RPS_SWEEP_RATES, 15 s each) for goodput and the highest rate holding TTFT p99 < 500 ms
-# and p99/p50 < 2.5. Targets: > 1,000 req/s served, error rate < 0.1%. rps.summary.txt.
+# and p99/p50 < 2.5 (RPS_SECS and RPS_MIX_SECS, 60 and 120 s by default, time the first two).
+# Targets: > 1,000 req/s served, error rate < 0.1%. rps.summary.txt.
 step_rps() {
-    local model=${RPS_MODEL_DIR:-/tmp/llama1b} secs=60 mix_secs=120 conc=1000 procs=8
+    local model=${RPS_MODEL_DIR:-/tmp/llama1b} secs=${RPS_SECS:-60} mix_secs=${RPS_MIX_SECS:-120}
+    local conc=1000 procs=8
     local sweep_secs=15 rates=${RPS_SWEEP_RATES:-100,200,400,800} gateways=${RPS_GATEWAYS:-4}
     if [ "$GPU" != 1 ]; then
         model=$MODEL secs=5 mix_secs=5 conc=16 procs=2 sweep_secs=3 rates=2,4
