@@ -41,9 +41,11 @@ ENV_ENABLE = "RADIXMESH_PROFILE_ROUTES"
 MAX_SECONDS = 600.0
 STEPS_METRIC = "radixmesh_executor_steps_total"
 
-# (group, substrings of the kernel or op name, lower-cased); the first match wins
+# (group, substrings of the kernel or op name, lower-cased); the first match wins (so the
+# attention kernels, `_paged_prefill_kernel` among them, come before "fill" of the copies)
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("attention", ("attention", "attn", "_attend", "flash")),
+    ("attention", ("attention", "attn", "_attend", "flash", "_paged_prefill", "_dense_prefill",
+                   "_decode_split", "_decode_reduce")),
     ("rmsnorm", ("rmsnorm", "rms_norm")),
     ("rotary", ("rotary", "rope")),
     ("kv store", ("kv_store", "store_kv", "reshape_and_cache")),

@@ -11,7 +11,7 @@ import torch
 
 from radixmesh.errors import InvalidArgument
 from services.common.metrics import counter
-from services.common.profiling import python_profile, routes_enabled, torch_profile
+from services.common.profiling import group_of, python_profile, routes_enabled, torch_profile
 
 STEPS = counter("executor", "steps_total", "Steps run, by outcome.", ("outcome",))
 
@@ -66,3 +66,23 @@ def test_routes_only_on_loopback_unless_asked(monkeypatch):
     assert routes_enabled("127.0.0.1") and not routes_enabled("0.0.0.0")
     monkeypatch.setenv("RADIXMESH_PROFILE_ROUTES", "1")
     assert routes_enabled("0.0.0.0")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "group"),
+    [
+        ("_paged_prefill_kernel", "attention"),
+        ("_dense_prefill_kernel", "attention"),
+        ("_decode_split_kernel", "attention"),
+        ("_decode_reduce_kernel", "attention"),
+        ("_copy_kv_slots_kernel", "copies"),
+        ("Memcpy DtoD (Device -> Device)", "copies"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "copies"),
+        ("_rotary_kv_store_kernel", "rotary"),
+        ("_kv_store_kernel", "kv store"),
+        ("nvjet_sm90_tst_256x152_64x4_1x2_h_bz_coopA_TNT", "matrix products"),
+        ("_gemv_splitk_kernel", "matrix products"),
+    ],
+)
+def test_each_of_the_projects_kernels_falls_in_its_group(kernel, group):
+    assert group_of(kernel) == group
