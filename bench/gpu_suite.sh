@@ -246,8 +246,10 @@ step_kernel_tests() {
     [ "$GPU" = 1 ] || { echo "== kernel_tests: skipped (no CUDA; CI runs them interpreted)"; return 0; }
     local workers=()  # compiling and tuning are most of the time: one process per core or so
     $PY -c "import xdist" 2>/dev/null && workers=(-n 12)
-    run_step kernel_tests 360 $PY -m pytest -q -p no:cacheprovider --maxfail=5 "${workers[@]}" \
-        --durations=25 tests/kernels
+    # -v: each test's outcome is written as it ends, so a run cut by its limit still names
+    # the tests that failed (a quiet run reports them only at its end)
+    run_step kernel_tests 360 $PY -m pytest -v -p no:cacheprovider --maxfail=5 "${workers[@]}" \
+        --durations=25 -rfE tests/kernels
 }
 
 step_unit_tests_gpu() {  # the executor's own GPU tests: CUDA against CPU and transformers
