@@ -87,6 +87,8 @@ class MeshConfig:
     batch_invariant: bool = False
     """Every executor's --batch-invariant: a sequence's logits independent of its batch
     (greedy outputs equal with speculation on and off at any batch size)."""
+    extend_graph_tokens: int = 0
+    """Every executor's --extend-graph-tokens (0: extends run eagerly)."""
     kv_memory_fraction: float | None = None
     """On CUDA without num_pages: share of the free memory each executor gives its KV pool;
     None keeps the executor's default."""
@@ -151,6 +153,16 @@ class MeshConfig:
         fraction = self.kv_memory_fraction
         if fraction is not None and not 0.0 < fraction <= 1.0:
             raise InvalidArgument(f"kv_memory_fraction: must be in (0, 1], got {fraction}")
+        if self.extend_graph_tokens and not 32 <= self.extend_graph_tokens <= 8192:
+            raise InvalidArgument(
+                "extend_graph_tokens: must be 0 (off) or in [32, 8192], "
+                f"got {self.extend_graph_tokens}"
+            )
+        if self.extend_graph_tokens and self.batch_invariant:
+            raise InvalidArgument(
+                "extend_graph_tokens: cannot be combined with batch_invariant (that mode runs "
+                "an extend's attention as decode rows)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +259,11 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *("--speculative", config.speculative),
             *("--jump-forward", config.jump_forward),
             *(("--batch-invariant",) if config.batch_invariant else ()),
+            *(
+                ("--extend-graph-tokens", str(config.extend_graph_tokens))
+                if config.extend_graph_tokens
+                else ()
+            ),
         )
         executors.append(
             ServiceSpec(

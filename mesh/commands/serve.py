@@ -103,6 +103,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default): on the CPU, not on CUDA",
     )
     parser.add_argument(
+        "--extend-graph-tokens",
+        type=int,
+        default=0,
+        help="on CUDA: every executor replays steps that are not plain decodes (extends, "
+        "short prefills, decodes mixed with them) of at most this many tokens as captured "
+        "graphs, bucketed by tokens and sequences; 0 (default): they run eagerly",
+    )
+    parser.add_argument(
         "--kv-memory-fraction",
         type=float,
         default=None,
@@ -208,6 +216,7 @@ def _config(args: argparse.Namespace):
         speculative=args.speculative,
         jump_forward=args.jump_forward,
         batch_invariant=args.batch_invariant,
+        extend_graph_tokens=args.extend_graph_tokens,
         kv_memory_fraction=args.kv_memory_fraction,
         quantization=args.quantization,
         tensor_parallel_size=args.tensor_parallel_size,

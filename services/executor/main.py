@@ -140,6 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="run decode steps eagerly on CUDA instead of replaying captured graphs",
     )
     parser.add_argument(
+        "--extend-graph-tokens",
+        type=int,
+        default=0,
+        help="on CUDA with graphs: steps that are not plain decodes (extends, short "
+        "prefills, decodes mixed with them) of at most this many tokens replay captured "
+        "graphs too, bucketed by tokens and sequences; 0 (default): they run eagerly",
+    )
+    parser.add_argument(
         "--no-grammar", action="store_true", help="refuse constraints (no tokenizer needed)"
     )
     parser.add_argument(
@@ -182,6 +190,7 @@ def executor_config(args: argparse.Namespace) -> ExecutorConfig:
         max_model_len=args.max_model_len,
         seed=args.seed,
         cuda_graphs=not args.no_cuda_graphs,
+        extend_graph_tokens=args.extend_graph_tokens,
         kernel_backends=tuple(args.kernel_backend),
         kernel_entry_points=not args.no_kernel_entry_points,
         tensor_parallel_size=args.tensor_parallel_size,

@@ -46,6 +46,10 @@ class ExecutorConfig:
     """Seed of the executor's generator, which draws seeds for requests that give none."""
     cuda_graphs: bool = True
     """On CUDA: replay decode steps as captured graphs (one per batch-size bucket)."""
+    extend_graph_tokens: int = 0
+    """On CUDA with cuda_graphs: steps that are not plain decodes (extends, short prefills,
+    decodes mixed with them) of at most this many tokens replay captured graphs too, one
+    per token and sequence bucket (extend_graphs.py); 0: they run eagerly."""
     kernel_backends: tuple[str, ...] = ()
     """Ops replaced by a site's own implementation, as `op=module:object` or
     `module:object` (a `radixmesh_kernels.backends.KernelOverride`); see radixmesh_kernels/backends.py."""
@@ -95,6 +99,19 @@ class ExecutorConfig:
             raise bad("max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise bad("max_num_batched_tokens", f"must be >= 1, got {self.max_num_batched_tokens}")
+        if self.extend_graph_tokens and not 32 <= self.extend_graph_tokens <= min(
+            self.max_num_batched_tokens, 8192
+        ):
+            raise bad(
+                "extend_graph_tokens",
+                "must be 0 (off) or in [32, min(max_num_batched_tokens, 8192)], "
+                f"got {self.extend_graph_tokens}",
+            )
+        if self.extend_graph_tokens and self.batch_invariant:
+            raise InvalidArgument(
+                "executor.extend_graph_tokens cannot be combined with executor.batch_invariant: "
+                "that mode runs an extend's attention as decode rows"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise bad("max_model_len", f"must be >= 2 when given, got {self.max_model_len}")
         if self.seed < 0:

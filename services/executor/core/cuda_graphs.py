@@ -37,6 +37,8 @@ import torch
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
+    from services.executor.core.extend_graphs import ExtendGraphs
+
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.decoder import Decoder
@@ -242,7 +244,7 @@ class StepGraphs:
         )
 
 
-def capture_all(graphs: Sequence[StepGraphs], device: torch.device) -> int:
+def capture_all(graphs: Sequence[StepGraphs | ExtendGraphs], device: torch.device) -> int:
     """Captures every set into one graph pool and one logits buffer, the set with the most
     rows first (its memory is then reused by the others); returns the device memory the
     graphs hold, measured: free memory before less after, with the allocator's unused

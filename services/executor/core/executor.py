@@ -40,6 +40,7 @@ from radixmesh.step import (
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.cuda_graphs import StepGraphs
+from services.executor.core.extend_graphs import ExtendGraphs
 from services.executor.core.forward_batch import ForwardBatch, PageTables
 from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
 from services.executor.core.graph_setup import (
@@ -115,6 +116,7 @@ class ExecutorCore:
         self.model, self.kv_pool = loaded.model, loaded.kv_pool
         self._graphs: StepGraphs | None = captured.decode if captured else None
         self._verify_graphs: StepGraphs | None = captured.verify if captured else None
+        self._extend_graphs: ExtendGraphs | None = captured.extend if captured else None
         self.graph_bytes = (captured.estimated_bytes, captured.measured_bytes) if captured else None
         """With CUDA graphs: (estimated, measured) bytes of device memory they hold."""
         switches = speculation_switches(
@@ -397,7 +399,17 @@ class ExecutorCore:
             return self._graphs.run(batch)
         if plain and self._verify_graphs is not None and self._verify_graphs.can_run(batch):
             return self._verify_graphs.run(batch)
+        if self._extend_graphs is not None and self._extend_graphs.can_run(batch):
+            return self._extend_graphs.run(batch)  # copies included
         return self.model.forward(batch, self.kv_pool)
+
+    def _forward_scored(
+        self, batch: ForwardBatch, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`Decoder.forward_scored`, replayed by the extend graphs where one holds the step."""
+        if self._extend_graphs is not None and self._extend_graphs.can_run(batch):
+            return self._extend_graphs.run_scored(batch, rows)
+        return self.model.forward_scored(batch, self.kv_pool, rows)
 
     def _execute_whole(self, prepared: PreparedStep, start: float) -> StepResult:
         """Any step, from its forward to its result (`execute` before the split)."""
@@ -419,8 +431,8 @@ class ExecutorCore:
             )
             pending = self._grammar.start(grammar_rows, grammar_lens)
             scoring, scored = prepared.scoring, {}
-            if scoring is not None:  # an extend that scores prompt tokens: never a graph
-                logits, hidden = self.model.forward_scored(batch, self.kv_pool, scoring.rows)
+            if scoring is not None:  # an extend that scores prompt tokens: no decode graph
+                logits, hidden = self._forward_scored(batch, scoring.rows)
                 entries = score(hidden, self.model.lm_head, scoring)
                 scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries, strict=True)}
             else:
@@ -496,6 +508,7 @@ class ExecutorCore:
             self._seqs.clear()
             self._graphs = None
             self._verify_graphs = None
+            self._extend_graphs = None
             self.kv_pool.release()
         self._grammar.shutdown()
 

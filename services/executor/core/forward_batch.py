@@ -51,8 +51,12 @@ class ForwardBatch:
     """[S] int64 buffer rows of the sequences that sample, in batch order (None: none given)."""
     slot_copies: tuple[torch.Tensor, torch.Tensor] | None = None
     """([N], [N]) int64 KV slots (source, destination) each layer copies after it stores
-    the step's keys and values, before attention (page_copy.py); such a batch never runs
-    in a CUDA graph."""
+    the step's keys and values, before attention (page_copy.py); such a batch runs in no
+    CUDA graph but the extend graphs (extend_graphs.py)."""
+    dense_attention: bool = True
+    """A long enough extend may give the prefill attention its new keys and values densely
+    (models/decoder.py); False keeps the paged kernel (a captured graph, whose tensors
+    are padded past the real tokens)."""
 
     @property
     def num_tokens(self) -> int:

@@ -2,7 +2,9 @@
 
 Two sets of `StepGraphs` (cuda_graphs.py): plain decodes (1 row per sequence, every
 bucket up to max_num_seqs) and, with speculative decoding or jump-forward on, steps that
-verify drafts at max(k, max forced tokens) + 1 rows per sequence. Decode graphs are
+verify drafts at max(k, max forced tokens) + 1 rows per sequence; with
+`extend_graph_tokens` also `ExtendGraphs` (extend_graphs.py) for the other steps of up to
+that many tokens. Decode graphs are
 captured at each page-table width the decode attention has a path for
 (`decode_graph_widths`: the one-launch path's short tables, and the whole table). Jump-forward drafts at
 any batch size, and a measured speculation switch needs every bucket timed, so the
@@ -30,6 +32,7 @@ from services.executor.core.cuda_graphs import (
     capture_all,
     pages_per_seq,
 )
+from services.executor.core.extend_graphs import MAX_COPY_SLOTS, ExtendGraphs, extend_shapes
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models import ModelSpec
 from services.executor.core.models.decoder import Decoder
@@ -57,6 +60,10 @@ class GraphPlan:
     batch_invariant: bool = False
     """The executor's batch-invariant mode: its decode attention's split partials and an
     extend's per-row page table count in the graphs' memory."""
+    extend_tokens: int = 0
+    """Most tokens of the extend graphs (extend_graphs.py); 0: none."""
+    extend_seqs: int = 0
+    """Largest sequence bucket of the extend graphs."""
 
     def shapes(self) -> list[tuple[int, int]]:
         """(largest bucket, rows per sequence) of each set."""
@@ -72,12 +79,16 @@ def plan_graphs(config: ExecutorConfig, max_forced_tokens: int) -> GraphPlan:
     speculative = config.speculative
     draft = speculative.max_draft_tokens if speculative.enabled else 0
     rows = max(draft, max_forced_tokens) + 1
+    extend = {
+        "extend_tokens": config.extend_graph_tokens,
+        "extend_seqs": min(config.max_num_seqs, config.extend_graph_tokens),
+    }
     if rows == 1:
-        return GraphPlan(config.max_num_seqs, batch_invariant=config.batch_invariant)
+        return GraphPlan(config.max_num_seqs, batch_invariant=config.batch_invariant, **extend)
     seqs = config.max_num_seqs
     if not max_forced_tokens and speculative.max_batch_size is not None:
         seqs = min(seqs, speculative.max_batch_size)  # a fixed cap: no drafts above it
-    return GraphPlan(config.max_num_seqs, seqs, rows, config.batch_invariant)
+    return GraphPlan(config.max_num_seqs, seqs, rows, config.batch_invariant, **extend)
 
 
 def estimate_graph_bytes(
@@ -107,6 +118,15 @@ def estimate_graph_bytes(
         for seqs, r in shapes
     )
     overhead = num_graphs * GRAPH_OVERHEAD_BYTES + GRAPH_SLACK_BYTES
+    if plan.extend_tokens:  # its largest capture's activations, each graph's kept hidden states
+        shapes_x = extend_shapes(plan.extend_tokens, plan.extend_seqs)
+        activations = max(activations, plan.extend_tokens * per_token * itemsize)
+        logits_buffer = max(logits_buffer, plan.extend_seqs * vocab_size * 4)
+        inputs += plan.extend_tokens * 3 * 8 + plan.extend_seqs * 4 * (
+            3 + pages_per_seq(max_model_len, page_size, 1)
+        ) + 2 * MAX_COPY_SLOTS * 8
+        inputs += sum(t * spec.hidden_size * itemsize for t, _ in shapes_x)
+        overhead += len(shapes_x) * GRAPH_OVERHEAD_BYTES
     if plan.batch_invariant:
         activations += max(
             workspace_bytes(
@@ -130,6 +150,7 @@ class CapturedGraphs:
     verify: StepGraphs | None
     estimated_bytes: int
     measured_bytes: int
+    extend: ExtendGraphs | None = None
 
 
 def capture_graphs(
@@ -153,7 +174,11 @@ def capture_graphs(
 
     decode = graphs(plan.decode_seqs, 1)
     verify = graphs(plan.verify_seqs, plan.verify_rows) if plan.verify_seqs else None
-    measured = capture_all([g for g in (decode, verify) if g is not None], device)
+    extend = ExtendGraphs(
+        model, kv_pool, plan.extend_tokens, plan.extend_seqs,
+        pages_per_seq(max_model_len, page_size, 1), scratch,
+    ) if plan.extend_tokens else None  # fmt: skip
+    measured = capture_all([g for g in (decode, verify, extend) if g is not None], device)
     fields = {"estimated_bytes": estimated_bytes, "measured_bytes": measured}
     if measured > estimated_bytes:
         log.warning("cuda_graph_memory_over_estimate", **fields)
@@ -161,7 +186,7 @@ def capture_graphs(
         log.info("cuda_graph_memory", **fields)
     if startup_seconds is not None:
         startup_seconds["capture_graphs"] = time.perf_counter() - start
-    return CapturedGraphs(decode, verify, estimated_bytes, measured)
+    return CapturedGraphs(decode, verify, estimated_bytes, measured, extend)
 
 
 def time_steps(

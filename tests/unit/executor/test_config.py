@@ -41,6 +41,9 @@ def test_defaults() -> None:
         ("max_num_batched_tokens", 0),
         ("max_model_len", 1),
         ("seed", -1),
+        ("extend_graph_tokens", 16),
+        ("extend_graph_tokens", 9000),
+        ("extend_graph_tokens", -1),
     ],
 )
 def test_bad_values_name_the_field(field: str, value: object) -> None:

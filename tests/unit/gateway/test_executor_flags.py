@@ -1,5 +1,5 @@
-"""The executor's --kv-memory-fraction and --no-cuda-graphs flags, and `radixmesh serve
---kv-memory-fraction` reaching every executor's command line."""
+"""The executor's --kv-memory-fraction, --no-cuda-graphs and --extend-graph-tokens flags,
+and `radixmesh serve`'s reaching every executor's command line."""
 
 from __future__ import annotations
 
@@ -67,3 +67,26 @@ def test_serve_without_the_flag_leaves_the_executor_default(tmp_path):
 def test_serve_refuses_a_fraction_out_of_range(tmp_path):
     with pytest.raises(InvalidArgument, match="kv_memory_fraction"):
         serve_config(tmp_path, "--kv-memory-fraction", "2")
+
+
+def test_serve_passes_the_extend_graph_tokens_to_every_executor(tmp_path):
+    config = serve_config(tmp_path, "--extend-graph-tokens", "512", "--executors", "2")
+    stages = plan_stages(config, MeshPorts.pick(config.num_executors))
+    executors = [s for stage in stages for s in stage if s.name.startswith("executor-")]
+    tokens = [executor_config(build_parser().parse_args(s.argv[3:])).extend_graph_tokens
+              for s in executors]  # fmt: skip
+    assert tokens == [512, 512]
+    assert executor_config(executor_args()).extend_graph_tokens == 0  # off by default
+
+
+@pytest.mark.parametrize("value", ["16", "-1", "9000"])
+def test_serve_refuses_extend_graph_tokens_out_of_range(tmp_path, value):
+    with pytest.raises(InvalidArgument, match="extend_graph_tokens"):
+        serve_config(tmp_path, "--extend-graph-tokens", value)
+
+
+def test_extend_graphs_and_the_batch_invariant_mode_are_refused_together(tmp_path):
+    with pytest.raises(InvalidArgument, match="extend_graph_tokens"):
+        serve_config(tmp_path, "--extend-graph-tokens", "256", "--batch-invariant")
+    with pytest.raises(InvalidArgument, match=r"executor\.extend_graph_tokens"):
+        executor_config(executor_args("--extend-graph-tokens", "256", "--batch-invariant"))

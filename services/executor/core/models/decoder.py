@@ -211,6 +211,12 @@ class Decoder:
         hidden = self._hidden(batch, kv_pool)
         return self.lm_head(hidden[batch.logits_indices]), hidden[rows]
 
+    @torch.inference_mode()
+    def hidden_states(self, batch: ForwardBatch, kv_pool: KVPool) -> torch.Tensor:
+        """The final-norm hidden state of every token of the batch (what `forward` takes
+        its logits rows from)."""
+        return self._hidden(batch, kv_pool)
+
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-norm hidden rows -> float32 logits."""
         logits = self.ops.linear(hidden, self.weights.lm_head).float()
@@ -274,6 +280,7 @@ class Decoder:
         dense_new_kv = (
             self._dense_min_q_len is not None
             and not batch.is_decode
+            and batch.dense_attention
             and batch.max_q_len >= self._dense_min_q_len
         )
         if ops.rotary_kv_store is not None and not dense_new_kv:
