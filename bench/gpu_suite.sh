@@ -21,7 +21,8 @@
 #        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
 #        workload at batch 1 and 64 with jump-forward off and on), programs, programs_trained and
 #        programs_rtt (bench/programs.py: programs server-side against client-driven, 8B shape /
-#        trained model / trained model with a 20 ms client round trip), profile_programs (the
+#        trained model / trained model with a 20 ms client round trip), programs_extend_graphs
+#        (programs_target with the executor's extend graphs on), profile_programs (the
 #        executor torch-profiled under issue 16's select and fork at concurrency 16), profile_serve (`radixmesh
 #        profile` of a served executor under load, torch-profiler steps on CUDA) and tracing
 #        (bench/tracing_overhead.py, tracing on against off, on this host's CPU cores).
@@ -717,6 +718,14 @@ step_profile_programs() {
         tail -n 4 "$RESULTS/profile_programs_$prog.load.log"
     done
     mesh_down
+}
+
+# programs_extend_graphs: programs_target with the executor's extend graphs on (steps of up
+# to 512 tokens that are not plain decodes replayed as CUDA graphs), against programs_target.
+step_programs_extend_graphs() {
+    [ -f "$MODEL/config.json" ] || step_model
+    programs_bench programs_extend_graphs "$MODEL" --programs fork,select --concurrency 16 \
+        --num-programs 48 --extend-graph-tokens "${EXTEND_GRAPH_TOKENS:-512}"
 }
 
 step_programs_trained() {

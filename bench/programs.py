@@ -44,6 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="", help="model folder for the mesh started here (default: tiny)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--num-pages", type=int, default=4096)
+    parser.add_argument(
+        "--extend-graph-tokens", type=int, default=0,
+        help="the mesh started here replays steps of up to this many tokens that are not "
+        "plain decodes as CUDA graphs (radixmesh serve --extend-graph-tokens; 0: off)",
+    )
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--concurrency", default="1,16,64", help="comma-separated")
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         mesh_info = str(Path(tempfile.mkdtemp(prefix="programs-bench-")) / "endpoints.json")
         extra = ["--num-pages", str(args.num_pages), "--endpoints-json", mesh_info, "--max-queue-wait-s", "0"]
+        if args.extend_graph_tokens:
+            extra += ["--extend-graph-tokens", str(args.extend_graph_tokens)]
         model = args.model or str(ensure_default_model())
         mesh = ServedMesh(model, args.device, "off", port, extra)
         target = f"127.0.0.1:{port}"

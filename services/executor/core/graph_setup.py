@@ -120,7 +120,11 @@ def estimate_graph_bytes(
     overhead = num_graphs * GRAPH_OVERHEAD_BYTES + GRAPH_SLACK_BYTES
     if plan.extend_tokens:  # its largest capture's activations, each graph's kept hidden states
         shapes_x = extend_shapes(plan.extend_tokens, plan.extend_seqs)
-        activations = max(activations, plan.extend_tokens * per_token * itemsize)
+        activations = max(
+            activations,
+            plan.extend_tokens * per_token * itemsize
+            + plan.extend_seqs * vocab_size * (itemsize + 4),
+        )
         logits_buffer = max(logits_buffer, plan.extend_seqs * vocab_size * 4)
         inputs += plan.extend_tokens * 3 * 8 + plan.extend_seqs * 4 * (
             3 + pages_per_seq(max_model_len, page_size, 1)
