@@ -162,6 +162,8 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
     if args.num_pages:
         executor_fields["num_pages"] = args.num_pages
     executor_fields["max_num_seqs"] = args.max_num_seqs
+    if args.extend_graph_tokens:
+        executor_fields["extend_graph_tokens"] = args.extend_graph_tokens
     executor_fields["max_num_batched_tokens"] = args.max_num_batched_tokens
     scheduler = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -350,6 +352,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument(
+        "--extend-graph-tokens",
+        type=int,
+        default=0,
+        help="in-process on CUDA: steps of up to this many tokens that are not plain decodes "
+        "replay CUDA graphs (the executor's --extend-graph-tokens; 0: off)",
+    )
     p.add_argument(
         "--decode-steps-per-plan",
         type=int,

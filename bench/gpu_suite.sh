@@ -22,7 +22,8 @@
 #        workload at batch 1 and 64 with jump-forward off and on), programs, programs_trained and
 #        programs_rtt (bench/programs.py: programs server-side against client-driven, 8B shape /
 #        trained model / trained model with a 20 ms client round trip), programs_extend_graphs
-#        (programs_target with the executor's extend graphs on), profile_programs (the
+#        (programs_target with the executor's extend graphs on), engine_mixed (short extends
+#        beside decodes in-process, extend graphs off then on), profile_programs (the
 #        executor torch-profiled under issue 16's select and fork at concurrency 16), profile_serve (`radixmesh
 #        profile` of a served executor under load, torch-profiler steps on CUDA) and tracing
 #        (bench/tracing_overhead.py, tracing on against off, on this host's CPU cores).
@@ -258,7 +259,7 @@ step_unit_tests_gpu() {  # the executor's own GPU tests: CUDA against CPU and tr
     # only the files holding GPU tests: the rest import client libraries the GPU machine lacks
     local files
     mapfile -t files < <(grep -rl "mark.gpu" tests/unit --include="test_*.py" | sort)
-    run_step unit_tests_gpu 480 $PY -m pytest -q -p no:cacheprovider -m gpu "${files[@]}"
+    run_step unit_tests_gpu 480 $PY -m pytest -v -rfE -p no:cacheprovider -m gpu "${files[@]}"
 }
 
 step_summary() {
@@ -718,6 +719,19 @@ step_profile_programs() {
         tail -n 4 "$RESULTS/profile_programs_$prog.load.log"
     done
     mesh_down
+}
+
+# engine_mixed: steps of at most 512 tokens mixing short extends over a shared prefix with
+# decodes (256 x (96 shared + 32 own) + 64 out, in-process), extend graphs off, then on.
+step_engine_mixed() {
+    [ -f "$MODEL/config.json" ] || step_model
+    local n=256 p=128 s=96 o=64
+    [ "$GPU" = 1 ] || { n=8; p=24; s=16; o=4; }
+    local args=(--device "$(engine_device)" --model "$MODEL" --workload shared-prefix
+        --num-requests "$n" --prompt-len "$p" --shared-len "$s" --output-len "$o"
+        --max-num-batched-tokens 512 --mode inprocess --json)
+    run_step engine_mixed_eager 200 $PY bench/engine.py "${args[@]}"
+    run_step engine_mixed_graphs 200 $PY bench/engine.py "${args[@]}" --extend-graph-tokens 512
 }
 
 # programs_extend_graphs: programs_target with the executor's extend graphs on (steps of up
