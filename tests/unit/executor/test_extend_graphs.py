@@ -51,7 +51,7 @@ def test_buckets() -> None:
     assert token_buckets(64) == [32, 64]
     assert token_buckets(100) == [32, 64, 100]
     assert seq_buckets(8) == [4, 8]
-    assert seq_buckets(300) == [4, 16, 64, 256, 300]
+    assert seq_buckets(300) == [4, 8, 16, 32, 64, 128, 256, 300]
 
 
 def test_the_smallest_shape_that_holds_a_step_runs_it(llama_model: TinyModel) -> None:
@@ -59,7 +59,9 @@ def test_the_smallest_shape_that_holds_a_step_runs_it(llama_model: TinyModel) ->
     graphs = ExtendGraphs(core.model, core.kv_pool, 512, 64, MAX_PAGES, 63)
     assert graphs.shape_of(20, 3) == (32, 4)
     assert graphs.shape_of(20, 10) == (32, 16)
-    assert graphs.shape_of(33, 17) == (64, 64)  # no graph of 64 sequences over 32 rows
+    assert graphs.shape_of(33, 17) == (64, 32)
+    assert graphs.shape_of(40, 40) == (64, 64)
+    assert graphs.shape_of(30, 30) == (32, 32)
     assert graphs.shape_of(512, 64) == (512, 64)
     assert graphs.shape_of(513, 1) is None and graphs.shape_of(8, 65) is None
 
