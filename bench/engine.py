@@ -84,6 +84,8 @@ class Report:
     steps_launched_on_prepare: int | None = None
     """In-process: of those, launched by the prepare thread (their plan came while the step
     before ran)."""
+    steps_in_extend_graphs: int | None = None
+    """In-process with --extend-graph-tokens: steps that replayed an extend graph."""
 
 
 def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
@@ -188,9 +190,11 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         prompts, timings, seconds = await timed(args, generate, vocab)
         num_preemptions = engine.scheduler.num_preemptions
         counts = engine.ports[0].pipeline_counts
+        extend_graph_steps = engine.executors[0].extend_graph_steps
     report = summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
     report.steps, report.steps_launched_ahead = counts.steps, counts.launched_ahead
     report.steps_launched_on_prepare = counts.launched_on_prepare
+    report.steps_in_extend_graphs = extend_graph_steps
     return report
 
 

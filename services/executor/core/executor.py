@@ -331,6 +331,11 @@ class ExecutorCore:
         """
         return self.finish(self.launch(prepared))
 
+    @property
+    def extend_graph_steps(self) -> int | None:
+        """Steps replayed by the extend graphs so far; None without them."""
+        return None if self._extend_graphs is None else self._extend_graphs.num_runs
+
     def plain(self, prepared: PreparedStep) -> bool:
         """The step may be launched before the steps prepared ahead of it are finished
         (`PreparedStep.plain`, decided at prepare)."""

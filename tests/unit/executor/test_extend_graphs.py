@@ -237,9 +237,11 @@ def test_the_executor_runs_mixed_steps_in_the_extend_graphs(llama_model: TinyMod
     prompts = [random_prompt(3 + 5 * i, seed=80 + i) for i in range(6)]
     plain = make_core(llama_model, page_size=PAGE_SIZE, num_pages=128, max_num_seqs=8)
     core = make_core(llama_model, page_size=PAGE_SIZE, num_pages=128, max_num_seqs=8)
+    assert core.extend_graph_steps is None  # none on the CPU
     graphs = with_eager_extend_graphs(core)
     assert staggered(core, prompts, max_tokens=12) == staggered(plain, prompts, max_tokens=12)
     assert graphs.num_runs == len(prompts)  # each prefill beside the decodes of the ones before
+    assert core.extend_graph_steps == graphs.num_runs
 
 
 def test_scoring_steps_read_the_extend_graphs_hidden_states(llama_model: TinyModel) -> None:
