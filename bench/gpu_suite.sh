@@ -608,7 +608,8 @@ step_multi_step() {
 # bench/model_8b.py --shape 1b if missing), then the seed's 70% short / 30% long mix at
 # concurrency 1,000 with the SLO gate, then the mix at rising Poisson rates
 # (RPS_SWEEP_RATES, 15 s each) for goodput and the highest rate holding TTFT p99 < 500 ms
-# and p99/p50 < 2.5 (RPS_SECS and RPS_MIX_SECS, 60 and 120 s by default, time the first two).
+# and p99/p50 < 2.5 (RPS_SECS and RPS_MIX_SECS, 60 and 120 s by default, time the first two;
+# RPS_EXTEND_GRAPH_TOKENS=N serves with the executor's extend graphs up to N tokens).
 # Targets: > 1,000 req/s served, error rate < 0.1%. rps.summary.txt.
 step_rps() {
     local model=${RPS_MODEL_DIR:-/tmp/llama1b} secs=${RPS_SECS:-60} mix_secs=${RPS_MIX_SECS:-120}
@@ -628,7 +629,9 @@ step_rps() {
             tee "$RESULTS/rps.status"
         return 0
     fi
-    MODEL=$model mesh_up rps --gateways "$gateways" || return 0
+    local extend=()
+    [ "${RPS_EXTEND_GRAPH_TOKENS:-0}" != 0 ] && extend=(--extend-graph-tokens "$RPS_EXTEND_GRAPH_TOKENS")
+    MODEL=$model mesh_up rps --gateways "$gateways" "${extend[@]}" || return 0
     mesh_bench rps_short "$RESULTS/rps.endpoints.json" --api grpc --workload random \
         --input-len 64 --output-len 32 --ignore-eos --concurrency "$conc" --duration "$secs" \
         --client-processes "$procs" --slo "error_rate=0.1%,request_throughput=1000"
