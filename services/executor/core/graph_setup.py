@@ -4,11 +4,11 @@ Two sets of `StepGraphs` (cuda_graphs.py): plain decodes (1 row per sequence, ev
 bucket up to max_num_seqs) and, with speculative decoding or jump-forward on, steps that
 verify drafts at max(k, max forced tokens) + 1 rows per sequence; with
 `extend_graph_tokens` also `ExtendGraphs` (extend_graphs.py) for the other steps of up to
-that many tokens. Decode graphs are
-captured at each page-table width the decode attention has a path for
-(`decode_graph_widths`: the one-launch path's short tables, and the whole table). Jump-forward drafts at
-any batch size, and a measured speculation switch needs every bucket timed, so the
-verification set then covers every bucket too; a cap set by hand bounds it otherwise.
+that many tokens. Decode graphs are captured at each page-table width the decode attention
+has a path for (`decode_graph_widths`: the one-launch path's short tables, and the whole
+table). Jump-forward drafts at any batch size, and a measured speculation switch needs
+every bucket timed, so the verification set then covers every bucket too; a cap set by
+hand bounds it otherwise.
 
 The graphs' memory (one pool, one logits buffer: see `capture_all`) is estimated before
 the KV pool is sized (`estimate_graph_bytes`, subtracted from its budget), then measured
@@ -119,7 +119,7 @@ def estimate_graph_bytes(
     )
     overhead = num_graphs * GRAPH_OVERHEAD_BYTES + GRAPH_SLACK_BYTES
     if plan.extend_tokens:  # its largest capture's activations, each graph's kept hidden states
-        shapes_x = extend_shapes(plan.extend_tokens, plan.extend_seqs)
+        extend_graphs = extend_shapes(plan.extend_tokens, plan.extend_seqs)
         activations = max(
             activations,
             plan.extend_tokens * per_token * itemsize
@@ -129,8 +129,8 @@ def estimate_graph_bytes(
         inputs += plan.extend_tokens * 3 * 8 + plan.extend_seqs * 4 * (
             3 + pages_per_seq(max_model_len, page_size, 1)
         ) + 2 * MAX_COPY_SLOTS * 8
-        inputs += sum(t * spec.hidden_size * itemsize for t, _ in shapes_x)
-        overhead += len(shapes_x) * GRAPH_OVERHEAD_BYTES
+        inputs += sum(t * spec.hidden_size * itemsize for t, _ in extend_graphs)
+        overhead += len(extend_graphs) * GRAPH_OVERHEAD_BYTES
     if plan.batch_invariant:
         activations += max(
             workspace_bytes(
