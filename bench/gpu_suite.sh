@@ -250,7 +250,7 @@ step_kernel_tests() {
     $PY -c "import xdist" 2>/dev/null && workers=(-n 12)
     # -v: each test's outcome is written as it ends, so a run cut by its limit still names
     # the tests that failed (a quiet run reports them only at its end)
-    run_step kernel_tests 360 $PY -m pytest -v -p no:cacheprovider --maxfail=5 "${workers[@]}" \
+    run_step kernel_tests 500 $PY -m pytest -v -p no:cacheprovider --maxfail=5 "${workers[@]}" \
         --durations=25 -rfE tests/kernels
 }
 
