@@ -199,6 +199,9 @@ FP8_CANDIDATES: tuple[GemvConfig, ...] = (
     GemvConfig(32, 512, 2, 4),
     GemvConfig(8, 512, 4, 2),
     GemvConfig(64, 512, 1, 8),
+    GemvConfig(16, 256, 1, 4),
+    GemvConfig(16, 256, 2, 4),
+    GemvConfig(16, 256, 4, 4),
 )
 """Timed on the device for each FP8 shape: 64 or 128 bytes of weight per thread and
 iteration, in 16-byte loads; split-K gives the narrow shapes (o_proj, down) several

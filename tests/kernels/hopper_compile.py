@@ -6,18 +6,23 @@ the ptxas bundled with Triton) and prints one JSON line per kernel with the
 shared memory it needs. It sets TRITON_INTERPRET=0 itself, so it runs as its
 own process:
 
-    python tests/kernels/hopper_compile.py [--sweep]
+    python tests/kernels/hopper_compile.py [--sweep] [--registers]
 
 --sweep compiles every autotune config for bf16 and fp32 at head_dim 80 and
 128 (minutes); configs over the shared-memory limit are reported, not failed,
-since the autotuner skips them.
+since the autotuner skips them. --registers also reports each kernel's registers per
+thread and spilled bytes, from `ptxas -v` on its PTX (what bounds the warps an SM keeps
+resident, and so the loads a memory-bound kernel has in flight).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from itertools import product
 from pathlib import Path
 
@@ -218,10 +223,32 @@ def cases(sweep: bool):
     )
 
 
+def ptxas_usage(ptx: str) -> dict[str, int]:
+    """Registers per thread and spilled bytes (stores + loads) of a kernel's PTX for sm_90a,
+    from the ptxas bundled with Triton."""
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        done = subprocess.run(
+            [str(ptxas), "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", done.stderr)
+    spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", done.stderr)
+    return {
+        "registers": int(registers.group(1)) if registers else -1,
+        "spill_bytes": sum(int(n) for n in spills),
+    }
+
+
 def main(argv: list[str]) -> int:
     """Exit status 1 when a kernel fails to compile, or (without --sweep, where
     the autotuner would skip it) needs more shared memory than sm_90 has."""
     sweep = "--sweep" in argv
+    registers = "--registers" in argv
     failed = 0
     for name, kernel, types, consts, num_warps, num_stages in cases(sweep):
         try:
@@ -233,7 +260,10 @@ def main(argv: list[str]) -> int:
         shared = compiled.metadata.shared
         fits = shared <= MAX_SHARED_BYTES
         failed += not (fits or sweep)
-        print(json.dumps({"kernel": name, "shared_bytes": shared, "fits": fits}), flush=True)
+        row = {"kernel": name, "shared_bytes": shared, "fits": fits}
+        if registers:
+            row |= ptxas_usage(compiled.asm["ptx"])
+        print(json.dumps(row), flush=True)
     return 1 if failed else 0
 
 
