@@ -41,6 +41,7 @@ BATCH_SEQS = "radixmesh_executor_batch_sequences"
 TOKENS = "radixmesh_executor_tokens_total"
 CPU = "process_cpu_seconds_total"
 MESSAGES = "radixmesh_scheduler_stream_messages_total"
+GRAPH_STEPS = "radixmesh_executor_graph_steps_total"
 ROLES = ("gateway", "scheduler", "cache", "executor")
 
 
@@ -178,6 +179,12 @@ def where_time_goes(before: Snapshot, after: Snapshot, wall_s: float, num_progra
     out["step_s_mean"] = step_s.mean if step_s is not None else None
     out["executor_busy"] = step_s.sum / wall_s if step_s is not None and wall_s > 0 else None
     out["seqs_per_step"] = seqs.mean if seqs is not None else None
+    for graphs in ("decode", "extend"):  # steps replayed as CUDA graphs (none on a CPU)
+        end = total(after, "executor", GRAPH_STEPS, graphs=graphs)
+        start = total(before, "executor", GRAPH_STEPS, graphs=graphs)
+        out[f"{graphs}_graph_steps_per_program"] = (
+            (end - (start or 0.0)) / n if end is not None else None
+        )
     for kind in ("prefill", "extend", "decode"):
         start = total_of(before, TOKENS, kind=kind)
         end = total_of(after, TOKENS, kind=kind)

@@ -57,6 +57,7 @@ from services.executor.health import (
     cuda_uuid,
     open_nvml_device,
 )
+from services.executor.metrics import GraphStepsCollector
 from services.executor.server import DEFAULT_MAX_INFLIGHT_PLANS, SERVICE_NAME, ExecutorServicer
 from services.executor.tensor_parallel_group import (
     group_init_method,
@@ -388,6 +389,9 @@ async def serve(args: argparse.Namespace) -> int:
         launch_ahead={"auto": None, "on": True, "off": False}[args.launch_ahead],
         shutdown_requested=runtime.wait_shutdown_requested,
         health=health,
+    )
+    REGISTRY.register(
+        GraphStepsCollector(lambda: None if servicer.core is None else servicer.core.graph_steps())
     )
     await runtime.start(
         lambda server: executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server),

@@ -10,9 +10,12 @@ service's to report (`radixmesh_cache_*`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from radixmesh.step import StepPlan, StepResult
 from services.common.metrics import counter, gauge, histogram
@@ -163,3 +166,25 @@ class StepMetrics:
 
     def record_error(self) -> None:
         self.steps_total.labels("error").inc()
+
+
+class GraphStepsCollector(Collector):
+    """`radixmesh_executor_graph_steps_total{graphs}` at scrape time: the steps each captured
+    set of CUDA graphs replayed (decode, verify, extend); absent before the model loads and
+    on a CPU, where none is captured."""
+
+    def __init__(self, graph_steps: Callable[[], Mapping[str, int] | None]) -> None:
+        self._graph_steps = graph_steps
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        steps = self._graph_steps()
+        if not steps:
+            return
+        family = CounterMetricFamily(
+            "radixmesh_executor_graph_steps",
+            "Steps replayed as captured CUDA graphs, by set: decode, verify or extend.",
+            labels=["graphs"],
+        )
+        for name, count in sorted(steps.items()):
+            family.add_metric([name], count)
+        yield family

@@ -208,6 +208,11 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         while self._stream is not None:
             await self._stream_released.wait()
 
+    @property
+    def core(self) -> ExecutorCore | None:
+        """The loaded core; None before its model is loaded."""
+        return self._core
+
     def _require_core(self) -> ExecutorCore:
         if self._core is None:
             raise Unavailable("executor: the model is not loaded (yet)")

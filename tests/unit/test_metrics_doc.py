@@ -147,6 +147,7 @@ class _ReportingGpu:
 def _collector_factories() -> dict[type, Callable[[], Collector]]:
     from services.cache.server import CacheMetricsCollector
     from services.executor.health import DeviceHealthCollector, HealthSampler
+    from services.executor.metrics import GraphStepsCollector
     from services.scheduler import messages
     from services.scheduler.metrics import SchedulerMetricsCollector
 
@@ -156,6 +157,9 @@ def _collector_factories() -> dict[type, Callable[[], Collector]]:
             _scheduler_core, lambda: messages.COUNTS | {("cache", "sent"): 0}
         ),
         DeviceHealthCollector: lambda: DeviceHealthCollector(HealthSampler(_ReportingGpu())),
+        GraphStepsCollector: lambda: GraphStepsCollector(
+            lambda: {"decode": 3, "verify": 0, "extend": 1}
+        ),
     }
 
 

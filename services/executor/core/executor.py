@@ -336,6 +336,11 @@ class ExecutorCore:
         """Steps replayed by the extend graphs so far; None without them."""
         return None if self._extend_graphs is None else self._extend_graphs.num_runs
 
+    def graph_steps(self) -> dict[str, int]:
+        """Steps replayed so far by each captured set of graphs: decode, verify, extend."""
+        sets = {"decode": self._graphs, "verify": self._verify_graphs, "extend": self._extend_graphs}
+        return {name: graphs.num_runs for name, graphs in sets.items() if graphs is not None}
+
     def plain(self, prepared: PreparedStep) -> bool:
         """The step may be launched before the steps prepared ahead of it are finished
         (`PreparedStep.plain`, decided at prepare)."""

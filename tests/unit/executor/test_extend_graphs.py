@@ -21,6 +21,7 @@ from services.executor.core.graph_setup import (
     estimate_graph_bytes,
     plan_graphs,
 )
+from services.executor.metrics import GraphStepsCollector
 from tests.unit.executor.conftest import TinyModel, greedy, make_core, random_prompt
 from tests.unit.executor.test_verify_graphs import PAGE_SIZE, extend_batch
 
@@ -242,6 +243,12 @@ def test_the_executor_runs_mixed_steps_in_the_extend_graphs(llama_model: TinyMod
     assert staggered(core, prompts, max_tokens=12) == staggered(plain, prompts, max_tokens=12)
     assert graphs.num_runs == len(prompts)  # each prefill beside the decodes of the ones before
     assert core.extend_graph_steps == graphs.num_runs
+    assert plain.graph_steps() == {} and core.graph_steps() == {"extend": len(prompts)}
+    (family,) = GraphStepsCollector(core.graph_steps).collect()
+    assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == [
+        ({"graphs": "extend"}, len(prompts))
+    ]
+    assert list(GraphStepsCollector(plain.graph_steps).collect()) == []
 
 
 def test_scoring_steps_read_the_extend_graphs_hidden_states(llama_model: TinyModel) -> None:
