@@ -135,7 +135,8 @@ def kv_store_triton(
 def copy_cache_slots(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     """Copies slot src[i] to slot dst[i] (slot = page_id * page_size + offset) of one
     contiguous [num_pages, page_size, ...] cache, as raw bytes whatever its dtype. src and
-    dst are [n] int64 on the cache's device; a destination is never also a source."""
+    dst are [n] int64 on the cache's device; a destination is never another copy's source
+    (a slot copied onto itself is allowed: it changes nothing)."""
     if not cache.is_contiguous():
         raise ValueError("a paged KV tensor must be contiguous to copy its slots")
     slots = cache.view(torch.uint8).view(cache.shape[0] * cache.shape[1], -1)
@@ -157,11 +158,14 @@ def _copy_kv_slots_kernel(
     i = tl.program_id(0)
     src = tl.load(src_ptr + i).to(tl.int64) * slot_elems
     dst = tl.load(dst_ptr + i).to(tl.int64) * slot_elems
-    for lo in range(0, slot_elems, BLOCK):
-        offs = lo + tl.arange(0, BLOCK)
-        mask = offs < slot_elems
-        tl.store(k_cache_ptr + dst + offs, tl.load(k_cache_ptr + src + offs, mask=mask), mask=mask)
-        tl.store(v_cache_ptr + dst + offs, tl.load(v_cache_ptr + src + offs, mask=mask), mask=mask)
+    if src != dst:  # a slot onto itself (a captured graph's padding) moves nothing
+        for lo in range(0, slot_elems, BLOCK):
+            offs = lo + tl.arange(0, BLOCK)
+            mask = offs < slot_elems
+            k = tl.load(k_cache_ptr + src + offs, mask=mask)
+            tl.store(k_cache_ptr + dst + offs, k, mask=mask)
+            v = tl.load(v_cache_ptr + src + offs, mask=mask)
+            tl.store(v_cache_ptr + dst + offs, v, mask=mask)
 
 
 def copy_kv_slots_triton(

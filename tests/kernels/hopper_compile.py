@@ -169,6 +169,15 @@ def cases(sweep: bool):
         4,
         1,
     )
+    yield (
+        "copy_kv_slots",
+        kv_store._copy_kv_slots_kernel,
+        dict.fromkeys(("k_cache_ptr", "v_cache_ptr"), bf16)
+        | dict.fromkeys(("src_ptr", "dst_ptr"), "*i64"),
+        dict(BLOCK=1024),
+        4,
+        1,
+    )
     gemv_types = {"x_ptr": bf16, "w_ptr": "*fp8e4nv", "out_ptr": bf16, "counter_ptr": "*i32"}
     gemv_types |= dict.fromkeys(("scale_ptr", "bias_ptr", "partial_ptr"), "*fp32")
     for size, candidates in gemv.CANDIDATES.items():

@@ -125,6 +125,9 @@ def test_copy_kv_slots_copies_the_same_slots_as_reference(num_kv_heads, head_dim
     copy_kv_slots_ref(k_ref, v_ref, src, dst)
     for got, want in ((k_cache, k_ref), (v_cache, v_ref)):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    # slots copied onto themselves (a graph's padding) change nothing
+    copy_kv_slots_triton(k_cache, v_cache, dst[:2].repeat(3), dst[:2].repeat(3))
+    assert torch.equal(k_cache.view(torch.uint8), k_ref.view(torch.uint8))
     flat, before = k_cache.view(-1, num_kv_heads * head_dim), k_before.view(-1, num_kv_heads * head_dim)
     assert torch.equal(flat[dst].view(torch.uint8), before[src].view(torch.uint8))
     kept = torch.ones(num_pages * page_size, dtype=torch.bool, device=DEVICE)

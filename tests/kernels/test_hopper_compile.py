@@ -19,6 +19,7 @@ KERNELS = {
     "rotary",
     "silu_and_mul",
     "kv_store",
+    "copy_kv_slots",
     "apply_bitmask",
     "gemv",
     "rotary_kv_store",

@@ -42,8 +42,10 @@ MIN_TOKEN_BUCKET = 32
 SEQ_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512)
 """Sequence buckets below max_seqs (then max_seqs): powers of two, since attention's grid
 has a program row per sequence of the bucket and a sequence past the step's exits at once."""
-MAX_COPY_SLOTS = 256
-"""Copied KV slots a step may hold and still replay (a copy moves 1 to page_size - 1 slots)."""
+MAX_COPY_SLOTS = 1024
+"""Copied KV slots a step may hold and still replay (a copy moves 1 to page_size - 1 slots;
+a select step of five programs' four choices can copy about 200). The padding entries copy
+the scratch slot onto itself, which the copy kernel skips."""
 
 
 def token_buckets(max_tokens: int) -> list[int]:
