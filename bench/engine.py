@@ -190,11 +190,11 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         prompts, timings, seconds = await timed(args, generate, vocab)
         num_preemptions = engine.scheduler.num_preemptions
         counts = engine.ports[0].pipeline_counts
-        extend_graph_steps = engine.executors[0].extend_graph_steps
+        extend_graphs = engine.executors[0].forward.extend
     report = summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
     report.steps, report.steps_launched_ahead = counts.steps, counts.launched_ahead
     report.steps_launched_on_prepare = counts.launched_on_prepare
-    report.steps_in_extend_graphs = extend_graph_steps
+    report.steps_in_extend_graphs = extend_graphs.num_runs if extend_graphs else None
     return report
 
 

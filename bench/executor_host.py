@@ -68,7 +68,7 @@ class Forward:
             core.config.max_num_seqs * 4, core.sampler.vocab_size, device=core.device
         )
         core.model.forward = self  # type: ignore[method-assign]
-        core._graphs = core._verify_graphs = None  # every forward through here
+        core.forward.decode = core.forward.verify = None  # every forward through here
 
     def __call__(self, batch: Any, kv_pool: Any) -> torch.Tensor:
         if self._logits is not None:

@@ -151,7 +151,7 @@ async def bench_modes(args: argparse.Namespace, model: str) -> dict[str, dict[in
 
 def _verify_replays(core) -> int:
     """Steps the core verified as CUDA graph replays so far (0 without verification graphs)."""
-    graphs = core._verify_graphs
+    graphs = core.forward.verify
     return graphs.num_runs if graphs is not None else 0
 
 

@@ -391,7 +391,7 @@ async def serve(args: argparse.Namespace) -> int:
         health=health,
     )
     REGISTRY.register(
-        GraphStepsCollector(lambda: None if servicer.core is None else servicer.core.graph_steps())
+        GraphStepsCollector(lambda: None if servicer.core is None else servicer.core.forward.graph_steps())
     )
     await runtime.start(
         lambda server: executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server),

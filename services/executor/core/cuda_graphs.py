@@ -29,8 +29,8 @@ replay's logits are gathered out of the shared buffer before the next replay.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.decoder import Decoder
+
+T = TypeVar("T")
 
 SMALL_BUCKETS = (1, 2, 4, 8, 16, 32)
 BUCKET_STEP = 32
@@ -137,14 +139,12 @@ class StepGraphs:
                 logits = torch.empty_like(warm, dtype=torch.float32)
             self._logits = logits
             del warm
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: another executor may use the device from its own thread meanwhile
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+
+            def forward(batch: ForwardBatch = batch, logits: torch.Tensor = logits) -> None:
                 out = self.model.forward(batch, self.kv_pool)
-                logits[: out.shape[0]].copy_(out)
-            del out  # the pool may reuse it for the next capture
-            self._graphs[bucket, width] = graph
+                logits[: out.shape[0]].copy_(out)  # out itself is freed for the next capture
+
+            self._graphs[bucket, width] = capture_graph(pool, forward)[0]
         torch.cuda.synchronize()
 
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -242,6 +242,17 @@ class StepGraphs:
             is_decode=k == 1,
             max_q_len=k,
         )
+
+
+def capture_graph(pool: _POOL_HANDLE, body: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """`body` captured as a CUDA graph into `pool` (after the device's queued work), and what
+    it returned (tensors it made live in the pool while referenced)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: another executor may use the device from its own thread meanwhile
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        result = body()
+    return graph, result
 
 
 def capture_all(graphs: Sequence[StepGraphs | ExtendGraphs], device: torch.device) -> int:

@@ -39,9 +39,7 @@ from radixmesh.step import (
 )
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
-from services.executor.core.cuda_graphs import StepGraphs
-from services.executor.core.extend_graphs import ExtendGraphs
-from services.executor.core.forward_batch import ForwardBatch, PageTables
+from services.executor.core.forward_batch import PageTables
 from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
 from services.executor.core.graph_setup import (
     speculation_switches,
@@ -78,6 +76,7 @@ from services.executor.core.spec.step import (
 from services.executor.core.spec.verifier import Verifier
 from services.executor.core.startup import load_model
 from services.executor.core.step_batch import next_step_seqs, prepare_batch, prepare_decodes
+from services.executor.core.step_forward import StepForward
 from services.executor.core.step_sampling import StepSampler
 from services.executor.core.step_types import LaunchedStep, PreparedStep, is_plain
 
@@ -114,9 +113,11 @@ class ExecutorCore:
         self.startup_seconds = loaded.startup_seconds
         """Startup phases and their wall times (see `startup.LoadedModel`)."""
         self.model, self.kv_pool = loaded.model, loaded.kv_pool
-        self._graphs: StepGraphs | None = captured.decode if captured else None
-        self._verify_graphs: StepGraphs | None = captured.verify if captured else None
-        self._extend_graphs: ExtendGraphs | None = captured.extend if captured else None
+        self.forward = StepForward(self.model, self.kv_pool)
+        """The forward a step runs: a captured graph set's, or the eager one."""
+        if captured:
+            self.forward.decode, self.forward.verify = captured.decode, captured.verify
+            self.forward.extend = captured.extend
         self.graph_bytes = (captured.estimated_bytes, captured.measured_bytes) if captured else None
         """With CUDA graphs: (estimated, measured) bytes of device memory they hold."""
         switches = speculation_switches(
@@ -331,16 +332,6 @@ class ExecutorCore:
         """
         return self.finish(self.launch(prepared))
 
-    @property
-    def extend_graph_steps(self) -> int | None:
-        """Steps replayed by the extend graphs so far; None without them."""
-        return None if self._extend_graphs is None else self._extend_graphs.num_runs
-
-    def graph_steps(self) -> dict[str, int]:
-        """Steps replayed so far by each captured set of graphs: decode, verify, extend."""
-        sets = {"decode": self._graphs, "verify": self._verify_graphs, "extend": self._extend_graphs}
-        return {name: graphs.num_runs for name, graphs in sets.items() if graphs is not None}
-
     def plain(self, prepared: PreparedStep) -> bool:
         """The step may be launched before the steps prepared ahead of it are finished
         (`PreparedStep.plain`, decided at prepare)."""
@@ -358,7 +349,7 @@ class ExecutorCore:
         batch, inputs = prepared.batch, prepared.sampling_inputs
         assert batch is not None and inputs is not None
         batch.load_device_tokens(self._last_tokens)
-        logits = self._forward(batch)
+        logits = self.forward(batch)
         if not prepared.samplers:  # prefill chunks only: nothing to sample
             return LaunchedStep(prepared, start)
         assert batch.sample_rows is not None
@@ -402,25 +393,6 @@ class ExecutorCore:
                 )
             self._num_executed = prepared.index + 1
 
-    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """The batch's logits: a captured graph where one runs it, else the eager forward."""
-        plain = batch.slot_copies is None  # copies run between a layer's writes and reads
-        if plain and self._graphs is not None and self._graphs.can_run(batch):
-            return self._graphs.run(batch)
-        if plain and self._verify_graphs is not None and self._verify_graphs.can_run(batch):
-            return self._verify_graphs.run(batch)
-        if self._extend_graphs is not None and self._extend_graphs.can_run(batch):
-            return self._extend_graphs.run(batch)  # copies included
-        return self.model.forward(batch, self.kv_pool)
-
-    def _forward_scored(
-        self, batch: ForwardBatch, rows: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`Decoder.forward_scored`, replayed by the extend graphs where one holds the step."""
-        if self._extend_graphs is not None and self._extend_graphs.can_run(batch):
-            return self._extend_graphs.run_scored(batch, rows)
-        return self.model.forward_scored(batch, self.kv_pool, rows)
-
     def _execute_whole(self, prepared: PreparedStep, start: float) -> StepResult:
         """Any step, from its forward to its result (`execute` before the split)."""
         self._count_executed(prepared)
@@ -442,11 +414,11 @@ class ExecutorCore:
             pending = self._grammar.start(grammar_rows, grammar_lens)
             scoring, scored = prepared.scoring, {}
             if scoring is not None:  # an extend that scores prompt tokens: no decode graph
-                logits, hidden = self._forward_scored(batch, scoring.rows)
+                logits, hidden = self.forward.scored(batch, scoring.rows)
                 entries = score(hidden, self.model.lm_head, scoring)
                 scored = {id(span.seq): (span, e) for span, e in zip(scoring.spans, entries, strict=True)}
             else:
-                logits = self._forward(batch)
+                logits = self.forward(batch)
             scored_to_end = {id(seq) for seq in prepared.scored_to_end}
             masks = pending.result()
             verified: list[tuple[list[int], int] | None] = []
@@ -516,9 +488,7 @@ class ExecutorCore:
     def shutdown(self) -> None:
         with self._lock:
             self._seqs.clear()
-            self._graphs = None
-            self._verify_graphs = None
-            self._extend_graphs = None
+            self.forward.drop_graphs()
             self.kv_pool.release()
         self._grammar.shutdown()
 

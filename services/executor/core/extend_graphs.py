@@ -34,6 +34,7 @@ import torch
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
+from services.executor.core.cuda_graphs import capture_graph
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
 from services.executor.core.models.decoder import Decoder
@@ -137,15 +138,14 @@ class ExtendGraphs:
                 )
             self._logits = logits
             del warm
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+
+            def forward(batch: ForwardBatch = batch, logits: torch.Tensor = logits) -> torch.Tensor:
                 hidden = self.model.hidden_states(batch, self.kv_pool)
                 out = self.model.lm_head(hidden[batch.logits_indices])
                 logits[: out.shape[0]].copy_(out)
-            del out
-            self._hidden[shape] = hidden
-            self._graphs[shape] = graph
+                return hidden  # kept: a scoring step reads it
+
+            self._graphs[shape], self._hidden[shape] = capture_graph(pool, forward)
         torch.cuda.synchronize()
 
     def shape_of(self, num_tokens: int, num_seqs: int) -> tuple[int, int] | None:
@@ -181,11 +181,14 @@ class ExtendGraphs:
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """[len(batch.logits_indices), vocab] logits of the batch, by replaying its shape's
         graph over the padded layout (the module docstring)."""
+        return self._run(batch)[0]
+
+    def _run(self, batch: ForwardBatch) -> tuple[torch.Tensor, tuple[int, int]]:
         shape = self._lay_out(batch)
         self._replay(shape)
         self.num_runs += 1
         assert self._logits is not None
-        return self._logits[: batch.logits_indices.shape[0]]
+        return self._logits[: batch.logits_indices.shape[0]], shape
 
     def _replay(self, shape: tuple[int, int]) -> None:
         self._graphs[shape].replay()
@@ -195,9 +198,7 @@ class ExtendGraphs:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`run`'s logits and the final hidden states at token rows `rows` (`Decoder.
         forward_scored`'s results)."""
-        logits = self.run(batch)
-        shape = self._shape(batch)
-        assert shape is not None
+        logits, shape = self._run(batch)
         return logits, self._hidden[shape][rows]
 
     def run_eagerly(self, batch: ForwardBatch) -> torch.Tensor:

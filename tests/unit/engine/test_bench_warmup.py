@@ -35,7 +35,8 @@ class _FakeEngine:
         core = types.SimpleNamespace(
             info=types.SimpleNamespace(vocab_size=256), graph_bytes=None,
             spec_switch=types.SimpleNamespace(describe=lambda: "fake"), spec_stats=_Stats(self),
-            _verify_graphs=None, execute=lambda prepared: None, forced_switch=None,
+            forward=types.SimpleNamespace(verify=None), execute=lambda prepared: None,
+            forced_switch=None,
         )  # fmt: skip
         self.executors = [core]
         self.ports = [types.SimpleNamespace(pipeline_counts=PipelineCounts())]

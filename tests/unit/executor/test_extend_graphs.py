@@ -230,7 +230,7 @@ def with_eager_extend_graphs(core, max_tokens: int = 64) -> EagerExtendGraphs:
         core.kv_pool.num_pages - 1,
     )  # fmt: skip
     graphs.capture_eagerly()
-    core._extend_graphs = graphs
+    core.forward.extend = graphs
     return graphs
 
 
@@ -238,17 +238,17 @@ def test_the_executor_runs_mixed_steps_in_the_extend_graphs(llama_model: TinyMod
     prompts = [random_prompt(3 + 5 * i, seed=80 + i) for i in range(6)]
     plain = make_core(llama_model, page_size=PAGE_SIZE, num_pages=128, max_num_seqs=8)
     core = make_core(llama_model, page_size=PAGE_SIZE, num_pages=128, max_num_seqs=8)
-    assert core.extend_graph_steps is None  # none on the CPU
+    assert core.forward.extend is None  # none on the CPU
     graphs = with_eager_extend_graphs(core)
     assert staggered(core, prompts, max_tokens=12) == staggered(plain, prompts, max_tokens=12)
     assert graphs.num_runs == len(prompts)  # each prefill beside the decodes of the ones before
-    assert core.extend_graph_steps == graphs.num_runs
-    assert plain.graph_steps() == {} and core.graph_steps() == {"extend": len(prompts)}
-    (family,) = GraphStepsCollector(core.graph_steps).collect()
+    assert core.forward.graph_steps() == {"extend": graphs.num_runs}
+    assert plain.forward.graph_steps() == {} and graphs.num_runs == len(prompts)
+    (family,) = GraphStepsCollector(core.forward.graph_steps).collect()
     assert [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")] == [
         ({"graphs": "extend"}, len(prompts))
     ]
-    assert list(GraphStepsCollector(plain.graph_steps).collect()) == []
+    assert list(GraphStepsCollector(plain.forward.graph_steps).collect()) == []
 
 
 def test_scoring_steps_read_the_extend_graphs_hidden_states(llama_model: TinyModel) -> None:
@@ -292,7 +292,7 @@ def test_greedy_outputs_are_the_same_with_extend_graphs_on_cuda(llama_model: Tin
         )  # fmt: skip
         outputs[tokens] = staggered(core, prompts, max_tokens=12)
         if tokens:
-            assert core._extend_graphs is not None and core._extend_graphs.num_runs >= 5
+            assert core.forward.extend is not None and core.forward.extend.num_runs >= 5
             assert core.graph_bytes is not None and core.graph_bytes[1] > 0
         core.shutdown()
     assert outputs[64] == outputs[0]

@@ -167,10 +167,10 @@ def test_on_cuda_scoring_extends_run_eagerly_and_decodes_keep_their_graphs(llama
         num_pages=64, max_num_seqs=8,
     )  # fmt: skip
     core = ExecutorCore(config)
-    assert core._graphs is not None
+    assert core.forward.decode is not None
     replays = []
-    run = core._graphs.run
-    core._graphs.run = lambda batch: replays.append(batch.num_seqs) or run(batch)
+    run = core.forward.decode.run
+    core.forward.decode.run = lambda batch: replays.append(batch.num_seqs) or run(batch)
     prompt = random_prompt(15, seed=21)
     sampling = greedy(max_tokens=3, prompt_logprobs_start=2, top_logprobs=2)
     (out,) = core.step(StepPlan(1, [new_seq("g", prompt, sampling=sampling)])).outputs

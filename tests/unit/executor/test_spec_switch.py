@@ -445,7 +445,7 @@ def test_on_cuda_the_switch_is_measured_and_the_graph_memory_is_within_its_estim
     assert switch.cost_ratios is not None and set(switch.cost_ratios) == {1, 2, 4, 8, 16, 32}
     assert all(r > 0 for r in switch.cost_ratios.values())
     assert core.info.max_speculative_batch_size == switch.max_batch_size <= 32
-    assert core._verify_graphs is not None and core._verify_graphs.num_rows == 5
+    assert core.forward.verify is not None and core.forward.verify.num_rows == 5
     assert core.forced_switch is None  # no grammar: jump-forward is off
     assert core.graph_bytes is not None
     estimated, measured = core.graph_bytes

@@ -135,7 +135,7 @@ def test_greedy_outputs_are_the_same_with_verification_graphs(llama_model: TinyM
         )  # fmt: skip
         outputs[graphs] = generate(core, prompts, sampling, 4)[0]
         if graphs:
-            assert core._verify_graphs is not None and core._verify_graphs.num_runs > 0
+            assert core.forward.verify is not None and core.forward.verify.num_runs > 0
             assert core.spec_stats.snapshot().num_accepted_tokens > 0
         core.shutdown()
     assert outputs[True] == outputs[False]
@@ -170,7 +170,7 @@ def test_jump_forward_verifies_in_graphs_with_speculation_off(tmp_path) -> None:
     try:
         expected, _, _ = generate(off, work, sampling, constraint, MAX_FORCED)
         got, _, _ = generate(on, work, sampling, constraint, MAX_FORCED)
-        graphs, no_graphs = on.core._verify_graphs, off.core._verify_graphs
+        graphs, no_graphs = on.core.forward.verify, off.core.forward.verify
         switch = on.core.forced_switch
         forced = on.core.spec_stats.snapshot().num_forced_tokens
     finally:
