@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mesh.engine import Engine, EngineConfig
 from radixmesh.sampling import SamplingParams
 from radixmesh.updates import RequestUpdate
+from radixmesh_kernels import _triton
 from services.common.logging import configure_logging
 from services.scheduler.core import SchedulerConfig
 
@@ -378,6 +379,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="in-process: read each step back before the next is queued on the device",
     )
+    p.add_argument(
+        "--no-dependent-launch",
+        action="store_true",
+        help="plain kernel launches, not programmatic dependents (RADIXMESH_DEPENDENT_LAUNCH=off, "
+        "for this process and the services it starts)",
+    )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(
         "--num-threads",
@@ -418,12 +425,16 @@ def main(argv: list[str] | None = None) -> int:
     mode = args.mode or default_mode(args.device)
     if args.switch_interval_us:
         sys.setswitchinterval(args.switch_interval_us * 1e-6)
+    if args.no_dependent_launch:
+        os.environ["RADIXMESH_DEPENDENT_LAUNCH"] = "off"
+        _triton.DEPENDENT_LAUNCH = "off"
     reports = []
     if mode in ("inprocess", "both"):
         reports.append(asyncio.run(bench_inprocess(args)))
     if mode in ("services", "both"):
         reports.append(asyncio.run(bench_services(args)))
     out = asdict(reports[0])
+    out["dependent_launch"] = _triton.DEPENDENT_LAUNCH
     if len(reports) == 2:
         out["services"] = asdict(reports[1])
         out["services_over_inprocess"] = ratios(reports[1], reports[0])

@@ -13,6 +13,7 @@ setting is kept.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any
@@ -74,10 +75,79 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _dependent_launch_setting() -> str:
+    value = os.environ.get("RADIXMESH_DEPENDENT_LAUNCH", "auto")
+    if value not in ("auto", "off"):
+        raise ValueError(f"RADIXMESH_DEPENDENT_LAUNCH must be 'auto' or 'off', got {value!r}")
+    return value
+
+
+DEPENDENT_LAUNCH = _dependent_launch_setting()
+""""auto" (the default): the decode chain's kernels launch as programmatic dependents on
+Hopper and later (see `dependent_launch`); "off": plain launches. From the environment's
+RADIXMESH_DEPENDENT_LAUNCH, so an A/B run or an operator reaches every process."""
+
+
+@functools.cache
+def _launch_pdl_supported(device_index: int) -> bool:
+    if interpreting() or not torch.cuda.is_available():
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+        return False
+    if "launch_pdl" not in CUDAOptions.__dataclass_fields__:  # Triton < 3.3
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def dependent_launch(device: torch.device) -> dict[str, bool]:
+    """The launch arguments of a kernel that may start before the kernel ahead of it ends.
+
+    On Hopper and later a kernel launched with `launch_pdl` (CUDA's programmatic dependent
+    launch) is scheduled once every program of the kernel ahead has called
+    `gdc_launch_dependents`, and its own programs block in `gdc_wait` until that kernel has
+    finished and its writes are visible. A kernel taking these arguments must call
+    `release_dependents` (or `gdc_wait` itself) before it reads anything another kernel
+    writes and before it writes anything; what it does before (a weight tile's loads) overlaps
+    the kernel ahead's tail and the launch between them. Everywhere else (the interpreter,
+    older GPUs, `DEPENDENT_LAUNCH = "off"`): no arguments, so `USE_PDL` keeps its default
+    False and the kernel is as before."""
+    if DEPENDENT_LAUNCH == "off" or device.type != "cuda":
+        return {}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if not _launch_pdl_supported(index):
+        return {}
+    return {"USE_PDL": True, "launch_pdl": True}
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def release_dependents(USE_PDL: tl.constexpr):
+        """Waits for the kernel ahead (its writes visible), then lets the next kernel's
+        programs be scheduled: at most one kernel waits ahead of its turn."""
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+else:  # pragma: no cover - CI installs triton
+    release_dependents = triton.jit(lambda USE_PDL: None)
+
+
 def check(cond: bool, message: str) -> None:
     """Layout-contract check in a host wrapper: a clear ValueError, kept under `python -O`."""
     if not cond:
         raise ValueError(message)
 
 
-__all__ = ["HAS_TRITON", "check", "interpreting", "tl", "triton"]
+__all__ = [
+    "DEPENDENT_LAUNCH",
+    "HAS_TRITON",
+    "check",
+    "dependent_launch",
+    "interpreting",
+    "release_dependents",
+    "tl",
+    "triton",
+]

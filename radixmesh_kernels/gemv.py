@@ -33,7 +33,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixmesh_kernels._triton import interpreting, tl, triton
+from radixmesh_kernels._triton import (
+    dependent_launch,
+    interpreting,
+    release_dependents,
+    tl,
+    triton,
+)
 from radixmesh_kernels.tuning import cuda_time_us, fastest, within
 
 MAX_ROWS = 8
@@ -68,6 +74,7 @@ def _gemv_splitk_kernel(
     BLOCK_K: tl.constexpr,
     EVEN: tl.constexpr,
     VEC: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     # programs of one weight tile for the row pairs are neighbours in launch order, so the
     # tile comes from DRAM once and from L2 for the other pairs
@@ -90,24 +97,25 @@ def _gemv_splitk_kernel(
     # same, from L1), so each thread loads the VEC values of its own weights: no layout
     # conversion through shared memory in the loop
     zero_n = tl.zeros((BLOCK_N, 1), dtype=tl.int32)
-    for k0 in range(k_begin, k_begin + k_per_split, BLOCK_K):
+    k_loop = k_begin
+    if USE_PDL:
+        # a dependent launch: the first weight tile (no kernel writes weights) is read while
+        # the kernel ahead finishes; the activations, and every write, only after it has
+        offs_k = zero_n + (k_begin + tl.arange(0, BLOCK_K))[None, :]
+        w = _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
+        release_dependents(USE_PDL)
+        acc0, acc1 = _add_tile(
+            w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
+            EVEN, VEC,
+        )  # fmt: skip
+        k_loop = k_begin + BLOCK_K
+    for k0 in range(k_loop, k_begin + k_per_split, BLOCK_K):
         offs_k = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
-        if EVEN:
-            w = tl.load(w_rows + offs_k).to(tl.float32)
-            x0 = tl.load(x_row0 + offs_k).to(tl.float32)
-        else:
-            mask_k = offs_k < in_features
-            w = tl.load(w_rows + offs_k, mask=mask_n[:, None] & mask_k, other=0.0)
-            w = w.to(tl.float32)
-            x0 = tl.load(x_row0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        acc0 += tl.sum(tl.reshape(w * x0, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
-        if NUM_ROWS == 2:
-            if EVEN:
-                x1 = tl.load(x_row1 + offs_k).to(tl.float32)
-            else:
-                x1 = tl.load(x_row1 + offs_k, mask=offs_k < in_features, other=0.0)
-                x1 = x1.to(tl.float32)
-            acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+        w = _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
+        acc0, acc1 = _add_tile(
+            w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
+            EVEN, VEC,
+        )  # fmt: skip
     out0 = tl.sum(acc0, axis=1)
     out1 = tl.sum(acc1, axis=1)
     if HAS_SCALE:
@@ -125,6 +133,37 @@ def _gemv_splitk_kernel(
             mask_n, mask_1, out_features, pid_m, pid_n, pid_k, row0,
             NUM_ROWS, HAS_BIAS, SPLIT_K, BLOCK_N,
         )  # fmt: skip
+
+
+@triton.jit
+def _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN: tl.constexpr):
+    """One BLOCK_N x BLOCK_K weight tile, widened to fp32."""
+    if EVEN:
+        w = tl.load(w_rows + offs_k)
+    else:
+        w = tl.load(w_rows + offs_k, mask=mask_n[:, None] & (offs_k < in_features), other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _add_tile(
+    w, x_row0, x_row1, offs_k, in_features, acc0, acc1,
+    NUM_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    VEC: tl.constexpr,
+):  # fmt: skip
+    """The tile's products with one or two activation rows, summed per lane into acc0/acc1."""
+    if EVEN:
+        x0 = tl.load(x_row0 + offs_k).to(tl.float32)
+    else:
+        x0 = tl.load(x_row0 + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
+    acc0 += tl.sum(tl.reshape(w * x0, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+    if NUM_ROWS == 2:
+        if EVEN:
+            x1 = tl.load(x_row1 + offs_k).to(tl.float32)
+        else:
+            x1 = tl.load(x_row1 + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
+        acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+    return acc0, acc1
 
 
 @triton.jit
@@ -278,6 +317,7 @@ def gemv_splitk(
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
         VEC=VEC_BYTES // weight.element_size(), num_warps=cfg.num_warps,
+        **dependent_launch(x.device),
     )  # fmt: skip
     return out
 
@@ -378,7 +418,9 @@ def gemv_plan(
             try:
                 plan = _tune(x, weight, scale, bias, fallbacks)
             except Exception as exc:  # never worse than the reference kernel
-                plan = GemvPlan(f"{reference[0]} (tuning failed: {type(exc).__name__})", reference[1])
+                plan = GemvPlan(
+                    f"{reference[0]} (tuning failed: {type(exc).__name__})", reference[1]
+                )
             _plans[key] = plan
     return plan
 

@@ -29,7 +29,14 @@ import functools
 
 import torch
 
-from radixmesh_kernels._triton import check, interpreting, tl, triton
+from radixmesh_kernels._triton import (
+    check,
+    dependent_launch,
+    interpreting,
+    release_dependents,
+    tl,
+    triton,
+)
 from radixmesh_kernels.paged_attention import (
     LOG2E,
     attend_range,
@@ -88,8 +95,10 @@ def _decode_split_kernel(
     SLIDING: tl.constexpr,
     IEEE: tl.constexpr,
     DIRECT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     # DIRECT: one split (grid axis 2 of size 1) writes the normalized output, no partials
+    release_dependents(USE_PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -240,7 +249,9 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    release_dependents(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -388,6 +399,7 @@ def paged_decode_attention_triton(
         "DIRECT": direct,
     }
     grid = (num_seqs, num_kv_heads, num_splits)
+    meta.update(dependent_launch(q.device))
     if interpreting():
         _decode_split_kernel[grid](*args, **meta, BLOCK_N=16)
     else:
@@ -396,5 +408,6 @@ def paged_decode_attention_triton(
         _decode_reduce_kernel[(num_seqs, num_heads)](
             part_out, part_m, part_l, out, num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            **dependent_launch(q.device),
         )  # fmt: skip
     return out

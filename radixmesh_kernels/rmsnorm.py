@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from radixmesh_kernels._triton import check, tl, triton
+from radixmesh_kernels._triton import check, dependent_launch, release_dependents, tl, triton
 
 
 def rmsnorm_ref(
@@ -45,8 +45,10 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """One program per token: (x + residual) -> new_residual, rmsnorm of it * weight -> out."""
+    release_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_H)
     mask = offs < hidden
@@ -103,5 +105,6 @@ def rmsnorm_triton(
         HAS_RESIDUAL=residual is not None,
         BLOCK_H=block_h,
         num_warps=min(max(block_h // 512, 1), 16),
+        **dependent_launch(x.device),
     )
     return out, new_residual

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from radixmesh_kernels._triton import check, tl, triton
+from radixmesh_kernels._triton import check, dependent_launch, release_dependents, tl, triton
 from radixmesh_kernels.kv_store import kv_store_ref
 from radixmesh_kernels.rotary import _rotate_heads, rotary_ref
 
@@ -67,7 +67,9 @@ def _rotary_kv_store_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    release_dependents(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -146,6 +148,6 @@ def rotary_kv_store_triton(
         q_out.stride(0), q_out.stride(1), k_cache.stride(1), k_cache.stride(2),
         cos_sin_cache.stride(0),
         BLOCK_HQ=triton.next_power_of_2(num_heads), BLOCK_HK=triton.next_power_of_2(num_kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4,
+        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4, **dependent_launch(q.device),
     )  # fmt: skip
     return q_out

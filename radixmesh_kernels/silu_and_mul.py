@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixmesh_kernels._triton import check, tl, triton
+from radixmesh_kernels._triton import check, dependent_launch, release_dependents, tl, triton
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
@@ -26,7 +26,9 @@ def _silu_and_mul_kernel(
     stride_x,
     stride_out,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    release_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < intermediate
@@ -49,6 +51,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     block_n = min(triton.next_power_of_2(intermediate), 1024)
     grid = (num_tokens, triton.cdiv(intermediate, block_n))
     _silu_and_mul_kernel[grid](
-        x, out, intermediate, x.stride(0), out.stride(0), BLOCK_N=block_n, num_warps=4
+        x, out, intermediate, x.stride(0), out.stride(0), BLOCK_N=block_n, num_warps=4,
+        **dependent_launch(x.device),
     )
     return out

@@ -55,6 +55,9 @@ SCALARS = {"qk_scale": "fp32", "eps": "fp32"}
 def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int):
     """Compiles as a launch would specialize it: pointers and strides 16-aligned."""
     names = kernel.arg_names
+    # a constexpr the case leaves out keeps its default (a launch that does not pass it)
+    defaults = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
+    constexprs = defaults | constexprs
     signature, attrs = {}, {}
     for i, name in enumerate(names):
         if name in constexprs:
@@ -85,6 +88,33 @@ def attention_types(dtype: str) -> dict[str, str]:
 
 
 def cases(sweep: bool):
+    """`_cases`, and a dependent-launch variant (USE_PDL) of the first case of each kernel that
+    takes it (the GEMV: once per weight type), named "... pdl"."""
+    varied = set()
+    for name, kernel, types, consts, num_warps, num_stages in _cases(sweep):
+        yield name, kernel, types, consts, num_warps, num_stages
+        key = (kernel, consts.get("HAS_SCALE"))
+        if "USE_PDL" in kernel.arg_names and key not in varied:
+            varied.add(key)
+            yield f"{name} pdl", kernel, types, consts | {"USE_PDL": True}, num_warps, num_stages
+
+
+def griddep_order(ptx: str) -> dict[str, bool]:
+    """Where a dependent launch's instructions sit in a kernel's PTX: `loads_before_wait`, a
+    global load issued ahead of `griddepcontrol.wait` (the GEMV's first weight tile; for
+    every other kernel it would read what the kernel ahead is still writing), and whether
+    `launch_dependents` follows the wait."""
+    wait = ptx.find("griddepcontrol.wait")
+    launch = ptx.find("griddepcontrol.launch_dependents")
+    first_load = ptx.find("ld.global")
+    return {
+        "waits": wait >= 0,
+        "loads_before_wait": 0 <= first_load < wait,
+        "launches_after_wait": launch > wait >= 0,
+    }
+
+
+def _cases(sweep: bool):
     """(name, kernel, pointer types, constexprs, num_warps, num_stages).
 
     Without sweep: bf16, head_dim 80 (padded to 128), each attention kernel's
@@ -272,6 +302,8 @@ def main(argv: list[str]) -> int:
         row = {"kernel": name, "shared_bytes": shared, "fits": fits}
         if registers:
             row |= ptxas_usage(compiled.asm["ptx"])
+        if name.endswith(" pdl"):
+            row |= griddep_order(compiled.asm["ptx"])
         print(json.dumps(row), flush=True)
     return 1 if failed else 0
 

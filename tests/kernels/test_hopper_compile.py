@@ -28,6 +28,9 @@ KERNELS = {
     "batch-invariant decode merge",
 }
 
+PDL_KERNELS = {"decode", "rmsnorm", "rotary_kv_store", "silu_and_mul", "gemv"}
+"""The decode step's chain: launched as programmatic dependents on Hopper."""
+
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_within_shared_memory():
@@ -41,3 +44,12 @@ def test_every_kernel_compiles_for_sm90_within_shared_memory():
     compiled = {name for name in KERNELS for row in rows if row["kernel"].startswith(name)}
     assert compiled == KERNELS
     assert all(row["fits"] for row in rows)
+    # the decode chain's dependent launches: every kernel waits for the one ahead before it
+    # reads an activation; only the GEMV reads (its first weight tile) ahead of the wait
+    dependent = {row["kernel"]: row for row in rows if row["kernel"].endswith(" pdl")}
+    assert {name.split()[0] for name in dependent} == PDL_KERNELS
+    for name, row in dependent.items():
+        assert row["waits"] and row["launches_after_wait"], row
+        assert row["loads_before_wait"] == name.startswith("gemv"), row
+    plain = [row for row in rows if not row["kernel"].endswith(" pdl")]
+    assert plain and all("waits" not in row for row in plain)
