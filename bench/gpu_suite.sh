@@ -209,8 +209,9 @@ step_fp8_quality() {
         --json "$RESULTS/fp8_quality.json"
 }
 
-step_profile() {
-    local copy sizes=(1 64) args=()
+step_profile() {  # PROFILE_BATCHES="1 64" by default
+    local copy sizes args=()
+    read -ra sizes <<<"${PROFILE_BATCHES:-1 64}"
     copy=$($PY -c "import json; print(json.load(open('$RESULTS/ceilings.json'))['copy_gbps'])" \
         2>/dev/null) && args=(--copy-gbps "$copy")
     [ "$GPU" = 1 ] || { sizes=(1 4); args+=(--device cpu --steps 5 --profile-steps 2 --num-pages 256); }

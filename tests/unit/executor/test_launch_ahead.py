@@ -59,6 +59,32 @@ CUDA = pytest.param(
 )
 
 
+def finish_after_next_launch(core, steps_per_plan: int) -> None:
+    """Makes the device slower than the host: each step of a plan but its last finishes
+    only once the step after it has been launched (bounded by WAIT_S), as when a step's
+    device time covers the next step's prepare. Without it the count of steps launched
+    ahead depends on which thread a busy machine runs first."""
+    launched, finished = [0], [0]
+    cond = threading.Condition()
+    launch, finish = core.launch, core.finish
+
+    def counting_launch(prepared):
+        out = launch(prepared)
+        with cond:
+            launched[0] += 1
+            cond.notify_all()
+        return out
+
+    def slow_finish(step):
+        finished[0] += 1
+        if finished[0] % steps_per_plan:
+            with cond:
+                cond.wait_for(lambda: launched[0] > finished[0], timeout=WAIT_S)
+        return finish(step)
+
+    core.launch, core.finish = counting_launch, slow_finish
+
+
 async def decode_both_ways(
     llama_model: TinyModel, sampling: dict[str, dict], num_steps: int, device: str = "cpu"
 ):
@@ -70,6 +96,8 @@ async def decode_both_ways(
         for i, (req_id, params) in enumerate(sampling.items()):
             pages = list(range(8 * i, 8 * i + 8))
             admit(core, req_id, random_prompt(4 + 3 * i, seed=i), pages, **params)
+        if launch_ahead:
+            finish_after_next_launch(core, num_steps)
         running = [RunningSequence(r, 1) for r in sampling]
         plans = [
             StepPlan(next(STEP_IDS), running_seqs=running, num_steps=num_steps) for _ in range(2)
@@ -87,7 +115,7 @@ def test_launched_ahead_steps_give_the_tokens_and_finishes_of_whole_steps(llama_
     sampling = {"r0": {"max_tokens": 5}, "r1": {"max_tokens": 40}, "r2": {"max_tokens": 40}}
     off, on, launched = asyncio.run(decode_both_ways(llama_model, sampling, 4, device))
     assert outputs_of(on) == outputs_of(off)
-    assert launched >= 4  # the later steps of each plan were queued before the one before
+    assert launched >= 6  # the later steps of each plan were queued before the one before
     # r0 ends on its length inside the first plan and is in no later step
     ends = [o for r in on for o in r.outputs if o.finish_reason]
     assert [(o.req_id, o.finish_reason) for o in ends] == [("r0", "length")]
