@@ -380,10 +380,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="in-process: read each step back before the next is queued on the device",
     )
     p.add_argument(
-        "--no-dependent-launch",
+        "--dependent-launch",
         action="store_true",
-        help="plain kernel launches, not programmatic dependents (RADIXMESH_DEPENDENT_LAUNCH=off, "
-        "for this process and the services it starts)",
+        help="the decode chain's kernels as programmatic dependents on Hopper "
+        "(RADIXMESH_DEPENDENT_LAUNCH=on, for this process and the services it starts)",
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(
@@ -425,9 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = args.mode or default_mode(args.device)
     if args.switch_interval_us:
         sys.setswitchinterval(args.switch_interval_us * 1e-6)
-    if args.no_dependent_launch:
-        os.environ["RADIXMESH_DEPENDENT_LAUNCH"] = "off"
-        _triton.DEPENDENT_LAUNCH = "off"
+    if args.dependent_launch:
+        os.environ["RADIXMESH_DEPENDENT_LAUNCH"] = "on"
+        _triton.DEPENDENT_LAUNCH = "on"
     reports = []
     if mode in ("inprocess", "both"):
         reports.append(asyncio.run(bench_inprocess(args)))

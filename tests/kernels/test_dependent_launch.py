@@ -33,10 +33,15 @@ EPS = 1e-5
 
 
 def test_no_dependent_launch_off_cuda_or_when_off(monkeypatch):
-    """The interpreter and the CPU launch plainly; "off" turns it off on any device."""
+    """Off by default; the CPU launches plainly even when on; "off" on any device."""
+    monkeypatch.delenv("RADIXMESH_DEPENDENT_LAUNCH", raising=False)
+    assert _triton._dependent_launch_setting() == "off"
+    monkeypatch.setattr(_triton, "DEPENDENT_LAUNCH", "on")
     assert dependent_launch(torch.device("cpu")) == {}
     monkeypatch.setattr(_triton, "DEPENDENT_LAUNCH", "off")
     assert dependent_launch(torch.device("cuda", 0)) == {}
+    monkeypatch.setenv("RADIXMESH_DEPENDENT_LAUNCH", "on")
+    assert _triton._dependent_launch_setting() == "on"
     monkeypatch.setenv("RADIXMESH_DEPENDENT_LAUNCH", "sometimes")
     with pytest.raises(ValueError, match="RADIXMESH_DEPENDENT_LAUNCH"):
         _triton._dependent_launch_setting()
@@ -143,6 +148,7 @@ def _capture(state, layers, cos_sin):
 def test_dependent_launch_chain_replays_as_plain_launches(fp8, monkeypatch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
+    monkeypatch.setattr(_triton, "DEPENDENT_LAUNCH", "on")
     assert dependent_launch(torch.device("cuda")), "not a dependent launch: nothing tested"
     gen = torch.Generator().manual_seed(7 + fp8)
     layers = [_layer_weights(fp8, gen) for _ in range(LAYERS)]
