@@ -200,8 +200,19 @@ def build_configs(args: argparse.Namespace):
 
 
 def _endpoints(args: argparse.Namespace):
-    from mesh.loadgen.scrape import endpoints_from_mesh_info, parse_endpoints
+    """--mesh-info's and --metrics-url's endpoints; with neither, those of the running
+    `radixmesh serve` on this machine that --target names (its registration), if any."""
+    from mesh.loadgen.scrape import endpoints_from_info, endpoints_from_mesh_info, parse_endpoints
+    from mesh.observe.meshinfo import mesh_serving
 
+    if not args.mesh_info and not args.metrics_url:
+        info = mesh_serving(args.target)
+        if info is not None:
+            endpoints = endpoints_from_info(info)
+            if not args.quiet:
+                names = ", ".join(e.name for e in endpoints)
+                print(f"metrics from the mesh serving {args.target}: {names}", file=sys.stderr)
+            return endpoints
     endpoints = endpoints_from_mesh_info(args.mesh_info) if args.mesh_info else []
     return endpoints + parse_endpoints(args.metrics_url)
 

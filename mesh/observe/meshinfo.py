@@ -61,6 +61,27 @@ def running_meshes() -> list[dict[str, Any]]:
     return out
 
 
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0"})
+
+
+def _host_port(address: str) -> tuple[str, str]:
+    """("127.0.0.1", "8080") of "http://localhost:8080/", "127.0.0.1:8080" and the like:
+    local names as one."""
+    bare = address.split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = bare.rpartition(":")
+    return ("127.0.0.1" if host in _LOCAL_HOSTS else host), port
+
+
+def mesh_serving(target: str) -> dict[str, Any] | None:
+    """The running registered mesh whose public address (gRPC `host:port`, or its HTTP
+    URL) is `target`, or None: what `radixmesh bench` scrapes when not told where."""
+    wanted = _host_port(target)
+    for info in running_meshes():
+        if wanted in {_host_port(info.get(key) or "") for key in ("public", "http")}:
+            return info
+    return None
+
+
 def load_mesh_info(mesh_info: str | None, port: int | None) -> dict[str, Any]:
     """The endpoints of --mesh-info FILE, else of the one running mesh (on --port if given)."""
     if mesh_info:
