@@ -27,7 +27,7 @@ from gateway.core.request import (
     GenerateInput,
 )
 from radixmesh.errors import InvalidArgument
-from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
+from radixmesh.sampling import MAX_N, Constraint, ConstraintKind, Priority, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default max_tokens for /v1/completions (chat defaults to the context limit)."""
@@ -317,7 +317,7 @@ def _sampling(
         "ignore_eos": f.boolean("ignore_eos"),
         "logprobs": logprobs,
         "top_logprobs": top_logprobs,
-        "n": f.integer("n", lo=1),
+        "n": f.integer("n", lo=1, hi=MAX_N),
         "prompt_logprobs_start": prompt_logprobs_start,
     }
     if fields["seed"] is not None and fields["seed"] < 0:

@@ -195,6 +195,12 @@ def test_bad_fields_are_named_in_an_openai_error_body(body, param):
     assert error["error"]["message"].startswith(f"{param}: ")
 
 
+@pytest.mark.parametrize("n", [0, 17])
+def test_n_out_of_range_names_the_range_it_must_be_in(n):
+    with pytest.raises(ParamError, match=r"^n: must be in \[1, 16\], got"):
+        parse_chat_request(chat(n=n))
+
+
 def test_json_body_errors():
     assert parse_json_body(b'{"a": 1}') == {"a": 1}
     for raw in (b"{nope", b"[1, 2]", b'{"a": "\xff"}'):
