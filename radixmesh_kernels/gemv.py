@@ -14,6 +14,11 @@ the row scales are applied once per output tile. With SPLIT_K > 1 each program c
 1/SPLIT_K slice of K, writes its partial row sums to a workspace, and the last program of
 a tile to arrive (a per-tile ticket counter, reset by that program) adds the slices in a
 fixed order and writes the output: one launch, and the same sum whatever the arrival order.
+A thread's loads of one tile are all it has in flight while it waits for them and sums
+them (the loop is not software-pipelined: the loads go to registers, not shared memory);
+a `prefetch` config double-buffers instead, loading the next tile before it sums this one,
+so a thread keeps a tile in flight while it computes (ptxas for sm_90, 16-row configs, 1-2
+activation rows: 40-72 registers plain, 62-128 prefetching, none spilled).
 
 `gemv_plan` picks the launch for a shape: on a CUDA device, the first call of a shape
 (outside graph capture) times each candidate config and the fallbacks it is given (for
@@ -74,6 +79,7 @@ def _gemv_splitk_kernel(
     BLOCK_K: tl.constexpr,
     EVEN: tl.constexpr,
     VEC: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     # programs of one weight tile for the row pairs are neighbours in launch order, so the
@@ -91,25 +97,41 @@ def _gemv_splitk_kernel(
     mask_n = offs_n < out_features
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w
     k_begin = pid_k * k_per_split
+    k_end = k_begin + k_per_split
     acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
     # the activations are read through a [BLOCK_N, BLOCK_K] pointer tile (every row the
     # same, from L1), so each thread loads the VEC values of its own weights: no layout
     # conversion through shared memory in the loop
     zero_n = tl.zeros((BLOCK_N, 1), dtype=tl.int32)
-    k_loop = k_begin
-    if USE_PDL:
-        # a dependent launch: the first weight tile (no kernel writes weights) is read while
-        # the kernel ahead finishes; the activations, and every write, only after it has
+    k_plain = k_begin  # where the loop that loads each tile as it sums it starts
+    if USE_PDL or PREFETCH:
+        # the first weight tile is read ahead: under a dependent launch while the kernel
+        # ahead finishes (no kernel writes weights); the activations, and every write, only
+        # after the wait
         offs_k = zero_n + (k_begin + tl.arange(0, BLOCK_K))[None, :]
         w = _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
         release_dependents(USE_PDL)
+        if PREFETCH:
+            # double-buffered: each tile's loads are issued before the tile ahead of it is
+            # widened and summed, so a thread keeps a tile in flight while it computes
+            for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
+                offs_next = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
+                w_next = _weight_tile(w_rows, offs_next, mask_n, in_features, EVEN)
+                acc0, acc1 = _add_tile(
+                    w, x_row0, x_row1, offs_next - BLOCK_K, in_features, acc0, acc1,
+                    NUM_ROWS, BLOCK_N, BLOCK_K, EVEN, VEC,
+                )  # fmt: skip
+                w = w_next
+            offs_k = zero_n + (k_end - BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
+            k_plain = k_end
+        else:
+            k_plain = k_begin + BLOCK_K
         acc0, acc1 = _add_tile(
             w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
             EVEN, VEC,
         )  # fmt: skip
-        k_loop = k_begin + BLOCK_K
-    for k0 in range(k_loop, k_begin + k_per_split, BLOCK_K):
+    for k0 in range(k_plain, k_end, BLOCK_K):
         offs_k = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
         w = _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
         acc0, acc1 = _add_tile(
@@ -137,12 +159,10 @@ def _gemv_splitk_kernel(
 
 @triton.jit
 def _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN: tl.constexpr):
-    """One BLOCK_N x BLOCK_K weight tile, widened to fp32."""
+    """One BLOCK_N x BLOCK_K weight tile, as stored (widened where it is used)."""
     if EVEN:
-        w = tl.load(w_rows + offs_k)
-    else:
-        w = tl.load(w_rows + offs_k, mask=mask_n[:, None] & (offs_k < in_features), other=0.0)
-    return w.to(tl.float32)
+        return tl.load(w_rows + offs_k)
+    return tl.load(w_rows + offs_k, mask=mask_n[:, None] & (offs_k < in_features), other=0.0)
 
 
 @triton.jit
@@ -152,6 +172,7 @@ def _add_tile(
     VEC: tl.constexpr,
 ):  # fmt: skip
     """The tile's products with one or two activation rows, summed per lane into acc0/acc1."""
+    w = w.to(tl.float32)
     if EVEN:
         x0 = tl.load(x_row0 + offs_k).to(tl.float32)
     else:
@@ -225,9 +246,12 @@ class GemvConfig:
     block_k: int
     split_k: int
     num_warps: int
+    prefetch: bool = False
+    """Double-buffered: each weight tile is loaded before the one ahead of it is summed."""
 
     def describe(self) -> str:
-        return f"splitk n{self.block_n} k{self.block_k} s{self.split_k} w{self.num_warps}"
+        name = f"splitk n{self.block_n} k{self.block_k} s{self.split_k} w{self.num_warps}"
+        return name + " prefetch" if self.prefetch else name
 
 
 FP8_CANDIDATES: tuple[GemvConfig, ...] = (
@@ -241,10 +265,12 @@ FP8_CANDIDATES: tuple[GemvConfig, ...] = (
     GemvConfig(16, 256, 1, 4),
     GemvConfig(16, 256, 2, 4),
     GemvConfig(16, 256, 4, 4),
+    GemvConfig(16, 512, 2, 4, prefetch=True),
+    GemvConfig(16, 256, 2, 4, prefetch=True),
 )
 """Timed on the device for each FP8 shape: 64 or 128 bytes of weight per thread and
 iteration, in 16-byte loads; split-K gives the narrow shapes (o_proj, down) several
-programs per SM."""
+programs per SM; the prefetching configs keep a second tile in flight."""
 BF16_CANDIDATES: tuple[GemvConfig, ...] = (
     GemvConfig(16, 256, 1, 4),
     GemvConfig(16, 256, 2, 4),
@@ -252,6 +278,8 @@ BF16_CANDIDATES: tuple[GemvConfig, ...] = (
     GemvConfig(32, 256, 1, 4),
     GemvConfig(32, 256, 2, 4),
     GemvConfig(64, 256, 1, 8),
+    GemvConfig(16, 256, 1, 4, prefetch=True),
+    GemvConfig(16, 256, 2, 4, prefetch=True),
 )
 """The same per-thread bytes for 2-byte weights (8 values per 16-byte load)."""
 CANDIDATES = {1: FP8_CANDIDATES, 2: BF16_CANDIDATES}
@@ -316,7 +344,7 @@ def gemv_splitk(
         out.stride(0), NUM_ROWS=per_program, HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
-        VEC=VEC_BYTES // weight.element_size(), num_warps=cfg.num_warps,
+        VEC=VEC_BYTES // weight.element_size(), PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
         **dependent_launch(x.device),
     )  # fmt: skip
     return out

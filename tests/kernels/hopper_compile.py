@@ -50,6 +50,15 @@ HOPPER = GPUTarget("cuda", 90, 32)
 MAX_SHARED_BYTES = 227 * 1024  # per block on sm_90
 
 SCALARS = {"qk_scale": "fp32", "eps": "fp32"}
+LAUNCH_NUM_STAGES = 3
+"""Triton's default for a launch that names none (the GEMV's)."""
+DIVISIBLE_SCALARS = frozenset(
+    {"in_features", "out_features", "k_per_split", "hidden", "intermediate", "half"}
+)
+"""Integer arguments a launch specializes as multiples of 16 at the model shapes (the GEMV's
+dimensions and K slice, the hidden and intermediate sizes, half a head), as it does
+strides. Without it the loads bounded by them compile to 2-byte ones, and the register
+counts are not the launch's."""
 
 
 def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int):
@@ -67,7 +76,7 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = SCALARS.get(name, "i32")
-            if name.startswith("stride"):
+            if name.startswith("stride") or name in DIVISIBLE_SCALARS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(
         fn=kernel,
@@ -212,16 +221,17 @@ def _cases(sweep: bool):
     gemv_types |= dict.fromkeys(("scale_ptr", "bias_ptr", "partial_ptr"), "*fp32")
     for size, candidates in gemv.CANDIDATES.items():
         weight, scaled = ("*fp8e4nv", True) if size == 1 else (bf16, False)
-        for rows, cfg in product((1, 2), candidates if sweep else candidates[1:2]):
+        chosen = candidates if sweep else [candidates[1], *(c for c in candidates if c.prefetch)][:2]
+        for rows, cfg in product((1, 2), chosen):
             yield (
                 f"gemv {weight[1:]} rows {rows} {cfg.describe()}",
                 gemv._gemv_splitk_kernel,
                 gemv_types | {"w_ptr": weight},
                 dict(NUM_ROWS=rows, HAS_SCALE=scaled, HAS_BIAS=True, SPLIT_K=cfg.split_k,
                      BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
-                     VEC=gemv.VEC_BYTES // size),
+                     VEC=gemv.VEC_BYTES // size, PREFETCH=cfg.prefetch),
                 cfg.num_warps,
-                1,
+                LAUNCH_NUM_STAGES,  # gemv_splitk leaves Triton's default
             )  # fmt: skip
     for dtype, ieee in (("bf16", False), ("fp32", True)):
         yield (

@@ -117,6 +117,8 @@ SPLITK_CONFIGS = [
     gemv.GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4),
     gemv.GemvConfig(block_n=8, block_k=32, split_k=4, num_warps=2),
     gemv.GemvConfig(block_n=32, block_k=128, split_k=3, num_warps=4),
+    gemv.GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4, prefetch=True),
+    gemv.GemvConfig(block_n=8, block_k=32, split_k=1, num_warps=2, prefetch=True),
 ]
 
 
@@ -211,7 +213,11 @@ def test_tuned_plan_on_the_gpu_agrees_and_is_no_slower_than_the_one_pass_kernel(
     torch.testing.assert_close(captured, out)
 
 
-@pytest.mark.parametrize("cfg", (*gemv.BF16_CANDIDATES[:1], gemv.GemvConfig(8, 64, 3, 2)), ids=str)
+@pytest.mark.parametrize(
+    "cfg",
+    (*gemv.BF16_CANDIDATES[:1], gemv.GemvConfig(8, 64, 3, 2), gemv.GemvConfig(8, 32, 2, 2, True)),
+    ids=str,
+)
 @pytest.mark.parametrize("num_rows", [1, 2, 3])
 @pytest.mark.parametrize(("out_features", "in_features"), [(40, 72), (64, 768)])
 def test_splitk_gemv_of_a_plain_weight_matches_f_linear(cfg, num_rows, out_features, in_features):
