@@ -66,8 +66,9 @@ def _layer_weights(fp8, gen):
     }
 
 
-def _forward(state, layers, cos_sin, triton_ops: bool):
-    """One decode token through LAYERS layers; the caches in `state` gain its K/V."""
+def _forward(state, layers, cos_sin, triton_ops: bool, splits: int = 1):
+    """One decode token through LAYERS layers; the caches in `state` gain its K/V. `splits`:
+    the decode attention's (1: one launch; more: the split and the merge kernels)."""
     x, residual = state["x"], None
     for i, layer in enumerate(layers):
         k_cache, v_cache = state["k"][i], state["v"][i]
@@ -84,7 +85,7 @@ def _forward(state, layers, cos_sin, triton_ops: bool):
         rotate = rotary_kv_store_triton if triton_ops else rotary_kv_store_ref
         q = rotate(q, k, v, state["positions"], cos_sin, k_cache, v_cache, state["slots"])
         attend = paged_decode_attention_triton if triton_ops else paged_decode_attention_ref
-        extra = {"num_splits": 4} if triton_ops else {}  # the split and the merge kernels
+        extra = {"num_splits": splits} if triton_ops else {}
         attn = attend(
             q, k_cache, v_cache, state["page_table"], state["seq_lens"], HEAD_DIM**-0.5, **extra
         ).reshape(1, -1)
@@ -134,18 +135,19 @@ def _set_token(state, x, position):
     state["seq_lens"].fill_(position + 1)
 
 
-def _capture(state, layers, cos_sin):
-    _forward(state, layers, cos_sin, True)  # compiles (and tunes) outside the capture
+def _capture(state, layers, cos_sin, splits):
+    _forward(state, layers, cos_sin, True, splits)  # compiles (and tunes) outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = _forward(state, layers, cos_sin, True)
+        out = _forward(state, layers, cos_sin, True, splits)
     return graph, out
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 4], ids=["one-launch", "split"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_dependent_launch_chain_replays_as_plain_launches(fp8, monkeypatch):
+def test_dependent_launch_chain_replays_as_plain_launches(fp8, splits, monkeypatch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     monkeypatch.setattr(_triton, "DEPENDENT_LAUNCH", "on")
@@ -157,9 +159,9 @@ def test_dependent_launch_chain_replays_as_plain_launches(fp8, monkeypatch):
     dependent, plain, ref = (_new_state(context, 11) for _ in range(3))
     for state in (dependent, plain, ref):
         _set_token(state, torch.zeros(1, HIDDEN, dtype=torch.bfloat16), context)
-    graph_dependent, out_dependent = _capture(dependent, layers, cos_sin)
+    graph_dependent, out_dependent = _capture(dependent, layers, cos_sin, splits)
     monkeypatch.setattr(_triton, "DEPENDENT_LAUNCH", "off")
-    graph_plain, out_plain = _capture(plain, layers, cos_sin)
+    graph_plain, out_plain = _capture(plain, layers, cos_sin, splits)
     for step in range(24):
         position = context + step
         x = torch.randn(1, HIDDEN, generator=gen).to(torch.bfloat16)
