@@ -381,9 +381,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--dependent-launch",
-        action="store_true",
-        help="the decode chain's kernels as programmatic dependents on Hopper "
-        "(RADIXMESH_DEPENDENT_LAUNCH=on, for this process and the services it starts)",
+        choices=("on", "off"),
+        default=None,
+        help="the decode chain's kernels as programmatic dependents on Hopper, or plain launches "
+        "(RADIXMESH_DEPENDENT_LAUNCH, for this process and the services it starts; default: "
+        "the environment's, else on)",
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(
@@ -425,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = args.mode or default_mode(args.device)
     if args.switch_interval_us:
         sys.setswitchinterval(args.switch_interval_us * 1e-6)
-    if args.dependent_launch:
-        os.environ["RADIXMESH_DEPENDENT_LAUNCH"] = "on"
-        _triton.DEPENDENT_LAUNCH = "on"
+    if args.dependent_launch is not None:
+        os.environ["RADIXMESH_DEPENDENT_LAUNCH"] = args.dependent_launch
+        _triton.DEPENDENT_LAUNCH = args.dependent_launch
     reports = []
     if mode in ("inprocess", "both"):
         reports.append(asyncio.run(bench_inprocess(args)))

@@ -76,17 +76,16 @@ def interpreting() -> bool:
 
 
 def _dependent_launch_setting() -> str:
-    value = os.environ.get("RADIXMESH_DEPENDENT_LAUNCH", "off")
+    value = os.environ.get("RADIXMESH_DEPENDENT_LAUNCH", "on")
     if value not in ("on", "off"):
         raise ValueError(f"RADIXMESH_DEPENDENT_LAUNCH must be 'on' or 'off', got {value!r}")
     return value
 
 
 DEPENDENT_LAUNCH = _dependent_launch_setting()
-""""on": the decode chain's kernels launch as programmatic dependents on Hopper and later
-(see `dependent_launch`); "off" (the default until its GPU tests and timings are in): plain
-launches. From the environment's RADIXMESH_DEPENDENT_LAUNCH, so an A/B run or an operator
-reaches every process."""
+""""on" (the default): the decode chain's kernels launch as programmatic dependents on
+Hopper and later (see `dependent_launch`); "off": plain launches. From the environment's
+RADIXMESH_DEPENDENT_LAUNCH, so an A/B run or an operator reaches every process."""
 
 
 @functools.cache
