@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -88,20 +90,26 @@ Hopper and later (see `dependent_launch`); "off": plain launches. From the envir
 RADIXMESH_DEPENDENT_LAUNCH, so an A/B run or an operator reaches every process."""
 
 
+_PLAIN: Mapping[str, bool] = MappingProxyType({})
+_DEPENDENT: Mapping[str, bool] = MappingProxyType({"USE_PDL": True, "launch_pdl": True})
+
+
 @functools.cache
-def _launch_pdl_supported(device_index: int) -> bool:
-    if interpreting() or not torch.cuda.is_available():
-        return False
+def _device_launch(device: torch.device) -> Mapping[str, bool]:
+    """`dependent_launch`'s arguments on `device` when it is on: decided once per device."""
+    if device.type != "cuda" or interpreting() or not torch.cuda.is_available():
+        return _PLAIN
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
     except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
-        return False
+        return _PLAIN
     if "launch_pdl" not in CUDAOptions.__dataclass_fields__:  # Triton < 3.3
-        return False
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
+        return _PLAIN
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _DEPENDENT if torch.cuda.get_device_capability(index)[0] >= 9 else _PLAIN
 
 
-def dependent_launch(device: torch.device) -> dict[str, bool]:
+def dependent_launch(device: torch.device) -> Mapping[str, bool]:
     """The launch arguments of a kernel that may start before the kernel ahead of it ends.
 
     On Hopper and later a kernel launched with `launch_pdl` (CUDA's programmatic dependent
@@ -112,13 +120,9 @@ def dependent_launch(device: torch.device) -> dict[str, bool]:
     writes and before it writes anything; what it does before (a weight tile's loads) overlaps
     the kernel ahead's tail and the launch between them. Everywhere else (the interpreter,
     older GPUs, `DEPENDENT_LAUNCH` not "on"): no arguments, so `USE_PDL` keeps its default
-    False and the kernel is as before."""
-    if DEPENDENT_LAUNCH != "on" or device.type != "cuda":
-        return {}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if not _launch_pdl_supported(index):
-        return {}
-    return {"USE_PDL": True, "launch_pdl": True}
+    False and the kernel is as before. Called at every launch of the chain, so it costs a
+    comparison and a cached lookup; the mapping returned is shared and read-only."""
+    return _device_launch(device) if DEPENDENT_LAUNCH == "on" else _PLAIN
 
 
 if HAS_TRITON:

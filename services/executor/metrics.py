@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from radixmesh.step import StepPlan, StepResult
-from services.common.metrics import counter, gauge, histogram
+from services.common.metrics import counter, gauge, histogram, metric_name
 
 ROOM = "executor"
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
@@ -168,6 +168,9 @@ class StepMetrics:
         self.steps_total.labels("error").inc()
 
 
+GRAPH_STEPS = metric_name("executor", "graph_steps")
+
+
 class GraphStepsCollector(Collector):
     """`radixmesh_executor_graph_steps_total{graphs}` at scrape time: the steps each captured
     set of CUDA graphs replayed (decode, verify, extend); absent before the model loads and
@@ -181,7 +184,7 @@ class GraphStepsCollector(Collector):
         if not steps:
             return
         family = CounterMetricFamily(
-            "radixmesh_executor_graph_steps",
+            GRAPH_STEPS,
             "Steps replayed as captured CUDA graphs, by set: decode, verify or extend.",
             labels=["graphs"],
         )
