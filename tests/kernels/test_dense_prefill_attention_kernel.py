@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from kernel_factories import make_paged_batch, tolerance
+from kernel_factories import DEVICE, make_paged_batch, tolerance
 
 from radixmesh_kernels.dense_prefill_attention import (
     HAS_TMA_DESCRIPTORS,
@@ -119,8 +119,12 @@ def _spy_paged(monkeypatch):
 
 
 def test_op_takes_the_dense_kernel_when_given_new_kv(monkeypatch):
+    from radixmesh_kernels import prefill_attention
     from radixmesh_kernels.prefill_attention import prefill_attention_triton
 
+    # on a GPU "auto" times both kernels per shape and may keep the paged one (the choice
+    # has its own tests below): "dense" asks for the dense kernel wherever it applies
+    monkeypatch.setattr(prefill_attention, "MODE", "dense")
     paged_calls = _spy_paged(monkeypatch)
     batch, k_new, v_new = _batch(SEQS, seed=7)
     out = prefill_attention_triton(*_args(batch), k_new=k_new, v_new=v_new)
@@ -265,8 +269,8 @@ def test_choice_keeps_the_paged_kernel_when_no_dense_one_is_faster(monkeypatch):
 def test_timing_case_holds_its_dense_kv_in_its_pages_and_both_kernels_agree():
     from radixmesh_kernels.prefill_attention import INTERPRETER_CONFIG, _Case
 
-    like = torch.empty(1, 8, 32)
-    cache = torch.empty(1, 16, 2, 32)
+    like = torch.empty(1, 8, 32, device=DEVICE)
+    cache = torch.empty(1, 16, 2, 32, device=DEVICE)
     case = _Case.like(like, cache, 40)
     q, k_cache, v_cache, page_table, cu, lens, _ = case.args
     assert q.shape == (40, 8, 32) and lens.tolist() == [40] and cu.tolist() == [0, 40]

@@ -202,9 +202,12 @@ def test_single_pass_replays_from_a_captured_cuda_graph():
     """A narrow page table (short capacity) captures the one-launch path; replayed with
     other lengths, one of them empty."""
     batch = make_paged_batch(
-        [1] * 3, [100, 17, 5], num_kv_heads=2, group=4, head_dim=128, page_size=16,
+        [1] * 3, [100, 17, 16], num_kv_heads=2, group=4, head_dim=128, page_size=16,
         dtype=torch.bfloat16, seed=35,
     )  # fmt: skip
+    # captured at other lengths than replayed; every replayed position holds written K/V
+    # (the cache past a sequence's length is NaN)
+    batch.seq_lens.copy_(torch.tensor([100, 17, 5], dtype=torch.int32))
     args = (batch.q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens, batch.scale)
     paged_decode_attention_triton(*args)
     graph = torch.cuda.CUDAGraph()
