@@ -23,6 +23,7 @@ from radixmesh_kernels.rmsnorm import rmsnorm_ref
 from radixmesh_kernels.rotary import rotary_ref
 from radixmesh_kernels.rotary_kv_store import rotary_kv_store_ref
 from radixmesh_kernels.silu_and_mul import silu_and_mul_ref
+from radixmesh_kernels.silu_mul_linear import silu_mul_linear_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,10 @@ class Ops:
     """`rotary` then `kv_store` of the rotated keys in one op (returns the rotated q); None
     when the set has no fused form, or a backend replaced `rotary` or `kv_store` (the model
     then calls those two)."""
+    silu_mul_linear: Callable | None = None
+    """`silu_and_mul` then `linear` (scale None) or `fp8_linear` (an FP8 weight and its
+    scale) in one op: the gated MLP's down projection. None when the set has no fused form,
+    or a backend replaced one of those three ops (the model then calls them)."""
     copy_kv_slots: Callable = copy_kv_slots_ref
     """Slot src[i] -> dst[i] in a layer's K and V caches (a step's partial-page copies, run
     in every layer between its KV store and its attention)."""
@@ -79,6 +84,7 @@ REFERENCE_OPS = Ops(
     fp8_linear=fp8_linear_ref,
     linear=dense_linear_ref,
     rotary_kv_store=rotary_kv_store_ref,
+    silu_mul_linear=silu_mul_linear_ref,
     copy_kv_slots=copy_kv_slots_ref,
 )
 

@@ -140,6 +140,16 @@ def _linear(device: torch.device, gen: torch.Generator) -> list[Case]:
     return [*cases, Case((torch.randn(2, 64, generator=gen).to(device, dt), weight, bias))]
 
 
+def _silu_mul_linear(device: torch.device, gen: torch.Generator) -> list[Case]:
+    dt = _dtype(device)
+    x = torch.randn(3, 2 * 40, generator=gen).to(device, dt)
+    weight = torch.randn(24, 40, generator=gen).to(device, dt)
+    fp8 = (0.5 * torch.randn(24, 40, generator=gen)).to(torch.float8_e4m3fn).to(device)
+    scale = (0.01 + torch.rand(24, generator=gen)).to(device)
+    bias = torch.randn(24, generator=gen).to(device, dt)
+    return [Case((x, weight)), Case((x, weight, None, bias)), Case((x, fp8, scale))]
+
+
 CASES: dict[str, Callable[[torch.device, torch.Generator], list[Case]]] = {
     "rmsnorm": _rmsnorm,
     "rotary": _rotary,
@@ -152,6 +162,7 @@ CASES: dict[str, Callable[[torch.device, torch.Generator], list[Case]]] = {
     "apply_bitmask": _apply_bitmask,
     "fp8_linear": _fp8_linear,
     "linear": _linear,
+    "silu_mul_linear": _silu_mul_linear,
 }
 """Op name -> its input cases: the ops a backend may replace."""
 

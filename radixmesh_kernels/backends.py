@@ -130,4 +130,6 @@ def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.devic
     replaced: dict[str, object] = {op: o.fn for op, o in chosen.items()}
     if {"rotary", "kv_store"} & chosen.keys() and "rotary_kv_store" not in chosen:
         replaced["rotary_kv_store"] = None  # the fused op would bypass the replaced one
+    if {"silu_and_mul", "linear", "fp8_linear"} & chosen.keys() and "silu_mul_linear" not in chosen:
+        replaced["silu_mul_linear"] = None
     return dataclasses.replace(ops, name=name, **replaced)

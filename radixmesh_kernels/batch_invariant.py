@@ -359,6 +359,8 @@ def batch_invariant_ops(ops, device: torch.device | str):
             "linear": batch_invariant_linear_ref,
             "paged_decode_attention": paged_decode_attention_ref,
         }
+    # the fused down projection would bypass the batch-invariant linear
     return dataclasses.replace(
-        ops, name=ops.name + "+batch-invariant", batch_invariant=True, **replaced
+        ops, name=ops.name + "+batch-invariant", batch_invariant=True, silu_mul_linear=None,
+        **replaced,
     )

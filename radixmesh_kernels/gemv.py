@@ -80,6 +80,7 @@ def _gemv_splitk_kernel(
     EVEN: tl.constexpr,
     VEC: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    GATED: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     # programs of one weight tile for the row pairs are neighbours in launch order, so the
@@ -120,7 +121,7 @@ def _gemv_splitk_kernel(
                 w_next = _weight_tile(w_rows, offs_next, mask_n, in_features, EVEN)
                 acc0, acc1 = _add_tile(
                     w, x_row0, x_row1, offs_next - BLOCK_K, in_features, acc0, acc1,
-                    NUM_ROWS, BLOCK_N, BLOCK_K, EVEN, VEC,
+                    NUM_ROWS, BLOCK_N, BLOCK_K, EVEN, VEC, GATED,
                 )  # fmt: skip
                 w = w_next
             offs_k = zero_n + (k_end - BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
@@ -129,14 +130,14 @@ def _gemv_splitk_kernel(
             k_plain = k_begin + BLOCK_K
         acc0, acc1 = _add_tile(
             w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
-            EVEN, VEC,
+            EVEN, VEC, GATED,
         )  # fmt: skip
     for k0 in range(k_plain, k_end, BLOCK_K):
         offs_k = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
         w = _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
         acc0, acc1 = _add_tile(
             w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
-            EVEN, VEC,
+            EVEN, VEC, GATED,
         )  # fmt: skip
     out0 = tl.sum(acc0, axis=1)
     out1 = tl.sum(acc1, axis=1)
@@ -166,23 +167,38 @@ def _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _activations(x_row, offs_k, in_features, EVEN: tl.constexpr, GATED: tl.constexpr):
+    """A row's activations at offs_k, in fp32. GATED: the row is [gate | up], 2 x in_features
+    wide, and the activation silu(gate) * up, rounded as `silu_and_mul` rounds it (silu,
+    then the product, to the row's dtype), so the fused and the two-op forms sum the same
+    values."""
+    if EVEN:
+        x = tl.load(x_row + offs_k).to(tl.float32)
+    else:
+        x = tl.load(x_row + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
+    if GATED:
+        dtype = x_row.dtype.element_ty
+        if EVEN:
+            up = tl.load(x_row + in_features + offs_k).to(tl.float32)
+        else:
+            up = tl.load(x_row + in_features + offs_k, mask=offs_k < in_features, other=0.0)
+            up = up.to(tl.float32)
+        x = ((x * tl.sigmoid(x)).to(dtype).to(tl.float32) * up).to(dtype).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _add_tile(
     w, x_row0, x_row1, offs_k, in_features, acc0, acc1,
     NUM_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-    VEC: tl.constexpr,
+    VEC: tl.constexpr, GATED: tl.constexpr,
 ):  # fmt: skip
     """The tile's products with one or two activation rows, summed per lane into acc0/acc1."""
     w = w.to(tl.float32)
-    if EVEN:
-        x0 = tl.load(x_row0 + offs_k).to(tl.float32)
-    else:
-        x0 = tl.load(x_row0 + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
+    x0 = _activations(x_row0, offs_k, in_features, EVEN, GATED)
     acc0 += tl.sum(tl.reshape(w * x0, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
     if NUM_ROWS == 2:
-        if EVEN:
-            x1 = tl.load(x_row1 + offs_k).to(tl.float32)
-        else:
-            x1 = tl.load(x_row1 + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
+        x1 = _activations(x_row1, offs_k, in_features, EVEN, GATED)
         acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
     return acc0, acc1
 
@@ -318,15 +334,23 @@ def gemv_splitk(
     scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     cfg: GemvConfig | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     """The split-K kernel with `cfg` (default: the first candidate for the weight's element
-    size), for 1 to MAX_ROWS rows; scale None for a plain weight (layout checked by the caller)."""
+    size), for 1 to MAX_ROWS rows; scale None for a plain weight (layout checked by the caller).
+    `gated`: x is [rows, 2 * in] as [gate | up] and the product is silu(gate) * up @ weight.T
+    (`silu_and_mul` fused into the activations' read)."""
     if cfg is None:
         cfg = CANDIDATES[weight.element_size()][0]
-    num_rows, in_features = x.shape
+    num_rows, in_features = x.shape[0], weight.shape[1]
     out_features = weight.shape[0]
     if not 1 <= num_rows <= MAX_ROWS:
         raise ValueError(f"gemv: 1 to {MAX_ROWS} rows, got {num_rows}")
+    if x.shape[1] != in_features * (2 if gated else 1):
+        raise ValueError(
+            f"gemv: x has {x.shape[1]} columns for a weight of {in_features}"
+            + (" (gated: 2 x in)" if gated else "")
+        )
     out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
     step = cfg.block_k * cfg.split_k
     k_per_split = triton.cdiv(in_features, step) * cfg.block_k
@@ -344,7 +368,8 @@ def gemv_splitk(
         out.stride(0), NUM_ROWS=per_program, HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
-        VEC=VEC_BYTES // weight.element_size(), PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
+        VEC=VEC_BYTES // weight.element_size(), PREFETCH=cfg.prefetch, GATED=gated,
+        num_warps=cfg.num_warps,
         **dependent_launch(x.device),
     )  # fmt: skip
     return out
@@ -368,7 +393,9 @@ class GemvPlan:
 _L2_FLUSH_BYTES = 256 << 20
 _TUNE_ITERS = 9
 _plans: dict[tuple, GemvPlan] = {}
-_plans_lock = threading.Lock()
+_plans_lock = threading.RLock()
+"""Reentrant: a gated shape's reference (`silu_and_mul`, then the plain shape's plan) tunes
+the plain shape on its first, untimed, call, inside the gated shape's tuning."""
 MODE = "auto"
 """"auto" (time and choose per shape), "legacy" (the one-pass kernel), or "splitk"
 (the default split-K config, untimed): set by benchmarks for A/B runs."""
@@ -384,8 +411,8 @@ def _bound(
     return lambda: fn(x, w, s, b)
 
 
-def _splitk_fn(cfg: GemvConfig) -> GemvFn:
-    return lambda x, w, s, b: gemv_splitk(x, w, s, b, cfg)
+def _splitk_fn(cfg: GemvConfig, gated: bool = False) -> GemvFn:
+    return lambda x, w, s, b: gemv_splitk(x, w, s, b, cfg, gated)
 
 
 def _tune(
@@ -394,12 +421,13 @@ def _tune(
     scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     fallbacks: Mapping[str, GemvFn],
+    gated: bool = False,
 ) -> GemvPlan:
     """Times every candidate (and the fallbacks) on this call's own inputs; the fastest
     whose output agrees with the first fallback's wins (`fastest`)."""
     options: dict[str, GemvFn] = dict(fallbacks)
     for cfg in CANDIDATES[weight.element_size()]:
-        options[cfg.describe()] = _splitk_fn(cfg)
+        options[cfg.describe()] = _splitk_fn(cfg, gated)
     try:
         flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=x.device)
     except torch.OutOfMemoryError:  # timed with warm L2 then: still a ranking
@@ -416,24 +444,26 @@ def gemv_plan(
     scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     fallbacks: Mapping[str, GemvFn],
+    gated: bool = False,
 ) -> GemvPlan:
     """The plan for this call's shape (tuned on the first call of the shape on CUDA).
 
     `fallbacks`: name -> function, the first being the reference a candidate must agree
     with, and what a shape first seen inside a graph capture (no timing there) gets.
+    `gated`: x is [gate | up] and the candidates fuse `silu_and_mul` (`gemv_splitk`).
     """
     reference = next(iter(fallbacks.items()))
     if MODE == "legacy":
         return GemvPlan(*reference)
     if MODE == "splitk" or x.device.type != "cuda" or interpreting():
         cfg = CANDIDATES[weight.element_size()][0]
-        return GemvPlan(cfg.describe(), _splitk_fn(cfg))
+        return GemvPlan(cfg.describe(), _splitk_fn(cfg, gated))
     # row counts share the plan of their power-of-two bucket (3 rows use 4's): the decode
     # graphs' buckets are tuned at capture, so an odd-sized eager call never tunes mid-serving
     rows = 1 << (x.shape[0] - 1).bit_length()
     key = (
         x.device, rows, weight.shape[0], weight.shape[1], x.dtype, weight.dtype,
-        bias is not None,
+        bias is not None, gated,
     )  # fmt: skip
     plan = _plans.get(key)
     if plan is not None:
@@ -444,7 +474,7 @@ def gemv_plan(
         plan = _plans.get(key)
         if plan is None:
             try:
-                plan = _tune(x, weight, scale, bias, fallbacks)
+                plan = _tune(x, weight, scale, bias, fallbacks, gated)
             except Exception as exc:  # never worse than the reference kernel
                 plan = GemvPlan(
                     f"{reference[0]} (tuning failed: {type(exc).__name__})", reference[1]
@@ -490,7 +520,8 @@ def chosen_plans() -> list[dict]:
     return [
         {
             "rows": key[1], "out": key[2], "in": key[3], "dtype": str(key[4]).removeprefix("torch."),
-            "weight": str(key[5]).removeprefix("torch."), "bias": key[6], "chosen": plan.name,
+            "weight": str(key[5]).removeprefix("torch."), "bias": key[6], "gated": key[7],
+            "chosen": plan.name,
             "timings_us": dict(plan.timings_us),
         }
         for key, plan in _plans.items()

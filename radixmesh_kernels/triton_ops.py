@@ -13,6 +13,7 @@ from radixmesh_kernels.rmsnorm import rmsnorm_triton
 from radixmesh_kernels.rotary import rotary_triton
 from radixmesh_kernels.rotary_kv_store import rotary_kv_store_triton
 from radixmesh_kernels.silu_and_mul import silu_and_mul_triton
+from radixmesh_kernels.silu_mul_linear import silu_mul_linear_triton
 
 TRITON_OPS = Ops(
     name="triton",
@@ -26,6 +27,7 @@ TRITON_OPS = Ops(
     fp8_linear=fp8_linear_triton,
     linear=dense_linear_triton,
     rotary_kv_store=rotary_kv_store_triton,
+    silu_mul_linear=silu_mul_linear_triton,
     copy_kv_slots=copy_kv_slots_triton,
 )
 

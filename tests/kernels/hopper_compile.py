@@ -233,6 +233,17 @@ def _cases(sweep: bool):
                 cfg.num_warps,
                 LAUNCH_NUM_STAGES,  # gemv_splitk leaves Triton's default
             )  # fmt: skip
+        cfg = candidates[1]  # the down projection with silu_and_mul in its activation read
+        yield (
+            f"gemv {weight[1:]} gated rows 1 {cfg.describe()}",
+            gemv._gemv_splitk_kernel,
+            gemv_types | {"w_ptr": weight},
+            dict(NUM_ROWS=1, HAS_SCALE=scaled, HAS_BIAS=False, SPLIT_K=cfg.split_k,
+                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
+                 VEC=gemv.VEC_BYTES // size, PREFETCH=cfg.prefetch, GATED=True),
+            cfg.num_warps,
+            LAUNCH_NUM_STAGES,
+        )  # fmt: skip
     for dtype, ieee in (("bf16", False), ("fp32", True)):
         yield (
             f"batch-invariant matmul {dtype}",

@@ -276,7 +276,9 @@ def test_tuning_keeps_the_fastest_candidate_that_agrees(monkeypatch):
     real_splitk = gemv._splitk_fn
     monkeypatch.setattr(
         gemv, "_splitk_fn",
-        lambda cfg: (lambda *a: real_splitk(cfg)(*a) + 1.0) if cfg == bad else real_splitk(cfg),
+        lambda cfg, gated=False: (
+            (lambda *a: real_splitk(cfg)(*a) + 1.0) if cfg == bad else real_splitk(cfg)
+        ),
     )  # fmt: skip
 
     def run(timings: dict[str, float]) -> gemv.GemvPlan:

@@ -121,6 +121,27 @@ def test_replacing_rotary_or_kv_store_turns_the_fused_op_off():
     assert kept is REFERENCE_OPS.rotary_kv_store is not None
 
 
+def test_replacing_silu_and_mul_or_a_linear_turns_the_fused_down_projection_off():
+    for op in ("silu_and_mul", "linear", "fp8_linear"):
+        override = KernelOverride(op, getattr(REFERENCE_OPS, op), "toy")
+        assert with_overrides(get_ops(CPU), [override], CPU).silu_mul_linear is None
+    other = KernelOverride("rmsnorm", REFERENCE_OPS.rmsnorm, "toy")
+    kept = with_overrides(get_ops(CPU), [other], CPU).silu_mul_linear
+    assert kept is REFERENCE_OPS.silu_mul_linear is not None
+
+
+def test_the_fused_down_projection_gives_the_two_ops_tokens(model_path):
+    fused = make_core(model_path, kernel_entry_points=False)
+    assert fused.model.ops.silu_mul_linear is not None
+    separate = make_core(
+        model_path,
+        kernel_backends=("silu_and_mul=radixmesh_kernels.silu_and_mul:silu_and_mul_ref",),
+    )
+    assert separate.model.ops.silu_mul_linear is None
+    prompt = [5, 9, 17, 33, 8, 2, 40]
+    assert greedy_tokens(fused, prompt) == greedy_tokens(separate, prompt)
+
+
 def test_the_fused_rotary_kv_store_path_gives_the_two_ops_tokens(model_path):
     fused = make_core(model_path, kernel_entry_points=False)
     assert fused.model.ops.rotary_kv_store is not None

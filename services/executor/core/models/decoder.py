@@ -23,7 +23,14 @@ from radixmesh_kernels.batch_invariant import decode_rows
 from radixmesh_kernels.rotary import rope_cos_sin_cache
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
-from services.executor.core.models.fp8 import Fp8Weight, Weight, empty_fp8, linear, quantize_weight
+from services.executor.core.models.fp8 import (
+    Fp8Weight,
+    Weight,
+    empty_fp8,
+    linear,
+    quantize_weight,
+    silu_mul_linear,
+)
 from services.executor.core.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -254,7 +261,7 @@ class Decoder:
             hidden = self._reduce(linear(attn, layer.o_proj, layer.o_bias, ops))
             normed, residual = ops.rmsnorm(hidden, layer.post_norm, spec.rms_norm_eps, residual)
             gate_up = linear(normed, layer.gate_up, None, ops)
-            hidden = self._reduce(linear(ops.silu_and_mul(gate_up), layer.down, None, ops))
+            hidden = self._reduce(silu_mul_linear(gate_up, layer.down, ops))
         hidden, _ = ops.rmsnorm(hidden, self.weights.norm, spec.rms_norm_eps, residual)
         return hidden
 

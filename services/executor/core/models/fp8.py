@@ -76,6 +76,16 @@ def linear(
     return ops.fp8_linear(x, weight.weight, weight.scale, bias)
 
 
+def silu_mul_linear(x: torch.Tensor, weight: Weight, ops: Ops) -> torch.Tensor:
+    """silu(gate) * up of x = [gate | up], then @ weight.T: one op where the set fuses them
+    (`ops.silu_mul_linear`), else `ops.silu_and_mul` and `linear`."""
+    if ops.silu_mul_linear is None:
+        return linear(ops.silu_and_mul(x), weight, None, ops)
+    if isinstance(weight, torch.Tensor):
+        return ops.silu_mul_linear(x, weight)
+    return ops.silu_mul_linear(x, weight.weight, weight.scale)
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointQuantization:
     """How a checkpoint's linear weights are stored, read from its `quantization_config`."""
