@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,13 +58,17 @@ class Ops:
     copy_kv_slots: Callable = copy_kv_slots_ref
     """Slot src[i] -> dst[i] in a layer's K and V caches (a step's partial-page copies, run
     in every layer between its KV store and its attention)."""
+    gemv_chain: Any = None
+    """`radixmesh_kernels.gemv_chain.GemvChain`: a decoder layer's projections at decode
+    batch sizes as GEMVs that carry the norms between them (not an op: None on sets without
+    it, and when a backend replaced rmsnorm, silu_and_mul or a linear op)."""
     batch_invariant: bool = False
     """The set of `radixmesh_kernels.batch_invariant.batch_invariant_ops`: a row's linear and decode
     attention do not depend on the rest of the batch, and the model runs an extend's
     attention as decode rows (not an op: backends cannot replace it)."""
 
 
-OP_FIELDS_NOT_OPS = frozenset({"name", "batch_invariant"})
+OP_FIELDS_NOT_OPS = frozenset({"name", "gemv_chain", "batch_invariant"})
 """Fields of `Ops` that are not ops (a backend cannot replace them)."""
 
 

@@ -132,4 +132,6 @@ def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.devic
         replaced["rotary_kv_store"] = None  # the fused op would bypass the replaced one
     if {"silu_and_mul", "linear", "fp8_linear"} & chosen.keys() and "silu_mul_linear" not in chosen:
         replaced["silu_mul_linear"] = None
+    if {"rmsnorm", "silu_and_mul", "linear", "fp8_linear", "silu_mul_linear"} & chosen.keys():
+        replaced["gemv_chain"] = None  # its launches would bypass the replaced ops
     return dataclasses.replace(ops, name=name, **replaced)

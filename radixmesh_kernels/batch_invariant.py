@@ -362,5 +362,5 @@ def batch_invariant_ops(ops, device: torch.device | str):
     # the fused down projection would bypass the batch-invariant linear
     return dataclasses.replace(
         ops, name=ops.name + "+batch-invariant", batch_invariant=True, silu_mul_linear=None,
-        **replaced,
+        gemv_chain=None, **replaced,
     )

@@ -45,6 +45,7 @@ from radixmesh_kernels._triton import (
     tl,
     triton,
 )
+from radixmesh_kernels.gemv_tiles import add_slices, add_tile, store_rows, weight_tile
 from radixmesh_kernels.tuning import cuda_time_us, fastest, within
 
 MAX_ROWS = 8
@@ -64,6 +65,11 @@ def _gemv_splitk_kernel(
     out_ptr,
     partial_ptr,
     counter_ptr,
+    residual_ptr,
+    rstd_ptr,
+    norm_w_ptr,
+    sumsq_ptr,
+    row_counter_ptr,
     num_rows,
     out_features,
     in_features,
@@ -71,6 +77,7 @@ def _gemv_splitk_kernel(
     stride_x,
     stride_w,
     stride_out,
+    eps,
     NUM_ROWS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -81,6 +88,9 @@ def _gemv_splitk_kernel(
     VEC: tl.constexpr,
     PREFETCH: tl.constexpr = False,
     GATED: tl.constexpr = False,
+    NORM_INPUT: tl.constexpr = False,
+    ADD_RESIDUAL: tl.constexpr = False,
+    BLOCK_TILES: tl.constexpr = 1,
     USE_PDL: tl.constexpr = False,
 ):
     # programs of one weight tile for the row pairs are neighbours in launch order, so the
@@ -93,6 +103,8 @@ def _gemv_splitk_kernel(
     second = tl.minimum(row0 + 1, num_rows - 1) - row0
     x_row0 = x_ptr + row0.to(tl.int64) * stride_x
     x_row1 = x_row0 + second * stride_x
+    rstd_row0 = rstd_ptr + row0  # NORM_INPUT's statistics (ADD_RESIDUAL writes them)
+    rstd_row1 = rstd_row0 + second
     out_row0 = out_ptr + row0.to(tl.int64) * stride_out
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < out_features
@@ -111,33 +123,33 @@ def _gemv_splitk_kernel(
         # ahead finishes (no kernel writes weights); the activations, and every write, only
         # after the wait
         offs_k = zero_n + (k_begin + tl.arange(0, BLOCK_K))[None, :]
-        w = _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
+        w = weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
         release_dependents(USE_PDL)
         if PREFETCH:
             # double-buffered: each tile's loads are issued before the tile ahead of it is
             # widened and summed, so a thread keeps a tile in flight while it computes
             for k0 in range(k_begin + BLOCK_K, k_end, BLOCK_K):
                 offs_next = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
-                w_next = _weight_tile(w_rows, offs_next, mask_n, in_features, EVEN)
-                acc0, acc1 = _add_tile(
+                w_next = weight_tile(w_rows, offs_next, mask_n, in_features, EVEN)
+                acc0, acc1 = add_tile(
                     w, x_row0, x_row1, offs_next - BLOCK_K, in_features, acc0, acc1,
-                    NUM_ROWS, BLOCK_N, BLOCK_K, EVEN, VEC, GATED,
+                    NUM_ROWS, BLOCK_N, BLOCK_K, EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
                 )  # fmt: skip
                 w = w_next
             offs_k = zero_n + (k_end - BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
             k_plain = k_end
         else:
             k_plain = k_begin + BLOCK_K
-        acc0, acc1 = _add_tile(
+        acc0, acc1 = add_tile(
             w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
-            EVEN, VEC, GATED,
+            EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
         )  # fmt: skip
     for k0 in range(k_plain, k_end, BLOCK_K):
         offs_k = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
-        w = _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
-        acc0, acc1 = _add_tile(
+        w = weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
+        acc0, acc1 = add_tile(
             w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
-            EVEN, VEC, GATED,
+            EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
         )  # fmt: skip
     out0 = tl.sum(acc0, axis=1)
     out1 = tl.sum(acc1, axis=1)
@@ -146,112 +158,22 @@ def _gemv_splitk_kernel(
         out0 *= scale
         out1 *= scale
     mask_1 = mask_n & (second > 0)
+    # ADD_RESIDUAL: the rows written are residual + the product, and the row statistics
+    stats = (
+        residual_ptr + row0.to(tl.int64) * stride_out, sumsq_ptr, row_counter_ptr, rstd_ptr,
+        row0, second, pid_m, pid_n, out_features, eps,
+    )  # fmt: skip
     if SPLIT_K == 1:
-        _store_rows(
-            out0, out1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS, HAS_BIAS
-        )
+        store_rows(
+            out0, out1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS,
+            HAS_BIAS, ADD_RESIDUAL, BLOCK_TILES, stats,
+        )  # fmt: skip
     else:
-        _add_slices(
+        add_slices(
             out0, out1, partial_ptr, counter_ptr, bias_ptr, out_row0, stride_out, offs_n,
             mask_n, mask_1, out_features, pid_m, pid_n, pid_k, row0,
-            NUM_ROWS, HAS_BIAS, SPLIT_K, BLOCK_N,
+            NUM_ROWS, HAS_BIAS, SPLIT_K, BLOCK_N, ADD_RESIDUAL, BLOCK_TILES, stats,
         )  # fmt: skip
-
-
-@triton.jit
-def _weight_tile(w_rows, offs_k, mask_n, in_features, EVEN: tl.constexpr):
-    """One BLOCK_N x BLOCK_K weight tile, as stored (widened where it is used)."""
-    if EVEN:
-        return tl.load(w_rows + offs_k)
-    return tl.load(w_rows + offs_k, mask=mask_n[:, None] & (offs_k < in_features), other=0.0)
-
-
-@triton.jit
-def _activations(x_row, offs_k, in_features, EVEN: tl.constexpr, GATED: tl.constexpr):
-    """A row's activations at offs_k, in fp32. GATED: the row is [gate | up], 2 x in_features
-    wide, and the activation silu(gate) * up, rounded as `silu_and_mul` rounds it (silu,
-    then the product, to the row's dtype), so the fused and the two-op forms sum the same
-    values."""
-    if EVEN:
-        x = tl.load(x_row + offs_k).to(tl.float32)
-    else:
-        x = tl.load(x_row + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
-    if GATED:
-        dtype = x_row.dtype.element_ty
-        if EVEN:
-            up = tl.load(x_row + in_features + offs_k).to(tl.float32)
-        else:
-            up = tl.load(x_row + in_features + offs_k, mask=offs_k < in_features, other=0.0)
-            up = up.to(tl.float32)
-        x = ((x * tl.sigmoid(x)).to(dtype).to(tl.float32) * up).to(dtype).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _add_tile(
-    w, x_row0, x_row1, offs_k, in_features, acc0, acc1,
-    NUM_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-    VEC: tl.constexpr, GATED: tl.constexpr,
-):  # fmt: skip
-    """The tile's products with one or two activation rows, summed per lane into acc0/acc1."""
-    w = w.to(tl.float32)
-    x0 = _activations(x_row0, offs_k, in_features, EVEN, GATED)
-    acc0 += tl.sum(tl.reshape(w * x0, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
-    if NUM_ROWS == 2:
-        x1 = _activations(x_row1, offs_k, in_features, EVEN, GATED)
-        acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
-    return acc0, acc1
-
-
-@triton.jit
-def _add_slices(
-    out0, out1, partial_ptr, counter_ptr, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1,
-    out_features, pid_m, pid_n, pid_k, row0,
-    NUM_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """Writes this program's K-slice sums; the last program of the (tile, row pair) to take
-    a ticket adds every slice in order, writes the rows and resets the ticket counter."""
-    # partials: [SPLIT_K, padded rows, out_features]; a ticket per (weight tile, pair)
-    padded_rows = tl.num_programs(0) * NUM_ROWS
-    first = partial_ptr + row0.to(tl.int64) * out_features + offs_n
-    part = first + (pid_k * padded_rows).to(tl.int64) * out_features
-    tl.store(part, out0, mask=mask_n)
-    if NUM_ROWS == 2:
-        tl.store(part + out_features, out1, mask=mask_n)
-    counter = counter_ptr + pid_n * tl.num_programs(0) + pid_m
-    # every thread's partial is written before the ticket is taken (release), and the
-    # last program reads the others' partials after its ticket (acquire), from L2
-    tl.debug_barrier()
-    ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if ticket == SPLIT_K - 1:
-        total0 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        total1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            slice_s = first + (s * padded_rows).to(tl.int64) * out_features
-            total0 += tl.load(slice_s, mask=mask_n, other=0.0, cache_modifier=".cg")
-            if NUM_ROWS == 2:
-                total1 += tl.load(
-                    slice_s + out_features, mask=mask_n, other=0.0, cache_modifier=".cg"
-                )
-        _store_rows(
-            total0, total1, bias_ptr, out_row0, stride_out, offs_n, mask_n, mask_1, NUM_ROWS,
-            HAS_BIAS,
-        )  # fmt: skip
-        tl.atomic_xchg(counter, 0)
-
-
-@triton.jit
-def _store_rows(
-    out0, out1, bias_ptr, out_ptr, stride_out, offs_n, mask_n, mask_1,
-    NUM_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
-):  # fmt: skip
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        out0 += bias
-        out1 += bias
-    tl.store(out_ptr + offs_n, out0.to(out_ptr.dtype.element_ty), mask=mask_n)
-    if NUM_ROWS == 2:
-        tl.store(out_ptr + stride_out + offs_n, out1.to(out_ptr.dtype.element_ty), mask=mask_1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +225,7 @@ CANDIDATES = {1: FP8_CANDIDATES, 2: BF16_CANDIDATES}
 DEFAULT_CONFIG = FP8_CANDIDATES[0]
 
 
-class _Workspace:
+class Workspace:
     """Per (device, thread, out_features, tiling): fp32 partials and the tiles' ticket
     counters (zero between launches: the last program of a tile resets its counter).
 
@@ -327,6 +249,19 @@ class _Workspace:
                 found = cls._buffers[key] = (partial, counters)
         return found
 
+    @classmethod
+    def rows(cls, device: torch.device, out_features: int):
+        """`gemv_splitk_residual`'s: per-(row, output tile) sums of squares, for the finest
+        tiling (block_n 8), and the row pairs' tickets (zero between launches)."""
+        key = (device, threading.get_ident(), out_features, "rows")
+        with cls._lock:
+            found = cls._buffers.get(key)
+            if found is None:
+                sumsq = torch.empty(MAX_ROWS * triton.cdiv(out_features, 8), device=device)
+                tickets = torch.zeros(triton.cdiv(MAX_ROWS, 2), dtype=torch.int32, device=device)
+                found = cls._buffers[key] = (sumsq, tickets)
+        return found
+
 
 def gemv_splitk(
     x: torch.Tensor,
@@ -335,11 +270,53 @@ def gemv_splitk(
     bias: torch.Tensor | None,
     cfg: GemvConfig | None = None,
     gated: bool = False,
+    norm: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The split-K kernel with `cfg` (default: the first candidate for the weight's element
     size), for 1 to MAX_ROWS rows; scale None for a plain weight (layout checked by the caller).
     `gated`: x is [rows, 2 * in] as [gate | up] and the product is silu(gate) * up @ weight.T
-    (`silu_and_mul` fused into the activations' read)."""
+    (`silu_and_mul` fused into the activations' read). `norm` = (rstd [rows] fp32, weight
+    [in]): x is a residual stream and the product is its RMSNorm's (`rmsnorm` fused into the
+    activations' read, with the 1/rms `gemv_splitk_residual` wrote)."""
+    return _launch(x, weight, scale, bias, cfg, gated, norm, None, 0.0)[0]
+
+
+def gemv_splitk_residual(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    eps: float,
+    cfg: GemvConfig | None = None,
+    gated: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gemv_splitk` with the residual add after it: (residual + product [rows, out], and
+    1 / sqrt(mean square + eps) of each of its rows [rows] fp32): what `rmsnorm(product, w,
+    eps, residual)` computes before its weight, for the next projection's `norm`."""
+    if residual.shape != (x.shape[0], weight.shape[0]) or not residual.is_contiguous():
+        raise ValueError(
+            f"gemv: residual must be [{x.shape[0]}, {weight.shape[0]}] contiguous, "
+            f"got {list(residual.shape)}"
+        )
+    if residual.dtype != x.dtype:
+        raise ValueError(f"gemv: residual is {residual.dtype}, the activations {x.dtype}")
+    out, rstd = _launch(x, weight, scale, bias, cfg, gated, None, residual, eps)
+    assert rstd is not None
+    return out, rstd
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    cfg: GemvConfig | None,
+    gated: bool,
+    norm: tuple[torch.Tensor, torch.Tensor] | None,
+    residual: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if cfg is None:
         cfg = CANDIDATES[weight.element_size()][0]
     num_rows, in_features = x.shape[0], weight.shape[1]
@@ -351,28 +328,40 @@ def gemv_splitk(
             f"gemv: x has {x.shape[1]} columns for a weight of {in_features}"
             + (" (gated: 2 x in)" if gated else "")
         )
+    if norm is not None and (gated or residual is not None):
+        raise ValueError("gemv: a norm on the input goes with neither gated nor a residual")
     out = torch.empty((num_rows, out_features), dtype=x.dtype, device=x.device)
+    rstd_in, norm_weight = norm if norm is not None else (out, out)
+    if norm is not None and (rstd_in.shape != (num_rows,) or norm_weight.shape != (in_features,)):
+        raise ValueError(f"gemv: norm needs rstd [{num_rows}] and a weight [{in_features}]")
+    rstd_out, sumsq, tickets = out, out, out  # unused without a residual
+    if residual is not None:
+        rstd_out = torch.empty(num_rows, dtype=torch.float32, device=x.device)
+        sumsq, tickets = Workspace.rows(x.device, out_features)
     step = cfg.block_k * cfg.split_k
     k_per_split = triton.cdiv(in_features, step) * cfg.block_k
     even = k_per_split * cfg.split_k == in_features and out_features % cfg.block_n == 0
     if cfg.split_k > 1:
-        partial, counters = _Workspace.get(x.device, out_features, cfg)
+        partial, counters = Workspace.get(x.device, out_features, cfg)
     else:
         partial, counters = out, out  # unused
     per_program = 1 if num_rows == 1 else 2
     grid = (triton.cdiv(num_rows, per_program), triton.cdiv(out_features, cfg.block_n), cfg.split_k)
     _gemv_splitk_kernel[grid](
         x, weight, scale if scale is not None else out, bias if bias is not None else out, out,
-        partial, counters,
+        partial, counters, residual if residual is not None else out,
+        rstd_out if residual is not None else rstd_in, norm_weight, sumsq, tickets,
         num_rows, out_features, in_features, k_per_split, x.stride(0), weight.stride(0),
-        out.stride(0), NUM_ROWS=per_program, HAS_SCALE=scale is not None,
+        out.stride(0), eps, NUM_ROWS=per_program, HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
         SPLIT_K=cfg.split_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=even,
         VEC=VEC_BYTES // weight.element_size(), PREFETCH=cfg.prefetch, GATED=gated,
+        NORM_INPUT=norm is not None, ADD_RESIDUAL=residual is not None,
+        BLOCK_TILES=triton.next_power_of_2(grid[1]) if residual is not None else 1,
         num_warps=cfg.num_warps,
         **dependent_launch(x.device),
     )  # fmt: skip
-    return out
+    return out, (rstd_out if residual is not None else None)
 
 
 GemvFn = Callable[
@@ -388,6 +377,8 @@ class GemvPlan:
     name: str
     fn: GemvFn
     timings_us: tuple[tuple[str, float], ...] = ()
+    config: GemvConfig | None = None
+    """The split-K configuration `fn` launches; None for a fallback (cuBLAS, ...)."""
 
 
 _L2_FLUSH_BYTES = 256 << 20
@@ -426,8 +417,9 @@ def _tune(
     """Times every candidate (and the fallbacks) on this call's own inputs; the fastest
     whose output agrees with the first fallback's wins (`fastest`)."""
     options: dict[str, GemvFn] = dict(fallbacks)
-    for cfg in CANDIDATES[weight.element_size()]:
-        options[cfg.describe()] = _splitk_fn(cfg, gated)
+    configs = {cfg.describe(): cfg for cfg in CANDIDATES[weight.element_size()]}
+    for name, cfg in configs.items():
+        options[name] = _splitk_fn(cfg, gated)
     try:
         flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=x.device)
     except torch.OutOfMemoryError:  # timed with warm L2 then: still a ranking
@@ -435,7 +427,7 @@ def _tune(
     runs = {name: _bound(fn, x, weight, scale, bias) for name, fn in options.items()}
     best = fastest(runs, functools.partial(_time_us, flush=flush), within(1e-2, 1e-6))
     del flush
-    return GemvPlan(best.name, options[best.name], best.timings_us)
+    return GemvPlan(best.name, options[best.name], best.timings_us, configs.get(best.name))
 
 
 def gemv_plan(
@@ -453,21 +445,12 @@ def gemv_plan(
     `gated`: x is [gate | up] and the candidates fuse `silu_and_mul` (`gemv_splitk`).
     """
     reference = next(iter(fallbacks.items()))
-    if MODE == "legacy":
-        return GemvPlan(*reference)
-    if MODE == "splitk" or x.device.type != "cuda" or interpreting():
-        cfg = CANDIDATES[weight.element_size()][0]
-        return GemvPlan(cfg.describe(), _splitk_fn(cfg, gated))
-    # row counts share the plan of their power-of-two bucket (3 rows use 4's): the decode
-    # graphs' buckets are tuned at capture, so an odd-sized eager call never tunes mid-serving
-    rows = 1 << (x.shape[0] - 1).bit_length()
-    key = (
-        x.device, rows, weight.shape[0], weight.shape[1], x.dtype, weight.dtype,
-        bias is not None, gated,
-    )  # fmt: skip
-    plan = _plans.get(key)
+    plan = decided_plan(x.device, x.shape[0], x.dtype, weight, bias is not None, gated)
     if plan is not None:
         return plan
+    if MODE == "legacy":
+        return GemvPlan(*reference)
+    key = _key(x.device, x.shape[0], x.dtype, weight, bias is not None, gated)
     if torch.cuda.is_current_stream_capturing():
         return GemvPlan(*reference)
     with _plans_lock:
@@ -481,6 +464,31 @@ def gemv_plan(
                 )
             _plans[key] = plan
     return plan
+
+
+def _key(
+    device: torch.device, num_rows: int, dtype: torch.dtype, weight: torch.Tensor,
+    has_bias: bool, gated: bool,
+) -> tuple:  # fmt: skip
+    # row counts share the plan of their power-of-two bucket (3 rows use 4's): the decode
+    # graphs' buckets are tuned at capture, so an odd-sized eager call never tunes mid-serving
+    rows = 1 << (num_rows - 1).bit_length()
+    return (device, rows, weight.shape[0], weight.shape[1], dtype, weight.dtype, has_bias, gated)
+
+
+def decided_plan(
+    device: torch.device, num_rows: int, dtype: torch.dtype, weight: torch.Tensor,
+    has_bias: bool = False, gated: bool = False,
+) -> GemvPlan | None:  # fmt: skip
+    """The plan of a shape if it is decided (tuned, or fixed: the default config off the
+    GPU or in "splitk" mode), without tuning; None if not, and in "legacy" mode."""
+    if MODE == "legacy":
+        return None
+    if MODE == "splitk" or device.type != "cuda" or interpreting():
+        # (fp32 weights, which only the interpreter's tests chain, take bf16's tiling)
+        cfg = CANDIDATES.get(weight.element_size(), BF16_CANDIDATES)[0]
+        return GemvPlan(cfg.describe(), _splitk_fn(cfg, gated), config=cfg)
+    return _plans.get(_key(device, num_rows, dtype, weight, has_bias, gated))
 
 
 def _cublas(

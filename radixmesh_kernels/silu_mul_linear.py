@@ -14,7 +14,14 @@ import torch
 
 from radixmesh_kernels._triton import check, interpreting
 from radixmesh_kernels.fp8_linear import FP8, fp8_linear_ref, fp8_linear_triton
-from radixmesh_kernels.gemv import CANDIDATES, MAX_ROWS, GemvFn, dense_linear_ref, dense_linear_triton, gemv_plan
+from radixmesh_kernels.gemv import (
+    CANDIDATES,
+    MAX_ROWS,
+    GemvFn,
+    dense_linear_ref,
+    dense_linear_triton,
+    gemv_plan,
+)
 from radixmesh_kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
 
 
@@ -61,8 +68,10 @@ def silu_mul_linear_triton(
         (scale is None) == (weight.dtype != FP8),
         "silu_mul_linear: an FP8 weight takes its scale, a plain weight none",
     )
+    from radixmesh_kernels.gemv_chain import FUSION
+
     fused = (
-        x.is_cuda and 1 <= x.shape[0] <= MAX_ROWS and weight.stride(-1) == 1
+        FUSION == "on" and x.is_cuda and 1 <= x.shape[0] <= MAX_ROWS and weight.stride(-1) == 1
         and weight.element_size() in CANDIDATES and (scale is not None or weight.dtype == x.dtype)
         and not interpreting()
     )  # fmt: skip

@@ -6,6 +6,7 @@ from radixmesh_kernels import Ops, register_backend
 from radixmesh_kernels.bitmask import apply_bitmask_triton
 from radixmesh_kernels.fp8_linear import fp8_linear_triton
 from radixmesh_kernels.gemv import dense_linear_triton
+from radixmesh_kernels.gemv_chain import GEMV_CHAIN
 from radixmesh_kernels.kv_store import copy_kv_slots_triton, kv_store_triton
 from radixmesh_kernels.paged_decode_attention import paged_decode_attention_triton
 from radixmesh_kernels.prefill_attention import prefill_attention_triton
@@ -29,6 +30,7 @@ TRITON_OPS = Ops(
     rotary_kv_store=rotary_kv_store_triton,
     silu_mul_linear=silu_mul_linear_triton,
     copy_kv_slots=copy_kv_slots_triton,
+    gemv_chain=GEMV_CHAIN,
 )
 
 register_backend("cuda", lambda: TRITON_OPS)

@@ -219,6 +219,8 @@ def _cases(sweep: bool):
     )
     gemv_types = {"x_ptr": bf16, "w_ptr": "*fp8e4nv", "out_ptr": bf16, "counter_ptr": "*i32"}
     gemv_types |= dict.fromkeys(("scale_ptr", "bias_ptr", "partial_ptr"), "*fp32")
+    gemv_types |= {"residual_ptr": bf16, "norm_w_ptr": bf16, "row_counter_ptr": "*i32"}
+    gemv_types |= dict.fromkeys(("rstd_ptr", "sumsq_ptr"), "*fp32")
     for size, candidates in gemv.CANDIDATES.items():
         weight, scaled = ("*fp8e4nv", True) if size == 1 else (bf16, False)
         chosen = candidates if sweep else [candidates[1], *(c for c in candidates if c.prefetch)][:2]
@@ -233,17 +235,24 @@ def _cases(sweep: bool):
                 cfg.num_warps,
                 LAUNCH_NUM_STAGES,  # gemv_splitk leaves Triton's default
             )  # fmt: skip
-        cfg = candidates[1]  # the down projection with silu_and_mul in its activation read
-        yield (
-            f"gemv {weight[1:]} gated rows 1 {cfg.describe()}",
-            gemv._gemv_splitk_kernel,
-            gemv_types | {"w_ptr": weight},
-            dict(NUM_ROWS=1, HAS_SCALE=scaled, HAS_BIAS=False, SPLIT_K=cfg.split_k,
-                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
-                 VEC=gemv.VEC_BYTES // size, PREFETCH=cfg.prefetch, GATED=True),
-            cfg.num_warps,
-            LAUNCH_NUM_STAGES,
-        )  # fmt: skip
+        # the fused forms: the down projection with silu_and_mul in its activation read and
+        # the residual add + row statistics after it; a projection reading its input's norm
+        cfg = candidates[1]
+        fused = {
+            "gated residual": dict(GATED=True, ADD_RESIDUAL=True, BLOCK_TILES=256),
+            "norm": dict(NORM_INPUT=True),
+        }
+        for rows, (what, flags) in product((1, 2), fused.items()):
+            yield (
+                f"gemv {weight[1:]} {what} rows {rows} {cfg.describe()}",
+                gemv._gemv_splitk_kernel,
+                gemv_types | {"w_ptr": weight},
+                dict(NUM_ROWS=rows, HAS_SCALE=scaled, HAS_BIAS=False, SPLIT_K=cfg.split_k,
+                     BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
+                     VEC=gemv.VEC_BYTES // size, PREFETCH=cfg.prefetch) | flags,
+                cfg.num_warps,
+                LAUNCH_NUM_STAGES,
+            )  # fmt: skip
     for dtype, ieee in (("bf16", False), ("fp32", True)):
         yield (
             f"batch-invariant matmul {dtype}",

@@ -148,7 +148,7 @@ def test_splitk_gemv_counters_are_zero_after_each_call_so_calls_repeat():
     weight, scale = _fp8_weight(24, 256, seed=4)
     x = _randn(3, 256, dtype=torch.float32, seed=4)
     first = gemv.gemv_splitk(x, weight, scale, None, cfg)
-    _, counters = gemv._Workspace.get(x.device, 24, cfg)
+    _, counters = gemv.Workspace.get(x.device, 24, cfg)
     assert counters.shape == (3 * gemv.MAX_ROWS // 2,) and bool((counters == 0).all())
     x2 = _randn(3, 256, dtype=torch.float32, seed=5)
     second = gemv.gemv_splitk(x2, weight, scale, None, cfg)

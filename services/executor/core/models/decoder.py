@@ -20,6 +20,7 @@ from torch import Tensor
 from radixmesh.errors import InvalidArgument
 from radixmesh_kernels import Ops
 from radixmesh_kernels.batch_invariant import decode_rows
+from radixmesh_kernels.gemv_chain import ChainPlan
 from radixmesh_kernels.rotary import rope_cos_sin_cache
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
@@ -28,6 +29,7 @@ from services.executor.core.models.fp8 import (
     Weight,
     empty_fp8,
     linear,
+    projection,
     quantize_weight,
     silu_mul_linear,
 )
@@ -191,6 +193,16 @@ class Decoder:
             int(getattr(ops.paged_attention, "min_dense_q_len", 1)) if dense_new_kv else None
         )
         self.batch_invariant = ops.batch_invariant
+        # each layer's (qkv, o_proj, gate_up, down) as the GEMV chain takes them
+        self._projections = [
+            (
+                projection(layer.qkv, layer.qkv_bias),
+                projection(layer.o_proj, layer.o_bias),
+                projection(layer.gate_up),
+                projection(layer.down),
+            )
+            for layer in weights.layers
+        ]
         if self.batch_invariant:
             self._dense_min_q_len = None  # every extend runs as decode rows
             if any(
@@ -249,15 +261,17 @@ class Decoder:
         """The final-norm hidden state of every token of the batch."""
         spec, ops = self.spec, self.ops
         hidden = self._embed(batch.input_ids)
+        chain = self._chain_plan(hidden)
+        if chain is not None:
+            return self._hidden_chained(hidden, batch, kv_pool, chain)
         residual: torch.Tensor | None = None
         rows = None  # the batch-invariant mode's extend rows as decode rows (page table, lens)
         if self.batch_invariant and not batch.is_decode:
             rows = decode_rows(batch.cu_seqlens_q, batch.positions, batch.page_table)
         for i, layer in enumerate(self.weights.layers):
             normed, residual = ops.rmsnorm(hidden, layer.input_norm, spec.rms_norm_eps, residual)
-            attn = self._attention(
-                layer, normed, batch, kv_pool.k_caches[i], kv_pool.v_caches[i], rows
-            )
+            qkv = linear(normed, layer.qkv, layer.qkv_bias, ops)
+            attn = self._attention(layer, qkv, batch, kv_pool.k_caches[i], kv_pool.v_caches[i], rows)
             hidden = self._reduce(linear(attn, layer.o_proj, layer.o_bias, ops))
             normed, residual = ops.rmsnorm(hidden, layer.post_norm, spec.rms_norm_eps, residual)
             gate_up = linear(normed, layer.gate_up, None, ops)
@@ -265,18 +279,50 @@ class Decoder:
         hidden, _ = ops.rmsnorm(hidden, self.weights.norm, spec.rms_norm_eps, residual)
         return hidden
 
+    def _chain_plan(self, hidden: torch.Tensor) -> ChainPlan | None:
+        """The GEMV chain's configurations if this forward takes it (`Ops.gemv_chain`)."""
+        chain = self.ops.gemv_chain
+        if chain is None or self.tp is not None or hidden.shape[0] > chain.max_rows:
+            return None
+        return chain.plan(hidden.shape[0], hidden.dtype, *self._projections[0])
+
+    def _hidden_chained(
+        self, hidden: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool, plan: ChainPlan
+    ) -> torch.Tensor:
+        """`_hidden` through the GEMV chain (radixmesh_kernels/gemv_chain.py): the norms
+        between a layer's projections are formed in the projections' reads."""
+        eps, ops, chain = self.spec.rms_norm_eps, self.ops, self.ops.gemv_chain
+        layers = self.weights.layers
+        normed, residual = ops.rmsnorm(hidden, layers[0].input_norm, eps)
+        rstd: torch.Tensor | None = None
+        for i, (layer, (qkv_w, o_w, gate_up_w, down_w)) in enumerate(
+            zip(layers, self._projections, strict=True)
+        ):
+            if rstd is None:  # the first layer: its input norm ran as a kernel
+                qkv = linear(normed, layer.qkv, layer.qkv_bias, ops)
+            else:
+                qkv = chain.norm_linear(residual, rstd, layer.input_norm, qkv_w, plan.qkv)
+            attn = self._attention(layer, qkv, batch, kv_pool.k_caches[i], kv_pool.v_caches[i])
+            residual, rstd = chain.linear_residual(attn, o_w, residual, eps, plan.o_proj)
+            gate_up = chain.norm_linear(residual, rstd, layer.post_norm, gate_up_w, plan.gate_up)
+            residual, rstd = chain.linear_residual(
+                gate_up, down_w, residual, eps, plan.down, gated=True
+            )
+        hidden, _ = ops.rmsnorm(residual, self.weights.norm, eps)
+        return hidden
+
     def _attention(
         self,
         layer: LayerWeights,
-        x: torch.Tensor,
+        qkv: torch.Tensor,
         batch: ForwardBatch,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """The attention of a layer's projected q/k/v (rotary, KV store, attention)."""
         spec, ops = self.spec, self.ops
-        num_tokens = x.shape[0]
-        qkv = linear(x, layer.qkv, layer.qkv_bias, ops)
+        num_tokens = qkv.shape[0]
         q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
         q = q.reshape(num_tokens, spec.num_heads, spec.head_dim)
         k = k.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)

@@ -22,6 +22,7 @@ import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh_kernels import Ops
+from radixmesh_kernels.gemv_chain import Projection
 from services.executor.core.config import QUANTIZATIONS
 
 FP8 = torch.float8_e4m3fn
@@ -74,6 +75,13 @@ def linear(
     if isinstance(weight, torch.Tensor):
         return ops.linear(x, weight, bias)
     return ops.fp8_linear(x, weight.weight, weight.scale, bias)
+
+
+def projection(weight: Weight, bias: torch.Tensor | None = None) -> Projection:
+    """A projection's tensors as the GEMV chain takes them (radixmesh_kernels/gemv_chain.py)."""
+    if isinstance(weight, torch.Tensor):
+        return Projection(weight, None, bias)
+    return Projection(weight.weight, weight.scale, bias)
 
 
 def silu_mul_linear(x: torch.Tensor, weight: Weight, ops: Ops) -> torch.Tensor:
