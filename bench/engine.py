@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mesh.engine import Engine, EngineConfig
 from radixmesh.sampling import SamplingParams
 from radixmesh.updates import RequestUpdate
-from radixmesh_kernels import _triton
+from radixmesh_kernels import _triton, gemv_chain
 from services.common.logging import configure_logging
 from services.scheduler.core import SchedulerConfig
 
@@ -387,6 +387,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(RADIXMESH_DEPENDENT_LAUNCH, for this process and the services it starts; default: "
         "the environment's, else on)",
     )
+    p.add_argument(
+        "--gemv-fusion",
+        choices=("on", "off"),
+        default=None,
+        help="the decode GEMV chain and the fused down projection, or the unfused ops "
+        "(RADIXMESH_GEMV_FUSION, for this process and the services it starts; default: the "
+        "environment's, else on)",
+    )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(
         "--num-threads",
@@ -430,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dependent_launch is not None:
         os.environ["RADIXMESH_DEPENDENT_LAUNCH"] = args.dependent_launch
         _triton.DEPENDENT_LAUNCH = args.dependent_launch
+    if args.gemv_fusion is not None:
+        os.environ["RADIXMESH_GEMV_FUSION"] = args.gemv_fusion
+        gemv_chain.FUSION = args.gemv_fusion
     reports = []
     if mode in ("inprocess", "both"):
         reports.append(asyncio.run(bench_inprocess(args)))
@@ -437,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(asyncio.run(bench_services(args)))
     out = asdict(reports[0])
     out["dependent_launch"] = _triton.DEPENDENT_LAUNCH
+    out["gemv_fusion"] = gemv_chain.FUSION
     if len(reports) == 2:
         out["services"] = asdict(reports[1])
         out["services_over_inprocess"] = ratios(reports[1], reports[0])
