@@ -132,24 +132,27 @@ def _gemv_splitk_kernel(
                 offs_next = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
                 w_next = weight_tile(w_rows, offs_next, mask_n, in_features, EVEN)
                 acc0, acc1 = add_tile(
-                    w, x_row0, x_row1, offs_next - BLOCK_K, in_features, acc0, acc1,
-                    NUM_ROWS, BLOCK_N, BLOCK_K, EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
+                    w, x_row0, x_row1, offs_next - BLOCK_K, k0 - BLOCK_K, in_features, acc0,
+                    acc1, NUM_ROWS, BLOCK_N, BLOCK_K, EVEN, VEC, GATED, NORM_INPUT, rstd_row0,
+                    rstd_row1, norm_w_ptr,
                 )  # fmt: skip
                 w = w_next
-            offs_k = zero_n + (k_end - BLOCK_K + tl.arange(0, BLOCK_K))[None, :]
+            k_tile = k_end - BLOCK_K
+            offs_k = zero_n + (k_tile + tl.arange(0, BLOCK_K))[None, :]
             k_plain = k_end
         else:
+            k_tile = k_begin
             k_plain = k_begin + BLOCK_K
         acc0, acc1 = add_tile(
-            w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
-            EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
+            w, x_row0, x_row1, offs_k, k_tile, in_features, acc0, acc1, NUM_ROWS, BLOCK_N,
+            BLOCK_K, EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
         )  # fmt: skip
     for k0 in range(k_plain, k_end, BLOCK_K):
         offs_k = zero_n + (k0 + tl.arange(0, BLOCK_K))[None, :]
         w = weight_tile(w_rows, offs_k, mask_n, in_features, EVEN)
         acc0, acc1 = add_tile(
-            w, x_row0, x_row1, offs_k, in_features, acc0, acc1, NUM_ROWS, BLOCK_N, BLOCK_K,
-            EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
+            w, x_row0, x_row1, offs_k, k0, in_features, acc0, acc1, NUM_ROWS, BLOCK_N,
+            BLOCK_K, EVEN, VEC, GATED, NORM_INPUT, rstd_row0, rstd_row1, norm_w_ptr,
         )  # fmt: skip
     out0 = tl.sum(acc0, axis=1)
     out1 = tl.sum(acc1, axis=1)

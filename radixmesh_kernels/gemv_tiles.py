@@ -18,15 +18,22 @@ def weight_tile(w_rows, offs_k, mask_n, in_features, EVEN: tl.constexpr):
 
 @triton.jit
 def activations(
-    x_row, offs_k, in_features, EVEN: tl.constexpr, GATED: tl.constexpr,
-    NORM_INPUT: tl.constexpr, rstd_row, norm_w_ptr,
+    x_row, offs_k, k0, in_features, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+    GATED: tl.constexpr, NORM_INPUT: tl.constexpr, rstd_row, norm_w_ptr,
 ):  # fmt: skip
     """A row's activations at offs_k, in fp32. GATED: the row is [gate | up], 2 x in_features
     wide, and the activation silu(gate) * up, rounded as `silu_and_mul` rounds it (silu,
     then the product, to the row's dtype), so the fused and the two-op forms sum the same
     values. NORM_INPUT: the row is a residual stream and the activation its RMSNorm, from
     the row's 1/rms at rstd_row (`ADD_RESIDUAL`'s) and the norm's weight, rounded as
-    `rmsnorm` rounds it."""
+    `rmsnorm` rounds it.
+
+    Plain activations are read through `offs_k`, the tile's [BLOCK_N, BLOCK_K] pointer tile
+    (each thread the values of its own weights, from L1); a formed activation is formed
+    once per column, on the BLOCK_K offsets from k0, and broadcast over the tile's rows (so
+    the silu or the norm is not computed again for every weight row)."""
+    if GATED or NORM_INPUT:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
     if EVEN:
         x = tl.load(x_row + offs_k).to(tl.float32)
     else:
@@ -47,23 +54,28 @@ def activations(
             up = tl.load(x_row + in_features + offs_k, mask=offs_k < in_features, other=0.0)
             up = up.to(tl.float32)
         x = ((x * tl.sigmoid(x)).to(dtype).to(tl.float32) * up).to(dtype).to(tl.float32)
+    if GATED or NORM_INPUT:
+        x = x[None, :]
     return x
 
 
 @triton.jit
 def add_tile(
-    w, x_row0, x_row1, offs_k, in_features, acc0, acc1,
+    w, x_row0, x_row1, offs_k, k0, in_features, acc0, acc1,
     NUM_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     VEC: tl.constexpr, GATED: tl.constexpr, NORM_INPUT: tl.constexpr, rstd_row0, rstd_row1,
     norm_w_ptr,
 ):  # fmt: skip
     """The tile's products with one or two activation rows, summed per lane into acc0/acc1."""
     w = w.to(tl.float32)
-    x0 = activations(x_row0, offs_k, in_features, EVEN, GATED, NORM_INPUT, rstd_row0, norm_w_ptr)
+    x0 = activations(
+        x_row0, offs_k, k0, in_features, BLOCK_K, EVEN, GATED, NORM_INPUT, rstd_row0, norm_w_ptr
+    )
     acc0 += tl.sum(tl.reshape(w * x0, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
     if NUM_ROWS == 2:
         x1 = activations(
-            x_row1, offs_k, in_features, EVEN, GATED, NORM_INPUT, rstd_row1, norm_w_ptr
+            x_row1, offs_k, k0, in_features, BLOCK_K, EVEN, GATED, NORM_INPUT, rstd_row1,
+            norm_w_ptr,
         )
         acc1 += tl.sum(tl.reshape(w * x1, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
     return acc0, acc1

@@ -50,7 +50,10 @@ def test_residual_then_norm_is_rmsnorm_between_two_projections(cfg, num_rows, hi
     product = _product(x, weight, scale, cfg)
     norm_weight = 1.0 + 0.2 * _randn(hidden, seed=8)
     normed, want_residual = rmsnorm_ref(product, norm_weight, EPS, residual)
-    assert torch.equal(new_residual, want_residual)
+    if fp8:  # the device may fuse the scale's product and the add (one rounding, not two)
+        torch.testing.assert_close(new_residual, want_residual, atol=1e-5, rtol=1e-6)
+    else:
+        assert torch.equal(new_residual, want_residual)
     torch.testing.assert_close(rstd, torch.rsqrt(want_residual.pow(2).mean(-1) + EPS))
     next_weight = _randn(50, hidden, seed=9)
     out = gemv.gemv_splitk(new_residual, next_weight, None, None, cfg, norm=(rstd, norm_weight))
