@@ -393,7 +393,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the decode GEMV chain and the fused down projection, or the unfused ops "
         "(RADIXMESH_GEMV_FUSION, for this process and the services it starts; default: the "
-        "environment's, else on)",
+        "environment's, else off)",
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from kernel_factories import DEVICE
 
-from radixmesh_kernels import gemv
+from radixmesh_kernels import gemv, gemv_chain
 from radixmesh_kernels.fp8_linear import FP8, fp8_linear_triton
 from radixmesh_kernels.silu_and_mul import silu_and_mul_triton
 from radixmesh_kernels.silu_mul_linear import silu_mul_linear_ref, silu_mul_linear_triton
@@ -102,7 +102,10 @@ def test_op_names_each_layout_error():
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("num_rows", [1, 2])
-def test_on_the_gpu_the_fused_form_is_timed_against_the_two_ops_and_replays(fp8, num_rows):
+def test_on_the_gpu_the_fused_form_is_timed_against_the_two_ops_and_replays(
+    fp8, num_rows, monkeypatch
+):
+    monkeypatch.setattr(gemv_chain, "FUSION", "on")  # off by default
     gemv.reset_plans()
     x = (0.5 * _randn(num_rows, 2 * 14336, seed=8)).to(torch.bfloat16)
     if fp8:

@@ -5,10 +5,14 @@ are those of the unfused ops and of transformers."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from radixmesh_kernels import gemv_chain
 from radixmesh_kernels._triton import interpreting
 from radixmesh_kernels.gemv_chain import GemvChain
 from radixmesh_kernels.silu_mul_linear import silu_mul_linear_triton
@@ -20,6 +24,31 @@ pytestmark = pytest.mark.skipif(
     not (interpreting() or torch.cuda.is_available()),
     reason="Triton needs a CUDA device or TRITON_INTERPRET=1",
 )
+
+
+@pytest.fixture(autouse=True)
+def _fusion_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain is off by default (RADIXMESH_GEMV_FUSION); these tests turn it on."""
+    monkeypatch.setattr(gemv_chain, "FUSION", "on")
+
+
+def test_the_chain_is_off_by_default_and_when_turned_off(monkeypatch, llama_model: TinyModel) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RADIXMESH_GEMV_FUSION"}
+    code = "from radixmesh_kernels import gemv_chain; print(gemv_chain.FUSION)"
+    for setting, want in ((None, "off"), ("on", "on")):
+        if setting is not None:
+            env["RADIXMESH_GEMV_FUSION"] = setting
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert run.stdout.strip() == want
+    env["RADIXMESH_GEMV_FUSION"] = "yes"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode != 0 and "RADIXMESH_GEMV_FUSION must be on or off, got 'yes'" in run.stderr
+    core = make_core(llama_model)
+    model, chain = _chained(core)
+    monkeypatch.setattr(gemv_chain, "FUSION", "off")
+    tokens = random_prompt(4, seed=6)
+    _logits(model, core, tokens, [(0, 3), (3, 4)])
+    assert chain.launches == {"norm_linear": 0, "linear_residual": 0}
 
 
 class CountingChain(GemvChain):
