@@ -389,11 +389,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--gemv-fusion",
-        choices=("on", "off"),
+        choices=("auto", "on", "off"),
         default=None,
-        help="the decode GEMV chain and the fused down projection, or the unfused ops "
-        "(RADIXMESH_GEMV_FUSION, for this process and the services it starts; default: the "
-        "environment's, else off)",
+        help="the decode GEMV chain where timed faster (auto), always (on), or the unfused ops "
+        "(off) (RADIXMESH_GEMV_FUSION, for this process and the services it starts; default: "
+        "the environment's, else auto)",
     )
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument(
@@ -449,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     out = asdict(reports[0])
     out["dependent_launch"] = _triton.DEPENDENT_LAUNCH
     out["gemv_fusion"] = gemv_chain.FUSION
+    out["gemv_chain_decisions"] = gemv_chain.GEMV_CHAIN.decisions()  # in-process runs only
     if len(reports) == 2:
         out["services"] = asdict(reports[1])
         out["services_over_inprocess"] = ratios(reports[1], reports[0])

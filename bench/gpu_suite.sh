@@ -12,7 +12,8 @@
 #        kernel tests alone; engine_b1_si, batch-1 decode with a 200 us interpreter switch
 #        interval; engine_b1_serial, batch-1 decode with launch-ahead off; engine_b1_no_pdl and
 #        engine_b1_fp8_no_pdl, batch-1 decode with plain launches (no programmatic dependent launch);
-#        engine_b1_fused and engine_b1_fp8_fused, batch-1 decode with the GEMV chain; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
+#        engine_b1_fused, engine_b1_unfused and the _fp8 pair, batch-1 decode with the GEMV
+#        chain always and never; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
 #        which need 2 GPUs; train_tiny and speculative: a small model trained on the standard
 #        library's source, then speculative decoding off / ngram / suffix on it, in-process and, as
 #        speculative_serve, through radixmesh serve)
@@ -169,11 +170,15 @@ step_engine_b1_no_pdl() { batch_1 engine_b1_no_pdl --dependent-launch off; }
 
 step_engine_b1_fp8_no_pdl() { batch_1 engine_b1_fp8_no_pdl --quantization fp8 --dependent-launch off; }
 
-# batch-1 decode with the GEMV chain and the fused down projection (off by default): the A/B
-# of engine_b1 and engine_b1_fp8
+# batch-1 decode with the GEMV chain always (on) and never (off, nor the fused down
+# projection); engine_b1 and engine_b1_fp8 take it where it was timed faster (auto)
 step_engine_b1_fused() { batch_1 engine_b1_fused --gemv-fusion on; }
 
 step_engine_b1_fp8_fused() { batch_1 engine_b1_fp8_fused --quantization fp8 --gemv-fusion on; }
+
+step_engine_b1_unfused() { batch_1 engine_b1_unfused --gemv-fusion off; }
+
+step_engine_b1_fp8_unfused() { batch_1 engine_b1_fp8_unfused --quantization fp8 --gemv-fusion off; }
 
 step_engine_offline() {
     local n=256 p=512 o=128
@@ -362,13 +367,13 @@ for label, dependent in (("bf16", "engine_b1"), ("FP8", "engine_b1_fp8")):
             with_pdl and with_pdl["tpot_p50_ms"],
             with_pdl and round(with_pdl["tpot_p50_ms"] / tpot, 3),
             note="reference: the same with programmatic dependent launch (the default)")
-    if fused := engine(dependent + "_fused"):
-        unfused = engine(dependent)
-        tpot = fused["tpot_p50_ms"]
-        row(f"batch-1 TPOT, {label}, GEMV chain", tpot, "ms",
-            unfused and unfused["tpot_p50_ms"],
-            unfused and round(tpot / unfused["tpot_p50_ms"], 3),
-            note="reference: the unfused ops (the default); ratio fused / unfused")
+    for suffix, what in (("_fused", "GEMV chain always"), ("_unfused", "unfused ops")):
+        if other := engine(dependent + suffix):
+            auto = engine(dependent)
+            tpot = other["tpot_p50_ms"]
+            row(f"batch-1 TPOT, {label}, {what}", tpot, "ms", auto and auto["tpot_p50_ms"],
+                auto and round(tpot / auto["tpot_p50_ms"], 3),
+                note="reference: the default (the chain where timed faster); ratio this / it")
 if b1_si := engine("engine_b1_si"):
     tpot = b1_si["tpot_p50_ms"]
     row("batch-1 TPOT, 200 us GIL switch", tpot, "ms", floor_ms and round(floor_ms, 3),

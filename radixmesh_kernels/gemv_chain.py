@@ -15,30 +15,39 @@ So a layer is its four GEMVs, rotary + KV store and attention; the step keeps tw
 kernels (the first layer's input, the final norm). Each intermediate is rounded as the
 unfused op rounds it; only the sums of squares are added in another order than `rmsnorm`'s.
 
-A forward takes the chain when every projection's per-shape plan (`gemv.gemv_plan`,
-decided on the shape's first eager call) is a split-K configuration, so the chain is never
-taken where cuBLAS or the tensor-core path was chosen as faster; each fused launch uses
-its projection's chosen configuration. RADIXMESH_GEMV_FUSION=on (read at import) turns the
-chain and the fused `silu_mul_linear` on. Off by default: on a lent H100 (8B shape, batch 1,
-bench/RESULTS.md) the chain's first form, which formed each activation once per weight row,
-ran bf16 at 6.05 ms a token against 5.74 ms unfused and FP8 at 3.51 against 3.51; the form
-here (each activation formed once per column, broadcast through shared memory) is not yet
-timed on a GPU.
+A forward takes the chain when every projection's per-shape plan (`gemv.gemv_plan`) is a
+split-K configuration (never where cuBLAS or the tensor-core path was chosen as faster),
+each fused launch with its projection's chosen configuration, and, in the default "auto"
+mode, where the chain measured faster than the unfused ops on this device: at the first
+eager forward of a row-count bucket, four layers of the model's own first-layer weights
+run both ways, each captured in a CUDA graph (as decode steps run), and the faster of the
+two whose outputs agree is kept for the bucket (`GemvChain.decisions` lists them). A first
+form of the chain, which formed each activation once per weight row, ran bf16 batch 1 at
+6.05 ms a token against 5.74 ms unfused on an H100 (bench/RESULTS.md): what the timing is
+there to catch. RADIXMESH_GEMV_FUSION (read at import): auto (the default), on (untimed,
+wherever the plans allow; also fuses `silu_mul_linear` regardless), or off (neither).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from radixmesh_kernels import gemv
+from radixmesh_kernels._triton import interpreting
 from radixmesh_kernels.gemv import GemvConfig, decided_plan
+from radixmesh_kernels.tuning import cuda_time_us, fastest, within
 
-FUSION = os.environ.get("RADIXMESH_GEMV_FUSION", "off")
-if FUSION not in ("on", "off"):
-    raise ValueError(f"RADIXMESH_GEMV_FUSION must be on or off, got {FUSION!r}")
+MODES = ("auto", "on", "off")
+FUSION = os.environ.get("RADIXMESH_GEMV_FUSION", "auto")
+if FUSION not in MODES:
+    raise ValueError(f"RADIXMESH_GEMV_FUSION must be one of {', '.join(MODES)}, got {FUSION!r}")
+TIMED_LAYERS = 4
+"""Layers each way in the chain's timing: their weights (the first layer's, again) are far
+past the L2, as a step's are."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,38 +70,70 @@ class Projection:
     bias: torch.Tensor | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ChainLayer:
+    """A decoder layer as the chain takes it: its four projections and two norms' weights."""
+
+    qkv: Projection
+    o_proj: Projection
+    gate_up: Projection
+    down: Projection
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDecision:
+    """A row-count bucket's choice: the plan (None: the unfused ops), and why."""
+
+    plan: ChainPlan | None
+    reason: str
+    timings_us: tuple[tuple[str, float], ...] = ()
+
+
 class GemvChain:
     """The op set's chain (`Ops.gemv_chain`): `plan` says whether a forward of `num_rows`
     rows takes it; `norm_linear` and `linear_residual` are its two fused launches."""
 
     max_rows = gemv.MAX_ROWS
 
+    def __init__(self) -> None:
+        self._decisions: dict[tuple, ChainDecision] = {}
+        self._lock = threading.Lock()
+
     def plan(
-        self,
-        num_rows: int,
-        dtype: torch.dtype,
-        qkv: Projection,
-        o_proj: Projection,
-        gate_up: Projection,
-        down: Projection,
+        self, num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float
     ) -> ChainPlan | None:
-        """The configurations, if a forward of `num_rows` rows takes the chain: every
-        projection's plan decided and a split-K configuration (`down`'s the gated one)."""
+        """The configurations, if a forward of `num_rows` rows takes the chain (module
+        docstring); decided, in "auto" mode, at the bucket's first call outside a capture."""
         if FUSION == "off" or not 1 <= num_rows <= self.max_rows:
             return None
-        device = qkv.weight.device
+        device = layer.qkv.weight.device
         # the row statistics' workspace exists before any graph capture takes the chain
-        # (the first forward of a shape runs eagerly, tuning its plans)
-        gemv.Workspace.rows(device, o_proj.weight.shape[0])
-        configs = []
-        for proj, gated in ((qkv, False), (o_proj, False), (gate_up, False), (down, True)):
-            if proj.scale is None and proj.weight.dtype != dtype:
+        # (the first forward of a shape runs eagerly)
+        gemv.Workspace.rows(device, layer.o_proj.weight.shape[0])
+        if FUSION == "on":
+            return _configs(num_rows, dtype, layer)
+        if device.type != "cuda" or interpreting():
+            return None  # "auto" times on a GPU only
+        key = _key(num_rows, dtype, layer)
+        decision = self._decisions.get(key)
+        if decision is None:
+            if torch.cuda.is_current_stream_capturing():
                 return None
-            plan = decided_plan(device, num_rows, dtype, proj.weight, proj.bias is not None, gated)
-            if plan is None or plan.config is None:
-                return None
-            configs.append(plan.config)
-        return ChainPlan(*configs)
+            with self._lock:
+                decision = self._decisions.get(key)
+                if decision is None:
+                    decision = self._decisions[key] = _decide(num_rows, dtype, layer, eps)
+        return decision.plan
+
+    def decisions(self) -> list[dict]:
+        """Each bucket decided so far: its rows, the choice, why, and the timings."""
+        return [
+            {"rows": key[1], "hidden": key[3], "chain": d.plan is not None, "reason": d.reason,
+             "timings_us": dict(d.timings_us)}
+            for key, d in self._decisions.items()
+        ]  # fmt: skip
 
     @staticmethod
     def norm_linear(
@@ -123,3 +164,106 @@ class GemvChain:
 
 
 GEMV_CHAIN = GemvChain()
+
+
+def _key(num_rows: int, dtype: torch.dtype, layer: ChainLayer) -> tuple:
+    shapes = tuple(
+        (tuple(p.weight.shape), p.weight.dtype, p.bias is not None)
+        for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    )
+    return (layer.qkv.weight.device, 1 << (num_rows - 1).bit_length(), dtype,
+            layer.o_proj.weight.shape[0], shapes)  # fmt: skip
+
+
+def _configs(num_rows: int, dtype: torch.dtype, layer: ChainLayer) -> ChainPlan | None:
+    """Each projection's split-K configuration, or None (a plan undecided, or not split-K)."""
+    device = layer.qkv.weight.device
+    configs = []
+    for proj, gated in ((layer.qkv, False), (layer.o_proj, False), (layer.gate_up, False),
+                        (layer.down, True)):  # fmt: skip
+        if proj.scale is None and proj.weight.dtype != dtype:
+            return None
+        plan = decided_plan(device, num_rows, dtype, proj.weight, proj.bias is not None, gated)
+        if plan is None or plan.config is None:
+            return None
+        configs.append(plan.config)
+    return ChainPlan(*configs)
+
+
+def _linear(x: torch.Tensor, proj: Projection) -> torch.Tensor:
+    from radixmesh_kernels.fp8_linear import fp8_linear_triton
+    from radixmesh_kernels.gemv import dense_linear_triton
+
+    if proj.scale is None:
+        return dense_linear_triton(x, proj.weight, proj.bias)
+    return fp8_linear_triton(x, proj.weight, proj.scale, proj.bias)
+
+
+def _decide(num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float) -> ChainDecision:
+    """Times TIMED_LAYERS layers' projections and norms both ways in CUDA graphs; the chain
+    where it is faster and its output agrees with the unfused ops'."""
+    from radixmesh_kernels.rmsnorm import rmsnorm_triton
+    from radixmesh_kernels.silu_mul_linear import silu_mul_linear_triton
+
+    device = layer.qkv.weight.device
+    gen = torch.Generator(device=device).manual_seed(num_rows)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=device).to(dtype)
+
+    hidden = layer.o_proj.weight.shape[0]
+    attn, h0, res0 = randn(num_rows, layer.o_proj.weight.shape[1]), randn(num_rows, hidden), randn(num_rows, hidden)
+    # the projections' plans decided on these inputs' shapes (each op tunes its own)
+    normed, residual = rmsnorm_triton(h0, layer.input_norm, eps, res0)
+    _linear(normed, layer.qkv)
+    _linear(attn, layer.o_proj)
+    silu_mul_linear_triton(_linear(normed, layer.gate_up), layer.down.weight, layer.down.scale)
+    plan = _configs(num_rows, dtype, layer)
+    if plan is None:
+        return ChainDecision(None, "a projection's plan is not a split-K configuration")
+    rstd0 = torch.rsqrt(residual.float().pow(2).mean(-1) + eps)
+
+    def unfused() -> torch.Tensor:
+        h, res = h0, res0
+        for _ in range(TIMED_LAYERS):
+            normed, res = rmsnorm_triton(h, layer.input_norm, eps, res)
+            _linear(normed, layer.qkv)
+            h = _linear(attn, layer.o_proj)
+            normed, res = rmsnorm_triton(h, layer.post_norm, eps, res)
+            gate_up = _linear(normed, layer.gate_up)
+            h = silu_mul_linear_triton(gate_up, layer.down.weight, layer.down.scale, layer.down.bias)
+        return h + res
+
+    def chained() -> torch.Tensor:
+        res, rstd = residual, rstd0
+        for _ in range(TIMED_LAYERS):
+            GemvChain.norm_linear(res, rstd, layer.input_norm, layer.qkv, plan.qkv)
+            res, rstd = GemvChain.linear_residual(attn, layer.o_proj, res, eps, plan.o_proj)
+            gate_up = GemvChain.norm_linear(res, rstd, layer.post_norm, layer.gate_up, plan.gate_up)
+            res, rstd = GemvChain.linear_residual(gate_up, layer.down, res, eps, plan.down, True)
+        return res
+
+    try:
+        runs = {"unfused": _graphed(unfused), "chain": _graphed(chained)}
+        best = fastest(runs, lambda fn: cuda_time_us(fn, iters=9, warmups=2), within(3e-2, 1e-3))
+    except Exception as exc:  # never worse than the unfused ops
+        return ChainDecision(None, f"timing failed: {type(exc).__name__}: {exc}")
+    if best.name != "chain":
+        why = dict(best.dropped).get("chain", "the unfused ops were as fast or faster")
+        return ChainDecision(None, why, best.timings_us)
+    return ChainDecision(plan, "faster than the unfused ops", best.timings_us)
+
+
+def _graphed(fn):
+    """`fn` captured in a CUDA graph (after one eager call): a call replays it and returns
+    its output."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay

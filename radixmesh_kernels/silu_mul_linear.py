@@ -71,7 +71,7 @@ def silu_mul_linear_triton(
     from radixmesh_kernels.gemv_chain import FUSION
 
     fused = (
-        FUSION == "on" and x.is_cuda and 1 <= x.shape[0] <= MAX_ROWS and weight.stride(-1) == 1
+        FUSION != "off" and x.is_cuda and 1 <= x.shape[0] <= MAX_ROWS and weight.stride(-1) == 1
         and weight.element_size() in CANDIDATES and (scale is not None or weight.dtype == x.dtype)
         and not interpreting()
     )  # fmt: skip

@@ -143,3 +143,31 @@ def test_on_the_gpu_a_captured_chain_replays_as_the_unfused_ops(fp8):
         want = unfused()
         assert float((out.float() - want.float()).norm() / want.float().norm()) < 1e-2
         torch.testing.assert_close(rstd, torch.rsqrt(out.float().pow(2).mean(-1) + EPS), rtol=2e-2, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_on_the_gpu_the_timed_choice_runs_both_ways_and_keeps_the_faster(fp8):
+    """The "auto" decision on 8B-shaped random weights: both forms captured, timed and
+    compared; the chain is kept only if it was the faster one."""
+    from radixmesh_kernels import gemv_chain
+    from radixmesh_kernels.gemv_chain import ChainLayer, Projection
+
+    def proj(out_f, in_f, seed):
+        if fp8:
+            return Projection(*_fp8(out_f, in_f, seed))
+        return Projection((0.02 * _randn(out_f, in_f, seed=seed)).to(torch.bfloat16))
+
+    hidden, inter = 4096, 14336
+    layer = ChainLayer(
+        proj(6144, hidden, 1), proj(hidden, hidden, 2), proj(2 * inter, hidden, 3),
+        proj(hidden, inter, 4), (1.0 + 0.2 * _randn(hidden, seed=5)).to(torch.bfloat16),
+        (1.0 + 0.2 * _randn(hidden, seed=6)).to(torch.bfloat16),
+    )  # fmt: skip
+    decision = gemv_chain._decide(1, torch.bfloat16, layer, EPS)
+    timings = dict(decision.timings_us)
+    assert "unfused" in timings, decision.reason
+    if decision.plan is not None:
+        assert timings["chain"] < timings["unfused"]
+    else:
+        assert timings.get("chain", float("inf")) >= timings["unfused"] or "disagrees" in decision.reason

@@ -28,33 +28,36 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _fusion_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The chain is off by default (RADIXMESH_GEMV_FUSION); these tests turn it on."""
+    """The default ("auto") times the chain on a GPU only; these tests take it untimed."""
     monkeypatch.setattr(gemv_chain, "FUSION", "on")
 
 
-def test_the_chain_is_off_by_default_and_when_turned_off(monkeypatch, llama_model: TinyModel) -> None:
+def test_the_chain_is_timed_by_default_and_off_when_turned_off(monkeypatch, llama_model: TinyModel) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RADIXMESH_GEMV_FUSION"}
     code = "from radixmesh_kernels import gemv_chain; print(gemv_chain.FUSION)"
-    for setting, want in ((None, "off"), ("on", "on")):
+    for setting, want in ((None, "auto"), ("on", "on"), ("off", "off")):
         if setting is not None:
             env["RADIXMESH_GEMV_FUSION"] = setting
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert run.stdout.strip() == want
     env["RADIXMESH_GEMV_FUSION"] = "yes"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert run.returncode != 0 and "RADIXMESH_GEMV_FUSION must be on or off, got 'yes'" in run.stderr
+    assert run.returncode != 0 and "RADIXMESH_GEMV_FUSION must be one of auto, on, off, got 'yes'" in run.stderr
     core = make_core(llama_model)
     model, chain = _chained(core)
-    monkeypatch.setattr(gemv_chain, "FUSION", "off")
     tokens = random_prompt(4, seed=6)
-    _logits(model, core, tokens, [(0, 3), (3, 4)])
-    assert chain.launches == {"norm_linear": 0, "linear_residual": 0}
+    for mode in ("off", "auto"):  # "auto" times on a GPU only: off here
+        monkeypatch.setattr(gemv_chain, "FUSION", mode)
+        _logits(model, core, tokens, [(0, 3), (3, 4)])
+        assert chain.launches == {"norm_linear": 0, "linear_residual": 0}
+        assert chain.decisions() == []
 
 
 class CountingChain(GemvChain):
     """The chain, counting its fused launches."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.launches = {"norm_linear": 0, "linear_residual": 0}
 
     def norm_linear(self, *args, **kwargs):  # type: ignore[override]
@@ -142,3 +145,31 @@ def test_the_chain_is_off_where_a_plan_is_not_a_split_k_configuration(monkeypatc
     tokens = random_prompt(4, seed=6)
     _logits(model, core, tokens, [(0, 3), (3, 4)])
     assert chain.launches == {"norm_linear": 0, "linear_residual": 0}
+
+
+def _decided(monkeypatch, model: Decoder, times: dict[str, float]):
+    """`gemv_chain._decide` on the model's first layer with made-up timings (by variant);
+    the variants run for real (the interpreter), only their graphs and timer are replaced."""
+    monkeypatch.setattr(gemv_chain, "_graphed", lambda fn: fn)
+    monkeypatch.setattr(gemv_chain, "cuda_time_us", lambda fn, **_: times[fn.__name__])
+    layer = model._chain_layers[0]
+    return gemv_chain._decide(2, layer.qkv.weight.dtype, layer, model.spec.rms_norm_eps)
+
+
+def test_the_timed_choice_takes_the_chain_only_where_it_is_faster_and_agrees(
+    monkeypatch, llama_model: TinyModel
+) -> None:
+    core = make_core(llama_model)
+    model, _ = _chained(core)
+    faster = _decided(monkeypatch, model, {"unfused": 10.0, "chained": 8.0})
+    assert faster.plan is not None and dict(faster.timings_us) == {"unfused": 10.0, "chain": 8.0}
+    slower = _decided(monkeypatch, model, {"unfused": 10.0, "chained": 11.0})
+    assert slower.plan is None and "as fast or faster" in slower.reason
+    real = GemvChain.linear_residual
+    monkeypatch.setattr(
+        GemvChain, "linear_residual",
+        staticmethod(lambda *a, **k: (lambda out: (out[0] + 1.0, out[1]))(real(*a, **k))),
+    )  # fmt: skip
+    wrong = _decided(monkeypatch, model, {"unfused": 10.0, "chained": 1.0})
+    assert wrong.plan is None and wrong.reason == "disagrees with unfused"
+    assert dict(wrong.timings_us) == {"unfused": 10.0}

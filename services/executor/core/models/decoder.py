@@ -20,7 +20,7 @@ from torch import Tensor
 from radixmesh.errors import InvalidArgument
 from radixmesh_kernels import Ops
 from radixmesh_kernels.batch_invariant import decode_rows
-from radixmesh_kernels.gemv_chain import ChainPlan
+from radixmesh_kernels.gemv_chain import ChainLayer, ChainPlan
 from radixmesh_kernels.rotary import rope_cos_sin_cache
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
@@ -193,13 +193,15 @@ class Decoder:
             int(getattr(ops.paged_attention, "min_dense_q_len", 1)) if dense_new_kv else None
         )
         self.batch_invariant = ops.batch_invariant
-        # each layer's (qkv, o_proj, gate_up, down) as the GEMV chain takes them
-        self._projections = [
-            (
+        # each layer's projections and norms as the GEMV chain takes them
+        self._chain_layers = [
+            ChainLayer(
                 projection(layer.qkv, layer.qkv_bias),
                 projection(layer.o_proj, layer.o_bias),
                 projection(layer.gate_up),
                 projection(layer.down),
+                layer.input_norm,
+                layer.post_norm,
             )
             for layer in weights.layers
         ]
@@ -284,7 +286,9 @@ class Decoder:
         chain = self.ops.gemv_chain
         if chain is None or self.tp is not None or hidden.shape[0] > chain.max_rows:
             return None
-        return chain.plan(hidden.shape[0], hidden.dtype, *self._projections[0])
+        return chain.plan(
+            hidden.shape[0], hidden.dtype, self._chain_layers[0], self.spec.rms_norm_eps
+        )
 
     def _hidden_chained(
         self, hidden: torch.Tensor, batch: ForwardBatch, kv_pool: KVPool, plan: ChainPlan
@@ -295,18 +299,16 @@ class Decoder:
         layers = self.weights.layers
         normed, residual = ops.rmsnorm(hidden, layers[0].input_norm, eps)
         rstd: torch.Tensor | None = None
-        for i, (layer, (qkv_w, o_w, gate_up_w, down_w)) in enumerate(
-            zip(layers, self._projections, strict=True)
-        ):
+        for i, (layer, c) in enumerate(zip(layers, self._chain_layers, strict=True)):
             if rstd is None:  # the first layer: its input norm ran as a kernel
                 qkv = linear(normed, layer.qkv, layer.qkv_bias, ops)
             else:
-                qkv = chain.norm_linear(residual, rstd, layer.input_norm, qkv_w, plan.qkv)
+                qkv = chain.norm_linear(residual, rstd, c.input_norm, c.qkv, plan.qkv)
             attn = self._attention(layer, qkv, batch, kv_pool.k_caches[i], kv_pool.v_caches[i])
-            residual, rstd = chain.linear_residual(attn, o_w, residual, eps, plan.o_proj)
-            gate_up = chain.norm_linear(residual, rstd, layer.post_norm, gate_up_w, plan.gate_up)
+            residual, rstd = chain.linear_residual(attn, c.o_proj, residual, eps, plan.o_proj)
+            gate_up = chain.norm_linear(residual, rstd, c.post_norm, c.gate_up, plan.gate_up)
             residual, rstd = chain.linear_residual(
-                gate_up, down_w, residual, eps, plan.down, gated=True
+                gate_up, c.down, residual, eps, plan.down, gated=True
             )
         hidden, _ = ops.rmsnorm(residual, self.weights.norm, eps)
         return hidden
