@@ -339,6 +339,8 @@ def _launch(
         raise ValueError(f"gemv: norm needs rstd [{num_rows}] and a weight [{in_features}]")
     rstd_out, sumsq, tickets = out, out, out  # unused without a residual
     if residual is not None:
+        if cfg.block_n < 8:  # the sums-of-squares workspace holds tiles of 8 rows or more
+            raise ValueError(f"gemv: a residual needs block_n >= 8, got {cfg.block_n}")
         rstd_out = torch.empty(num_rows, dtype=torch.float32, device=x.device)
         sumsq, tickets = Workspace.rows(x.device, out_features)
     step = cfg.block_k * cfg.split_k

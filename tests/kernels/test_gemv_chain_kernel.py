@@ -101,6 +101,9 @@ def test_each_layout_error_is_named():
         gemv.gemv_splitk_residual(x, weight, None, None, _randn(2, 96, seed=3, dtype=torch.bfloat16), EPS, cfg)
     with pytest.raises(ValueError, match=r"norm needs rstd \[2\] and a weight \[64\]"):
         gemv.gemv_splitk(x, weight, None, None, cfg, norm=(rstd, torch.ones(96, device=DEVICE)))
+    narrow = gemv.GemvConfig(block_n=4, block_k=32, split_k=1, num_warps=1)
+    with pytest.raises(ValueError, match="a residual needs block_n >= 8, got 4"):
+        gemv.gemv_splitk_residual(x, weight, None, None, _randn(2, 96, seed=3), EPS, narrow)
     with pytest.raises(ValueError, match="a norm on the input goes with neither gated"):
         gemv.gemv_splitk(_randn(2, 128, seed=2), weight, None, None, cfg, gated=True, norm=(rstd, rstd))
 
