@@ -87,3 +87,16 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
         torch.float16: {"atol": 2e-3, "rtol": 2e-3},
         torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2},
     }[dtype]
+
+
+def seeded_randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard normal values from a seeded CPU generator, on the test device."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(DEVICE, dtype)
+
+
+def fp8_rows(out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random float8_e4m3fn weight [out, in] with per-row scales (each row's max at 448)."""
+    w = seeded_randn(out_features, in_features, seed=seed).cpu()
+    scale = w.abs().amax(dim=1) / 448.0
+    return (w / scale[:, None]).to(torch.float8_e4m3fn).to(DEVICE), scale.to(DEVICE)

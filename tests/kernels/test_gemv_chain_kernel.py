@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_factories import DEVICE
+from kernel_factories import DEVICE, fp8_rows, seeded_randn
 
 from radixmesh_kernels import gemv
-from radixmesh_kernels.fp8_linear import FP8, fp8_linear_ref
+from radixmesh_kernels.fp8_linear import fp8_linear_ref
 from radixmesh_kernels.rmsnorm import rmsnorm_ref
 
 CONFIGS = [
@@ -18,17 +18,6 @@ CONFIGS = [
     gemv.GemvConfig(block_n=16, block_k=64, split_k=2, num_warps=4, prefetch=True),
 ]
 EPS = 1e-5
-
-
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=gen).to(DEVICE, dtype)
-
-
-def _fp8(out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    w = _randn(out_features, in_features, seed=seed).cpu()
-    scale = w.abs().amax(dim=1) / 448.0
-    return (w / scale[:, None]).to(FP8).to(DEVICE), scale.to(DEVICE)
 
 
 def _product(x, weight, scale, cfg):
@@ -43,31 +32,31 @@ def test_residual_then_norm_is_rmsnorm_between_two_projections(cfg, num_rows, hi
     """fp32 (the interpreter's casts to bf16 truncate): the residual rows are the plain
     product plus the residual exactly, the 1/rms and the next projection's product that of
     `rmsnorm` to rounding."""
-    x = _randn(num_rows, in_features, seed=num_rows)
-    weight, scale = _fp8(hidden, in_features, seed=hidden) if fp8 else (_randn(hidden, in_features, seed=hidden), None)
-    residual = _randn(num_rows, hidden, seed=7)
+    x = seeded_randn(num_rows, in_features, seed=num_rows)
+    weight, scale = fp8_rows(hidden, in_features, seed=hidden) if fp8 else (seeded_randn(hidden, in_features, seed=hidden), None)
+    residual = seeded_randn(num_rows, hidden, seed=7)
     new_residual, rstd = gemv.gemv_splitk_residual(x, weight, scale, None, residual, EPS, cfg)
     product = _product(x, weight, scale, cfg)
-    norm_weight = 1.0 + 0.2 * _randn(hidden, seed=8)
+    norm_weight = 1.0 + 0.2 * seeded_randn(hidden, seed=8)
     normed, want_residual = rmsnorm_ref(product, norm_weight, EPS, residual)
     if fp8:  # the device may fuse the scale's product and the add (one rounding, not two)
         torch.testing.assert_close(new_residual, want_residual, atol=1e-5, rtol=1e-6)
     else:
         assert torch.equal(new_residual, want_residual)
     torch.testing.assert_close(rstd, torch.rsqrt(want_residual.pow(2).mean(-1) + EPS))
-    next_weight = _randn(50, hidden, seed=9)
+    next_weight = seeded_randn(50, hidden, seed=9)
     out = gemv.gemv_splitk(new_residual, next_weight, None, None, cfg, norm=(rstd, norm_weight))
     torch.testing.assert_close(out, normed @ next_weight.T, atol=1e-4, rtol=1e-4)
     if fp8:
-        ref = fp8_linear_ref(normed, *_fp8(50, hidden, seed=10))
-        got = gemv.gemv_splitk(new_residual, *_fp8(50, hidden, seed=10), None, cfg, norm=(rstd, norm_weight))
+        ref = fp8_linear_ref(normed, *fp8_rows(50, hidden, seed=10))
+        got = gemv.gemv_splitk(new_residual, *fp8_rows(50, hidden, seed=10), None, cfg, norm=(rstd, norm_weight))
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
 def test_gated_residual_is_silu_and_mul_then_the_residual_add():
     cfg = CONFIGS[1]
-    x = _randn(3, 2 * 200, seed=1)
-    weight, residual = _randn(96, 200, seed=2), _randn(3, 96, seed=3)
+    x = seeded_randn(3, 2 * 200, seed=1)
+    weight, residual = seeded_randn(96, 200, seed=2), seeded_randn(3, 96, seed=3)
     got, rstd = gemv.gemv_splitk_residual(x, weight, None, None, residual, EPS, cfg, gated=True)
     want = gemv.gemv_splitk(x, weight, None, None, cfg, gated=True) + residual
     assert torch.equal(got, want)
@@ -78,10 +67,10 @@ def test_row_tickets_reset_so_calls_repeat_and_rows_do_not_mix():
     """The last tile of a row pair resets its ticket (as for a graph replay); a row's 1/rms
     is its own whichever rows share its programs."""
     cfg = CONFIGS[1]
-    weight = _randn(96, 128, seed=4)
+    weight = seeded_randn(96, 128, seed=4)
     _, tickets = gemv.Workspace.rows(DEVICE, 96)
     for seed in (1, 2):
-        x, residual = _randn(3, 128, seed=seed), _randn(3, 96, seed=seed + 10)
+        x, residual = seeded_randn(3, 128, seed=seed), seeded_randn(3, 96, seed=seed + 10)
         out, rstd = gemv.gemv_splitk_residual(x, weight, None, None, residual, EPS, cfg)
         assert bool((tickets == 0).all())
         for row in range(3):  # each row alone
@@ -93,19 +82,19 @@ def test_row_tickets_reset_so_calls_repeat_and_rows_do_not_mix():
 
 
 def test_each_layout_error_is_named():
-    cfg, weight = CONFIGS[0], _randn(96, 64, seed=1)
-    x, rstd = _randn(2, 64, seed=2), torch.ones(2, device=DEVICE)
+    cfg, weight = CONFIGS[0], seeded_randn(96, 64, seed=1)
+    x, rstd = seeded_randn(2, 64, seed=2), torch.ones(2, device=DEVICE)
     with pytest.raises(ValueError, match=r"residual must be \[2, 96\] contiguous"):
-        gemv.gemv_splitk_residual(x, weight, None, None, _randn(2, 64, seed=3), EPS, cfg)
+        gemv.gemv_splitk_residual(x, weight, None, None, seeded_randn(2, 64, seed=3), EPS, cfg)
     with pytest.raises(ValueError, match=r"residual is torch\.bfloat16"):
-        gemv.gemv_splitk_residual(x, weight, None, None, _randn(2, 96, seed=3, dtype=torch.bfloat16), EPS, cfg)
+        gemv.gemv_splitk_residual(x, weight, None, None, seeded_randn(2, 96, seed=3, dtype=torch.bfloat16), EPS, cfg)
     with pytest.raises(ValueError, match=r"norm needs rstd \[2\] and a weight \[64\]"):
         gemv.gemv_splitk(x, weight, None, None, cfg, norm=(rstd, torch.ones(96, device=DEVICE)))
     narrow = gemv.GemvConfig(block_n=4, block_k=32, split_k=1, num_warps=1)
     with pytest.raises(ValueError, match="a residual needs block_n >= 8, got 4"):
-        gemv.gemv_splitk_residual(x, weight, None, None, _randn(2, 96, seed=3), EPS, narrow)
+        gemv.gemv_splitk_residual(x, weight, None, None, seeded_randn(2, 96, seed=3), EPS, narrow)
     with pytest.raises(ValueError, match="a norm on the input goes with neither gated"):
-        gemv.gemv_splitk(_randn(2, 128, seed=2), weight, None, None, cfg, gated=True, norm=(rstd, rstd))
+        gemv.gemv_splitk(seeded_randn(2, 128, seed=2), weight, None, None, cfg, gated=True, norm=(rstd, rstd))
 
 
 @pytest.mark.gpu
@@ -117,14 +106,14 @@ def test_on_the_gpu_a_captured_chain_replays_as_the_unfused_ops(fp8):
 
     def proj(out_f, in_f, seed):
         if fp8:
-            return _fp8(out_f, in_f, seed)
-        return (0.02 * _randn(out_f, in_f, seed=seed)).to(torch.bfloat16), None
+            return fp8_rows(out_f, in_f, seed)
+        return (0.02 * seeded_randn(out_f, in_f, seed=seed)).to(torch.bfloat16), None
 
     o_proj, gate_up, down = proj(hidden, hidden, 1), proj(2 * inter, hidden, 2), proj(hidden, inter, 3)
-    norm_w = (1.0 + 0.2 * _randn(hidden, seed=4)).to(torch.bfloat16)
+    norm_w = (1.0 + 0.2 * seeded_randn(hidden, seed=4)).to(torch.bfloat16)
     cfg = gemv.CANDIDATES[1 if fp8 else 2][1]
-    attn = _randn(rows, hidden, seed=5, dtype=torch.bfloat16)
-    residual = _randn(rows, hidden, seed=6, dtype=torch.bfloat16)
+    attn = seeded_randn(rows, hidden, seed=5, dtype=torch.bfloat16)
+    residual = seeded_randn(rows, hidden, seed=6, dtype=torch.bfloat16)
 
     def chained():
         res, rstd = gemv.gemv_splitk_residual(attn, *o_proj, None, residual, EPS, cfg)
@@ -141,7 +130,7 @@ def test_on_the_gpu_a_captured_chain_replays_as_the_unfused_ops(fp8):
     with torch.cuda.graph(graph):
         out, rstd = chained()
     for seed in (7, 8):
-        attn.copy_(_randn(rows, hidden, seed=seed, dtype=torch.bfloat16))
+        attn.copy_(seeded_randn(rows, hidden, seed=seed, dtype=torch.bfloat16))
         graph.replay()
         want = unfused()
         assert float((out.float() - want.float()).norm() / want.float().norm()) < 1e-2
@@ -158,14 +147,14 @@ def test_on_the_gpu_the_timed_choice_runs_both_ways_and_keeps_the_faster(fp8):
 
     def proj(out_f, in_f, seed):
         if fp8:
-            return Projection(*_fp8(out_f, in_f, seed))
-        return Projection((0.02 * _randn(out_f, in_f, seed=seed)).to(torch.bfloat16))
+            return Projection(*fp8_rows(out_f, in_f, seed))
+        return Projection((0.02 * seeded_randn(out_f, in_f, seed=seed)).to(torch.bfloat16))
 
     hidden, inter = 4096, 14336
     layer = ChainLayer(
         proj(6144, hidden, 1), proj(hidden, hidden, 2), proj(2 * inter, hidden, 3),
-        proj(hidden, inter, 4), (1.0 + 0.2 * _randn(hidden, seed=5)).to(torch.bfloat16),
-        (1.0 + 0.2 * _randn(hidden, seed=6)).to(torch.bfloat16),
+        proj(hidden, inter, 4), (1.0 + 0.2 * seeded_randn(hidden, seed=5)).to(torch.bfloat16),
+        (1.0 + 0.2 * seeded_randn(hidden, seed=6)).to(torch.bfloat16),
     )  # fmt: skip
     decision = gemv_chain._decide(1, torch.bfloat16, layer, EPS)
     timings = dict(decision.timings_us)

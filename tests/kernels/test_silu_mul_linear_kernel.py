@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_factories import DEVICE
+from kernel_factories import fp8_rows, seeded_randn
 
 from radixmesh_kernels import gemv, gemv_chain
-from radixmesh_kernels.fp8_linear import FP8, fp8_linear_triton
+from radixmesh_kernels.fp8_linear import fp8_linear_triton
 from radixmesh_kernels.silu_and_mul import silu_and_mul_triton
 from radixmesh_kernels.silu_mul_linear import silu_mul_linear_ref, silu_mul_linear_triton
 
@@ -19,28 +19,17 @@ CONFIGS = [
 ]
 
 
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=gen).to(DEVICE, dtype)
-
-
-def _fp8(out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    w = _randn(out_features, in_features, seed=seed).cpu()
-    scale = w.abs().amax(dim=1) / 448.0
-    return (w / scale[:, None]).to(FP8).to(DEVICE), scale.to(DEVICE)
-
-
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.describe())
 @pytest.mark.parametrize("num_rows", [1, 2, 5])
 @pytest.mark.parametrize(("out_features", "in_features"), [(40, 72), (64, 512), (16, 1030)])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16-weight", "fp8-weight"])
 def test_gated_gemv_matches_silu_and_mul_then_linear(cfg, num_rows, out_features, in_features, fp8):
-    x = _randn(num_rows, 2 * in_features, seed=num_rows + in_features)
+    x = seeded_randn(num_rows, 2 * in_features, seed=num_rows + in_features)
     if fp8:
-        weight, scale = _fp8(out_features, in_features, seed=out_features)
+        weight, scale = fp8_rows(out_features, in_features, seed=out_features)
     else:
-        weight, scale = _randn(out_features, in_features, seed=out_features, dtype=torch.bfloat16).float(), None
-    bias = _randn(out_features, seed=3)
+        weight, scale = seeded_randn(out_features, in_features, seed=out_features, dtype=torch.bfloat16).float(), None
+    bias = seeded_randn(out_features, seed=3)
     ours = gemv.gemv_splitk(x, weight, scale, bias, cfg, gated=True)
     ref = silu_mul_linear_ref(x, weight, scale, bias)
     assert ours.shape == (num_rows, out_features)
@@ -51,33 +40,33 @@ def test_gated_gemv_matches_silu_and_mul_then_linear(cfg, num_rows, out_features
 def test_gated_gemv_in_bfloat16_sums_the_values_silu_and_mul_writes(cfg):
     """The activation is rounded as `silu_and_mul` rounds it, so the fused launch and the
     two launches (same configuration) give the same bits."""
-    x = _randn(3, 2 * 384, seed=5, dtype=torch.bfloat16)
-    weight, scale = _fp8(48, 384, seed=6)
+    x = seeded_randn(3, 2 * 384, seed=5, dtype=torch.bfloat16)
+    weight, scale = fp8_rows(48, 384, seed=6)
     fused = gemv.gemv_splitk(x, weight, scale, None, cfg, gated=True)
     two = gemv.gemv_splitk(silu_and_mul_triton(x), weight, scale, None, cfg)
     assert fused.dtype == torch.bfloat16 and torch.equal(fused, two)
-    plain = _randn(48, 384, seed=7, dtype=torch.bfloat16)
+    plain = seeded_randn(48, 384, seed=7, dtype=torch.bfloat16)
     fused = gemv.gemv_splitk(x, plain, None, None, cfg, gated=True)
     assert torch.equal(fused, gemv.gemv_splitk(silu_and_mul_triton(x), plain, None, None, cfg))
 
 
 def test_gated_gemv_refuses_an_activation_of_the_wrong_width():
-    weight, cfg = _randn(16, 64, seed=1), gemv.DEFAULT_CONFIG
+    weight, cfg = seeded_randn(16, 64, seed=1), gemv.DEFAULT_CONFIG
     with pytest.raises(ValueError, match="128 columns for a weight of 64"):
-        gemv.gemv_splitk(_randn(1, 128, seed=1), weight, None, None, cfg)
+        gemv.gemv_splitk(seeded_randn(1, 128, seed=1), weight, None, None, cfg)
     with pytest.raises(ValueError, match=r"64 columns for a weight of 64 \(gated: 2 x in\)"):
-        gemv.gemv_splitk(_randn(1, 64, seed=1), weight, None, None, cfg, gated=True)
+        gemv.gemv_splitk(seeded_randn(1, 64, seed=1), weight, None, None, cfg, gated=True)
 
 
 @pytest.mark.parametrize("num_rows", [1, 3, 12])
 def test_op_matches_the_reference_for_plain_and_fp8_weights(num_rows):
-    x = _randn(num_rows, 2 * 96, seed=num_rows)
-    weight = _randn(32, 96, seed=2)
+    x = seeded_randn(num_rows, 2 * 96, seed=num_rows)
+    weight = seeded_randn(32, 96, seed=2)
     torch.testing.assert_close(
         silu_mul_linear_triton(x, weight), silu_mul_linear_ref(x, weight), atol=1e-4, rtol=1e-4
     )
-    fp8, scale = _fp8(32, 96, seed=3)
-    bias = _randn(32, seed=4)
+    fp8, scale = fp8_rows(32, 96, seed=3)
+    bias = seeded_randn(32, seed=4)
     ours, ref = silu_mul_linear_triton(x, fp8, scale, bias), silu_mul_linear_ref(x, fp8, scale, bias)
     if num_rows <= gemv.MAX_ROWS:  # the GEMV reads the activations as they are
         torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
@@ -87,10 +76,10 @@ def test_op_matches_the_reference_for_plain_and_fp8_weights(num_rows):
 
 
 def test_op_names_each_layout_error():
-    x, weight = _randn(2, 2 * 96, seed=1), _randn(32, 96, seed=2)
+    x, weight = seeded_randn(2, 2 * 96, seed=1), seeded_randn(32, 96, seed=2)
     with pytest.raises(ValueError, match="2 x the weight's 96 expected"):
         silu_mul_linear_triton(x[:, :96], weight)
-    fp8, scale = _fp8(32, 96, seed=3)
+    fp8, scale = fp8_rows(32, 96, seed=3)
     with pytest.raises(ValueError, match="an FP8 weight takes its scale"):
         silu_mul_linear_triton(x, fp8)
     with pytest.raises(ValueError, match="an FP8 weight takes its scale"):
@@ -107,11 +96,11 @@ def test_on_the_gpu_the_fused_form_is_timed_against_the_two_ops_and_replays(
 ):
     monkeypatch.setattr(gemv_chain, "FUSION", "on")  # off by default
     gemv.reset_plans()
-    x = (0.5 * _randn(num_rows, 2 * 14336, seed=8)).to(torch.bfloat16)
+    x = (0.5 * seeded_randn(num_rows, 2 * 14336, seed=8)).to(torch.bfloat16)
     if fp8:
-        weight, scale = _fp8(4096, 14336, seed=9)
+        weight, scale = fp8_rows(4096, 14336, seed=9)
     else:
-        weight, scale = (0.02 * _randn(4096, 14336, seed=9)).to(torch.bfloat16), None
+        weight, scale = (0.02 * seeded_randn(4096, 14336, seed=9)).to(torch.bfloat16), None
     out = silu_mul_linear_triton(x, weight, scale)
     gated = [p for p in gemv.chosen_plans() if p["gated"]]
     assert len(gated) == 1
