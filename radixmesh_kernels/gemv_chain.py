@@ -201,7 +201,17 @@ def _linear(x: torch.Tensor, proj: Projection) -> torch.Tensor:
 
 def _decide(num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float) -> ChainDecision:
     """Times TIMED_LAYERS layers' projections and norms both ways in CUDA graphs; the chain
-    where it is faster and its output agrees with the unfused ops'."""
+    where it is faster and its output agrees with the unfused ops'. Never raises: a failure
+    keeps the unfused ops, with its reason."""
+    try:
+        return _time_both_ways(num_rows, dtype, layer, eps)
+    except Exception as exc:  # never worse than the unfused ops
+        return ChainDecision(None, f"timing failed: {type(exc).__name__}: {exc}")
+
+
+def _time_both_ways(
+    num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float
+) -> ChainDecision:
     from radixmesh_kernels.rmsnorm import rmsnorm_triton
     from radixmesh_kernels.silu_mul_linear import silu_mul_linear_triton
 
@@ -243,11 +253,8 @@ def _decide(num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float) ->
             res, rstd = GemvChain.linear_residual(gate_up, layer.down, res, eps, plan.down, True)
         return res
 
-    try:
-        runs = {"unfused": _graphed(unfused), "chain": _graphed(chained)}
-        best = fastest(runs, lambda fn: cuda_time_us(fn, iters=9, warmups=2), within(3e-2, 1e-3))
-    except Exception as exc:  # never worse than the unfused ops
-        return ChainDecision(None, f"timing failed: {type(exc).__name__}: {exc}")
+    runs = {"unfused": _graphed(unfused), "chain": _graphed(chained)}
+    best = fastest(runs, lambda fn: cuda_time_us(fn, iters=9, warmups=2), within(3e-2, 1e-3))
     if best.name != "chain":
         why = dict(best.dropped).get("chain", "the unfused ops were as fast or faster")
         return ChainDecision(None, why, best.timings_us)

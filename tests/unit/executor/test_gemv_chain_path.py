@@ -173,3 +173,17 @@ def test_the_timed_choice_takes_the_chain_only_where_it_is_faster_and_agrees(
     wrong = _decided(monkeypatch, model, {"unfused": 10.0, "chained": 1.0})
     assert wrong.plan is None and wrong.reason == "disagrees with unfused"
     assert dict(wrong.timings_us) == {"unfused": 10.0}
+
+
+def test_a_timing_that_fails_keeps_the_unfused_ops_and_says_why(monkeypatch, llama_model: TinyModel) -> None:
+    core = make_core(llama_model)
+    model, _ = _chained(core)
+
+    def no_graphs(fn):
+        raise RuntimeError("CUDA graphs need a GPU")
+
+    monkeypatch.setattr(gemv_chain, "_graphed", no_graphs)
+    layer = model._chain_layers[0]
+    decision = gemv_chain._decide(1, layer.qkv.weight.dtype, layer, model.spec.rms_norm_eps)
+    assert decision.plan is None
+    assert decision.reason == "timing failed: RuntimeError: CUDA graphs need a GPU"
