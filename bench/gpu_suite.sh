@@ -57,10 +57,18 @@ else
     echo "no CUDA device: smoke run on the CPU with tiny shapes (numbers mean nothing)"
 fi
 
+# $OUT gets two files, whatever the number of steps (a device call returns a few files):
+# summary.txt and results.tgz (every log and JSON); also when the call's `timeout` stops the
+# suite (TERM), not only at its end
 copy_out() {
-    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$RESULTS"/. "$OUT"/ 2>/dev/null || true; fi
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ] && [ "$RESULTS" != "$OUT" ]; then
+        [ -f "$RESULTS/summary.txt" ] && cp "$RESULTS/summary.txt" "$OUT/" 2>/dev/null
+        tar czf "$OUT/results.tgz" -C "$RESULTS" . 2>/dev/null || true
+    fi
 }
 trap copy_out EXIT
+STEP_PID=
+trap '[ -n "$STEP_PID" ] && kill "$STEP_PID" 2>/dev/null; exit 143' TERM INT
 
 remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
 
@@ -79,8 +87,12 @@ run_step() {
     fi
     echo "== $name (limit ${limit}s): $*"
     t0=$(date +%s)
-    timeout --kill-after=10 "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+    # in the background and waited for, so a TERM to the suite is handled at once
+    timeout --kill-after=10 "$limit" "$@" >"$RESULTS/$name.log" 2>&1 &
+    STEP_PID=$!
+    wait "$STEP_PID"
     rc=$?
+    STEP_PID=
     tail -n 25 "$RESULTS/$name.log"
     echo "== $name: rc=$rc in $(($(date +%s) - t0))s" | tee "$RESULTS/$name.status"
     [ "$rc" -eq 124 ] && echo "== $name: TIMED OUT after ${limit}s"
