@@ -54,14 +54,14 @@ class Ops:
     silu_mul_linear: Callable | None = None
     """`silu_and_mul` then `linear` (scale None) or `fp8_linear` (an FP8 weight and its
     scale) in one op: the gated MLP's down projection. None when the set has no fused form,
-    or a backend replaced one of those three ops (the model then calls them)."""
+    or one of those ops was replaced (`FUSED_OPS`; the model then calls them)."""
     copy_kv_slots: Callable = copy_kv_slots_ref
     """Slot src[i] -> dst[i] in a layer's K and V caches (a step's partial-page copies, run
     in every layer between its KV store and its attention)."""
     gemv_chain: Any = None
     """`radixmesh_kernels.gemv_chain.GemvChain`: a decoder layer's projections at decode
     batch sizes as GEMVs that carry the norms between them (not an op: None on sets without
-    it, and when a backend replaced rmsnorm, silu_and_mul or a linear op)."""
+    it, and when an op it does the work of was replaced, `FUSED_OPS`)."""
     batch_invariant: bool = False
     """The set of `radixmesh_kernels.batch_invariant.batch_invariant_ops`: a row's linear and decode
     attention do not depend on the rest of the batch, and the model runs an extend's
@@ -70,6 +70,23 @@ class Ops:
 
 OP_FIELDS_NOT_OPS = frozenset({"name", "gemv_chain", "batch_invariant"})
 """Fields of `Ops` that are not ops (a backend cannot replace them)."""
+
+FUSED_OPS: dict[str, frozenset[str]] = {
+    "rotary_kv_store": frozenset({"rotary", "kv_store"}),
+    "silu_mul_linear": frozenset({"silu_and_mul", "linear", "fp8_linear"}),
+    "gemv_chain": frozenset({"rmsnorm", "silu_and_mul", "linear", "fp8_linear", "silu_mul_linear"}),
+}
+"""A field doing the work of other ops -> those ops: where one of them is replaced and the
+field is not, the field becomes None (its launches would bypass the replacement)."""
+
+
+def replace_ops(ops: Ops, name: str, **replaced: Any) -> Ops:
+    """`ops` named `name` with the fields `replaced`, and each fused field whose ops were
+    replaced set to None (`FUSED_OPS`)."""
+    for fused, parts in FUSED_OPS.items():
+        if fused not in replaced and parts & replaced.keys():
+            replaced[fused] = None
+    return dataclasses.replace(ops, name=name, **replaced)
 
 
 def op_names() -> list[str]:

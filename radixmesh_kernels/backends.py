@@ -103,7 +103,7 @@ def discover(group: str = ENTRY_POINT_GROUP) -> list[KernelOverride]:
 def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.device | str):
     """`ops` with each override for this device checked against the op's reference and
     put in place. Raises KernelBackendError naming the op for a refused override."""
-    from radixmesh_kernels import REFERENCE_OPS, op_names
+    from radixmesh_kernels import REFERENCE_OPS, op_names, replace_ops
     from radixmesh_kernels.backend_checks import check
 
     device = torch.device(device)
@@ -127,11 +127,4 @@ def with_overrides(ops, overrides: Iterable[KernelOverride], device: torch.devic
     if not chosen:
         return ops
     name = ops.name + "".join(f"+{op}" for op in sorted(chosen))
-    replaced: dict[str, object] = {op: o.fn for op, o in chosen.items()}
-    if {"rotary", "kv_store"} & chosen.keys() and "rotary_kv_store" not in chosen:
-        replaced["rotary_kv_store"] = None  # the fused op would bypass the replaced one
-    if {"silu_and_mul", "linear", "fp8_linear"} & chosen.keys() and "silu_mul_linear" not in chosen:
-        replaced["silu_mul_linear"] = None
-    if {"rmsnorm", "silu_and_mul", "linear", "fp8_linear", "silu_mul_linear"} & chosen.keys():
-        replaced["gemv_chain"] = None  # its launches would bypass the replaced ops
-    return dataclasses.replace(ops, name=name, **replaced)
+    return replace_ops(ops, name, **{op: o.fn for op, o in chosen.items()})

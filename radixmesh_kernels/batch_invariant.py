@@ -33,8 +33,6 @@ per token), as is sampling.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 
@@ -359,8 +357,7 @@ def batch_invariant_ops(ops, device: torch.device | str):
             "linear": batch_invariant_linear_ref,
             "paged_decode_attention": paged_decode_attention_ref,
         }
-    # the fused down projection would bypass the batch-invariant linear
-    return dataclasses.replace(
-        ops, name=ops.name + "+batch-invariant", batch_invariant=True, silu_mul_linear=None,
-        gemv_chain=None, **replaced,
-    )
+    from radixmesh_kernels import replace_ops
+
+    # the fused forms of the linear (FUSED_OPS) are off: they would bypass its replacement
+    return replace_ops(ops, ops.name + "+batch-invariant", batch_invariant=True, **replaced)

@@ -22,7 +22,13 @@ import torch.nn.functional as F
 
 from radixmesh_kernels import gemv
 from radixmesh_kernels._triton import check, tl, triton
-from radixmesh_kernels.gemv import MAX_ROWS, GemvFn, gemv_plan
+from radixmesh_kernels.gemv import (
+    MAX_ROWS,
+    GemvFn,
+    dense_linear_ref,
+    dense_linear_triton,
+    gemv_plan,
+)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -184,6 +190,30 @@ GEMV_FALLBACKS: dict[str, GemvFn] = {
 }
 """What the split-K GEMV's configs are timed against per shape; the first is the reference
 their outputs must agree with."""
+
+
+def linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x @ weight.T + bias of a plain weight (scale None) or an FP8 one: the references."""
+    if scale is None:
+        return dense_linear_ref(x, weight, bias)
+    return fp8_linear_ref(x, weight, scale, bias)
+
+
+def linear_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`linear_ref` by the kernels: `dense_linear_triton` or `fp8_linear_triton`."""
+    if scale is None:
+        return dense_linear_triton(x, weight, bias)
+    return fp8_linear_triton(x, weight, scale, bias)
 
 
 def fp8_linear_triton(

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from radixmesh_kernels import gemv
 from radixmesh_kernels._triton import interpreting
+from radixmesh_kernels.fp8_linear import linear_triton
 from radixmesh_kernels.gemv import GemvConfig, decided_plan
+from radixmesh_kernels.rmsnorm import rmsnorm_triton
 from radixmesh_kernels.tuning import cuda_time_us, fastest, within
 
 MODES = ("auto", "on", "off")
@@ -80,6 +82,17 @@ class ChainLayer:
     down: Projection
     input_norm: torch.Tensor
     post_norm: torch.Tensor
+    signature: tuple = field(init=False, compare=False)
+    """What a decision depends on: the device, and each projection's shape, dtype and bias."""
+
+    def __post_init__(self) -> None:
+        projections = (self.qkv, self.o_proj, self.gate_up, self.down)
+        shapes = tuple((tuple(p.weight.shape), p.weight.dtype, p.bias is not None) for p in projections)
+        object.__setattr__(self, "signature", (self.qkv.weight.device, shapes))
+
+    @property
+    def hidden(self) -> int:
+        return self.o_proj.weight.shape[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,32 +118,33 @@ class GemvChain:
         self, num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float
     ) -> ChainPlan | None:
         """The configurations, if a forward of `num_rows` rows takes the chain (module
-        docstring); decided, in "auto" mode, at the bucket's first call outside a capture."""
+        docstring): decided at the bucket's first call outside a graph capture, then a
+        lookup."""
         if FUSION == "off" or not 1 <= num_rows <= self.max_rows:
             return None
         device = layer.qkv.weight.device
-        # the row statistics' workspace exists before any graph capture takes the chain
-        # (the first forward of a shape runs eagerly)
-        gemv.Workspace.rows(device, layer.o_proj.weight.shape[0])
-        if FUSION == "on":
-            return _configs(num_rows, dtype, layer)
-        if device.type != "cuda" or interpreting():
+        if FUSION == "auto" and (device.type != "cuda" or interpreting()):
             return None  # "auto" times on a GPU only
-        key = _key(num_rows, dtype, layer)
+        key = (FUSION, 1 << (num_rows - 1).bit_length(), dtype, layer.signature)
         decision = self._decisions.get(key)
         if decision is None:
-            if torch.cuda.is_current_stream_capturing():
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 return None
             with self._lock:
                 decision = self._decisions.get(key)
                 if decision is None:
-                    decision = self._decisions[key] = _decide(num_rows, dtype, layer, eps)
+                    decision = _decision(num_rows, dtype, layer, eps)
+                    if decision is None:  # "on" before the plans are tuned: asked again
+                        return None
+                    # the row statistics' workspace, before any graph capture takes the chain
+                    gemv.Workspace.rows(device, layer.hidden)
+                    self._decisions[key] = decision
         return decision.plan
 
     def decisions(self) -> list[dict]:
         """Each bucket decided so far: its rows, the choice, why, and the timings."""
         return [
-            {"rows": key[1], "hidden": key[3], "chain": d.plan is not None, "reason": d.reason,
+            {"rows": key[1], "mode": key[0], "chain": d.plan is not None, "reason": d.reason,
              "timings_us": dict(d.timings_us)}
             for key, d in self._decisions.items()
         ]  # fmt: skip
@@ -166,15 +180,6 @@ class GemvChain:
 GEMV_CHAIN = GemvChain()
 
 
-def _key(num_rows: int, dtype: torch.dtype, layer: ChainLayer) -> tuple:
-    shapes = tuple(
-        (tuple(p.weight.shape), p.weight.dtype, p.bias is not None)
-        for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-    )
-    return (layer.qkv.weight.device, 1 << (num_rows - 1).bit_length(), dtype,
-            layer.o_proj.weight.shape[0], shapes)  # fmt: skip
-
-
 def _configs(num_rows: int, dtype: torch.dtype, layer: ChainLayer) -> ChainPlan | None:
     """Each projection's split-K configuration, or None (a plan undecided, or not split-K)."""
     device = layer.qkv.weight.device
@@ -191,12 +196,18 @@ def _configs(num_rows: int, dtype: torch.dtype, layer: ChainLayer) -> ChainPlan 
 
 
 def _linear(x: torch.Tensor, proj: Projection) -> torch.Tensor:
-    from radixmesh_kernels.fp8_linear import fp8_linear_triton
-    from radixmesh_kernels.gemv import dense_linear_triton
+    return linear_triton(x, proj.weight, proj.scale, proj.bias)
 
-    if proj.scale is None:
-        return dense_linear_triton(x, proj.weight, proj.bias)
-    return fp8_linear_triton(x, proj.weight, proj.scale, proj.bias)
+
+def _decision(
+    num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float
+) -> ChainDecision | None:
+    """"on": the plans' configurations, untimed (None while a plan is undecided); "auto":
+    `_decide`."""
+    if FUSION == "on":
+        plan = _configs(num_rows, dtype, layer)
+        return None if plan is None else ChainDecision(plan, "on: untimed")
+    return _decide(num_rows, dtype, layer, eps)
 
 
 def _decide(num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float) -> ChainDecision:
@@ -212,8 +223,7 @@ def _decide(num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float) ->
 def _time_both_ways(
     num_rows: int, dtype: torch.dtype, layer: ChainLayer, eps: float
 ) -> ChainDecision:
-    from radixmesh_kernels.rmsnorm import rmsnorm_triton
-    from radixmesh_kernels.silu_mul_linear import silu_mul_linear_triton
+    from radixmesh_kernels.silu_mul_linear import silu_mul_linear_triton  # it imports this module
 
     device = layer.qkv.weight.device
     gen = torch.Generator(device=device).manual_seed(num_rows)
@@ -221,7 +231,7 @@ def _time_both_ways(
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=gen, device=device).to(dtype)
 
-    hidden = layer.o_proj.weight.shape[0]
+    hidden = layer.hidden
     attn, h0, res0 = randn(num_rows, layer.o_proj.weight.shape[1]), randn(num_rows, hidden), randn(num_rows, hidden)
     # the projections' plans decided on these inputs' shapes (each op tunes its own)
     normed, residual = rmsnorm_triton(h0, layer.input_norm, eps, res0)

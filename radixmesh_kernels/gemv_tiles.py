@@ -17,6 +17,14 @@ def weight_tile(w_rows, offs_k, mask_n, in_features, EVEN: tl.constexpr):
 
 
 @triton.jit
+def load_columns(ptr, offs_k, in_features, EVEN: tl.constexpr):
+    """The values at offs_k (zero past in_features unless EVEN), in fp32."""
+    if EVEN:
+        return tl.load(ptr + offs_k).to(tl.float32)
+    return tl.load(ptr + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def activations(
     x_row, offs_k, k0, in_features, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
     GATED: tl.constexpr, NORM_INPUT: tl.constexpr, rstd_row, norm_w_ptr,
@@ -34,25 +42,13 @@ def activations(
     the silu or the norm is not computed again for every weight row)."""
     if GATED or NORM_INPUT:
         offs_k = k0 + tl.arange(0, BLOCK_K)
-    if EVEN:
-        x = tl.load(x_row + offs_k).to(tl.float32)
-    else:
-        x = tl.load(x_row + offs_k, mask=offs_k < in_features, other=0.0).to(tl.float32)
+    x = load_columns(x_row, offs_k, in_features, EVEN)
+    dtype = x_row.dtype.element_ty
     if NORM_INPUT:
-        dtype = x_row.dtype.element_ty
-        if EVEN:
-            norm_w = tl.load(norm_w_ptr + offs_k).to(tl.float32)
-        else:
-            norm_w = tl.load(norm_w_ptr + offs_k, mask=offs_k < in_features, other=0.0)
-            norm_w = norm_w.to(tl.float32)
+        norm_w = load_columns(norm_w_ptr, offs_k, in_features, EVEN)
         x = (norm_w * (x * tl.load(rstd_row)).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     if GATED:
-        dtype = x_row.dtype.element_ty
-        if EVEN:
-            up = tl.load(x_row + in_features + offs_k).to(tl.float32)
-        else:
-            up = tl.load(x_row + in_features + offs_k, mask=offs_k < in_features, other=0.0)
-            up = up.to(tl.float32)
+        up = load_columns(x_row + in_features, offs_k, in_features, EVEN)
         x = ((x * tl.sigmoid(x)).to(dtype).to(tl.float32) * up).to(dtype).to(tl.float32)
     if GATED or NORM_INPUT:
         x = x[None, :]

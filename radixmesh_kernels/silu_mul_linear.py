@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from radixmesh_kernels import gemv_chain
 from radixmesh_kernels._triton import check, interpreting
-from radixmesh_kernels.fp8_linear import FP8, fp8_linear_ref, fp8_linear_triton
-from radixmesh_kernels.gemv import (
-    CANDIDATES,
-    MAX_ROWS,
-    GemvFn,
-    dense_linear_ref,
-    dense_linear_triton,
-    gemv_plan,
-)
+from radixmesh_kernels.fp8_linear import FP8, linear_ref, linear_triton
+from radixmesh_kernels.gemv import CANDIDATES, MAX_ROWS, GemvFn, gemv_plan
 from radixmesh_kernels.silu_and_mul import silu_and_mul_ref, silu_and_mul_triton
 
 
@@ -31,19 +25,13 @@ def silu_mul_linear_ref(
     scale: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    act = silu_and_mul_ref(x)
-    if scale is None:
-        return dense_linear_ref(act, weight, bias)
-    return fp8_linear_ref(act, weight, scale, bias)
+    return linear_ref(silu_and_mul_ref(x), weight, scale, bias)
 
 
 def _two_ops(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    act = silu_and_mul_triton(x)
-    if scale is None:
-        return dense_linear_triton(act, weight, bias)
-    return fp8_linear_triton(act, weight, scale, bias)
+    return linear_triton(silu_and_mul_triton(x), weight, scale, bias)
 
 
 TWO_OPS: dict[str, GemvFn] = {"silu_and_mul + linear": _two_ops}
@@ -68,10 +56,8 @@ def silu_mul_linear_triton(
         (scale is None) == (weight.dtype != FP8),
         "silu_mul_linear: an FP8 weight takes its scale, a plain weight none",
     )
-    from radixmesh_kernels.gemv_chain import FUSION
-
     fused = (
-        FUSION != "off" and x.is_cuda and 1 <= x.shape[0] <= MAX_ROWS and weight.stride(-1) == 1
+        gemv_chain.FUSION != "off" and x.is_cuda and 1 <= x.shape[0] <= MAX_ROWS and weight.stride(-1) == 1
         and weight.element_size() in CANDIDATES and (scale is not None or weight.dtype == x.dtype)
         and not interpreting()
     )  # fmt: skip
