@@ -87,6 +87,9 @@ class Report:
     before ran)."""
     steps_in_extend_graphs: int | None = None
     """In-process with --extend-graph-tokens: steps that replayed an extend graph."""
+    decode_weight_bytes: int | None = None
+    """In-process: bytes a decode step reads from the weights, as loaded (FP8 projections
+    with their scales under --quantization fp8): the batch-1 floor's numerator."""
 
 
 def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
@@ -192,10 +195,13 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         num_preemptions = engine.scheduler.num_preemptions
         counts = engine.ports[0].pipeline_counts
         extend_graphs = engine.executors[0].forward.extend
+        weights = getattr(engine.executors[0].model, "weights", None)
+        read_bytes = weights.decode_read_bytes() if weights is not None else None
     report = summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
     report.steps, report.steps_launched_ahead = counts.steps, counts.launched_ahead
     report.steps_launched_on_prepare = counts.launched_on_prepare
     report.steps_in_extend_graphs = extend_graphs.num_runs if extend_graphs else None
+    report.decode_weight_bytes = read_bytes
     return report
 
 

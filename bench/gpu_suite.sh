@@ -416,7 +416,7 @@ for prof in load("profile.json") or []:
             prof["matmul_share_of_copy_bw"], note="of copy BW")
 b1_fp8, off_fp8 = engine("engine_b1_fp8"), engine("engine_offline_fp8")
 prof_fp8 = {p["batch"]: p for p in load("profile_fp8.json") or []}
-fp8_bytes = prof_fp8.get(1, {}).get("weight_bytes_per_step")
+fp8_bytes = (b1_fp8 or {}).get("decode_weight_bytes") or prof_fp8.get(1, {}).get("weight_bytes_per_step")
 fp8_floor_ms = fp8_bytes and copy and fp8_bytes / (copy * 1e6)
 if b1_fp8:
     tpot = b1_fp8["tpot_p50_ms"]

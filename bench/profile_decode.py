@@ -39,22 +39,6 @@ from radixmesh.step import NewSequence, RunningSequence, StepPlan
 from services.common.profiling import group_of
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.executor import ExecutorCore
-from services.executor.core.models.fp8 import Fp8Weight
-
-
-def weight_bytes(core: ExecutorCore) -> int:
-    """Bytes a decode step reads from the weights: every layer, the norm, the head
-    (the embedding is gathered, a few rows per step)."""
-    w = core.model.weights
-    tensors = [w.norm, w.lm_head]
-    for layer in w.layers:
-        for name in layer.__slots__:
-            field = getattr(layer, name)
-            if isinstance(field, Fp8Weight):
-                tensors += [field.weight, field.scale]
-            elif isinstance(field, torch.Tensor):
-                tensors.append(field)
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class Driver:
@@ -220,7 +204,7 @@ def main() -> None:
             max_num_batched_tokens=max(8192, max(args.batch_sizes) * args.prompt_len),
         )
     )
-    step_bytes = weight_bytes(core)
+    step_bytes = core.model.weights.decode_read_bytes()
     print(
         f"loaded in {time.perf_counter() - start:.1f} s; "
         f"weights read per decode step: {step_bytes / 1e9:.2f} GB"

@@ -229,3 +229,24 @@ def test_fp8_tensor_core_product_matches_the_reference(rows, in_features, out_fe
     assert rel < 0.05
     cos = F.cosine_similarity(ours.flatten(), ref.flatten(), dim=0)
     assert cos > 0.998
+
+
+def test_decode_read_bytes_counts_fp8_projections_at_one_byte_a_weight(llama_model: TinyModel):
+    """A decode step's weight read, the batch-1 floor's numerator: the checkpoint's tensors
+    less the embedding, with each projection at one byte a weight plus a float32 scale a row
+    under FP8."""
+    tensors = load_file(str(llama_model.path / "model.safetensors"))
+    config = json.loads((llama_model.path / "config.json").read_text())
+    projection = [
+        t for name, t in tensors.items()
+        if name.endswith(".weight") and name.split(".")[-2] in PROJECTIONS
+    ]
+    read = sum(t.numel() for name, t in tensors.items() if "embed_tokens" not in name)
+    if config.get("tie_word_embeddings"):
+        read += tensors["model.embed_tokens.weight"].numel()  # the head is the embedding
+    projected, rows = sum(t.numel() for t in projection), sum(t.shape[0] for t in projection)
+    full = make_core(llama_model)
+    fp8 = make_core(llama_model, quantization="fp8")
+    width = full.model.weights.norm.element_size()
+    assert full.model.weights.decode_read_bytes() == read * width
+    assert fp8.model.weights.decode_read_bytes() == (read - projected) * width + projected + 4 * rows

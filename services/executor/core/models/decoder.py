@@ -66,6 +66,21 @@ class DecoderWeights:
     lm_head: torch.Tensor
     """The same tensor as `embed` when the model ties them."""
 
+    def decode_read_bytes(self) -> int:
+        """Bytes a decode step reads from the weights: every layer's tensors (an FP8
+        projection's scales included), the final norm and the head; the embedding is
+        gathered a few rows a step and not counted. A batch-1 step's floor is this over
+        the device's copy bandwidth."""
+        tensors = [self.norm, self.lm_head]
+        for layer in self.layers:
+            for name in layer.__slots__:
+                field = getattr(layer, name)
+                if isinstance(field, Fp8Weight):
+                    tensors += [field.weight, field.scale]
+                elif isinstance(field, Tensor):
+                    tensors.append(field)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
 
 def empty_weights(
     spec: ModelSpec, dtype: torch.dtype, device: torch.device, fp8: bool = False
