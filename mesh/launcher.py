@@ -37,6 +37,8 @@ from services.common.config import free_port
 
 LOOPBACK = "127.0.0.1"
 DEVICES = ("auto", "cpu", "cuda")
+MAX_NUM_SEQS = 4096
+"""The largest running batch serve accepts (decode graphs are captured up to it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,9 @@ class MeshConfig:
     """The scheduler's wait-based admission bound (0 turns it off); None keeps its default."""
     decode_steps_per_plan: int | None = None
     """The scheduler's multi-step decode plans (1: a plan per step); None keeps its default."""
+    max_num_seqs: int | None = None
+    """Most sequences in a step, every executor's and the scheduler's (decode graphs are
+    captured up to it); None keeps their default (256)."""
     """When a service that died is started again, and when serve gives up."""
 
     def __post_init__(self) -> None:
@@ -146,6 +151,10 @@ class MeshConfig:
             )
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise InvalidArgument(f"redis_url: must start with redis://, got {self.redis_url!r}")
+        if self.max_num_seqs is not None and not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
+            raise InvalidArgument(
+                f"max_num_seqs: must be in [1, {MAX_NUM_SEQS}], got {self.max_num_seqs}"
+            )
         if self.num_pages is not None and self.num_pages < 1:
             raise InvalidArgument(f"num_pages: must be >= 1, got {self.num_pages}")
         if not (math.isfinite(self.grace_s) and 0 <= self.grace_s <= 3600):
@@ -264,6 +273,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
                 if config.extend_graph_tokens
                 else ()
             ),
+            *_max_seqs_args(config.max_num_seqs),
         )
         executors.append(
             ServiceSpec(
@@ -280,6 +290,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *[arg for port, _ in ports.executors for arg in ("--executor", _address(port))],
             *_queue_wait_args(config.max_queue_wait_s),
             *_steps_per_plan_args(config.decode_steps_per_plan),
+            *_max_seqs_args(config.max_num_seqs),
         ),
         _address(ports.scheduler),
         "radixmesh.v1.Scheduler",
@@ -346,6 +357,10 @@ def _queue_wait_args(seconds: float | None) -> tuple[str, ...]:
 
 def _steps_per_plan_args(num_steps: int | None) -> tuple[str, ...]:
     return () if num_steps is None else ("--decode-steps-per-plan", str(num_steps))
+
+
+def _max_seqs_args(num_seqs: int | None) -> tuple[str, ...]:
+    return () if num_seqs is None else ("--max-num-seqs", str(num_seqs))
 
 
 def _is_gateway(name: str) -> bool:

@@ -181,6 +181,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="most decode steps the scheduler asks of an executor in one plan while its "
         "batch only decodes; 1: a plan per step (default: the scheduler's)",
     )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="most sequences in one step, the running batch's bound (each executor's and the "
+        "scheduler's); decode graphs are captured up to it (default: theirs, 256)",
+    )
 
 
 def _config(args: argparse.Namespace):
@@ -227,6 +234,7 @@ def _config(args: argparse.Namespace):
         ),
         max_queue_wait_s=args.max_queue_wait_s,
         decode_steps_per_plan=args.decode_steps_per_plan,
+        max_num_seqs=args.max_num_seqs,
     )
 
 

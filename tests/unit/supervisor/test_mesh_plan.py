@@ -143,6 +143,20 @@ def test_decode_steps_per_plan_reaches_the_scheduler(model_dir, tmp_path):
     assert default["scheduler"].decode_steps_per_plan == SchedulerConfig().decode_steps_per_plan
 
 
+def test_max_num_seqs_reaches_every_executor_and_the_scheduler(model_dir, tmp_path):
+    config = MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", num_executors=2, max_num_seqs=1024)
+    args = _parsed(config, MeshPorts.pick(2))
+    assert [args[name].max_num_seqs for name in ("executor-0", "executor-1", "scheduler")] == [1024] * 3
+    default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
+    assert default["executor-0"].max_num_seqs == default["scheduler"].max_num_seqs == 256
+
+
+@pytest.mark.parametrize("num_seqs", [0, -3, 4097])
+def test_a_bad_max_num_seqs_names_the_flag(model_dir, tmp_path, num_seqs):
+    with pytest.raises(InvalidArgument, match=r"^max_num_seqs: must be in \[1, 4096\]"):
+        MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", max_num_seqs=num_seqs)
+
+
 @pytest.mark.parametrize("grace", [-1.0, float("nan"), 4000.0])
 def test_a_bad_grace_names_the_flag(model_dir, tmp_path, grace):
     with pytest.raises(InvalidArgument, match=r"^grace:"):
