@@ -688,11 +688,13 @@ step_rps() {
         --client-processes "$procs" --slo "error_rate=0.1%,request_throughput=1000"
     mesh_bench rps_mix "$RESULTS/rps.endpoints.json" --api openai --workload mix \
         --concurrency "$conc" --duration "$mix_secs" --client-processes "$procs" \
-        --slo "ttft_p99=500ms,e2e_p99=1.2s,p99_p50_ratio=2.5,error_rate=0.1%"
-    # goodput: the same mix at rising Poisson rates; the highest rate that holds the tail
+        --slo "ttft_p99=500ms,e2e_p99=1.2s,p99_p50_ratio=2.5,p99_p50_ratio_within_group=2.5,error_rate=0.1%"
+    # goodput: the same mix at rising Poisson rates; the highest rate that holds the tail.
+    # p99/p50 within each length profile: over the whole mix it is about 4 at any load (128
+    # against 32 output tokens), so no rate could meet 2.5 there
     mesh_bench rps_sweep "$RESULTS/rps.endpoints.json" --api openai --workload mix \
         --concurrency "$conc" --duration "$sweep_secs" --client-processes "$procs" \
-        --request-rate "$rates" --slo "ttft_p99=500ms,p99_p50_ratio=2.5,error_rate=0.1%"
+        --request-rate "$rates" --slo "ttft_p99=500ms,p99_p50_ratio_within_group=2.5,error_rate=0.1%"
     mesh_down
     $PY - "$RESULTS" <<'PY' | tee "$RESULTS/rps.summary.txt"
 import json, pathlib, sys
@@ -710,11 +712,13 @@ for name in ("rps_short", "rps_mix", "rps_sweep"):
     slo = " ".join(f"{s['metric']}={'PASS' if s['passed'] else 'FAIL'}" for s in rep.get("slo", []))
     print(f"{name:<10} req/s {rep['request_throughput']:.1f}  goodput {rep['goodput']:.1f}  "
           f"errors {rep['num_errors']}/{rep['num_requests']}  ttft p99 {rep['ttft_s']['p99']}  "
-          f"p99/p50 {rep['p99_p50_ratio']}  processes {rep['config'].get('client_processes')}  {slo}")
+          f"p99/p50 {rep['p99_p50_ratio']} (within a profile {rep.get('p99_p50_ratio_within_group')})  "
+          f"processes {rep['config'].get('client_processes')}  {slo}")
     for point in (rep.get("sweep") or {}).get("points", []):
         print(f"  offered {point['offered_rate']}/s  achieved {point['request_throughput']:.1f}  "
               f"goodput {point['goodput']:.1f}  ttft p99 {point['ttft_p99_s']}  "
-              f"p99/p50 {point['p99_p50_ratio']}  slo {'met' if point['slo_met'] else 'missed'}")
+              f"p99/p50 {point['p99_p50_ratio']} (within {point.get('p99_p50_ratio_within_group')})  "
+              f"slo {'met' if point['slo_met'] else 'missed'}")
     if rep.get("sweep"):
         print(f"  highest rate meeting the SLO: {rep['sweep']['max_rate_meeting_slo']}")
 PY

@@ -99,6 +99,7 @@ def sweep_point(rate: float, report: dict[str, Any], good: float, passed: bool |
         "e2e_p50_s": e2e.get("p50"),
         "e2e_p99_s": e2e.get("p99"),
         "p99_p50_ratio": report.get("p99_p50_ratio"),
+        "p99_p50_ratio_within_group": report.get("p99_p50_ratio_within_group"),
         "slo_met": passed,
     }
 
@@ -117,16 +118,18 @@ def summarize_sweep(points: list[dict], bounds: dict[str, float]) -> dict[str, A
 def format_sweep(sweep: dict[str, Any]) -> str:
     lines = [
         f"{'offered/s':>10}{'achieved/s':>12}{'goodput/s':>11}{'TTFT p99 ms':>13}"
-        f"{'p99/p50':>9}{'errors':>8}  SLO"
+        f"{'p99/p50':>9}{'in group':>10}{'errors':>8}  SLO"
     ]
     for p in sweep["points"]:
         rate = "inf" if p["offered_rate"] is None else f"{p['offered_rate']:.1f}"
         ttft = "-" if p["ttft_p99_s"] is None else f"{p['ttft_p99_s'] * 1e3:.1f}"
         ratio = "-" if p["p99_p50_ratio"] is None else f"{p['p99_p50_ratio']:.2f}"
+        within = p.get("p99_p50_ratio_within_group")
+        within = "-" if within is None else f"{within:.2f}"
         verdict = {True: "met", False: "missed", None: "-"}[p["slo_met"]]
         lines.append(
             f"{rate:>10}{p['request_throughput']:>12.1f}{p['goodput']:>11.1f}{ttft:>13}"
-            f"{ratio:>9}{p['error_rate'] or 0:>8.3f}  {verdict}"
+            f"{ratio:>9}{within:>10}{p['error_rate'] or 0:>8.3f}  {verdict}"
         )
     best = sweep["max_rate_meeting_slo"]
     lines.append(f"highest offered rate meeting the SLO: {'none' if best is None else best}")

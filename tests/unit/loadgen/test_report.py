@@ -136,6 +136,27 @@ def test_report_numbers_agree_with_each_other_and_with_the_results():
     assert "http_429" in format_table(report)
 
 
+def test_the_tail_within_a_group_is_apart_from_the_mix_of_lengths():
+    """A 70/30 mix of 32- and 128-token requests: over all requests p99/p50 is the long
+    requests' e2e over the short ones' (4x), within each profile it is that profile's tail."""
+    short = [result(i / 100, e2e=1.0 + i / 1000, group="short") for i in range(70)]
+    long = [result(i / 100, e2e=4.0 + 2 * i / 1000, group="long") for i in range(30)]
+    report = build_report(LoadRun(short + long, started_s=0.0, ended_s=2.0), {}, {})
+    assert report["p99_p50_ratio"] == pytest.approx(4.0, rel=0.05)
+    by_group = report["p99_p50_ratio_by_group"]
+    assert by_group["short"] == pytest.approx(
+        float(np.percentile([r.e2e_s for r in short], 99)) / float(np.percentile([r.e2e_s for r in short], 50))
+    )
+    assert by_group["long"] == pytest.approx(
+        float(np.percentile([r.e2e_s for r in long], 99)) / float(np.percentile([r.e2e_s for r in long], 50))
+    )
+    assert report["p99_p50_ratio_within_group"] == max(by_group.values()) < 1.1
+    assert flat_metrics(report)["p99_p50_ratio_within_group"] == report["p99_p50_ratio_within_group"]
+    # a failed request is in no group's tail
+    failed = build_report(LoadRun([*short, result(0.5, ok=False, group="long")], 0.0, 2.0), {}, {})
+    assert set(failed["p99_p50_ratio_by_group"]) == {"short"}
+
+
 def test_every_flat_metric_is_a_valid_slo_name_and_the_report_fills_it():
     report = build_report(LoadRun([result(0.0)], 0.0, 1.0), {}, {})
     flat = flat_metrics(report)
