@@ -433,6 +433,27 @@ if off_fp8:
 for b, prof in sorted(prof_fp8.items()):
     row(f"batch-{b} step, FP8, core alone", prof["step_wall_ms_p50"], "ms",
         prof["device_busy_ms_per_step"], note="reference: device busy")
+# what remains between each profiled decode step and its weight-read floor, by part
+for label, profs in (("bf16", load("profile.json")), ("FP8", load("profile_fp8.json"))):
+    for prof in profs or []:
+        groups, b = prof.get("groups") or {}, prof["batch"]
+        wall, busy = prof["step_wall_ms_p50"], prof["device_busy_ms_per_step"]
+        if not (copy and prof.get("weight_bytes_per_step") and busy):
+            continue
+        floor = prof["weight_bytes_per_step"] / (copy * 1e6)
+        mm = (groups.get("matrix products") or {}).get("us_per_step", 0.0) / 1e3
+        others = sorted(((g, v) for g, v in groups.items() if g != "matrix products"),
+                        key=lambda gv: -gv[1]["us_per_step"])
+        head = f"batch-{b} {label} step over its floor"
+        row(head, round(wall, 3), "ms", round(floor, 3), round(wall / floor, 3),
+            note="reference: weight bytes / copy BW; the core driven step by step (the "
+            "engine's launch-ahead hides most of the host gap); the parts below add up to the excess")
+        row("  matrix products past the floor", round(mm - floor, 3), "ms",
+            note=f"{mm:.3f} ms of products at {prof.get('matmul_share_of_copy_bw')} of copy BW")
+        row("  other kernels", round(busy - mm, 3), "ms",
+            note=", ".join(f"{g} {v['us_per_step']:.0f} us x{v['kernels_per_step']:.0f}"
+                           for g, v in others[:5]))
+        row("  host gap (wall - device busy)", round(wall - busy, 3), "ms")
 for r in load("fp8_gemv.json") or []:
     if r.get("mode") == "auto" and r["rows"] in (1, 2, 8):
         row(f"FP8 GEMV {r['shape']} x{r['rows']}", r["fp8_gbps"], "GB/s", copy,
