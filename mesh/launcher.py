@@ -106,6 +106,7 @@ class MeshConfig:
     """Drain: how long in-flight requests may finish after a stop signal (the gateway's
     --grace-seconds); those still running then end with an UNAVAILABLE error event."""
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    """When a service that died is started again, and when serve gives up."""
     max_queue_wait_s: float | None = None
     """The scheduler's wait-based admission bound (0 turns it off); None keeps its default."""
     decode_steps_per_plan: int | None = None
@@ -113,7 +114,6 @@ class MeshConfig:
     max_num_seqs: int | None = None
     """Most sequences in a step, every executor's and the scheduler's (decode graphs are
     captured up to it); None keeps their default (256)."""
-    """When a service that died is started again, and when serve gives up."""
 
     def __post_init__(self) -> None:
         if not (Path(self.model_dir) / "config.json").is_file():
