@@ -407,13 +407,6 @@ if off:
         row("offline achieved TFLOP/s", round(achieved, 1), "TFLOP/s", mm,
             round(achieved / mm, 3), 0.6,
             note="2 x params x (prompt+output) tokens / s over bf16 matmul")
-for prof in load("profile.json") or []:
-    b, wall, busy = prof["batch"], prof["step_wall_ms_p50"], prof["device_busy_ms_per_step"]
-    row(f"batch-{b} step, core alone", wall, "ms", busy, busy and round(busy / wall, 3),
-        note=f"reference: device busy; {prof['kernels_per_step']:.0f} kernels per step")
-    if prof.get("matmul_share_of_copy_bw"):
-        row(f"batch-{b} matmul weight read", prof["matmul_weight_gbps"], "GB/s", copy,
-            prof["matmul_share_of_copy_bw"], note="of copy BW")
 b1_fp8, off_fp8 = engine("engine_b1_fp8"), engine("engine_offline_fp8")
 prof_fp8 = {p["batch"]: p for p in load("profile_fp8.json") or []}
 fp8_bytes = (b1_fp8 or {}).get("decode_weight_bytes") or prof_fp8.get(1, {}).get("weight_bytes_per_step")
@@ -430,24 +423,23 @@ if off_fp8:
         off and off["output_tokens_per_s"],
         off and round(off_fp8["output_tokens_per_s"] / off["output_tokens_per_s"], 3),
         note="reference: bf16 offline, same workload")
-for b, prof in sorted(prof_fp8.items()):
-    row(f"batch-{b} step, FP8, core alone", prof["step_wall_ms_p50"], "ms",
-        prof["device_busy_ms_per_step"], note="reference: device busy")
-# what remains between each profiled decode step and its weight-read floor, by part
+# each profiled decode step (the core driven step by step: the engine's launch-ahead hides
+# most of its host gap) against its weight-read floor, the excess split into its parts
 for label, profs in (("bf16", load("profile.json")), ("FP8", load("profile_fp8.json"))):
     for prof in profs or []:
         groups, b = prof.get("groups") or {}, prof["batch"]
         wall, busy = prof["step_wall_ms_p50"], prof["device_busy_ms_per_step"]
+        head = f"batch-{b} {label} step, core alone"
         if not (copy and prof.get("weight_bytes_per_step") and busy):
+            row(head, wall, "ms", busy, busy and round(busy / wall, 3), note="reference: device busy")
             continue
         floor = prof["weight_bytes_per_step"] / (copy * 1e6)
         mm = (groups.get("matrix products") or {}).get("us_per_step", 0.0) / 1e3
         others = sorted(((g, v) for g, v in groups.items() if g != "matrix products"),
                         key=lambda gv: -gv[1]["us_per_step"])
-        head = f"batch-{b} {label} step over its floor"
         row(head, round(wall, 3), "ms", round(floor, 3), round(wall / floor, 3),
-            note="reference: weight bytes / copy BW; the core driven step by step (the "
-            "engine's launch-ahead hides most of the host gap); the parts below add up to the excess")
+            note=f"reference: weight bytes / copy BW; {prof['kernels_per_step']:.0f} kernels a "
+            "step; the parts below add up to the excess")
         row("  matrix products past the floor", round(mm - floor, 3), "ms",
             note=f"{mm:.3f} ms of products at {prof.get('matmul_share_of_copy_bw')} of copy BW")
         row("  other kernels", round(busy - mm, 3), "ms",

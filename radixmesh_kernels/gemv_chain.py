@@ -42,7 +42,7 @@ from radixmesh_kernels._triton import interpreting
 from radixmesh_kernels.fp8_linear import linear_triton
 from radixmesh_kernels.gemv import GemvConfig, decided_plan
 from radixmesh_kernels.rmsnorm import rmsnorm_triton
-from radixmesh_kernels.tuning import cuda_time_us, fastest, within
+from radixmesh_kernels.tuning import cuda_time_us, fastest, graphed, within
 
 MODES = ("auto", "on", "off")
 FUSION = os.environ.get("RADIXMESH_GEMV_FUSION", "auto")
@@ -270,7 +270,7 @@ def _time_both_ways(
             res, rstd = GemvChain.linear_residual(gate_up, layer.down, res, eps, plan.down, True)
         return res
 
-    runs = {"unfused": _graphed(unfused), "chain": _graphed(chained)}
+    runs = {"unfused": graphed(unfused), "chain": graphed(chained)}
     best = fastest(runs, lambda fn: cuda_time_us(fn, iters=9, warmups=2), within(3e-2, 1e-3))
     if "chain" in dict(best.dropped):
         return ChainDecision(None, dict(best.dropped)["chain"], best.timings_us)
@@ -287,18 +287,3 @@ def chain_pays(timings_us: dict[str, float]) -> tuple[bool, str]:
     if chain < unfused:
         return False, f"faster than the unfused ops by less than {MIN_GAIN:.0%}"
     return False, "the unfused ops were as fast or faster"
-
-
-def _graphed(fn):
-    """`fn` captured in a CUDA graph (after one eager call): a call replays it and returns
-    its output."""
-    fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-
-    def replay() -> torch.Tensor:
-        graph.replay()
-        return out
-
-    return replay

@@ -3,7 +3,8 @@ a reference, the ones that ran and agree timed, the fastest kept.
 
 `fastest` is the choice's logic (no device: the timer and the agreement test are passed
 in, so it runs on fake candidates too); `cuda_time_us` is the device timer the kernels'
-choices pass it; `within` the agreement test they share.
+choices pass it; `within` the agreement test they share; `graphed` a candidate captured in
+a CUDA graph, timed as a decode graph runs it.
 """
 
 from __future__ import annotations
@@ -100,3 +101,18 @@ def cuda_time_us(
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return statistics.median(times)
+
+
+def graphed(fn: Callable[[], T]) -> Callable[[], T]:
+    """`fn` captured in a CUDA graph (after one eager call, which compiles and tunes outside
+    the capture): a call replays the graph and returns the captured output."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay() -> T:
+        graph.replay()
+        return out
+
+    return replay

@@ -123,6 +123,14 @@ def griddep_order(ptx: str) -> dict[str, bool]:
     }
 
 
+def _splitk_constants(rows: int, cfg, weight_bytes: int, **flags) -> dict:
+    """The split-K GEMV's constexprs for a launch of `rows` rows with `cfg` over weights of
+    `weight_bytes` bytes an element (FP8 weights carry row scales)."""
+    return dict(NUM_ROWS=rows, HAS_SCALE=weight_bytes == 1, SPLIT_K=cfg.split_k,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
+                VEC=gemv.VEC_BYTES // weight_bytes, PREFETCH=cfg.prefetch, **flags)  # fmt: skip
+
+
 def _cases(sweep: bool):
     """(name, kernel, pointer types, constexprs, num_warps, num_stages).
 
@@ -222,19 +230,17 @@ def _cases(sweep: bool):
     gemv_types |= {"residual_ptr": bf16, "norm_w_ptr": bf16, "row_counter_ptr": "*i32"}
     gemv_types |= dict.fromkeys(("rstd_ptr", "sumsq_ptr"), "*fp32")
     for size, candidates in gemv.CANDIDATES.items():
-        weight, scaled = ("*fp8e4nv", True) if size == 1 else (bf16, False)
+        weight = "*fp8e4nv" if size == 1 else bf16
         chosen = candidates if sweep else [candidates[1], *(c for c in candidates if c.prefetch)][:2]
         for rows, cfg in product((1, 2), chosen):
             yield (
                 f"gemv {weight[1:]} rows {rows} {cfg.describe()}",
                 gemv._gemv_splitk_kernel,
                 gemv_types | {"w_ptr": weight},
-                dict(NUM_ROWS=rows, HAS_SCALE=scaled, HAS_BIAS=True, SPLIT_K=cfg.split_k,
-                     BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
-                     VEC=gemv.VEC_BYTES // size, PREFETCH=cfg.prefetch),
+                _splitk_constants(rows, cfg, size, HAS_BIAS=True),
                 cfg.num_warps,
                 LAUNCH_NUM_STAGES,  # gemv_splitk leaves Triton's default
-            )  # fmt: skip
+            )
         # the fused forms: the down projection with silu_and_mul in its activation read and
         # the residual add + row statistics after it; a projection reading its input's norm
         cfg = candidates[1]
@@ -247,12 +253,10 @@ def _cases(sweep: bool):
                 f"gemv {weight[1:]} {what} rows {rows} {cfg.describe()}",
                 gemv._gemv_splitk_kernel,
                 gemv_types | {"w_ptr": weight},
-                dict(NUM_ROWS=rows, HAS_SCALE=scaled, HAS_BIAS=False, SPLIT_K=cfg.split_k,
-                     BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN=True,
-                     VEC=gemv.VEC_BYTES // size, PREFETCH=cfg.prefetch) | flags,
+                _splitk_constants(rows, cfg, size, HAS_BIAS=False, **flags),
                 cfg.num_warps,
                 LAUNCH_NUM_STAGES,
-            )  # fmt: skip
+            )
     for dtype, ieee in (("bf16", False), ("fp32", True)):
         yield (
             f"batch-invariant matmul {dtype}",

@@ -15,6 +15,7 @@ from radixmesh_kernels.fp8_linear import (
     fp8_linear_triton,
     quantize_rows_triton,
 )
+from radixmesh_kernels.tuning import graphed
 
 
 def _fp8_weight(out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,11 +206,9 @@ def test_tuned_plan_on_the_gpu_agrees_and_is_no_slower_than_the_one_pass_kernel(
     assert "onepass" in timings and timings[plan["chosen"]] <= timings["onepass"]
     ref = fp8_linear_ref(x.float(), weight, scale)
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fp8_linear_triton(x, weight, scale)
+    replay = graphed(lambda: fp8_linear_triton(x, weight, scale))
     for _ in range(3):
-        graph.replay()
+        captured = replay()
     torch.testing.assert_close(captured, out)
 
 

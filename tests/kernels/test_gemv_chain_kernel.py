@@ -11,6 +11,7 @@ from kernel_factories import DEVICE, fp8_rows, seeded_randn
 from radixmesh_kernels import gemv
 from radixmesh_kernels.fp8_linear import fp8_linear_ref
 from radixmesh_kernels.rmsnorm import rmsnorm_ref
+from radixmesh_kernels.tuning import graphed
 
 CONFIGS = [
     gemv.GemvConfig(block_n=8, block_k=32, split_k=1, num_warps=2),
@@ -125,13 +126,10 @@ def test_on_the_gpu_a_captured_chain_replays_as_the_unfused_ops(fp8):
         gu = gemv.gemv_splitk(normed, *gate_up, None, cfg)
         return gemv.gemv_splitk(gu, *down, None, cfg, gated=True) + res
 
-    chained()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, rstd = chained()
+    replay = graphed(chained)
     for seed in (7, 8):
         attn.copy_(seeded_randn(rows, hidden, seed=seed, dtype=torch.bfloat16))
-        graph.replay()
+        out, rstd = replay()
         want = unfused()
         assert float((out.float() - want.float()).norm() / want.float().norm()) < 1e-2
         torch.testing.assert_close(rstd, torch.rsqrt(out.float().pow(2).mean(-1) + EPS), rtol=2e-2, atol=0)

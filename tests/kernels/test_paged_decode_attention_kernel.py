@@ -11,6 +11,7 @@ from radixmesh_kernels.paged_decode_attention import (
     paged_decode_attention_ref,
     paged_decode_attention_triton,
 )
+from radixmesh_kernels.tuning import graphed
 
 # context lengths: one token, one short of a tile, several tiles and pages
 SEQ_LENS = [1, 15, 45, 70]
@@ -105,12 +106,9 @@ def test_decode_replays_from_a_captured_cuda_graph():
         dtype=torch.bfloat16, seed=10,
     )  # fmt: skip
     args = (batch.q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens, batch.scale)
-    paged_decode_attention_triton(*args)  # compiles and tunes outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = paged_decode_attention_triton(*args)
+    replay = graphed(lambda: paged_decode_attention_triton(*args))
     batch.seq_lens.copy_(torch.tensor([17, 64, 0, 199], dtype=torch.int32))
-    graph.replay()
+    out = replay()
     torch.cuda.synchronize()
     ref = paged_decode_attention_ref(*args)
     torch.testing.assert_close(out[[0, 1, 3]], ref[[0, 1, 3]], **tolerance(torch.bfloat16))
@@ -209,12 +207,9 @@ def test_single_pass_replays_from_a_captured_cuda_graph():
     # (the cache past a sequence's length is NaN)
     batch.seq_lens.copy_(torch.tensor([100, 17, 5], dtype=torch.int32))
     args = (batch.q, batch.k_cache, batch.v_cache, batch.page_table, batch.seq_lens, batch.scale)
-    paged_decode_attention_triton(*args)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = paged_decode_attention_triton(*args)
+    replay = graphed(lambda: paged_decode_attention_triton(*args))
     batch.seq_lens.copy_(torch.tensor([99, 0, 16], dtype=torch.int32))
-    graph.replay()
+    out = replay()
     torch.cuda.synchronize()
     ref = paged_decode_attention_ref(*args)
     torch.testing.assert_close(out[[0, 2]], ref[[0, 2]], **tolerance(torch.bfloat16))

@@ -11,6 +11,7 @@ from radixmesh_kernels import gemv, gemv_chain
 from radixmesh_kernels.fp8_linear import fp8_linear_triton
 from radixmesh_kernels.silu_and_mul import silu_and_mul_triton
 from radixmesh_kernels.silu_mul_linear import silu_mul_linear_ref, silu_mul_linear_triton
+from radixmesh_kernels.tuning import graphed
 
 CONFIGS = [
     gemv.DEFAULT_CONFIG,
@@ -109,9 +110,7 @@ def test_on_the_gpu_the_fused_form_is_timed_against_the_two_ops_and_replays(
     assert any(name.startswith("splitk") for name in timings)  # the fused configs ran
     ref = silu_mul_linear_ref(x.float(), weight.float() if scale is None else weight, scale)
     assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = silu_mul_linear_triton(x, weight, scale)
+    replay = graphed(lambda: silu_mul_linear_triton(x, weight, scale))
     for _ in range(3):
-        graph.replay()
+        captured = replay()
     torch.testing.assert_close(captured, out)

@@ -150,7 +150,7 @@ def test_the_chain_is_off_where_a_plan_is_not_a_split_k_configuration(monkeypatc
 def _decided(monkeypatch, model: Decoder, times: dict[str, float]):
     """`gemv_chain._decide` on the model's first layer with made-up timings (by variant);
     the variants run for real (the interpreter), only their graphs and timer are replaced."""
-    monkeypatch.setattr(gemv_chain, "_graphed", lambda fn: fn)
+    monkeypatch.setattr(gemv_chain, "graphed", lambda fn: fn)
     monkeypatch.setattr(gemv_chain, "cuda_time_us", lambda fn, **_: times[fn.__name__])
     layer = model._chain_layers[0]
     return gemv_chain._decide(2, layer.qkv.weight.dtype, layer, model.spec.rms_norm_eps)
@@ -182,7 +182,7 @@ def test_a_timing_that_fails_keeps_the_unfused_ops_and_says_why(monkeypatch, lla
     def no_graphs(fn):
         raise RuntimeError("CUDA graphs need a GPU")
 
-    monkeypatch.setattr(gemv_chain, "_graphed", no_graphs)
+    monkeypatch.setattr(gemv_chain, "graphed", no_graphs)
     layer = model._chain_layers[0]
     decision = gemv_chain._decide(1, layer.qkv.weight.dtype, layer, model.spec.rms_norm_eps)
     assert decision.plan is None

@@ -208,8 +208,8 @@ class Decoder:
             int(getattr(ops.paged_attention, "min_dense_q_len", 1)) if dense_new_kv else None
         )
         self.batch_invariant = ops.batch_invariant
-        # each layer's projections and norms as the GEMV chain takes them
-        self._chain_layers = [
+        # each layer's projections and norms as the GEMV chain takes them (where the set has it)
+        self._chain_layers = [] if ops.gemv_chain is None else [
             ChainLayer(
                 projection(layer.qkv, layer.qkv_bias),
                 projection(layer.o_proj, layer.o_bias),

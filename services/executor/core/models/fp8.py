@@ -89,9 +89,8 @@ def silu_mul_linear(x: torch.Tensor, weight: Weight, ops: Ops) -> torch.Tensor:
     (`ops.silu_mul_linear`), else `ops.silu_and_mul` and `linear`."""
     if ops.silu_mul_linear is None:
         return linear(ops.silu_and_mul(x), weight, None, ops)
-    if isinstance(weight, torch.Tensor):
-        return ops.silu_mul_linear(x, weight)
-    return ops.silu_mul_linear(x, weight.weight, weight.scale)
+    down = projection(weight)
+    return ops.silu_mul_linear(x, down.weight, down.scale)
 
 
 @dataclass(frozen=True, slots=True)
