@@ -3,10 +3,18 @@
     python bench/engine.py --num-requests 64 --prompt-len 128 --output-len 32
     python bench/engine.py --workload shared-prefix --shared-len 96 --model /models/Llama-3.1-8B
     python bench/engine.py --mode services --device cpu
+    python bench/engine.py --workload chat-words --prompt-len 512   # what `radixmesh bench` sends
 
 Every request is submitted at once (offline batch); each one ignores EOS so
 it generates exactly --output-len tokens. With no --model, the tiny default
 model is used (created once in the cache folder).
+
+Workloads: `random` draws --prompt-len token ids per prompt; `shared-prefix` puts the same
+--shared-len ids first in each; `chat-words` makes the prompts `radixmesh bench --workload
+random --input-len N` sends (N = --prompt-len random words, the same generator and --seed)
+and tokenizes them as the gateway does (a user message through the model's chat template),
+so an in-process run prefills the tokens a run through the mesh does; the report's
+`prompt_tokens` is their total (`total_input_tokens` in the bench's report).
 
 Modes: `inprocess` drives the in-process Engine (one executor core, no gRPC);
 `services` starts a cache, one executor and a scheduler as processes and
@@ -87,12 +95,16 @@ class Report:
     before ran)."""
     steps_in_extend_graphs: int | None = None
     """In-process with --extend-graph-tokens: steps that replayed an extend graph."""
+    prompt_tokens: int = 0
+    """Prompt tokens of the measured requests, in all."""
     decode_weight_bytes: int | None = None
     """In-process: bytes a decode step reads from the weights, as loaded (FP8 projections
     with their scales under --quantization fp8): the batch-1 floor's numerator."""
 
 
 def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
+    if args.workload == "chat-words":
+        return chat_word_prompts(args)
     rng = random.Random(args.seed)
     low = min(10, vocab_size // 2)  # stay clear of the special ids at the start
 
@@ -103,6 +115,25 @@ def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
         return [draw(args.prompt_len) for _ in range(args.num_requests)]
     shared = draw(args.shared_len)
     return [shared + draw(args.prompt_len - args.shared_len) for _ in range(args.num_requests)]
+
+
+def chat_word_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """The first --num-requests prompts of `radixmesh bench --workload random` (its words and
+    seed), as the gateway tokenizes a chat request of each."""
+    import itertools
+
+    from gateway.core.request import ChatMessage
+    from gateway.core.tokenizer import Tokenizer
+    from mesh.loadgen.workloads import WorkloadConfig, iter_scripts
+
+    tokenizer = Tokenizer.from_folder(model_dir(args))
+    config = WorkloadConfig(
+        name="random", seed=args.seed, input_len=args.prompt_len, output_len=args.output_len
+    )
+    scripts = itertools.islice(iter_scripts(config), args.num_requests)
+    return [
+        tokenizer.encode_messages([ChatMessage("user", script.turns[0].user)]) for script in scripts
+    ]
 
 
 async def run_requests(
@@ -318,6 +349,7 @@ def summarize(
         prefix_hit_rate=round(sum(t.num_cached_tokens for t in timings) / num_prompt, 4),
         best_prefix_hit_rate=round(best, 4),
         num_preemptions=num_preemptions,
+        prompt_tokens=num_prompt,
     )
 
 
@@ -344,7 +376,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--workload", choices=("random", "shared-prefix"), default="random")
+    p.add_argument(
+        "--workload",
+        choices=("random", "shared-prefix", "chat-words"),
+        default="random",
+        help="random token ids, a shared prefix of them, or the bench's chat prompts of "
+        "--prompt-len words (see above)",
+    )
     p.add_argument("--shared-len", type=int, default=96, help="shared-prefix tokens")
     p.add_argument("--device", default="auto")
     p.add_argument("--page-size", type=int, default=16)

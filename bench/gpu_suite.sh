@@ -613,8 +613,10 @@ step_tracing() {
 
 # mesh: the offline 256 x (512 + 128) workload through the whole mesh (Envoy, gateway,
 # scheduler, cache, executor) with the gRPC and the OpenAI API, against bench/engine.py
-# in-process on the same model in the same call. Prompts are random words (about one token
-# each), so the mesh reports its own token counts; the ratio is of output tokens/s.
+# in-process on the same model in the same call. The in-process run's prompts are the bench's
+# own (`--workload chat-words`: its random words and seed, chat-templated and tokenized as the
+# gateway does), so both prefill the same number of tokens (the summary prints both totals);
+# the ratio is of output tokens/s.
 # Targets: >= 0.97 at the 8B shape, >= 0.9 at 1B (MODEL_DIR of a 1B-shaped folder).
 # DECODE_STEPS_PER_PLAN=k: the scheduler's multi-step decode plans, in-process and in the mesh
 # alike (1: a plan per step; unset: the scheduler's default); one RESULTS_DIR per k.
@@ -625,13 +627,29 @@ step_mesh() {
     [ -f "$MODEL/config.json" ] || step_model
     run_step mesh_engine 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
         --num-requests "$n" --prompt-len "$words" --output-len "$o" --mode inprocess \
-        --max-num-seqs 256 --max-num-batched-tokens 8192 --json "${steps[@]}"
+        --workload chat-words --max-num-seqs 256 --max-num-batched-tokens 8192 --json "${steps[@]}"
     mesh_up mesh "${steps[@]}" || return 0
     local load=(--workload random --input-len "$words" --output-len "$o" --ignore-eos
         --num-requests "$n" --concurrency "$n" --warmup 4)
     mesh_bench mesh_grpc "$RESULTS/mesh.endpoints.json" --api grpc "${load[@]}"
     # another seed: the gRPC run's prompts are in the radix tree by now
     mesh_bench mesh_openai "$RESULTS/mesh.endpoints.json" --api openai "${load[@]}" --seed 1
+    # MESH_PROFILE=1: a third gRPC run (its own seed, not in the ratio) with the executor, the
+    # scheduler and the gateway sampled by py-spy for its first MESH_PROFILE_S seconds, and
+    # the executor's first 24 steps under torch.profiler (files in $RESULTS/mesh_profile/)
+    if [ "${MESH_PROFILE:-0}" = 1 ]; then
+        local service pids=()
+        for service in executor-0 scheduler gateway; do
+            local torch=()
+            [ "$service" = executor-0 ] && torch=(--torch-steps 24)
+            $PY -m mesh.cli profile --service "$service" --seconds "${MESH_PROFILE_S:-5}" \
+                --mesh-info "$RESULTS/mesh.endpoints.json" "${torch[@]}" \
+                --out "$RESULTS/mesh_profile/$service" >"$RESULTS/mesh_profile.$service.log" 2>&1 &
+            pids+=($!)
+        done
+        mesh_bench mesh_profiled "$RESULTS/mesh.endpoints.json" --api grpc "${load[@]}" --seed 2
+        wait "${pids[@]}"
+    fi
     mesh_down
     $PY - "$RESULTS" <<'PY' | tee "$RESULTS/mesh.summary.txt"
 import json, pathlib, sys
@@ -649,7 +667,14 @@ for api in ("grpc", "openai"):
     tps = rep and rep.get("output_tokens_per_s")
     ratio = tps / ref if tps and ref else None
     print(f"mesh {api:<7} output tok/s {tps}  in-process {ref}  ratio {ratio}  "
-          f"errors {rep and rep.get('num_errors')}  ttft p50 {rep and rep['ttft_s']['p50']}")
+          f"errors {rep and rep.get('num_errors')}  ttft p50 {rep and rep['ttft_s']['p50']}  "
+          f"prompt tokens {rep and rep.get('total_input_tokens')} "
+          f"(in-process {engine and engine.get('prompt_tokens')})")
+    steps = rep and rep.get("executor_steps")
+    if steps:
+        print(f"  executor steps {steps['count']:.0f} in {steps['seconds']:.2f} s of "
+              f"{rep['duration_s']:.2f} s, tokens {steps['tokens']} "
+              f"(in-process: {engine and engine.get('steps')} steps, warm-up included)")
 PY
 }
 

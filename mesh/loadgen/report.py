@@ -41,6 +41,8 @@ from mesh.loadgen.scrape import (
 SERVER_TTFT = "radixmesh_scheduler_time_to_first_token_seconds"
 BATCH_SEQUENCES = "radixmesh_executor_batch_sequences"
 STEP_SECONDS = "radixmesh_executor_step_seconds"
+STEP_TOKENS = "radixmesh_executor_tokens_total"
+TOKEN_KINDS = ("prefill", "extend", "decode")
 HIT_TOKENS = "radixmesh_cache_prefix_hit_tokens_total"
 QUERY_TOKENS = "radixmesh_cache_prefix_query_tokens_total"
 CACHED_PROMPT_TOKENS = "radixmesh_scheduler_cached_prompt_tokens_sum"
@@ -100,6 +102,18 @@ def _histogram_stats(hist: HistogramDelta | None) -> dict[str, float | None] | N
     return {"mean": hist.mean, **{k: hist.quantile(q) for k, q in QUANTILES}}
 
 
+def _steps(before: Snapshot, after: Snapshot, steps: HistogramDelta) -> dict[str, Any]:
+    """The executors' steps over the run: how many, their summed time, and the tokens they
+    ran by kind (what an in-process run of the same workload is compared on)."""
+    return {
+        "count": steps.count,
+        "seconds": steps.sum,
+        "tokens": {
+            kind: delta(before, after, "executor", STEP_TOKENS, kind=kind) for kind in TOKEN_KINDS
+        },
+    }
+
+
 def _server_side(before: Snapshot, after: Snapshot, samples: Sequence[TimePoint]) -> dict[str, Any]:
     batch = histogram_delta(before, after, "executor", BATCH_SEQUENCES)
     running = [p.running for p in samples if p.running is not None]
@@ -112,11 +126,11 @@ def _server_side(before: Snapshot, after: Snapshot, samples: Sequence[TimePoint]
         delta(before, after, "scheduler", CACHED_PROMPT_TOKENS),
         delta(before, after, "scheduler", PROMPT_TOKENS),
     )
+    steps = histogram_delta(before, after, "executor", STEP_SECONDS)
     return {
         "server_ttft_s": _histogram_stats(histogram_delta(before, after, "scheduler", SERVER_TTFT)),
-        "executor_step_s": _histogram_stats(
-            histogram_delta(before, after, "executor", STEP_SECONDS)
-        ),
+        "executor_step_s": _histogram_stats(steps),
+        "executor_steps": None if steps is None else _steps(before, after, steps),
         "batch_size": {
             "running_mean": math.fsum(running) / len(running) if running else None,
             "running_max": max(running) if running else None,

@@ -100,8 +100,9 @@ def total(snapshot: Snapshot, role: str, name: str, **match: str) -> float | Non
     return math.fsum(values) if values else None
 
 
-def delta(before: Snapshot, after: Snapshot, role: str, name: str) -> float | None:
-    start, end = total(before, role, name), total(after, role, name)
+def delta(before: Snapshot, after: Snapshot, role: str, name: str, **match: str) -> float | None:
+    """The run's increase of `total(..., name, **match)` (None where the end has none)."""
+    start, end = total(before, role, name, **match), total(after, role, name, **match)
     if end is None:
         return None
     return end - (start or 0.0)

@@ -234,3 +234,23 @@ def test_kv_hit_rate_is_what_admission_served_and_the_lookup_ratio_stays_apart()
         LoadRun([result(0.0)], 0.0, 1.0), snapshot(cache, "cache"), snapshot(cache, "cache")
     )
     assert only_cache["kv_cache_hit_rate"] is None  # no increase: nothing measured
+
+
+def test_executor_steps_count_the_run_s_steps_their_time_and_tokens_by_kind():
+    """The executors' steps over the run, two executors added up: what an in-process run of
+    the same workload is compared on (steps, their summed seconds, prefill/decode tokens)."""
+    registry = CollectorRegistry()
+    seconds = Histogram("radixmesh_executor_step_seconds", "", ["executor_id"], registry=registry)
+    tokens = Counter("radixmesh_executor_tokens", "", ["executor_id", "kind"], registry=registry)
+    seconds.labels("e0").observe(9.0)  # before the run: not counted
+    tokens.labels("e0", "prefill").inc(1000)
+    before = snapshot(registry, "executor")
+    for executor, step_s, prefill, decode in (("e0", 0.25, 512, 3), ("e1", 0.5, 0, 7)):
+        seconds.labels(executor).observe(step_s)
+        tokens.labels(executor, "prefill").inc(prefill)
+        tokens.labels(executor, "decode").inc(decode)
+    report = build_report(LoadRun([result(0.0)], 0.0, 1.0), before, snapshot(registry, "executor"))
+    steps = report["executor_steps"]
+    assert steps["count"] == 2 and steps["seconds"] == pytest.approx(0.75)
+    assert steps["tokens"] == {"prefill": 512, "extend": None, "decode": 10}
+    assert build_report(LoadRun([result(0.0)], 0.0, 1.0), {}, {})["executor_steps"] is None
