@@ -58,6 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.train_tiny import EDIT_HEADER
 from mesh.engine import Engine, EngineConfig
 from radixmesh.sampling import SamplingParams
 from services.executor.core.spec import SpeculativeConfig
@@ -100,7 +101,7 @@ def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) ->
     if workload == "code_edit":
         funcs = functions(sources)
         picks = [rng.choice(funcs) for _ in range(n)]
-        return [f"{f}\n# The same function with one name changed:\n{f.splitlines()[0]}\n" for f in picks]
+        return [f"{f}\n{EDIT_HEADER}\n{f.splitlines()[0]}\n" for f in picks]
     if workload == "quote":
         docs = docstrings(sources)
         picks = [rng.choice(docs) for _ in range(n)]

@@ -9,14 +9,26 @@ Writes a Hugging Face folder (config.json, bf16 safetensors on CUDA, a byte-leve
 tokenizer trained on the same text, a chat template) that `radixmesh serve --model`
 loads, and a JSON record: parameters, tokens seen, the loss curve, the held-out loss and a
 greedy sample.
+
+A share of the training documents (--edit-share, a fifth by default) are code edits in the
+form bench/speculative.py's code_edit prompts take: a function, the line EDIT_HEADER, then
+the same function with one name of its body changed throughout. A model that has only read
+source does not know what the header asks and writes on from the first line as it likes;
+one taught the task copies the function, as a code model asked for an edit does, so the
+workload measures what it is meant to (drafts that are right). Those functions come only
+from modules in the standard library's packages: the benchmark's come from its top-level
+modules, which no edit document is made of.
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
+import keyword
 import math
 import random
+import re
 import sys
 import sysconfig
 import time
@@ -29,6 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mesh.tiny_model import BOS, CHAT_TEMPLATE, EOS, PAD, train_tokenizer
 
 SAMPLE_PROMPT = "def __init__(self, "
+EDIT_HEADER = "# The same function with one name changed:"
+"""bench/speculative.py's code_edit prompts put this line between a function and its edit."""
+FUNCTION = re.compile(r"\n(def [^\n]+\n(?:(?:    [^\n]*)?\n){4,40})")
+"""A top-level function of 4-40 lines (as bench/speculative.py finds them)."""
+NAME = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{2,}\b")
+MAX_MISSES = 10_000
+"""Draws of a function and a name that make no edit before edit_documents stops short."""
+RESERVED = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | {"self", "cls"}
 
 
 def corpus_files(max_bytes: int) -> list[Path]:
@@ -44,6 +64,35 @@ def corpus_files(max_bytes: int) -> list[Path]:
         files.append(path)
         size += n
     return files
+
+
+def is_top_level(path: Path) -> bool:
+    """A module directly in the standard library's folder (bench/speculative.py's sources)."""
+    return path.parent == Path(sysconfig.get_paths()["stdlib"])
+
+
+def edit_documents(texts: list[str], share: float, rng: random.Random) -> list[str]:
+    """Code-edit documents (see the module docstring) from the functions in `texts`, about
+    `share` of the corpus's characters with the texts: a function, EDIT_HEADER, and the
+    function with one name that is not in its first line renamed wherever it stands."""
+    functions = [m.group(1) for text in texts for m in FUNCTION.finditer(text)]
+    names = sorted({n for f in functions for n in NAME.findall(f)} - RESERVED)
+    if not functions or not names or share <= 0:
+        return []
+    budget = share / (1 - share) * sum(map(len, texts))
+    docs, size, misses = [], 0, 0
+    while size < budget and misses < MAX_MISSES:
+        function = rng.choice(functions)
+        first, _, body = function.partition("\n")
+        candidates = sorted(set(NAME.findall(body)) - set(NAME.findall(first)) - RESERVED)
+        old, new = rng.choice(candidates or [""]), rng.choice(names)
+        if not old or re.search(rf"\b{re.escape(new)}\b", function):
+            misses += 1  # nothing to rename, or the new name is taken: draw again
+            continue
+        edited = first + "\n" + re.sub(rf"\b{re.escape(old)}\b", new, body)
+        docs.append(f"{function}\n{EDIT_HEADER}\n{edited}")
+        size += len(docs[-1])
+    return docs
 
 
 def read_texts(files: list[Path]) -> list[str]:
@@ -135,7 +184,14 @@ def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    texts = read_texts(corpus_files(args.max_corpus_mb << 20))
+    files = corpus_files(args.max_corpus_mb << 20)
+    texts = read_texts(files)
+    edits = edit_documents(
+        read_texts([f for f in files if not is_top_level(f)]),
+        args.edit_share,
+        random.Random(args.seed + 1),
+    )
+    texts += edits
     random.Random(args.seed).shuffle(texts)
     tokenizer = build_tokenizer(texts, args.vocab_size, out)
     data = encode(tokenizer, texts)
@@ -181,6 +237,8 @@ def train(args: argparse.Namespace) -> dict:
         "device": str(device),
         "num_params": num_params,
         "corpus_tokens": int(data.numel()),
+        "edit_documents": len(edits),
+        "edit_share": args.edit_share,
         "vocab_size": len(tokenizer),
         "steps": step,
         "tokens_seen": step * args.batch_size * args.seq_len,
@@ -224,6 +282,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--max-train-s", type=float, default=300.0, help="stop training after this")
     p.add_argument("--max-corpus-mb", type=int, default=48)
+    p.add_argument(
+        "--edit-share",
+        type=float,
+        default=0.2,
+        help="share of the corpus's characters in code-edit documents (0: source alone)",
+    )
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--sample-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
@@ -232,6 +296,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--smoke", action="store_true", help="tiny shapes, a few steps (checks the flow on a CPU)"
     )
     args = p.parse_args(argv)
+    if not 0 <= args.edit_share < 1:
+        p.error(f"--edit-share must be in [0, 1), got {args.edit_share}")
     if args.smoke:
         args.vocab_size, args.hidden, args.intermediate, args.layers = 512, 64, 128, 2
         args.heads, args.kv_heads, args.seq_len, args.batch_size = 4, 2, 64, 4
