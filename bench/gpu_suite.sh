@@ -19,13 +19,15 @@
 #        speculative_serve, through radixmesh serve)
 # Named only as well: mesh (the offline workload through `radixmesh serve` with the gRPC and
 #        OpenAI APIs against the in-process engine; DECODE_STEPS_PER_PLAN=k sets the multi-step
-#        decode plans of both), multi_step (steps/s and Python time per token at k = 1, 4, 8
+#        decode plans of both; MESH_PROFILE=1 adds a run with the executor, scheduler and
+#        gateway sampled), multi_step (steps/s and Python time per token at k = 1, 4, 8
 #        decode steps per plan, in-process), rps (short requests at > 1,000/s
 #        on a 1B shape, then the seed's mix with its SLO gate) and jump_forward (the JSON
 #        workload at batch 1 and 64 with jump-forward off and on), programs, programs_trained and
 #        programs_rtt (bench/programs.py: programs server-side against client-driven, 8B shape /
 #        trained model / trained model with a 20 ms client round trip), programs_extend_graphs
-#        (programs_target with the executor's extend graphs on), engine_mixed (short extends
+#        (programs_target with the executor's extend graphs on), programs_target_rtt (the same
+#        with a 20 ms client round trip), engine_mixed (short extends
 #        beside decodes in-process, extend graphs off then on), profile_programs (the
 #        executor torch-profiled under issue 16's select and fork at concurrency 16), profile_serve (`radixmesh
 #        profile` of a served executor under load, torch-profiler steps on CUDA) and tracing
@@ -836,6 +838,15 @@ step_programs_extend_graphs() {
     [ -f "$MODEL/config.json" ] || step_model
     programs_bench programs_extend_graphs "$MODEL" --programs fork,select --concurrency 16 \
         --num-programs 48 --extend-graph-tokens "${EXTEND_GRAPH_TOKENS:-512}"
+}
+
+# programs_target_rtt: issue 16's target point (8B shape, extend graphs as in
+# programs_extend_graphs) with a RTT_MS (20) ms round trip injected before every call the
+# client sends: the client-driven way pays it per statement, the server-side way once.
+step_programs_target_rtt() {
+    [ -f "$MODEL/config.json" ] || step_model
+    programs_bench programs_target_rtt "$MODEL" --programs fork,select --concurrency 16 \
+        --num-programs 48 --extend-graph-tokens "${EXTEND_GRAPH_TOKENS:-512}" --rtt-ms "${RTT_MS:-20}"
 }
 
 step_programs_trained() {
