@@ -636,6 +636,15 @@ step_mesh() {
     mesh_bench mesh_grpc "$RESULTS/mesh.endpoints.json" --api grpc "${load[@]}"
     # another seed: the gRPC run's prompts are in the radix tree by now
     mesh_bench mesh_openai "$RESULTS/mesh.endpoints.json" --api openai "${load[@]}" --seed 1
+    # issue 18's shared-prefix row: 8 groups x 32 prompts behind 1,024-word system prompts, 64 in
+    # flight, no warm-up (so the run sends exactly the prompts bench/best_hit_rate.py scores)
+    local shared=(--groups 8 --prompts-per-group 32 --system-prompt-len 1024 --seed 3)
+    [ "$GPU" = 1 ] || shared=(--groups 2 --prompts-per-group 4 --system-prompt-len 64 --seed 3)
+    local num_shared=$((${shared[1]} * ${shared[3]}))
+    mesh_bench mesh_shared "$RESULTS/mesh.endpoints.json" --api grpc --workload shared-prefix \
+        "${shared[@]}" --num-requests "$num_shared" --concurrency 64 --output-len 32 --ignore-eos
+    $PY bench/best_hit_rate.py --model "$MODEL" "${shared[@]}" --num-requests "$num_shared" \
+        >"$RESULTS/mesh_shared.best.json" 2>"$RESULTS/mesh_shared.best.log"
     # MESH_PROFILE=1: a third gRPC run (its own seed, not in the ratio) with the executor, the
     # scheduler and the gateway sampled by py-spy for its first MESH_PROFILE_S seconds, and
     # the executor's first 24 steps under torch.profiler (files in $RESULTS/mesh_profile/)
@@ -664,6 +673,14 @@ def load(name):
         return None
 engine = load("mesh_engine.log")
 ref = engine and engine.get("output_tokens_per_s")
+shared, best = load("mesh_shared.json"), load("mesh_shared.best.json")
+if shared:
+    best_rate = best and best.get("best_hit_rate")
+    rate = shared.get("kv_cache_hit_rate")
+    print(f"mesh shared-prefix  KV hit rate {rate}  best possible {best_rate}  "
+          f"of best {rate / best_rate if rate is not None and best_rate else None}  "
+          f"ttft p50 {shared['ttft_s']['p50']}  p90 {shared['ttft_s']['p90']}  "
+          f"errors {shared.get('num_errors')}")
 for api in ("grpc", "openai"):
     rep = load(f"mesh_{api}.json")
     tps = rep and rep.get("output_tokens_per_s")

@@ -1,0 +1,84 @@
+"""The best KV hit rate a run of `radixmesh bench` could have: each request's longest prompt
+prefix, in tokens, that an earlier request of the run already had, over all prompt tokens.
+
+    python bench/best_hit_rate.py --model M --workload shared-prefix --groups 8 \\
+        --prompts-per-group 32 --system-prompt-len 1024 --num-requests 256
+
+The prompts are the bench's own (its generator and --seed), as the gateway tokenizes a chat
+request of each, in the order the bench sends them; a run without --warmup sends exactly
+these. The cache can serve no more than this (a prompt's prefix must be computed once), so
+the run's `kv_cache_hit_rate` over this is how much of the shared work it reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway.core.request import ChatMessage
+from gateway.core.tokenizer import Tokenizer
+from mesh.loadgen.workloads import WorkloadConfig, iter_scripts
+
+
+def best_hit_rate(prompts: list[list[int]]) -> float:
+    """Sum over prompts of the longest prefix an earlier one shares, over all their tokens."""
+    root: dict[int, dict] = {}
+    hit = total = 0
+    for prompt in prompts:
+        node, shared = root, 0
+        for token in prompt:
+            if token not in node:
+                break
+            node, shared = node[token], shared + 1
+        # a prompt that is all cached still computes its last token (its logits)
+        hit += min(shared, len(prompt) - 1)
+        total += len(prompt)
+        for token in prompt[shared:]:
+            node = node.setdefault(token, {})
+    return hit / total if total else 0.0
+
+
+def bench_prompts(tokenizer: Tokenizer, config: WorkloadConfig, num: int) -> list[list[int]]:
+    """The first `num` requests' prompts (first turns), as the gateway tokenizes them."""
+    out = []
+    for script in itertools.islice(iter_scripts(config), num):
+        messages = [ChatMessage("system", script.system)] if script.system else []
+        messages.append(ChatMessage("user", script.turns[0].user))
+        out.append(tokenizer.encode_messages(messages))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--workload", default="shared-prefix")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--groups", type=int, default=4)
+    p.add_argument("--prompts-per-group", type=int, default=8)
+    p.add_argument("--system-prompt-len", type=int, default=256)
+    p.add_argument("--question-len", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    config = WorkloadConfig(
+        name=args.workload,
+        seed=args.seed,
+        input_len=args.input_len,
+        groups=args.groups,
+        prompts_per_group=args.prompts_per_group,
+        system_prompt_len=args.system_prompt_len,
+        question_len=args.question_len,
+    )
+    prompts = bench_prompts(Tokenizer.from_folder(args.model), config, args.num_requests)
+    print(json.dumps({"best_hit_rate": round(best_hit_rate(prompts), 4), "num_prompts": len(prompts),
+                      "prompt_tokens": sum(map(len, prompts))}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
