@@ -120,20 +120,14 @@ def make_prompts(args: argparse.Namespace, vocab_size: int) -> list[list[int]]:
 def chat_word_prompts(args: argparse.Namespace) -> list[list[int]]:
     """The first --num-requests prompts of `radixmesh bench --workload random` (its words and
     seed), as the gateway tokenizes a chat request of each."""
-    import itertools
-
-    from gateway.core.request import ChatMessage
+    from bench.best_hit_rate import bench_prompts
     from gateway.core.tokenizer import Tokenizer
-    from mesh.loadgen.workloads import WorkloadConfig, iter_scripts
+    from mesh.loadgen.workloads import WorkloadConfig
 
-    tokenizer = Tokenizer.from_folder(model_dir(args))
     config = WorkloadConfig(
         name="random", seed=args.seed, input_len=args.prompt_len, output_len=args.output_len
     )
-    scripts = itertools.islice(iter_scripts(config), args.num_requests)
-    return [
-        tokenizer.encode_messages([ChatMessage("user", script.turns[0].user)]) for script in scripts
-    ]
+    return bench_prompts(Tokenizer.from_folder(model_dir(args)), config, args.num_requests)
 
 
 async def run_requests(
