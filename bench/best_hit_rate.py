@@ -43,10 +43,13 @@ def best_hit_rate(prompts: list[list[int]]) -> float:
     return hit / total if total else 0.0
 
 
-def bench_prompts(tokenizer: Tokenizer, config: WorkloadConfig, num: int) -> list[list[int]]:
-    """The first `num` requests' prompts (first turns), as the gateway tokenizes them."""
+def bench_prompts(
+    tokenizer: Tokenizer, config: WorkloadConfig, num: int, skip: int = 0
+) -> list[list[int]]:
+    """The prompts (first turns) of `num` requests after the first `skip` (a run's
+    --warmup), as the gateway tokenizes them."""
     out = []
-    for script in itertools.islice(iter_scripts(config), num):
+    for script in itertools.islice(iter_scripts(config), skip, skip + num):
         messages = [ChatMessage("system", script.system)] if script.system else []
         messages.append(ChatMessage("user", script.turns[0].user))
         out.append(tokenizer.encode_messages(messages))

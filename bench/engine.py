@@ -13,7 +13,8 @@ Workloads: `random` draws --prompt-len token ids per prompt; `shared-prefix` put
 --shared-len ids first in each; `chat-words` makes the prompts `radixmesh bench --workload
 random --input-len N` sends (N = --prompt-len random words, the same generator and --seed)
 and tokenizes them as the gateway does (a user message through the model's chat template),
-so an in-process run prefills the tokens a run through the mesh does; the report's
+so an in-process run prefills the tokens a run through the mesh does (with
+--bench-warmup N, the same prompts as a bench run with --warmup N); the report's
 `prompt_tokens` is their total (`total_input_tokens` in the bench's report).
 
 Modes: `inprocess` drives the in-process Engine (one executor core, no gRPC);
@@ -127,7 +128,8 @@ def chat_word_prompts(args: argparse.Namespace) -> list[list[int]]:
     config = WorkloadConfig(
         name="random", seed=args.seed, input_len=args.prompt_len, output_len=args.output_len
     )
-    return bench_prompts(Tokenizer.from_folder(model_dir(args)), config, args.num_requests)
+    tokenizer = Tokenizer.from_folder(model_dir(args))
+    return bench_prompts(tokenizer, config, args.num_requests, skip=args.bench_warmup)
 
 
 async def run_requests(
@@ -378,6 +380,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--prompt-len words (see above)",
     )
     p.add_argument("--shared-len", type=int, default=96, help="shared-prefix tokens")
+    p.add_argument(
+        "--bench-warmup",
+        type=int,
+        default=0,
+        help="chat-words: the bench run's --warmup, whose scripts precede its measured ones",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument(
@@ -458,6 +466,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--switch-interval-us must be >= 0")
     if args.workload == "shared-prefix" and not 0 < args.shared_len < args.prompt_len:
         p.error("--shared-len must be in (0, --prompt-len)")
+    if args.bench_warmup < 0:
+        p.error("--bench-warmup must be >= 0")
     if args.num_threads < 0:
         p.error("--num-threads must be >= 0")
     if args.tensor_parallel_size < 1:

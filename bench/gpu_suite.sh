@@ -629,7 +629,7 @@ step_mesh() {
     [ -f "$MODEL/config.json" ] || step_model
     run_step mesh_engine 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
         --num-requests "$n" --prompt-len "$words" --output-len "$o" --mode inprocess \
-        --workload chat-words --max-num-seqs 256 --max-num-batched-tokens 8192 --json "${steps[@]}"
+        --workload chat-words --bench-warmup 4 --max-num-seqs 256 --max-num-batched-tokens 8192 --json "${steps[@]}"
     mesh_up mesh "${steps[@]}" || return 0
     local load=(--workload random --input-len "$words" --output-len "$o" --ignore-eos
         --num-requests "$n" --concurrency "$n" --warmup 4)

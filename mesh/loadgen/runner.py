@@ -114,13 +114,15 @@ async def run_script(
     load: LoadConfig,
     budget: _Budget,
     on_result: Callable[[RequestResult], None],
+    first_taken: bool = False,
 ) -> None:
-    """The script's turns in order, each only if the budget allows; a failed turn ends it."""
+    """The script's turns in order, each only if the budget allows (`first_taken`: the first
+    turn's share was taken when the script was started); a failed turn ends it."""
     history: list[dict[str, str]] = []
     if script.system:
         history.append({"role": "system", "content": script.system})
     for index, turn in enumerate(script.turns):
-        if not budget.take():
+        if not (index == 0 and first_taken) and not budget.take():
             return
         user = {"role": "user", "content": turn.user}
         messages: tuple[dict[str, str], ...]
@@ -168,18 +170,25 @@ async def _drive(
 
     async def one(script: Script) -> None:
         try:
-            await run_script(script, client, load, budget, on_result)
+            await run_script(script, client, load, budget, on_result, first_taken=True)
         finally:
             slots.release()
 
     try:
-        for script in scripts:
+        # A script is drawn only where the budget could start it, and its first turn takes
+        # its share before the next is drawn: a warm-up of N sends the first N scripts and
+        # the measured run goes on from the next (tasks start later than they are made, so
+        # a share taken inside them let the loop draw as many as the slots held).
+        while budget.can_start():
+            script = next(scripts, None)
+            if script is None:
+                break
             next_start += next(gaps)
             delay = next_start - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)  # the arrival time itself is the event
             await slots.acquire()
-            if not budget.can_start():
+            if not budget.take():  # the deadline passed while it waited
                 slots.release()
                 break
             task = asyncio.create_task(one(script))

@@ -54,3 +54,43 @@ def test_chat_words_follow_the_seed_and_are_counted_in_the_report():
     report = engine_bench.summarize(args, "inprocess", first, timings, 1.0, 0)
     assert report.prompt_tokens == sum(len(p) for p in first)
     assert report.workload == "chat-words"
+
+
+async def test_with_the_bench_s_warm_up_they_are_the_prompts_its_measured_run_sends():
+    """The load loop's own requests, after a warm-up of 4 at the mesh step's concurrency,
+    tokenized as the gateway does, are the reference's prompts with --bench-warmup 4."""
+    import asyncio
+
+    from mesh.loadgen.client import RequestResult
+    from mesh.loadgen.runner import run_load
+
+    class Recording:
+        def __init__(self) -> None:
+            self.measured: list[tuple[dict, ...]] = []
+            self.measuring = False
+
+        async def send(self, request):
+            if self.measuring:
+                self.measured.append(request.messages)
+            await asyncio.sleep(0)
+            result = RequestResult(start_s=0.0)
+            result.ok = True
+            return result
+
+        async def close(self) -> None:
+            pass
+
+    client = Recording()
+
+    async def measuring() -> None:
+        client.measuring = True
+
+    model = str(ensure_default_model())
+    config = WorkloadConfig(name="random", seed=0, input_len=12, output_len=4)
+    load = LoadConfig(concurrency=64, num_requests=6, warmup=4)
+    await run_load(iter_scripts(config), client, load, on_measure_start=measuring)
+    tokenizer = Tokenizer.from_folder(model)
+    sent = [tokenizer.encode_messages([ChatMessage(**m) for m in ms]) for ms in client.measured]
+    args = _args("--model", model, "--num-requests", "6", "--prompt-len", "12", "--output-len", "4",
+                 "--bench-warmup", "4")  # fmt: skip
+    assert sorted(engine_bench.make_prompts(args, vocab_size=0)) == sorted(sent)

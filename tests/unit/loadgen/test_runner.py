@@ -90,6 +90,19 @@ async def test_warmup_requests_are_sent_first_and_not_recorded():
     assert len(client.requests) == 9 and len(run.results) == 5
 
 
+async def test_the_warm_up_sends_the_first_scripts_and_the_run_goes_on_from_the_next():
+    """At any concurrency: a warm-up of N draws the first N scripts and sends them all, and
+    the measured run's scripts follow, none drawn and dropped (an in-process reference
+    or a best-hit-rate score of "the bench's prompts" relies on which were sent)."""
+    for concurrency in (1, 8, 256):
+        client = RecordingClient()
+        load = LoadConfig(concurrency=concurrency, num_requests=8, warmup=4)
+        run = await run_load(scripts(), client, load)
+        expected = [s.turns[0].user for s in itertools.islice(scripts(), 12)]
+        assert sorted(r.script_id for r in run.results) == list(range(4, 12))
+        assert sorted(m.messages[-1]["content"] for m in client.requests) == sorted(expected)
+
+
 async def test_duration_stops_new_requests_at_the_deadline():
     client = RecordingClient(delay_s=0.02)
     load = LoadConfig(concurrency=2, num_requests=None, duration_s=0.2)
