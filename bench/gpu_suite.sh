@@ -689,6 +689,9 @@ for api in ("grpc", "openai"):
           f"errors {rep and rep.get('num_errors')}  ttft p50 {rep and rep['ttft_s']['p50']}  "
           f"prompt tokens {rep and rep.get('total_input_tokens')} "
           f"(in-process {engine and engine.get('prompt_tokens')})")
+    ours, theirs = rep and rep.get("total_input_tokens"), engine and engine.get("prompt_tokens")
+    if ours and theirs and abs(ours - theirs) > 0.01 * theirs:
+        print("  the runs' prompt tokens differ by more than 1%: the ratio compares unequal work")
     steps = rep and rep.get("executor_steps")
     if steps:
         print(f"  executor steps {steps['count']:.0f} in {steps['seconds']:.2f} s of "
