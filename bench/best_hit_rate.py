@@ -5,8 +5,8 @@ prefix, in tokens, that an earlier request of the run already had, over all prom
         --prompts-per-group 32 --system-prompt-len 1024 --num-requests 256
 
 The prompts are the bench's own (its generator and --seed), as the gateway tokenizes a chat
-request of each, in the order the bench sends them; a run without --warmup sends exactly
-these. The cache can serve no more than this (a prompt's prefix must be computed once), so
+request of each, in the order the bench sends them; with --warmup N (the run's own), its
+first N scripts are the warm-up's, sent first and cached but not counted. The cache can serve no more than this (a prompt's prefix must be computed once), so
 the run's `kv_cache_hit_rate` over this is how much of the shared work it reused.
 """
 
@@ -16,6 +16,7 @@ import argparse
 import itertools
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,9 +26,14 @@ from gateway.core.tokenizer import Tokenizer
 from mesh.loadgen.workloads import WorkloadConfig, iter_scripts
 
 
-def best_hit_rate(prompts: list[list[int]]) -> float:
-    """Sum over prompts of the longest prefix an earlier one shares, over all their tokens."""
+def best_hit_rate(prompts: Sequence[list[int]], cached: Sequence[list[int]] = ()) -> float:
+    """Sum over prompts of the longest prefix an earlier one (or one of `cached`, sent
+    before them) shares, over all their tokens."""
     root: dict[int, dict] = {}
+    for prompt in cached:
+        node = root
+        for token in prompt:
+            node = node.setdefault(token, {})
     hit = total = 0
     for prompt in prompts:
         node, shared = root, 0
@@ -67,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--question-len", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=0, help="the run's --warmup (scripts skipped)")
     args = p.parse_args(argv)
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
     config = WorkloadConfig(
         name=args.workload,
         seed=args.seed,
@@ -77,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         system_prompt_len=args.system_prompt_len,
         question_len=args.question_len,
     )
-    prompts = bench_prompts(Tokenizer.from_folder(args.model), config, args.num_requests)
-    print(json.dumps({"best_hit_rate": round(best_hit_rate(prompts), 4), "num_prompts": len(prompts),
+    tokenizer = Tokenizer.from_folder(args.model)
+    warm = bench_prompts(tokenizer, config, args.warmup)
+    prompts = bench_prompts(tokenizer, config, args.num_requests, skip=args.warmup)
+    rate = best_hit_rate(prompts, cached=warm)
+    print(json.dumps({"best_hit_rate": round(rate, 4), "num_prompts": len(prompts),
                       "prompt_tokens": sum(map(len, prompts))}))  # fmt: skip
     return 0
 

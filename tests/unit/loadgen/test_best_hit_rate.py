@@ -6,6 +6,8 @@ import importlib
 import os
 import random
 
+import pytest
+
 from gateway.core.tokenizer import Tokenizer
 from mesh.loadgen.workloads import WorkloadConfig
 from mesh.tiny_model import ensure_default_model
@@ -38,6 +40,15 @@ def test_it_is_each_prompt_s_longest_prefix_an_earlier_one_shares():
     assert best.best_hit_rate(prompts) == brute_force(prompts)
     assert best.best_hit_rate([[1, 2, 3], [1, 2, 3]]) == 2 / 6  # the last token is computed
     assert best.best_hit_rate([[1, 2], [3, 4]]) == 0.0
+    # a warm-up's prompts were sent first: cached, not counted
+    assert best.best_hit_rate([[3, 4, 5]], cached=[[3, 4, 9]]) == 2 / 3
+    assert best.best_hit_rate(prompts[5:], cached=prompts[:5]) == pytest.approx(
+        (
+            brute_force(prompts) * sum(map(len, prompts))
+            - brute_force(prompts[:5]) * sum(map(len, prompts[:5]))
+        )
+        / sum(map(len, prompts[5:]))
+    )
 
 
 def test_the_bench_s_shared_prefix_groups_share_their_system_prompt():
