@@ -6,8 +6,8 @@ prefix, in tokens, that an earlier request of the run already had, over all prom
 
 The prompts are the bench's own (its generator and --seed), as the gateway tokenizes a chat
 request of each, in the order the bench sends them; with --warmup N (the run's own), its
-first N scripts are the warm-up's, sent first and cached but not counted. The cache can serve no more than this (a prompt's prefix must be computed once), so
-the run's `kv_cache_hit_rate` over this is how much of the shared work it reused.
+first N scripts are the warm-up's, sent first and cached but not counted. The cache can
+serve no more than this (a prompt's prefix must be computed once), so the run's `kv_cache_hit_rate` over this is how much of the shared work it reused.
 """
 
 from __future__ import annotations
@@ -23,29 +23,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.core.request import ChatMessage
 from gateway.core.tokenizer import Tokenizer
+from mesh.loadgen.runner import opening_messages
 from mesh.loadgen.workloads import WorkloadConfig, iter_scripts
 
 
 def best_hit_rate(prompts: Sequence[list[int]], cached: Sequence[list[int]] = ()) -> float:
     """Sum over prompts of the longest prefix an earlier one (or one of `cached`, sent
-    before them) shares, over all their tokens."""
+    before them and not counted) shares, over all their tokens."""
     root: dict[int, dict] = {}
-    for prompt in cached:
-        node = root
-        for token in prompt:
-            node = node.setdefault(token, {})
     hit = total = 0
-    for prompt in prompts:
+    for i, prompt in enumerate([*cached, *prompts]):
         node, shared = root, 0
         for token in prompt:
             if token not in node:
                 break
             node, shared = node[token], shared + 1
-        # a prompt that is all cached still computes its last token (its logits)
-        hit += min(shared, len(prompt) - 1)
-        total += len(prompt)
         for token in prompt[shared:]:
             node = node.setdefault(token, {})
+        if i >= len(cached):
+            # a prompt that is all cached still computes its last token (its logits)
+            hit += min(shared, len(prompt) - 1)
+            total += len(prompt)
     return hit / total if total else 0.0
 
 
@@ -54,12 +52,10 @@ def bench_prompts(
 ) -> list[list[int]]:
     """The prompts (first turns) of `num` requests after the first `skip` (a run's
     --warmup), as the gateway tokenizes them."""
-    out = []
-    for script in itertools.islice(iter_scripts(config), skip, skip + num):
-        messages = [ChatMessage("system", script.system)] if script.system else []
-        messages.append(ChatMessage("user", script.turns[0].user))
-        out.append(tokenizer.encode_messages(messages))
-    return out
+    return [
+        tokenizer.encode_messages([ChatMessage(**m) for m in opening_messages(script)])
+        for script in itertools.islice(iter_scripts(config), skip, skip + num)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -638,9 +638,10 @@ step_mesh() {
     mesh_bench mesh_openai "$RESULTS/mesh.endpoints.json" --api openai "${load[@]}" --seed 1
     # issue 18's shared-prefix row: 8 groups x 32 prompts behind 1,024-word system prompts, 64 in
     # flight, no warm-up (so the run sends exactly the prompts bench/best_hit_rate.py scores)
-    local shared=(--groups 8 --prompts-per-group 32 --system-prompt-len 1024 --seed 3)
-    [ "$GPU" = 1 ] || shared=(--groups 2 --prompts-per-group 4 --system-prompt-len 64 --seed 3)
-    local num_shared=$((${shared[1]} * ${shared[3]}))
+    local groups=8 per_group=32 system_words=1024
+    [ "$GPU" = 1 ] || { groups=2; per_group=4; system_words=64; }
+    local shared=(--groups "$groups" --prompts-per-group "$per_group"
+        --system-prompt-len "$system_words" --seed 3) num_shared=$((groups * per_group))
     mesh_bench mesh_shared "$RESULTS/mesh.endpoints.json" --api grpc --workload shared-prefix \
         "${shared[@]}" --num-requests "$num_shared" --concurrency 64 --output-len 32 --ignore-eos
     $PY bench/best_hit_rate.py --model "$MODEL" "${shared[@]}" --num-requests "$num_shared" \

@@ -58,7 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.train_tiny import EDIT_HEADER
+from bench.train_tiny import EDIT_HEADER, FUNCTION
 from mesh.engine import Engine, EngineConfig
 from radixmesh.sampling import SamplingParams
 from services.executor.core.spec import SpeculativeConfig
@@ -80,11 +80,7 @@ def stdlib_sources(limit: int = 200) -> list[str]:
 
 
 def functions(sources: list[str]) -> list[str]:
-    found = []
-    for text in sources:
-        for m in re.finditer(r"\n(def [^\n]+\n(?:(?:    [^\n]*)?\n){4,40})", text):
-            found.append(m.group(1))
-    return found
+    return [m.group(1) for text in sources for m in FUNCTION.finditer(text)]
 
 
 def docstrings(sources: list[str]) -> list[str]:

@@ -44,7 +44,7 @@ SAMPLE_PROMPT = "def __init__(self, "
 EDIT_HEADER = "# The same function with one name changed:"
 """bench/speculative.py's code_edit prompts put this line between a function and its edit."""
 FUNCTION = re.compile(r"\n(def [^\n]+\n(?:(?:    [^\n]*)?\n){4,40})")
-"""A top-level function of 4-40 lines (as bench/speculative.py finds them)."""
+"""A top-level function of 4-40 lines (the functions of bench/speculative.py's code_edit)."""
 NAME = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{2,}\b")
 MAX_MISSES = 10_000
 """Draws of a function and a name that make no edit before edit_documents stops short."""

@@ -108,21 +108,26 @@ class _Budget:
         return self.left is None or self.left > 0
 
 
+def opening_messages(script: Script) -> tuple[dict[str, str], ...]:
+    """The messages of a script's first request: its system prompt, if any, and its first
+    user turn."""
+    system = ({"role": "system", "content": script.system},) if script.system else ()
+    return (*system, {"role": "user", "content": script.turns[0].user})
+
+
 async def run_script(
     script: Script,
     client: Client,
     load: LoadConfig,
     budget: _Budget,
     on_result: Callable[[RequestResult], None],
-    first_taken: bool = False,
 ) -> None:
-    """The script's turns in order, each only if the budget allows (`first_taken`: the first
-    turn's share was taken when the script was started); a failed turn ends it."""
-    history: list[dict[str, str]] = []
-    if script.system:
-        history.append({"role": "system", "content": script.system})
+    """The script's turns in order; its first turn's share of the budget was taken when it
+    was started (`_drive`), each later turn runs only if the budget allows; a failed turn
+    ends it."""
+    history = list(opening_messages(script)[:-1])
     for index, turn in enumerate(script.turns):
-        if not (index == 0 and first_taken) and not budget.take():
+        if index > 0 and not budget.take():
             return
         user = {"role": "user", "content": turn.user}
         messages: tuple[dict[str, str], ...]
@@ -170,7 +175,7 @@ async def _drive(
 
     async def one(script: Script) -> None:
         try:
-            await run_script(script, client, load, budget, on_result, first_taken=True)
+            await run_script(script, client, load, budget, on_result)
         finally:
             slots.release()
 
