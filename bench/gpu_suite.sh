@@ -718,7 +718,8 @@ step_multi_step() {
 # (RPS_SWEEP_RATES, 15 s each) for goodput and the highest rate holding TTFT p99 < 500 ms
 # and p99/p50 < 2.5 (RPS_SECS and RPS_MIX_SECS, 60 and 120 s by default, time the first two;
 # RPS_EXTEND_GRAPH_TOKENS=N serves with the executor's extend graphs up to N tokens;
-# RPS_MAX_NUM_SEQS, 1,024 by default, is the running batch's bound).
+# RPS_MAX_NUM_SEQS, 1,024 by default, is the running batch's bound; RPS_SHORT_ONLY=1 stops
+# after the short run; RPS_PROFILE=1 samples processes during it, see below).
 # Targets: > 1,000 req/s served, error rate < 0.1%. rps.summary.txt.
 step_rps() {
     local model=${RPS_MODEL_DIR:-/tmp/llama1b} secs=${RPS_SECS:-60} mix_secs=${RPS_MIX_SECS:-120}
@@ -744,9 +745,30 @@ step_rps() {
     # full at 974 req/s with the GPU 61% busy
     [ "$GPU" = 1 ] && seqs=(--max-num-seqs "${RPS_MAX_NUM_SEQS:-1024}")
     MODEL=$model mesh_up rps --gateways "$gateways" "${extend[@]}" "${seqs[@]}" || return 0
+    # RPS_PROFILE=1: py-spy on the executor, the scheduler and gateway-0 for the short run's
+    # first RPS_PROFILE_S seconds after a 10 s ramp, and every process's CPU share over the
+    # same window (rps_cpu.txt: which process the 16 cores go to)
+    local pids=()
+    if [ "${RPS_PROFILE:-0}" = 1 ]; then
+        local service
+        for service in executor-0 scheduler gateway-0; do
+            { sleep 10; $PY -m mesh.cli profile --service "$service" --seconds "${RPS_PROFILE_S:-8}" \
+                --mesh-info "$RESULTS/rps.endpoints.json" --torch-steps 0 \
+                --out "$RESULTS/rps_profile/$service"; } >"$RESULTS/rps_profile.$service.log" 2>&1 &
+            pids+=($!)
+        done
+        { sleep 10; cpu_shares "${RPS_PROFILE_S:-8}"; } >"$RESULTS/rps_cpu.txt" 2>&1 &
+        pids+=($!)
+    fi
     mesh_bench rps_short "$RESULTS/rps.endpoints.json" --api grpc --workload random \
         --input-len 64 --output-len 32 --ignore-eos --concurrency "$conc" --duration "$secs" \
         --client-processes "$procs" --slo "error_rate=0.1%,request_throughput=1000"
+    [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
+    if [ "${RPS_SHORT_ONLY:-0}" = 1 ]; then
+        mesh_down
+        rps_summary
+        return 0
+    fi
     mesh_bench rps_mix "$RESULTS/rps.endpoints.json" --api openai --workload mix \
         --concurrency "$conc" --duration "$mix_secs" --client-processes "$procs" \
         --slo "ttft_p99=500ms,e2e_p99=1.2s,p99_p50_ratio=2.5,p99_p50_ratio_within_group=2.5,error_rate=0.1%"
@@ -757,6 +779,38 @@ step_rps() {
         --concurrency "$conc" --duration "$sweep_secs" --client-processes "$procs" \
         --request-rate "$rates" --slo "ttft_p99=500ms,p99_p50_ratio_within_group=2.5,error_rate=0.1%"
     mesh_down
+    rps_summary
+}
+
+# cpu_shares SECONDS: each process's share of a core over the next SECONDS (from /proc), the
+# busiest first, with the machine's total
+cpu_shares() {
+    $PY - "$1" <<'PY'
+import os, sys, time
+def ticks():
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        out[pid] = (int(fields[11]) + int(fields[12]), cmd[:120])
+    return out
+seconds, hz = float(sys.argv[1]), os.sysconf("SC_CLK_TCK")
+before = ticks()
+time.sleep(seconds)
+after = ticks()
+shares = sorted(((t - before[p][0]) / hz / seconds, p, cmd) for p, (t, cmd) in after.items()
+                if p in before)
+print(f"cores {os.cpu_count()}  busy {sum(s for s, _, _ in shares):.2f} cores over {seconds:g} s")
+for share, pid, cmd in reversed(shares[-24:]):
+    print(f"{share:6.2f}  {pid:>7}  {cmd}")
+PY
+}
+
+rps_summary() {
     $PY - "$RESULTS" <<'PY' | tee "$RESULTS/rps.summary.txt"
 import json, pathlib, sys
 res = pathlib.Path(sys.argv[1])
@@ -775,11 +829,18 @@ for name in ("rps_short", "rps_mix", "rps_sweep"):
           f"errors {rep['num_errors']}/{rep['num_requests']}  ttft p99 {rep['ttft_s']['p99']}  "
           f"p99/p50 {rep['p99_p50_ratio']} (within a profile {rep.get('p99_p50_ratio_within_group')})  "
           f"processes {rep['config'].get('client_processes')}  {slo}")
+    steps, batch = rep.get("executor_steps") or {}, rep.get("batch_size") or {}
+    if steps:
+        print(f"  executor steps {steps['count']:.0f}, {steps['seconds']:.1f} s summed, tokens "
+              f"{steps['tokens']}; step p50 {rep['executor_step_s']['p50']}; GPU busy "
+              f"{rep.get('gpu_utilization')}; running batch mean {batch.get('running_mean')}; "
+              f"server TTFT p50 {(rep.get('server_ttft_s') or {}).get('p50')}")
     for point in (rep.get("sweep") or {}).get("points", []):
         print(f"  offered {point['offered_rate']}/s  achieved {point['request_throughput']:.1f}  "
               f"goodput {point['goodput']:.1f}  ttft p99 {point['ttft_p99_s']}  "
               f"p99/p50 {point['p99_p50_ratio']} (within {point.get('p99_p50_ratio_within_group')})  "
-              f"slo {'met' if point['slo_met'] else 'missed'}")
+              f"slo {'met' if point['slo_met'] else 'missed'}"
+              f"{'' if point.get('sustained', True) else ' (offered rate not sustained)'}")
     if rep.get("sweep"):
         print(f"  highest rate meeting the SLO: {rep['sweep']['max_rate_meeting_slo']}")
 PY

@@ -5,10 +5,14 @@ counts when it succeeded and its TTFT, end-to-end time and time per output token
 within the bounds the --slo targets put on them (a target on any statistic of a
 latency, `ttft_p99=500ms` or `ttft_p50=200ms`, bounds each request's own latency by
 its value; the tightest one wins). With no latency target every successful request
-counts. A sweep runs the same load once per offered rate (Poisson arrivals) and
-reports, per rate, what was offered and achieved, the goodput and whether every
---slo target held on that run; `max_rate_meeting_slo` is the highest offered rate
-whose run met them all (None when none did).
+counts. A request's TTFT and e2e are counted from its arrival time: at an offered rate
+the load loop may hold an arrival for a free --concurrency slot (`held_s`), which the
+report's latencies (from the send) leave out and goodput does not. A sweep runs the same
+load once per offered rate (Poisson arrivals) and reports, per rate, what was offered and
+achieved, the goodput, the share of requests held for a slot and whether every --slo
+target held on that run; a rate whose requests were held (more than 1% of them) was not
+offered, so it meets no SLO. `max_rate_meeting_slo` is the highest offered rate whose
+run met them all (None when none did).
 """
 
 from __future__ import annotations
@@ -63,11 +67,16 @@ def _tpot(result: RequestResult) -> float | None:
 
 
 def meets(result: RequestResult, bounds: dict[str, float]) -> bool:
-    """Whether one request succeeded within every bound (an unmeasured bounded latency fails,
-    except TPOT of a request of one token, which has none)."""
+    """Whether one request succeeded within every bound, its TTFT and e2e counted from its
+    arrival time (`held_s` included); an unmeasured bounded latency fails, except TPOT of a
+    request of one token, which has none."""
     if not result.ok:
         return False
-    values = {"ttft": result.ttft_s, "e2e": result.e2e_s}
+    held = result.held_s  # from the arrival time: a request held for a slot waited that long
+    values = {
+        "ttft": None if result.ttft_s is None else result.ttft_s + held,
+        "e2e": result.e2e_s + held,
+    }
     for name, bound in bounds.items():
         if name == "tpot":
             tpot = _tpot(result)
@@ -85,10 +94,28 @@ def goodput(results: Sequence[RequestResult], duration_s: float, bounds: dict[st
     return sum(1 for r in results if meets(r, bounds)) / max(duration_s, 1e-9)
 
 
+HELD_S = 0.01
+"""A request held longer than this for a concurrency slot was not sent at its arrival time."""
+MAX_HELD_SHARE = 0.01
+"""A rate is offered when at most this share of its requests were held (the client's
+--concurrency did not hold it back); a rate that was not cannot meet the SLO, whatever its
+latencies, which start at the send."""
+
+
+def held_share(results: Sequence[RequestResult]) -> float:
+    """The share of requests held more than HELD_S past their arrival for a slot."""
+    return sum(1 for r in results if r.held_s > HELD_S) / len(results) if results else 0.0
+
+
 def sweep_point(rate: float, report: dict[str, Any], good: float, passed: bool | None) -> dict:
-    """One rate of the sweep (None for an unbounded rate in JSON)."""
+    """One rate of the sweep (None for an unbounded rate in JSON); an SLO held on a rate the
+    client did not offer (`offered` false: more than MAX_HELD_SHARE of the requests were held
+    for a slot) is not met."""
     e2e = report.get("e2e_s") or {}
     ttft = report.get("ttft_s") or {}
+    offered = (report.get("held_share") or 0.0) <= MAX_HELD_SHARE
+    if passed is not None and not offered:
+        passed = False
     return {
         "offered_rate": None if math.isinf(rate) else rate,
         "request_throughput": report["request_throughput"],
@@ -100,6 +127,8 @@ def sweep_point(rate: float, report: dict[str, Any], good: float, passed: bool |
         "e2e_p99_s": e2e.get("p99"),
         "p99_p50_ratio": report.get("p99_p50_ratio"),
         "p99_p50_ratio_within_group": report.get("p99_p50_ratio_within_group"),
+        "held_share": report.get("held_share"),
+        "offered": offered,
         "slo_met": passed,
     }
 
@@ -127,6 +156,8 @@ def format_sweep(sweep: dict[str, Any]) -> str:
         within = p.get("p99_p50_ratio_within_group")
         within = "-" if within is None else f"{within:.2f}"
         verdict = {True: "met", False: "missed", None: "-"}[p["slo_met"]]
+        if not p.get("offered", True):
+            verdict += f" (not offered: {p['held_share']:.0%} held for a slot)"
         lines.append(
             f"{rate:>10}{p['request_throughput']:>12.1f}{p['goodput']:>11.1f}{ttft:>13}"
             f"{ratio:>9}{within:>10}{p['error_rate'] or 0:>8.3f}  {verdict}"

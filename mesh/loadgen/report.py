@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mesh.loadgen.client import RequestResult
+from mesh.loadgen.goodput import held_share
 from mesh.loadgen.runner import LoadRun
 from mesh.loadgen.scrape import (
     HistogramDelta,
@@ -220,6 +221,8 @@ def build_report(
         "total_cached_tokens": cached,
         **{k: latency[k] for k in ("ttft_s", "e2e_s", "tpot_s", "itl_s")},
         "p99_p50_ratio": _ratio(e2e["p99"], e2e["p50"]),
+        "held_share": held_share(results),
+        "held_s": stats([r.held_s for r in results]),
         **_tail_within_groups(ok),
         **_server_side(before, after, samples),
         "prefix_reuse_rate": _ratio(cached, prompt),

@@ -121,10 +121,11 @@ async def run_script(
     load: LoadConfig,
     budget: _Budget,
     on_result: Callable[[RequestResult], None],
+    held_s: float = 0.0,
 ) -> None:
     """The script's turns in order; its first turn's share of the budget was taken when it
     was started (`_drive`), each later turn runs only if the budget allows; a failed turn
-    ends it."""
+    ends it. `held_s`: how long the first turn was held past its arrival time."""
     history = list(opening_messages(script)[:-1])
     for index, turn in enumerate(script.turns):
         if index > 0 and not budget.take():
@@ -138,6 +139,8 @@ async def run_script(
         result = await client.send(_request(turn, messages, script.session_id, load))
         result.script_id, result.turn_index, result.group = script.script_id, index, script.group
         result.priority, result.is_json = turn.priority, turn.json_schema is not None
+        if index == 0:
+            result.held_s = held_s
         if result.ok and turn.json_schema is not None:
             result.json_valid = validate_json(result.text, turn.json_schema)
         on_result(result)
@@ -173,9 +176,9 @@ async def _drive(
     gaps = poisson_gaps(rate, load.seed)
     next_start = time.perf_counter()
 
-    async def one(script: Script) -> None:
+    async def one(script: Script, held_s: float) -> None:
         try:
-            await run_script(script, client, load, budget, on_result)
+            await run_script(script, client, load, budget, on_result, held_s)
         finally:
             slots.release()
 
@@ -196,7 +199,9 @@ async def _drive(
             if not budget.take():  # the deadline passed while it waited
                 slots.release()
                 break
-            task = asyncio.create_task(one(script))
+            # at an offered rate, the time its arrival waited for a slot (closed loop: none)
+            held_s = max(0.0, time.perf_counter() - next_start) if math.isfinite(rate) else 0.0
+            task = asyncio.create_task(one(script, held_s))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if tasks:

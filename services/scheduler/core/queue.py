@@ -34,6 +34,8 @@ class WaitQueue:
         self._page_keys: Counter[int] = Counter()
         """Page key -> queued requests whose prompt has that page."""
         self._keys_of: dict[str, list[int]] = {}
+        self._counts: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        """Queued requests per class, kept as they come and go (read on every submit)."""
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -50,6 +52,8 @@ class WaitQueue:
 
     def push(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
+        if req.req_id not in self._requests:
+            self._counts[req.priority] += 1
         self._requests[req.req_id] = req
         if self._page_size is not None and req.req_id not in self._keys_of:
             num_pages = num_prefix_pages(len(req.prompt_token_ids), self._page_size)
@@ -64,7 +68,10 @@ class WaitQueue:
             for key in keys:
                 if self._page_keys[key] <= 0:
                     self._page_keys.pop(key, None)
-        return self._requests.pop(req_id, None)
+        req = self._requests.pop(req_id, None)
+        if req is not None:
+            self._counts[req.priority] -= 1
+        return req
 
     def rank(self, req: Request, now: float) -> float:
         cached = min(1.0, req.match_tokens / max(1, req.num_tokens))
@@ -74,11 +81,23 @@ class WaitQueue:
         return float(req.priority) - self._aging_rate * waited - self._prefix_weight * cached
 
     def ranked(self, now: float) -> list[Request]:
-        """Waiting requests, the one to serve first at index 0."""
-        return sorted(
-            self._requests.values(),
-            key=lambda r: (r.priority is Priority.SPECULATIVE, self.rank(r, now), r.arrival_time),
-        )
+        """Waiting requests, the one to serve first at index 0.
+
+        Sorted by `rank` without evaluating it per request: every aging request's rank
+        falls by the same aging_rate * now, so their order is that of
+        class + aging_rate * arrival - prefix_weight * cached, whatever `now` is
+        (arrivals are never in the future)."""
+        aging, weight = self._aging_rate, self._prefix_weight
+        speculative = Priority.SPECULATIVE
+
+        def key(r: Request) -> tuple[bool, float, float]:
+            cached = min(1.0, r.match_tokens / max(1, r.num_tokens))
+            if r.priority is speculative:
+                return (True, float(r.priority) - weight * cached, r.arrival_time)
+            static = float(r.priority) + aging * min(r.arrival_time, now) - weight * cached
+            return (False, static, r.arrival_time)
+
+        return sorted(self._requests.values(), key=key)
 
     def newest_unleased(self, priority: Priority) -> Request | None:
         """The latest arrival of a class holding no lease (the one to shed first)."""
@@ -88,7 +107,4 @@ class WaitQueue:
         return max(candidates, key=lambda r: r.arrival_time, default=None)
 
     def count_by_priority(self) -> dict[Priority, int]:
-        counts = dict.fromkeys(Priority, 0)
-        for req in self._requests.values():
-            counts[req.priority] += 1
-        return counts
+        return dict(self._counts)

@@ -94,11 +94,14 @@ def route(
 ) -> tuple[str, int]:
     """Read-only: the executor id req goes to, and the prompt tokens it shares there with
     work queued or prefilling (which counts as cached: see sharing.py)."""
+    shared = pending_matches(req, candidates, matches, inflight)
+    if len(candidates) == 1:  # nothing to weigh (the loads walk every queued request)
+        executor_id = candidates[0].executor_id
+        return executor_id, shared.get(executor_id, 0)
     loads = {
         ex.executor_id: load_tokens([*ex.queue, *ex.preparing.values()], list(ex.running.values()))
         for ex in candidates
     }
     avoid = executors_in_trouble(candidates, now, config)
-    shared = pending_matches(req, candidates, matches, inflight)
     executor_id = choose_executor(req.num_tokens, loads, weigh_pending(shared, matches), avoid)
     return executor_id, shared.get(executor_id, 0)

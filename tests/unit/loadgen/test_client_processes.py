@@ -9,7 +9,15 @@ import pytest
 
 from mesh.cli import main
 from mesh.loadgen.client import RequestResult
-from mesh.loadgen.goodput import goodput, meets, parse_rates, request_bounds
+from mesh.loadgen.goodput import (
+    format_sweep,
+    goodput,
+    meets,
+    parse_rates,
+    request_bounds,
+    summarize_sweep,
+    sweep_point,
+)
 from mesh.loadgen.processes import merge_runs, shard_load
 from mesh.loadgen.report import build_report
 from mesh.loadgen.runner import LoadConfig, LoadRun
@@ -90,7 +98,9 @@ def test_a_sweep_reports_goodput_per_offered_rate(tmp_path, threaded_fake):
     assert code == 0
     sweep = report["sweep"]
     assert [p["offered_rate"] for p in sweep["points"]] == [20.0, 40.0]
-    assert all(p["slo_met"] and p["goodput"] > 0 and p["num_requests"] == 8 for p in sweep["points"])
+    assert all(
+        p["slo_met"] and p["goodput"] > 0 and p["num_requests"] == 8 for p in sweep["points"]
+    )
     assert sweep["max_rate_meeting_slo"] == 40.0
     assert sweep["request_bounds_s"] == {"ttft": 5.0, "e2e": 10.0}
     assert missed == 1
@@ -134,3 +144,18 @@ def test_bad_rates_and_processes_exit_2(tmp_path, capsys):
     argv = ["bench", "--target", "http://127.0.0.1:1", "--concurrency", "2"]
     assert main([*argv, "--client-processes", "4"]) == 2
     assert "client_processes: 4 processes need a concurrency" in capsys.readouterr().err
+
+
+def test_goodput_and_the_sweep_count_the_time_held_for_a_slot():
+    bounds = {"ttft": 0.5}
+    sent_on_time = _result(0, 1.0, ttft=0.3)
+    held = _result(0, 1.0, ttft=0.3)
+    held.held_s = 0.4  # arrived 0.4 s before its send: 0.7 s to its first token
+    assert meets(sent_on_time, bounds) and not meets(held, bounds)
+    report = {"request_throughput": 90.0, "num_requests": 100, "error_rate": 0.0}
+    on_time = sweep_point(100.0, {**report, "held_share": 0.0}, 90.0, True)
+    held_back = sweep_point(200.0, {**report, "held_share": 0.3}, 90.0, True)
+    assert on_time["slo_met"] and on_time["offered"]
+    assert not held_back["slo_met"] and not held_back["offered"]  # latencies from the send
+    assert summarize_sweep([on_time, held_back], bounds)["max_rate_meeting_slo"] == 100.0
+    assert "not offered: 30% held" in format_sweep(summarize_sweep([held_back], bounds))

@@ -174,3 +174,20 @@ async def test_a_failed_turn_ends_its_conversation_and_is_recorded():
 def test_bad_load_config_names_the_field(fields, field):
     with pytest.raises(InvalidArgument, match=field):
         LoadConfig(**fields)
+
+
+async def test_an_arrival_waiting_for_a_slot_is_held_and_counted():
+    # one slot, 50 ms per request, arrivals every ~5 ms: every arrival after the first waits
+    # for the slot; a closed loop (no rate) holds nothing
+    client = RecordingClient(delay_s=0.05)
+    run = await run_load(
+        scripts(), client, LoadConfig(concurrency=1, num_requests=6, request_rate=200.0)
+    )
+    held = [r.held_s for r in run.results]
+    assert held[0] < 0.02
+    assert all(h > 0.03 for h in held[2:])  # at least one full request ahead of each
+    assert held == sorted(held)  # the queue at the slot only grows
+    closed = await run_load(
+        scripts(), RecordingClient(0.01), LoadConfig(concurrency=1, num_requests=4)
+    )
+    assert [r.held_s for r in closed.results] == [0.0] * 4

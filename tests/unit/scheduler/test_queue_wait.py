@@ -24,12 +24,27 @@ from services.scheduler.core.queue_wait import (
 
 def test_throughput_is_unknown_until_enough_requests_finished_then_per_window():
     throughput = Throughput(QueueWaitConfig(window_s=10, min_finished=4))
-    throughput.note_finished(1.0, count=3)
+    throughput.note_finished(1.0, count=3, arrived=0.0)
     assert throughput.rate(2.0) is None
     throughput.note_finished(2.0, count=17)
-    assert throughput.rate(2.0) == 2.0  # 20 in the last 10 s
-    assert throughput.rate(11.5) == 1.7  # the first three left the window
+    assert throughput.rate(2.0) == 10.0  # a run 2 s old (its first request came at 0)
+    assert throughput.rate(4.0) == 5.0  # nothing more: the same 20 over 4 s
+    assert throughput.rate(11.5) == 1.7  # past the window: the first three left it
     assert throughput.rate(30.0) is None  # nothing finished lately: not judged
+
+
+def test_a_fresh_run_is_measured_over_its_own_span_not_the_window():
+    # a burst served at 100 requests/s from an idle start: over the whole window it would
+    # read as 10/s a second in, and refuse a queue the executor is clearing fast
+    throughput = Throughput(QueueWaitConfig(window_s=10, min_finished=4))
+    for i in range(1, 101):
+        throughput.note_finished(i / 100, arrived=0.0)
+    assert throughput.rate(1.0) == pytest.approx(100.0)
+    throughput.note_finished(30.0, count=5)  # after an idle window a new run starts,
+    assert throughput.rate(30.0) is None  # all at once with no arrival: no span yet
+    for i in range(1, 41):
+        throughput.note_finished(30.0 + i / 20)
+    assert throughput.rate(32.0) == pytest.approx(22.5)  # 45 over its 2 s
 
 
 def test_the_wait_counts_the_requests_ahead():
@@ -236,3 +251,34 @@ async def test_the_batch_capacity_kept_per_step_equals_the_walk(monkeypatch):
     await rig.scheduler.stop()
     assert len(set(seen)) > 2  # the figure moved with the running set and its pages
     assert cached == len(seen)  # the second ask of each state walked nothing
+
+
+def test_the_queue_order_is_the_rank_order_and_its_counts_follow_push_and_remove():
+    import random
+
+    from services.scheduler.core import SchedulerConfig as Config
+    from services.scheduler.core.queue import WaitQueue
+    from services.scheduler.core.request import Request
+
+    rng = random.Random(7)
+    queue = WaitQueue(Config(aging_rate=0.05, prefix_weight=0.5))
+    classes = list(Priority)
+    requests = []
+    for i in range(200):
+        prompt = [rng.randrange(1, 500) for _ in range(rng.randrange(2, 40))]
+        req = Request(f"r{i}", prompt, greedy(4), arrival_time=rng.uniform(0, 100))
+        req.priority = rng.choice(classes)
+        req.match_tokens = rng.randrange(0, len(prompt))
+        requests.append(req)
+        queue.push(req)
+    for req in requests[::3]:
+        queue.remove(req.req_id)
+    queue.push(requests[1])  # pushed again: counted once
+    left = [r for r in requests if r.req_id in queue]
+    for now in (100.0, 250.0, 1e4):  # sorted without evaluating rank: the same order
+        expected = sorted(
+            left,
+            key=lambda r: (r.priority is Priority.SPECULATIVE, queue.rank(r, now), r.arrival_time),
+        )
+        assert [r.req_id for r in queue.ranked(now)] == [r.req_id for r in expected]
+    assert queue.count_by_priority() == {p: sum(r.priority is p for r in left) for p in Priority}
