@@ -58,9 +58,10 @@ class RequestResult:
     json_valid: bool | None = None
     """Output parsed and validated against the schema (None for unconstrained requests)."""
     held_s: float = 0.0
-    """At an offered rate: how long the load loop held the request past its Poisson arrival
-    time for a free concurrency slot. Its TTFT and e2e start at the send, so they leave this
-    out; goodput counts it (the user would have waited)."""
+    """At an offered rate: how long after its Poisson arrival time the load loop sent the
+    request (waiting for a free concurrency slot, or a client too busy to send on time). Its
+    TTFT and e2e start at the send, so they leave this out; goodput counts it (the user
+    would have waited)."""
 
     def mark_chunk(self, now: float, text: str, has_tokens: bool = False) -> None:
         """A chunk arrived: it counts when it carries text (or token ids, on gRPC, where a
