@@ -829,6 +829,8 @@ for name in ("rps_short", "rps_mix", "rps_sweep"):
           f"errors {rep['num_errors']}/{rep['num_requests']}  ttft p99 {rep['ttft_s']['p99']}  "
           f"p99/p50 {rep['p99_p50_ratio']} (within a profile {rep.get('p99_p50_ratio_within_group')})  "
           f"processes {rep['config'].get('client_processes')}  {slo}")
+    for status, texts in (rep.get("error_messages") or {}).items():
+        print(f"  {status}: {texts}")
     steps, batch = rep.get("executor_steps") or {}, rep.get("batch_size") or {}
     if steps:
         print(f"  executor steps {steps['count']:.0f}, {steps['seconds']:.1f} s summed, tokens "

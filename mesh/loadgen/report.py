@@ -24,6 +24,7 @@ JSON requests.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -189,6 +190,24 @@ def _json_block(results: Sequence[RequestResult]) -> dict[str, Any] | None:
     }
 
 
+MAX_ERROR_MESSAGES = 3
+"""Distinct error texts a report keeps per status."""
+
+
+def _error_messages(results: Sequence[RequestResult]) -> dict[str, dict[str, int]]:
+    """Per error status, its first MAX_ERROR_MESSAGES distinct texts (numbers masked, so
+    "retry after 3 s" and "retry after 4 s" are one) and how many requests had each."""
+    out: dict[str, Counter[str]] = {}
+    for r in results:
+        if r.ok:
+            continue
+        texts = out.setdefault(r.status, Counter())
+        text = re.sub(r"\d+(\.\d+)?", "N", r.error) or "(no message)"
+        if text in texts or len(texts) < MAX_ERROR_MESSAGES:
+            texts[text] += 1
+    return {status: dict(texts.most_common()) for status, texts in sorted(out.items())}
+
+
 def build_report(
     run: LoadRun,
     before: Snapshot,
@@ -212,6 +231,7 @@ def build_report(
         "num_ok": len(ok),
         "num_errors": len(results) - len(ok),
         "errors_by_status": dict(sorted(errors.items())),
+        "error_messages": _error_messages(results),
         "error_rate": (len(results) - len(ok)) / len(results) if results else None,
         "request_throughput": len(ok) / duration,
         "input_tokens_per_s": prompt / duration,
@@ -298,6 +318,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"requests      {report['num_ok']} ok / {report['num_requests']} sent in "
         f"{report['duration_s']:.2f} s   errors {report['num_errors']} "
         f"{report['errors_by_status'] or ''}".rstrip(),
+        *(
+            f"  {status}: {text} ({count})"
+            for status, texts in (report.get("error_messages") or {}).items()
+            for text, count in texts.items()
+        ),
         f"throughput    {report['request_throughput']:.2f} req/s   "
         f"input {report['input_tokens_per_s']:.1f} tok/s   "
         f"output {report['output_tokens_per_s']:.1f} tok/s",

@@ -114,6 +114,10 @@ def test_report_numbers_agree_with_each_other_and_with_the_results():
     report = build_report(LoadRun(results, started_s=0.0, ended_s=2.0), {}, {})
     assert report["num_requests"] == 7 == report["num_ok"] + report["num_errors"]
     assert report["errors_by_status"] == {"http_429": 2, "timeout": 1}
+    assert report["error_messages"] == {
+        "http_429": {"(no message)": 2},
+        "timeout": {"(no message)": 1},
+    }
     assert report["error_rate"] == pytest.approx(3 / 7)
     assert report["request_throughput"] == pytest.approx(4 / 2.0)
     assert report["output_tokens_per_s"] == pytest.approx((5 + 5 + 9 + 9) / 2.0)
@@ -145,13 +149,17 @@ def test_the_tail_within_a_group_is_apart_from_the_mix_of_lengths():
     assert report["p99_p50_ratio"] == pytest.approx(4.0, rel=0.05)
     by_group = report["p99_p50_ratio_by_group"]
     assert by_group["short"] == pytest.approx(
-        float(np.percentile([r.e2e_s for r in short], 99)) / float(np.percentile([r.e2e_s for r in short], 50))
+        float(np.percentile([r.e2e_s for r in short], 99))
+        / float(np.percentile([r.e2e_s for r in short], 50))
     )
     assert by_group["long"] == pytest.approx(
-        float(np.percentile([r.e2e_s for r in long], 99)) / float(np.percentile([r.e2e_s for r in long], 50))
+        float(np.percentile([r.e2e_s for r in long], 99))
+        / float(np.percentile([r.e2e_s for r in long], 50))
     )
     assert report["p99_p50_ratio_within_group"] == max(by_group.values()) < 1.1
-    assert flat_metrics(report)["p99_p50_ratio_within_group"] == report["p99_p50_ratio_within_group"]
+    assert (
+        flat_metrics(report)["p99_p50_ratio_within_group"] == report["p99_p50_ratio_within_group"]
+    )
     # a failed request is in no group's tail
     failed = build_report(LoadRun([*short, result(0.5, ok=False, group="long")], 0.0, 2.0), {}, {})
     assert set(failed["p99_p50_ratio_by_group"]) == {"short"}
@@ -254,3 +262,27 @@ def test_executor_steps_count_the_run_s_steps_their_time_and_tokens_by_kind():
     assert steps["count"] == 2 and steps["seconds"] == pytest.approx(0.75)
     assert steps["tokens"] == {"prefill": 512, "extend": None, "decode": 10}
     assert build_report(LoadRun([result(0.0)], 0.0, 1.0), {}, {})["executor_steps"] is None
+
+
+def test_a_report_keeps_each_status_first_distinct_error_texts_with_their_counts():
+    def failed(status, error):
+        r = result(0.0, ok=False, status=status)
+        r.error = error
+        return r
+
+    results = [failed("RESOURCE_EXHAUSTED", f"queue full: {n} waiting; retry after {n % 3} s")
+               for n in range(5)]  # fmt: skip
+    results += [failed("RESOURCE_EXHAUSTED", f"plan {n}: sequences exceed max_num_seqs (512)")
+                for n in range(2)]  # fmt: skip
+    results += [failed("RESOURCE_EXHAUSTED", text) for text in ("a", "b", "c")]
+    results += [failed("UNAVAILABLE", "executor gone"), result(0.1)]
+    report = build_report(LoadRun(results, started_s=0.0, ended_s=1.0), {}, {})
+    assert report["error_messages"] == {
+        "RESOURCE_EXHAUSTED": {
+            "queue full: N waiting; retry after N s": 5,  # numbers masked: one text
+            "plan N: sequences exceed max_num_seqs (N)": 2,
+            "a": 1,  # the third distinct text; "b" and "c" are past the limit
+        },
+        "UNAVAILABLE": {"executor gone": 1},
+    }
+    assert "  UNAVAILABLE: executor gone (1)" in format_table(report).splitlines()
