@@ -64,36 +64,25 @@ class QueueWaitConfig:
 
 
 class Throughput:
-    """Requests finished per second by one executor, over a sliding window.
-
-    A run of finishes younger than the window (no empty window between them) is measured
-    over its own span, from the arrival of its first request: a fresh executor that
-    finished 500 requests a second after they arrived runs at about 500/s, not 50/s
-    (which would refuse a burst it is serving well)."""
+    """Requests finished per second by one executor, over a sliding window."""
 
     def __init__(self, config: QueueWaitConfig) -> None:
         self._config = config
         self._finished: deque[float] = deque()
-        self._run_start = -math.inf
-        """When the current run's first finished request arrived."""
+        self._num_finished = 0
 
-    def note_finished(self, now: float, count: int = 1, arrived: float | None = None) -> None:
-        """Changes state: `count` requests finished at `now`; `arrived`: when the (first)
-        of them arrived (None: unknown, the run is measured from its first finish)."""
-        self._trim(now)
-        if not self._finished:
-            self._run_start = now if arrived is None else min(arrived, now)
+    def note_finished(self, now: float, count: int = 1) -> None:
+        """Changes state: `count` requests finished at `now`."""
         self._finished.extend([now] * count)
+        self._trim(now)
 
     def rate(self, now: float) -> float | None:
-        """Requests per second over the window (over the run's span while the run is
-        younger than the window); None while fewer than min_finished finished in it (an
-        executor that was idle, or is stuck, is not judged on its old pace)."""
+        """Requests per second over the window; None while fewer than min_finished finished
+        in it (an executor that was idle, or is stuck, is not judged on its old pace)."""
         self._trim(now)
         if len(self._finished) < self._config.min_finished:
             return None
-        span = min(self._config.window_s, now - self._run_start)
-        return len(self._finished) / span if span > 0 else None
+        return len(self._finished) / self._config.window_s
 
     def _trim(self, now: float) -> None:
         while self._finished and self._finished[0] <= now - self._config.window_s:
@@ -121,12 +110,10 @@ class QueueWaits:
         self._capacities: dict[str, tuple[tuple[object, ...], ExecutorInfo, int]] = {}
         """Per executor id: `batch_capacity` and the state it was computed in."""
 
-    def note_finished(
-        self, executor_id: str, now: float, num_pages: int = 0, arrived: float | None = None
-    ) -> None:
-        """Changes state: a request on `executor_id` that arrived at `arrived` finished at
-        `now`, holding num_pages KV pages at the end (0: unknown)."""
-        self._finished_on(executor_id).note_finished(now, arrived=arrived)
+    def note_finished(self, executor_id: str, now: float, num_pages: int = 0) -> None:
+        """Changes state: a request on `executor_id` finished at `now`, holding num_pages
+        KV pages at the end (0: unknown)."""
+        self._finished_on(executor_id).note_finished(now)
         if num_pages > 0:
             self._last_pages[executor_id] = num_pages
 

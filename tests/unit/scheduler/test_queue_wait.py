@@ -24,27 +24,12 @@ from services.scheduler.core.queue_wait import (
 
 def test_throughput_is_unknown_until_enough_requests_finished_then_per_window():
     throughput = Throughput(QueueWaitConfig(window_s=10, min_finished=4))
-    throughput.note_finished(1.0, count=3, arrived=0.0)
+    throughput.note_finished(1.0, count=3)
     assert throughput.rate(2.0) is None
     throughput.note_finished(2.0, count=17)
-    assert throughput.rate(2.0) == 10.0  # a run 2 s old (its first request came at 0)
-    assert throughput.rate(4.0) == 5.0  # nothing more: the same 20 over 4 s
-    assert throughput.rate(11.5) == 1.7  # past the window: the first three left it
+    assert throughput.rate(2.0) == 2.0  # 20 in the last 10 s
+    assert throughput.rate(11.5) == 1.7  # the first three left the window
     assert throughput.rate(30.0) is None  # nothing finished lately: not judged
-
-
-def test_a_fresh_run_is_measured_over_its_own_span_not_the_window():
-    # a burst served at 100 requests/s from an idle start: over the whole window it would
-    # read as 10/s a second in, and refuse a queue the executor is clearing fast
-    throughput = Throughput(QueueWaitConfig(window_s=10, min_finished=4))
-    for i in range(1, 101):
-        throughput.note_finished(i / 100, arrived=0.0)
-    assert throughput.rate(1.0) == pytest.approx(100.0)
-    throughput.note_finished(30.0, count=5)  # after an idle window a new run starts,
-    assert throughput.rate(30.0) is None  # all at once with no arrival: no span yet
-    for i in range(1, 41):
-        throughput.note_finished(30.0 + i / 20)
-    assert throughput.rate(32.0) == pytest.approx(22.5)  # 45 over its 2 s
 
 
 def test_the_wait_counts_the_requests_ahead():
