@@ -35,6 +35,7 @@ from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import RunningSequence, SequenceOutput, StepPlan, StepResult
 from services.cache.core import CacheCore
+from services.common.gc_policy import tune_gc
 from services.scheduler.core import SchedulerConfig, SchedulerCore, StepUpdates
 
 
@@ -148,6 +149,7 @@ async def bench(args: argparse.Namespace) -> None:
             await submit(await replace.get())
 
     await submit(in_flight)
+    tune_gc()  # as the scheduler service does once its startup is over
     start = time.perf_counter()
     last[0] = start
     await core.start()
