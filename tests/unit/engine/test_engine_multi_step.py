@@ -32,13 +32,10 @@ class Recorder:
         """Per executed step that ran a batch, its sequences' req_ids."""
         self.admitted_at: dict[str, int] = {}
         """req_id -> steps executed before the plan that admits it was prepared."""
-        self.prepared_at: list[int] = []
-        """Per plan, the steps executed before it was prepared."""
         prepare, execute = core.prepare, core.execute
 
         def recorded_prepare(plan):
             self.plans.append(plan)
-            self.prepared_at.append(len(self.steps))
             for new in plan.new_seqs:
                 self.admitted_at.setdefault(new.req_id, len(self.steps))
             return prepare(plan)
@@ -149,6 +146,15 @@ async def test_a_sequence_ends_inside_a_plan_on_eos(make_engine):
 async def test_an_abort_inside_a_plan_stops_the_row_at_the_next_step(make_engine):
     engine = await make_engine(SchedulerConfig(decode_steps_per_plan=16))
     recorder = Recorder(engine.executors[0])
+    submitted: list[tuple[object, int]] = []  # each plan sent and the steps executed then
+    port = engine.ports[0]
+    submit = port.submit
+
+    def recorded_submit(plan) -> None:
+        submitted.append((plan, len(recorder.steps)))
+        submit(plan)
+
+    port.submit = recorded_submit
     greedy = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
     (start,) = engine.cache_stats()
     other = await engine.generate([40, 41, 42], greedy)
@@ -164,14 +170,13 @@ async def test_an_abort_inside_a_plan_stops_the_row_at_the_next_step(make_engine
     rest = [u async for u in stream]
     assert rest[-1].finish_reason == "abort"
     assert len((await other.collect()).token_ids) == 120
-    # the abort went out in a plan of its own, and from when the executor prepared that plan
-    # the row ran at most the step executing and the one already prepared then, of the
-    # plan's 16 (counted from the plan, not from the client's abort: on a loaded machine
+    # the abort went out in a plan of its own, and from when it reached the executor the row
+    # ran at most the step executing and the one already prepared then, of the plan's 16
+    # (counted from the plan's arrival, not from the client's abort: on a loaded machine
     # the scheduler may take a step's time to send it)
-    [aborting] = [i for i, p in enumerate(recorder.plans) if stream.req_id in p.abort_req_ids]
-    assert recorder.plans[aborting].abort_req_ids == [stream.req_id]
-    assert recorder.prepared_at[aborting] >= at
-    assert recorder.steps_with(stream.req_id, after=recorder.prepared_at[aborting]) <= 2
+    [(aborting, steps_then)] = [(p, n) for p, n in submitted if stream.req_id in p.abort_req_ids]
+    assert aborting.abort_req_ids == [stream.req_id] and steps_then >= at
+    assert recorder.steps_with(stream.req_id, after=steps_then) <= 2
     assert recorder.steps_with(other.req_id, after=at) > 16
     (end,) = engine.cache_stats()
     assert (end.num_leases, end.num_leased_pages) == (0, 0)
