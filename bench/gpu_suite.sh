@@ -787,22 +787,21 @@ step_rps() {
 cpu_shares() {
     $PY - "$1" <<'PY'
 import os, sys, time
+from bench.tracing_overhead import cpu_seconds
 def ticks():
     out = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = open(f"/proc/{pid}/stat").read()
+        try:  # a process may end while it is read
             cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
-        except OSError:
+            out[pid] = (cpu_seconds({pid: pid})[pid], cmd[:120])
+        except (OSError, IndexError, ValueError):
             continue
-        fields = stat.rpartition(")")[2].split()
-        out[pid] = (int(fields[11]) + int(fields[12]), cmd[:120])
     return out
-seconds, hz = float(sys.argv[1]), os.sysconf("SC_CLK_TCK")
+seconds = float(sys.argv[1])
 before = ticks()
 time.sleep(seconds)
 after = ticks()
-shares = sorted(((t - before[p][0]) / hz / seconds, p, cmd) for p, (t, cmd) in after.items()
+shares = sorted(((t - before[p][0]) / seconds, p, cmd) for p, (t, cmd) in after.items()
                 if p in before)
 print(f"cores {os.cpu_count()}  busy {sum(s for s, _, _ in shares):.2f} cores over {seconds:g} s")
 for share, pid, cmd in reversed(shares[-24:]):
@@ -842,7 +841,7 @@ for name in ("rps_short", "rps_mix", "rps_sweep"):
               f"goodput {point['goodput']:.1f}  ttft p99 {point['ttft_p99_s']}  "
               f"p99/p50 {point['p99_p50_ratio']} (within {point.get('p99_p50_ratio_within_group')})  "
               f"slo {'met' if point['slo_met'] else 'missed'}"
-              f"{'' if point.get('sustained', True) else ' (offered rate not sustained)'}")
+              f"{'' if point.get('offered', True) else ' (not offered: held for a slot)'}")
     if rep.get("sweep"):
         print(f"  highest rate meeting the SLO: {rep['sweep']['max_rate_meeting_slo']}")
 PY

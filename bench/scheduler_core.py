@@ -111,28 +111,31 @@ async def bench(args: argparse.Namespace) -> None:
     step_times: list[float] = []
     last = [time.perf_counter()]
 
-    def sink(batch: StepUpdates) -> None:
+    def ended(n: int) -> None:
         nonlocal remaining
+        remaining -= n
+        if remaining == 0:
+            done.set()
+
+    def sink(batch: StepUpdates) -> None:
         now = time.perf_counter()
         step_times.append(now - last[0])
         last[0] = now
         finished = sum(1 for u in batch.updates if u.finished)
-        remaining -= finished
         if finished:
+            ended(finished)
             replace.put_nowait(finished)
-        if remaining == 0:
-            done.set()
 
-    config = SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=num_seqs)
+    config = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=num_seqs
+    )
     core = SchedulerCore(config, InProcessCache(cache), [executor], sink)
     rng = random.Random(0)
     sampling = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    sent = 0
-
-    refused = 0
+    sent = refused = 0
 
     async def submit(n: int) -> None:
-        nonlocal sent, refused, remaining
+        nonlocal sent, refused
         for _ in range(min(n, args.num_requests - sent)):
             prompt = [rng.randrange(10, 30000) for _ in range(args.prompt_len)]
             sent += 1
@@ -140,9 +143,7 @@ async def bench(args: argparse.Namespace) -> None:
                 await core.submit(f"r{sent}", prompt, sampling)
             except ResourceExhausted:  # overload refused at once: counted, not replaced
                 refused += 1
-                remaining -= 1
-                if remaining == 0:
-                    done.set()
+                ended(1)
 
     async def refill() -> None:
         while sent < args.num_requests:

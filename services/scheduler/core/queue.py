@@ -11,7 +11,7 @@ request: a guess never delays real work.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from radixmesh.sampling import Priority
 from services.scheduler.core.config import SchedulerConfig
@@ -74,30 +74,30 @@ class WaitQueue:
         return req
 
     def rank(self, req: Request, now: float) -> float:
-        cached = min(1.0, req.match_tokens / max(1, req.num_tokens))
+        _, time_free, _ = self._order_key(now)(req)
         if req.priority is Priority.SPECULATIVE:
-            return float(req.priority) - self._prefix_weight * cached
-        waited = max(0.0, now - req.arrival_time)
-        return float(req.priority) - self._aging_rate * waited - self._prefix_weight * cached
+            return time_free
+        return time_free - self._aging_rate * now
 
-    def ranked(self, now: float) -> list[Request]:
-        """Waiting requests, the one to serve first at index 0.
-
-        Sorted by `rank` without evaluating it per request: every aging request's rank
-        falls by the same aging_rate * now, so their order is that of
-        class + aging_rate * arrival - prefix_weight * cached, whatever `now` is
-        (arrivals are never in the future)."""
-        aging, weight = self._aging_rate, self._prefix_weight
-        speculative = Priority.SPECULATIVE
+    def _order_key(self, now: float) -> Callable[[Request], tuple[bool, float, float]]:
+        """The serving order's sort key at `now`: speculative work last, then `rank` through
+        its time-free part (rank plus aging_rate * now for an aging request: every aging
+        request's rank falls alike with time, and arrivals are never later than now), then
+        arrival."""
+        aging, weight, speculative = self._aging_rate, self._prefix_weight, Priority.SPECULATIVE
 
         def key(r: Request) -> tuple[bool, float, float]:
             cached = min(1.0, r.match_tokens / max(1, r.num_tokens))
             if r.priority is speculative:
                 return (True, float(r.priority) - weight * cached, r.arrival_time)
-            static = float(r.priority) + aging * min(r.arrival_time, now) - weight * cached
-            return (False, static, r.arrival_time)
+            time_free = float(r.priority) + aging * min(r.arrival_time, now) - weight * cached
+            return (False, time_free, r.arrival_time)
 
-        return sorted(self._requests.values(), key=key)
+        return key
+
+    def ranked(self, now: float) -> list[Request]:
+        """Waiting requests, the one to serve first at index 0."""
+        return sorted(self._requests.values(), key=self._order_key(now))
 
     def newest_unleased(self, priority: Priority) -> Request | None:
         """The latest arrival of a class holding no lease (the one to shed first)."""

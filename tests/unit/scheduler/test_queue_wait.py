@@ -260,10 +260,17 @@ def test_the_queue_order_is_the_rank_order_and_its_counts_follow_push_and_remove
         queue.remove(req.req_id)
     queue.push(requests[1])  # pushed again: counted once
     left = [r for r in requests if r.req_id in queue]
-    for now in (100.0, 250.0, 1e4):  # sorted without evaluating rank: the same order
+
+    def rank(r: Request, now: float) -> float:  # the module's rule, written out
+        cached = min(1.0, r.match_tokens / max(1, len(r.prompt_token_ids)))
+        aged = 0.0 if r.priority is Priority.SPECULATIVE else 0.05 * max(0.0, now - r.arrival_time)
+        return float(r.priority) - aged - 0.5 * cached
+
+    for now in (100.0, 250.0, 1e4):  # sorted on the time-free part: the rank's order
         expected = sorted(
             left,
-            key=lambda r: (r.priority is Priority.SPECULATIVE, queue.rank(r, now), r.arrival_time),
+            key=lambda r: (r.priority is Priority.SPECULATIVE, rank(r, now), r.arrival_time),
         )
         assert [r.req_id for r in queue.ranked(now)] == [r.req_id for r in expected]
+        assert all(queue.rank(r, now) == pytest.approx(rank(r, now)) for r in left)
     assert queue.count_by_priority() == {p: sum(r.priority is p for r in left) for p in Priority}
