@@ -59,9 +59,9 @@ class RequestResult:
     """Output parsed and validated against the schema (None for unconstrained requests)."""
     held_s: float = 0.0
     """At an offered rate: how long after its Poisson arrival time the load loop sent the
-    request (waiting for a free concurrency slot, or a client too busy to send on time). Its
-    TTFT and e2e start at the send, so they leave this out; goodput counts it (the user
-    would have waited)."""
+    request when every concurrency slot was busy then (0 otherwise: a late client loop is
+    not the server's wait). Its TTFT and e2e start at the send, so they leave this out;
+    goodput counts it (the user would have waited)."""
 
     def mark_chunk(self, now: float, text: str, has_tokens: bool = False) -> None:
         """A chunk arrived: it counts when it carries text (or token ids, on gRPC, where a

@@ -95,8 +95,7 @@ def goodput(results: Sequence[RequestResult], duration_s: float, bounds: dict[st
 
 
 HELD_S = 0.01
-"""A request sent later than this after its arrival time (`held_s`: for a concurrency slot,
-or by a client too busy) was not sent on time."""
+"""A request held longer than this for a concurrency slot (`held_s`) was not sent on time."""
 MAX_HELD_SHARE = 0.01
 """A rate is offered when at most this share of its requests were held (the client's
 --concurrency did not hold it back); a rate that was not cannot meet the SLO, whatever its

@@ -195,12 +195,14 @@ async def _drive(
             delay = next_start - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)  # the arrival time itself is the event
+            full = slots.locked()  # every slot busy: the concurrency holds this arrival back
             await slots.acquire()
             if not budget.take():  # the deadline passed while it waited
                 slots.release()
                 break
             # at an offered rate, the time its arrival waited for a slot (closed loop: none)
-            held_s = max(0.0, time.perf_counter() - next_start) if math.isfinite(rate) else 0.0
+            held = full and math.isfinite(rate)
+            held_s = max(0.0, time.perf_counter() - next_start) if held else 0.0
             task = asyncio.create_task(one(script, held_s))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
