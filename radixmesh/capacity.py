@@ -24,8 +24,10 @@ class ModelCapacity:
     """Requests the model's executors finish per second, measured; None until measured."""
     headroom: Mapping[Priority, int] = field(default_factory=dict)
     """Per class: requests the scheduler admits now before its queue-wait bound refuses
-    one (0: it refuses the next). A class that is absent is not bounded now (the bound is
-    off, or no executor of the model has a measured rate yet)."""
+    one (0: it refuses the next), each counted at the mean work of the requests its
+    executors finished lately (the estimate is in work: services/scheduler/core/
+    queue_wait.py). A class that is absent is not bounded now (the bound is off, or no
+    executor of the model has a measured rate yet)."""
 
 
 def capacity_to_proto(capacity: ModelCapacity, out: scheduler_pb2.ModelCapacity) -> None:

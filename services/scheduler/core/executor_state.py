@@ -67,7 +67,8 @@ class ExecutorState:
 
     @classmethod
     def create(cls, port: ExecutorPort, config: SchedulerConfig) -> ExecutorState:
-        return cls(port=port, info=port.info, queue=WaitQueue(config, port.info.page_size))
+        queue = WaitQueue(config, port.info.page_size, port.info.max_model_len)
+        return cls(port=port, info=port.info, queue=queue)
 
     def note_health(self, health: DeviceHealth | None, now: float) -> None:
         """Keep a step result's device health (results between reports carry none)."""

@@ -6,6 +6,10 @@ so the cached prefix orders requests within a class, while age lifts any
 request, of any class, until it is served: nothing starves. Speculative work
 (Priority.SPECULATIVE) does not age and ranks after every other waiting
 request: a guess never delays real work.
+
+The queue also keeps the work its requests ask for per class (`request_work`), for the
+queue-wait estimate (queue_wait.py), as it keeps their counts: both are read on every
+submit, so they are running totals, not sums over the queue.
 """
 
 from __future__ import annotations
@@ -19,16 +23,47 @@ from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.sharing import num_prefix_pages, page_keys
 
 
+def request_work(req: Request, max_num_batched_tokens: int, max_model_len: int | None) -> int:
+    """The steps req holds a place in its executor's batch for, by what it asks: its
+    prompt's prefill chunks (the last one samples its first token), then a decode step for
+    each further token of its max_tokens (within the context; without max_tokens, up to
+    the context's end; with no context limit known, one token). At least 1.
+
+    The unit is a sequence's place in one step. A waiting request waits for a place in
+    the batch, and a place frees when a running sequence has run its steps: a request
+    asking for 400 tokens holds it 100 times as long as one asking for 4. Output tokens
+    are counted as asked, not as sampled, so that queued requests (whose end is not
+    known yet) and finished ones (the measured rate) are counted alike."""
+    num_prompt_tokens = len(req.prompt_token_ids)
+    room = None if max_model_len is None else max(0, max_model_len - num_prompt_tokens)
+    max_tokens = req.sampling.max_tokens
+    if max_tokens is None:
+        max_tokens = 1 if room is None else room
+    elif room is not None:
+        max_tokens = min(max_tokens, room)
+    num_prefill_steps = -(-num_prompt_tokens // max_num_batched_tokens)
+    return max(1, num_prefill_steps + max(0, max_tokens - 1))
+
+
 class WaitQueue:
     """Insertion-ordered waiting requests; `ranked` sorts them on demand (per step).
 
     With a page_size, the queue also knows which full prompt pages its requests
     hold (`has_page`, by the page keys of sharing.page_keys), for routing.
+    `max_model_len`: the executor's context limit (how far a request without max_tokens
+    may run, for `request_work`).
     """
 
-    def __init__(self, config: SchedulerConfig, page_size: int | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        page_size: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
         self._aging_rate = config.aging_rate
         self._prefix_weight = config.prefix_weight
+        self._max_num_batched_tokens = config.max_num_batched_tokens
+        self._max_model_len = max_model_len
         self._page_size = page_size
         self._requests: dict[str, Request] = {}
         self._page_keys: Counter[int] = Counter()
@@ -36,6 +71,8 @@ class WaitQueue:
         self._keys_of: dict[str, list[int]] = {}
         self._counts: dict[Priority, int] = dict.fromkeys(Priority, 0)
         """Queued requests per class, kept as they come and go (read on every submit)."""
+        self._work: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        """`request_work` of the queued requests per class, kept like `_counts`."""
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -54,6 +91,7 @@ class WaitQueue:
         req.status = RequestStatus.WAITING
         if req.req_id not in self._requests:
             self._counts[req.priority] += 1
+            self._work[req.priority] += self.work(req)
         self._requests[req.req_id] = req
         if self._page_size is not None and req.req_id not in self._keys_of:
             num_pages = num_prefix_pages(len(req.prompt_token_ids), self._page_size)
@@ -71,7 +109,12 @@ class WaitQueue:
         req = self._requests.pop(req_id, None)
         if req is not None:
             self._counts[req.priority] -= 1
+            self._work[req.priority] -= self.work(req)
         return req
+
+    def work(self, req: Request) -> int:
+        """Read-only: `request_work` of req on this queue's executor."""
+        return request_work(req, self._max_num_batched_tokens, self._max_model_len)
 
     def rank(self, req: Request, now: float) -> float:
         _, time_free, _ = self._order_key(now)(req)
@@ -108,3 +151,17 @@ class WaitQueue:
 
     def count_by_priority(self) -> dict[Priority, int]:
         return dict(self._counts)
+
+    def work_by_priority(self) -> dict[Priority, int]:
+        """Read-only: the `request_work` of the queued requests, per class."""
+        return dict(self._work)
+
+    def ahead_of(self, priority: Priority) -> tuple[int, int]:
+        """Read-only: the requests queued in `priority` or a higher class (a new request
+        of `priority` is served after them) and their work; O(classes)."""
+        num_requests = work = 0
+        for p in self._counts:
+            if p <= priority:
+                num_requests += self._counts[p]
+                work += self._work[p]
+        return num_requests, work

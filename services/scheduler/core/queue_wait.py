@@ -1,22 +1,34 @@
 """Admission that answers early: refuse a request whose queue wait would be too long, at once.
 
-Each executor's throughput is measured as the requests it finished per second
-over the last `window_s`. A new request would wait about as long as it takes the
-executor to finish the requests that overflow its batch ahead of it (queued in its
-class or a higher one, plus running, less the sequences it runs at once):
-`(num_ahead + 1) / rate`. While the batch has room it waits for nothing (the step
-loop admits it at its next turn). When even the executor with the shortest estimate
-makes it wait longer than its class's bound, or past its deadline, it is refused
-with ResourceExhausted naming the estimate and when to retry. Classes get
-shares of `max_queue_wait_s`: interactive all of it, batch half, sheddable a
-quarter, so under overload sheddable work is refused first and interactive last.
-While an executor finished fewer than `min_finished` requests in the window its rate
-is unknown and nothing is refused on a wait estimate (the queue length limit still
-holds): an idle executor meets a burst with an open door.
+The estimate is in work, not in requests: each request costs the steps it holds a place
+in the batch for, by what it asks (`queue.request_work`: its prefill chunks and its
+max_tokens), so a request asking for 400 tokens weighs 100 times one asking for 4. Each
+executor's throughput is the work of the requests it finished per second over the last
+`window_s`, or, for a run younger than that (the executor had finished nothing in the
+window before it), over the run's own span, from the arrival of its first request: a
+fresh executor's first second is read at its real speed, not divided by the whole
+window. A new request waits about as long as the executor takes to run the work that
+overflows its batch ahead of it, and then its own: the requests queued in its class or
+a higher one plus the running ones, less the sequences the executor runs at once, each
+at the mean work of those ahead, plus the request's own work, over the work per second.
+While the batch has room it waits for nothing (the step loop admits it at its next turn).
+Because work is counted as asked both ahead and in the rate, a warm-up of short requests
+does not admit a burst of long ones on the short ones' pace. The queue keeps the work
+per class as running totals (`WaitQueue.ahead_of`) and the running batch's is walked
+once per step with its capacity, so a submit's check costs O(classes).
+
+When even the executor with the shortest estimate makes a request wait longer than its
+class's bound, or past its deadline, it is refused with ResourceExhausted naming the
+estimate and when to retry. Classes get shares of `max_queue_wait_s`: interactive all
+of it, batch half, sheddable a quarter, so under overload sheddable work is refused
+first and interactive last. While an executor finished fewer than `min_finished`
+requests in the window its rate is unknown and nothing is refused on a wait estimate
+(the queue length limit still holds): an idle executor meets a burst with an open door.
 
 `QueueWaits.capacity` publishes the same estimate per model (`radixmesh.capacity`):
-the measured rate and, per class, how many more requests would be admitted now, so
-the gateway refuses on arrival what the scheduler would refuse.
+the measured requests per second and, per class, how many more requests would be
+admitted now, each counted at the mean work of the requests finished in the window,
+so the gateway refuses on arrival what the scheduler would refuse.
 """
 
 from __future__ import annotations
@@ -42,6 +54,13 @@ CLASS_SHARE = {
 }
 """Each class's share of max_queue_wait_s."""
 
+MIN_SPAN_S = 0.1
+"""A run's first finishes are read over at least this long (a few steps), so requests
+that finish together right after their arrival do not read as an unbounded rate."""
+
+MAX_HEADROOM = 2**32 - 1
+"""Most requests a headroom counts (the wire's uint32)."""
+
 
 @dataclass(frozen=True, slots=True)
 class QueueWaitConfig:
@@ -49,7 +68,8 @@ class QueueWaitConfig:
     """Longest estimated queue wait an interactive request is admitted with (batch: half,
     sheddable: a quarter); None turns wait-based refusal off."""
     window_s: float = 10.0
-    """Throughput is measured over this many seconds of finished requests."""
+    """Throughput is measured over this many seconds of finished requests (a younger run:
+    over its own span)."""
     min_finished: int = 4
     """Finished requests an executor needs before its rate is trusted."""
 
@@ -63,30 +83,58 @@ class QueueWaitConfig:
             raise InvalidArgument(f"min_finished: must be >= 1, got {self.min_finished}")
 
 
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """An executor's measured throughput."""
+
+    requests_per_s: float
+    work_per_s: float
+    """`queue.request_work` of the finished requests per second."""
+
+    @property
+    def work_per_request(self) -> float:
+        """The mean work of the requests it finished."""
+        return self.work_per_s / self.requests_per_s
+
+
 class Throughput:
-    """Requests finished per second by one executor, over a sliding window."""
+    """Requests and their work finished per second by one executor, over a sliding window
+    (a run younger than the window: over its own span)."""
 
     def __init__(self, config: QueueWaitConfig) -> None:
         self._config = config
-        self._finished: deque[float] = deque()
-        self._num_finished = 0
+        self._finished: deque[tuple[float, int]] = deque()
+        """(finish time, work) of the requests finished in the window, oldest first."""
+        self._work = 0
+        """The work of `_finished`, kept as they come and go."""
+        self._run_start = 0.0
+        """Arrival of the earliest request finished in this run (the run starts when one
+        finishes after nothing did for a whole window)."""
 
-    def note_finished(self, now: float, count: int = 1) -> None:
-        """Changes state: `count` requests finished at `now`."""
-        self._finished.extend([now] * count)
+    def note_finished(self, now: float, work: int, arrival_time: float, count: int = 1) -> None:
+        """Changes state: `count` requests of `work` each, that arrived at `arrival_time`,
+        finished at `now`."""
         self._trim(now)
+        if not self._finished:
+            self._run_start = arrival_time
+        self._run_start = min(self._run_start, arrival_time)
+        self._finished.extend([(now, work)] * count)
+        self._work += work * count
 
-    def rate(self, now: float) -> float | None:
-        """Requests per second over the window; None while fewer than min_finished finished
-        in it (an executor that was idle, or is stuck, is not judged on its old pace)."""
+    def rate(self, now: float) -> Rate | None:
+        """Per second over the window, or since the run started when that is later (at
+        least MIN_SPAN_S); None while fewer than min_finished finished in the window (an
+        executor that was idle, or is stuck, is not judged on its old pace)."""
         self._trim(now)
-        if len(self._finished) < self._config.min_finished:
+        num_finished = len(self._finished)
+        if num_finished < self._config.min_finished:
             return None
-        return len(self._finished) / self._config.window_s
+        span = max(MIN_SPAN_S, min(self._config.window_s, now - self._run_start))
+        return Rate(num_finished / span, self._work / span)
 
     def _trim(self, now: float) -> None:
-        while self._finished and self._finished[0] <= now - self._config.window_s:
-            self._finished.popleft()
+        while self._finished and self._finished[0][0] <= now - self._config.window_s:
+            self._work -= self._finished.popleft()[1]
 
 
 class QueueWaits:
@@ -104,33 +152,34 @@ class QueueWaits:
         self._held_pages = held_pages or (lambda _executor_id: 0)
         """Pages locked by context holds on an executor (not the batch's room)."""
         self._throughput: dict[str, Throughput] = {}
-        """Requests finished per second, per executor id."""
+        """Requests and work finished per second, per executor id."""
         self._last_pages: dict[str, int] = {}
         """Per executor id: the pages the last finished request held at its end."""
-        self._capacities: dict[str, tuple[tuple[object, ...], ExecutorInfo, int]] = {}
-        """Per executor id: `batch_capacity` and the state it was computed in."""
+        self._batches: dict[str, tuple[tuple[object, ...], ExecutorInfo, int, int]] = {}
+        """Per executor id: the state `_batch` was computed in, and its figures."""
 
-    def note_finished(self, executor_id: str, now: float, num_pages: int = 0) -> None:
-        """Changes state: a request on `executor_id` finished at `now`, holding num_pages
-        KV pages at the end (0: unknown)."""
-        self._finished_on(executor_id).note_finished(now)
-        if num_pages > 0:
-            self._last_pages[executor_id] = num_pages
+    def note_finished(self, ex: ExecutorState, req: Request, now: float) -> None:
+        """Changes state: req finished on ex at `now` (its work counts in ex's rate; the
+        pages it holds at its end size an idle batch, see `_capacity_for_new`)."""
+        work = ex.queue.work(req)
+        self._finished_on(ex.executor_id).note_finished(now, work, req.arrival_time)
+        if req.page_table:
+            self._last_pages[ex.executor_id] = len(req.page_table)
 
-    def rate(self, ex: ExecutorState, now: float) -> float | None:
-        """Read-only: requests per second ex finished lately; None while not measured."""
+    def rate(self, ex: ExecutorState, now: float) -> Rate | None:
+        """Read-only: what ex finished per second lately; None while not measured."""
         return self._finished_on(ex.executor_id).rate(now)
 
     def capacity(self, executors: Iterable[ExecutorState], now: float) -> list[ModelCapacity]:
-        """Read-only: per model of the live executors, the measured rate (summed) and each
-        class's headroom (see `headroom`)."""
+        """Read-only: per model of the live executors, the measured requests per second
+        (summed) and each class's headroom (see `headroom`)."""
         by_model: dict[str, list[ExecutorState]] = {}
         for ex in executors:
             if ex.alive:
                 by_model.setdefault(ex.info.model, []).append(ex)
         out = []
         for model, group in by_model.items():
-            rates = [r for r in (self.rate(ex, now) for ex in group) if r is not None]
+            rates = [r.requests_per_s for ex in group if (r := self.rate(ex, now)) is not None]
             headroom = {}
             for priority in CLASS_SHARE:
                 room = self.headroom(group, priority, now)
@@ -142,47 +191,72 @@ class QueueWaits:
     def headroom(
         self, executors: Iterable[ExecutorState], priority: Priority, now: float
     ) -> int | None:
-        """Read-only: how many more requests of `priority` `check` admits now, summed over
-        the executors (each new one lengthens the wait of the next); None when it refuses
-        none on the estimate (the bound is off, or no executor has a measured rate)."""
+        """Read-only: how many more requests of `priority` `check` admits now, each of the
+        mean work of those its executor finished lately, summed over the executors (each
+        new one lengthens the wait of the next); None when it refuses none on the
+        estimate (the bound is off, or no executor has a measured rate)."""
         if self.config.max_queue_wait_s is None:
             return None
         bound = self.config.max_queue_wait_s * CLASS_SHARE[priority]
         total, measured = 0, False
         for ex in executors:
-            counts = ex.queue.count_by_priority()
-            queued = sum(n for p, n in counts.items() if p <= priority)
-            free = self._capacity_for_new(ex) - queued - len(ex.running)
             rate = self.rate(ex, now)
-            if rate is None:  # admits while its batch has room (a wait of 0), then unknown
-                total += max(0, free)
-                continue
-            measured = True
-            total += max(0, free + max_num_ahead(bound, rate) + 1)
-        return total if measured else None
+            measured = measured or rate is not None
+            total += self._num_admitted(ex, priority, bound, rate)
+        return min(total, MAX_HEADROOM) if measured else None
+
+    def _num_admitted(
+        self, ex: ExecutorState, priority: Priority, bound_s: float, rate: Rate | None
+    ) -> int:
+        """How many more requests of `priority`, each of rate's mean work per request,
+        `check` admits on ex one after the other (rate None: while its batch has room)."""
+        num_queued, queued_work = ex.queue.ahead_of(priority)
+        num_running = len(ex.running)
+        capacity = self._capacity_for_new(ex)
+        if rate is None:  # admits while its batch has room (a wait of 0), then unknown
+            return max(0, capacity - num_queued - num_running)
+        work, work_per_s = rate.work_per_request, rate.work_per_s
+        running_work = self._batch(ex)[1]
+
+        def wait_s(num_new: int) -> float:
+            """`estimate_s` of a new request with num_new more like it queued ahead."""
+            ahead_work = queued_work + num_new * work + running_work
+            past = work_past_capacity(num_queued + num_new, num_running, capacity, ahead_work)
+            return estimate_wait_s(past, work, work_per_s) or 0.0
+
+        return num_within(wait_s, bound_s)
 
     def check(self, req: Request, candidates: Iterable[ExecutorState], now: float) -> None:
         """Raise ResourceExhausted when even the best candidate's estimated queue wait is
         over req's class bound or its deadline."""
-        estimates = [self.estimate_s(ex, req.priority, now) for ex in candidates]
+        estimates = [
+            self.estimate_s(ex, req.priority, now, ex.queue.work(req)) for ex in candidates
+        ]
         check_wait(self.config, req.priority, estimates, now, req.deadline)
 
     def best_estimate_s(
         self, executors: Iterable[ExecutorState], priority: Priority, now: float
     ) -> float | None:
-        """Read-only: the shortest estimated queue wait over the live executors (None:
-        unknown, when any of them has no measured rate)."""
+        """Read-only: the shortest estimated queue wait over the live executors for a
+        request of the mean work each finished lately (None: unknown, when any of them
+        has no measured rate)."""
         estimates = [self.estimate_s(ex, priority, now) for ex in executors if ex.alive]
         known = [e for e in estimates if e is not None]
         return min(known) if known and len(known) == len(estimates) else None
 
-    def estimate_s(self, ex: ExecutorState, priority: Priority, now: float) -> float | None:
-        """Read-only: how long a new request of `priority` would wait in ex's queue."""
-        counts = ex.queue.count_by_priority()
-        queued = sum(n for p, n in counts.items() if p <= priority)
-        capacity = self.batch_capacity(ex)
-        num_ahead = num_ahead_past_capacity(queued, len(ex.running), capacity)
-        return estimate_wait_s(num_ahead, self.rate(ex, now))
+    def estimate_s(
+        self, ex: ExecutorState, priority: Priority, now: float, work: int | None = None
+    ) -> float | None:
+        """Read-only: how long a new request of `priority` and `work` (None: the mean work
+        of the requests ex finished lately) would wait in ex's queue."""
+        num_queued, queued_work = ex.queue.ahead_of(priority)
+        capacity, running_work = self._batch(ex)
+        past = work_past_capacity(num_queued, len(ex.running), capacity, queued_work + running_work)
+        rate = self.rate(ex, now)
+        if rate is None:
+            return estimate_wait_s(past, 0, None)
+        own = rate.work_per_request if work is None else work
+        return estimate_wait_s(past, own, rate.work_per_s)
 
     def _capacity_for_new(self, ex: ExecutorState) -> int:
         """The batch the headroom counts on: as `batch_capacity` while requests run; on an
@@ -195,10 +269,15 @@ class QueueWaits:
         return max(1, min(self._max_num_seqs, room // pages))
 
     def batch_capacity(self, ex: ExecutorState) -> int:
-        """`batch_capacity`, walked once per step: again only when a plan was built or a
-        result read since, or the running set changed (pages change only then; a plan
-        being built over a remote cache may grow them during its awaits, which the next
-        figure counts) or a context hold was kept or ended there."""
+        """`batch_capacity` (see `_batch`)."""
+        return self._batch(ex)[0]
+
+    def _batch(self, ex: ExecutorState) -> tuple[int, int]:
+        """`batch_capacity` and the work of the running requests, walked once per step:
+        again only when a plan was built or a result read since, or the running set
+        changed (pages change only then; a plan being built over a remote cache may grow
+        them during its awaits, which the next figure counts) or a context hold was kept
+        or ended there."""
         num_held = self._held_pages(ex.executor_id)
         state = (
             num_held,
@@ -207,12 +286,13 @@ class QueueWaits:
             len(ex.running),
             next(reversed(ex.running), None),  # an admission appends: the last one changes
         )
-        cached = self._capacities.get(ex.executor_id)
+        cached = self._batches.get(ex.executor_id)
         if cached is not None and cached[0] == state and cached[1] is ex.info:
-            return cached[2]
+            return cached[2], cached[3]
         capacity = batch_capacity(ex, self._max_num_seqs, num_held)
-        self._capacities[ex.executor_id] = (state, ex.info, capacity)
-        return capacity
+        running_work = sum(ex.queue.work(r) for r in ex.running.values())
+        self._batches[ex.executor_id] = (state, ex.info, capacity, running_work)
+        return capacity, running_work
 
     def _finished_on(self, executor_id: str) -> Throughput:
         throughput = self._throughput.get(executor_id)
@@ -250,27 +330,46 @@ def num_ahead_past_capacity(num_queued_ahead: int, num_running: int, max_running
     return max(0, num_queued_ahead + num_running - max_running)
 
 
-def max_num_ahead(bound_s: float, rate: float) -> int:
-    """The most requests ahead past the batch with which a request's estimated wait
-    (`estimate_wait_s`) stays within bound_s (0: only a request with none ahead)."""
-    if rate <= 0:
-        return 0
-    k = max(0, math.floor(bound_s * rate) - 1)
-    while k > 0 and (k + 1) / rate > bound_s:  # float rounding at the edge
-        k -= 1
-    while (k + 2) / rate <= bound_s:
-        k += 1
-    return k
-
-
-def estimate_wait_s(num_ahead: int, rate: float | None) -> float | None:
-    """Seconds until a request with num_ahead requests queued before it starts; None when
-    the rate is unknown."""
+def work_past_capacity(
+    num_queued_ahead: int, num_running: int, max_running: int, work: float
+) -> float:
+    """The work that must run before a new request can start: the requests past the batch
+    (`num_ahead_past_capacity`), each at the mean of `work`, the work of those queued ahead
+    and running together (which of them finish first is not known)."""
+    num_ahead = num_ahead_past_capacity(num_queued_ahead, num_running, max_running)
     if num_ahead <= 0:
         return 0.0
-    if rate is None:
+    return num_ahead * work / (num_queued_ahead + num_running)
+
+
+def estimate_wait_s(work_past: float, own_work: float, work_per_s: float | None) -> float | None:
+    """Seconds until a request starts that has work_past beyond the batch ahead of it (0:
+    the batch has room, no wait) and asks own_work; None when the rate is unknown."""
+    if work_past <= 0:
+        return 0.0
+    if work_per_s is None:
         return None
-    return math.inf if rate <= 0 else (num_ahead + 1) / rate
+    return math.inf if work_per_s <= 0 else (work_past + own_work) / work_per_s
+
+
+def num_within(wait_s: Callable[[int], float], bound_s: float) -> int:
+    """How many new requests are admitted one after the other: the smallest n whose
+    wait_s(n) (the estimate with n queued ahead, never falling as n grows) is over
+    bound_s, found by doubling then halving (at most MAX_HEADROOM)."""
+    if wait_s(0) > bound_s:
+        return 0
+    low, high = 0, 1  # wait_s(low) is within the bound
+    while wait_s(high) <= bound_s:
+        if high >= MAX_HEADROOM:
+            return MAX_HEADROOM
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if wait_s(middle) <= bound_s:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def check_wait(

@@ -455,7 +455,7 @@ class SchedulerCore:
         outcome = read_outputs(ex, result, self._requests, now, self.stats)
         finished, holding, updates = outcome.finished, outcome.holding, outcome.updates
         for req in finished:
-            self._queue_waits.note_finished(ex.executor_id, now, len(req.page_table))
+            self._queue_waits.note_finished(ex, req, now)
             req.on_executor = False  # the executor dropped it itself
             ex.running.pop(req.req_id, None)
             ex.queue.remove(req.req_id)

@@ -13,30 +13,34 @@ from radixmesh.retry_after import retry_after_of, with_retry_after
 from radixmesh.sampling import Priority
 from services.scheduler.core import SchedulerConfig
 from services.scheduler.core.queue_wait import (
+    MAX_HEADROOM,
     QueueWaitConfig,
+    Rate,
     Throughput,
     check_wait,
     estimate_wait_s,
-    max_num_ahead,
     num_ahead_past_capacity,
+    num_within,
+    work_past_capacity,
 )
 
 
 def test_throughput_is_unknown_until_enough_requests_finished_then_per_window():
     throughput = Throughput(QueueWaitConfig(window_s=10, min_finished=4))
-    throughput.note_finished(1.0, count=3)
+    # a run older than the window (its first request arrived at -20): read over the window
+    throughput.note_finished(1.0, work=4, arrival_time=-20.0, count=3)
     assert throughput.rate(2.0) is None
-    throughput.note_finished(2.0, count=17)
-    assert throughput.rate(2.0) == 2.0  # 20 in the last 10 s
-    assert throughput.rate(11.5) == 1.7  # the first three left the window
+    throughput.note_finished(2.0, work=4, arrival_time=-20.0, count=17)
+    assert throughput.rate(2.0) == Rate(2.0, 8.0)  # 20 requests of work 4 in the last 10 s
+    assert throughput.rate(11.5) == Rate(1.7, 6.8)  # the first three left the window
     assert throughput.rate(30.0) is None  # nothing finished lately: not judged
 
 
-def test_the_wait_counts_the_requests_ahead():
-    assert estimate_wait_s(0, None) == 0.0  # nothing queued: no wait, rate or not
-    assert estimate_wait_s(9, 2.0) == 5.0
-    assert estimate_wait_s(3, None) is None
-    assert math.isinf(estimate_wait_s(1, 0.0))
+def test_the_wait_counts_the_work_ahead_and_its_own():
+    assert estimate_wait_s(0.0, 400, None) == 0.0  # nothing past the batch: no wait
+    assert estimate_wait_s(90.0, 10, 20.0) == 5.0  # (90 ahead + its own 10) / 20 per second
+    assert estimate_wait_s(30.0, 10, None) is None
+    assert math.isinf(estimate_wait_s(1.0, 1, 0.0))
 
 
 @pytest.mark.parametrize(
@@ -113,6 +117,9 @@ def test_only_what_overflows_the_batch_waits():
     # the batch is full: everything queued ahead waits, plus what runs past the slots
     assert num_ahead_past_capacity(10, 256, 256) == 10
     assert num_ahead_past_capacity(10, 250, 256) == 4
+    # in work: those past the batch, each at the mean work of all ahead
+    assert work_past_capacity(200, 56, 256, 256 * 400) == 0.0
+    assert work_past_capacity(10, 250, 256, 250 * 8 + 10 * 320) == 4 * 20.0  # mean 20
 
 
 async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
@@ -139,11 +146,11 @@ async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
     assert all(rig.sink.finished[r].error is None for r in burst)
 
 
-def test_max_num_ahead_is_the_edge_of_the_bound():
-    assert max_num_ahead(30.0, 2.0) == 59  # (59 + 1) / 2 = 30 s exactly
-    assert estimate_wait_s(59, 2.0) == 30.0 and estimate_wait_s(60, 2.0) > 30.0
-    assert max_num_ahead(1.0, 0.5) == 0  # only a request with nothing ahead
-    assert max_num_ahead(5.0, 0.0) == 0
+def test_num_within_is_the_edge_of_the_bound():
+    assert num_within(lambda n: (n + 1) / 2.0, 30.0) == 60  # (59 + 1) / 2 = 30 s exactly
+    assert num_within(lambda n: float(n * n), 50.0) == 8  # 7 * 7 within, 8 * 8 over
+    assert num_within(lambda n: 5.0, 1.0) == 0  # not even the first
+    assert num_within(lambda n: 0.0, 1.0) == MAX_HEADROOM  # never over: the wire's most
 
 
 async def test_the_published_headroom_is_what_the_scheduler_admits():
@@ -153,8 +160,8 @@ async def test_the_published_headroom_is_what_the_scheduler_admits():
     await rig.scheduler.start()
     [unmeasured] = rig.scheduler.capacity()
     assert unmeasured.requests_per_s is None and unmeasured.headroom == {}  # an open door
-    for i in range(6):
-        await rig.scheduler.submit(f"warm{i}", [i + 1, 2], greedy(2))
+    for i in range(6):  # requests of the same work as those that follow
+        await rig.scheduler.submit(f"warm{i}", [i + 1, 2], greedy(4))
     await rig.sink.wait(*(f"warm{i}" for i in range(6)))
     rig.port.gate = asyncio.Event()  # hold the executor: the queue builds up
     [capacity] = rig.scheduler.capacity()
@@ -187,7 +194,8 @@ async def test_an_idle_executors_headroom_counts_the_pool_not_the_slots():
     rate = capacity.requests_per_s
     assert rate is not None
     room = capacity.headroom[Priority.INTERACTIVE]
-    assert max_num_ahead(4.0, rate) + 1 < room <= 16 + max_num_ahead(4.0, rate) + 1  # not 256
+    within = math.floor(4.0 * rate)  # past the batch, requests like those it finished
+    assert within < room <= 16 + within  # not 256
     await rig.scheduler.stop()
 
 
