@@ -423,12 +423,10 @@ class SchedulerCore:
         config = self.config
         budget = StepBudget(config.max_num_batched_tokens, config.max_num_seqs)
         now = self._clock()
-        ranked = ex.queue.ranked(now)
-        if ranked:
+        head = ex.queue.head()
+        if head is not None:
             gap = config.priority_preemption_gap
-            await preempt_for_priority(
-                ex, self._leases, budget, ranked[0], gap, config.max_num_seqs
-            )
+            await preempt_for_priority(ex, self._leases, budget, head, gap, config.max_num_seqs)
         running_seqs = await schedule_running(ex, self._leases, budget)
         new_seqs = await admit_waiting(
             ex, self._leases, budget, now, config.max_num_seqs, self.stats
@@ -484,6 +482,7 @@ class SchedulerCore:
         for req_id, num_shared_tokens in waiting.items():
             follower = self._requests[req_id]
             follower.match_tokens = max(follower.match_tokens, num_shared_tokens)
+            ex.queue.rekey(follower)
         await self._leases.preempt(ex, leader)
 
     # -- ends of requests ------------------------------------------------------------------

@@ -274,11 +274,21 @@ def test_the_queue_order_is_the_rank_order_and_its_counts_follow_push_and_remove
         aged = 0.0 if r.priority is Priority.SPECULATIVE else 0.05 * max(0.0, now - r.arrival_time)
         return float(r.priority) - aged - 0.5 * cached
 
-    for now in (100.0, 250.0, 1e4):  # sorted on the time-free part: the rank's order
-        expected = sorted(
-            left,
-            key=lambda r: (r.priority is Priority.SPECULATIVE, rank(r, now), r.arrival_time),
-        )
-        assert [r.req_id for r in queue.ranked(now)] == [r.req_id for r in expected]
-        assert all(queue.rank(r, now) == pytest.approx(rank(r, now)) for r in left)
+    def check_order() -> None:
+        for now in (100.0, 250.0, 1e4):  # kept on the time-free part: the rank's order
+            expected = sorted(
+                left,
+                key=lambda r: (r.priority is Priority.SPECULATIVE, rank(r, now), r.arrival_time),
+            )
+            assert [r.req_id for r in queue.ranked(now)] == [r.req_id for r in expected]
+            assert queue.head() is expected[0]
+            assert all(queue.rank(r, now) == pytest.approx(rank(r, now)) for r in left)
+
+    check_order()
+    for req in left[::4]:  # a queued request's cached prefix grows (a leader's checkpoint)
+        req.match_tokens = len(req.prompt_token_ids)
+        queue.rekey(req)
+    queue.rekey(requests[0])  # not queued: nothing
+    assert requests[0].req_id not in queue
+    check_order()
     assert queue.count_by_priority() == {p: sum(r.priority is p for r in left) for p in Priority}
