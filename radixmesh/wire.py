@@ -234,13 +234,18 @@ def _new_seq_from_proto(msg: executor_pb2.NewSequence) -> NewSequence:
 
 
 def plan_from_proto(msg: executor_pb2.StepPlan) -> StepPlan:
-    """A plan as the core takes it; empty req_ids and bad sampling raise InvalidArgument."""
+    """A plan as the core takes it, its running rows in order (the plain ones read from
+    the columns); empty req_ids, bad sampling and columns that disagree raise
+    InvalidArgument."""
     running = [
         RunningSequence(
             seq.req_id, seq.num_scheduled_tokens, list(seq.appended_page_ids), seq.num_draft_tokens
         )
         for seq in msg.running_seqs
     ]
+    plain_ids = list(msg.decode_req_ids)
+    if plain_ids or msg.running_rows:
+        running = _merge_running(msg.step_id, plain_ids, running, list(msg.running_rows))
     if not all(seq.req_id for seq in running):
         raise InvalidArgument("running_seqs.req_id must not be empty")
     return StepPlan(
@@ -253,7 +258,39 @@ def plan_from_proto(msg: executor_pb2.StepPlan) -> StepPlan:
     )
 
 
-def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
+def _merge_running(
+    step_id: int, plain_ids: list[str], others: list[RunningSequence], rows: list[int]
+) -> list[RunningSequence]:
+    """The running rows in order: `others` at their `rows`, the plain decodes in the rest."""
+    where = f"plan {step_id}"
+    if not plain_ids:
+        if rows != list(range(len(others))):
+            raise InvalidArgument(f"{where}: running_rows needs decode_req_ids (got {rows})")
+        return others
+    if len(rows) != len(others):
+        raise InvalidArgument(
+            f"{where}: running_rows has {len(rows)} entries, running_seqs {len(others)}"
+        )
+    num_rows = len(plain_ids) + len(others)
+    if rows and (rows[-1] >= num_rows or any(a >= b for a, b in itertools.pairwise(rows))):
+        raise InvalidArgument(
+            f"{where}: running_rows must increase and stay below the plan's {num_rows} "
+            f"running rows, got {rows}"
+        )
+    out: list[RunningSequence] = []
+    plain = iter(plain_ids)
+    for row, seq in zip(rows, others, strict=True):
+        out.extend(RunningSequence(req_id, 1) for req_id in itertools.islice(plain, row - len(out)))
+        out.append(seq)
+    out.extend(RunningSequence(req_id, 1) for req_id in plain)
+    return out
+
+
+def plan_to_proto(plan: StepPlan, columnar: bool = True) -> executor_pb2.StepPlan:
+    """The plan's plain decode rows (one token, no appended page, no draft) go columnar
+    (`decode_req_ids`), the other running rows as RunningSequence messages with their
+    rows (`running_rows`). `columnar=False`: every running row a message, in order (the
+    layout before the columns)."""
     msg = executor_pb2.StepPlan(
         step_id=plan.step_id,
         finished_req_ids=plan.finished_req_ids,
@@ -276,8 +313,24 @@ def plan_to_proto(plan: StepPlan) -> executor_pb2.StepPlan:
             new.constraint.CopyFrom(constraint_to_proto(seq.constraint))
         if seq.page_copy is not None:
             new.page_copy.CopyFrom(page_copy_to_proto(seq.page_copy))
-    for run in plan.running_seqs:
-        msg.running_seqs.add(
+    others, rows = plan.running_seqs, []
+    if columnar:
+        plain_ids: list[str] = []
+        others = []
+        for row, run in enumerate(plan.running_seqs):
+            if run.num_scheduled_tokens == 1 and not run.appended_page_ids and not run.num_draft_tokens:
+                plain_ids.append(run.req_id)
+            else:
+                others.append(run)
+                rows.append(row)
+        if plain_ids:
+            msg.decode_req_ids.extend(plain_ids)
+            msg.running_rows.extend(rows)
+        else:
+            others = plan.running_seqs
+    add = msg.running_seqs.add
+    for run in others:
+        add(
             req_id=run.req_id,
             appended_page_ids=run.appended_page_ids,
             num_scheduled_tokens=run.num_scheduled_tokens,

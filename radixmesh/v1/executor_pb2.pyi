@@ -45,20 +45,24 @@ class RunningSequence(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., appended_page_ids: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class StepPlan(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "running_seqs", "finished_req_ids", "num_steps", "abort_req_ids")
+    __slots__ = ("step_id", "new_seqs", "running_seqs", "finished_req_ids", "num_steps", "abort_req_ids", "decode_req_ids", "running_rows")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_SEQS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     ABORT_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_ROWS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     running_seqs: _containers.RepeatedCompositeFieldContainer[RunningSequence]
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
     num_steps: int
     abort_req_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running_seqs: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., num_steps: _Optional[int] = ..., abort_req_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    decode_req_ids: _containers.RepeatedScalarFieldContainer[str]
+    running_rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., running_seqs: _Optional[_Iterable[_Union[RunningSequence, _Mapping]]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., num_steps: _Optional[int] = ..., abort_req_ids: _Optional[_Iterable[str]] = ..., decode_req_ids: _Optional[_Iterable[str]] = ..., running_rows: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SequenceOutput(_message.Message):
     __slots__ = ("req_id", "token_id", "logprobs", "finish_reason", "matched_stop_token_id", "prompt_logprobs", "prompt_logprobs_position", "accepted_token_ids", "num_draft_tokens", "num_forced_tokens")

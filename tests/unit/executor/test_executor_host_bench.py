@@ -8,6 +8,8 @@ import asyncio
 import importlib
 from pathlib import Path
 
+from radixmesh import wire
+
 
 def test_a_short_run_reports_host_time_per_step_and_a_profile(tmp_path: Path) -> None:
     bench = importlib.import_module("bench.executor_host")
@@ -32,7 +34,8 @@ def test_the_plans_admit_then_decode_in_plans_of_k_steps() -> None:
     assert [m.step_id for m in messages] == [1, 2, 3, 4]
     assert len(messages[0].new_seqs) == 2 and not messages[0].running_seqs
     for msg in messages[1:]:
-        assert msg.num_steps == 4 and [r.req_id for r in msg.running_seqs] == ["r0", "r1"]
+        running = wire.plan_from_proto(msg).running_seqs
+        assert msg.num_steps == 4 and [r.req_id for r in running] == ["r0", "r1"]
     pages = [list(n.page_ids) for n in messages[0].new_seqs]
     assert len(pages[0]) * 16 >= 5 + 3 * 4 + 2  # every token of the run has a slot
     assert not set(pages[0]) & set(pages[1])
