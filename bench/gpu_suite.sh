@@ -630,9 +630,14 @@ step_mesh() {
     run_step mesh_engine 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
         --num-requests "$n" --prompt-len "$words" --output-len "$o" --mode inprocess \
         --workload chat-words --bench-warmup 4 --max-num-seqs 256 --max-num-batched-tokens 8192 --json "${steps[@]}"
-    mesh_up mesh "${steps[@]}" || return 0
+    # MESH_GATEWAYS=N serves N gateway replicas behind Envoy, MESH_CLIENT_PROCS=N splits the
+    # bench over N client processes (the edge's own share, at 1B's token rate)
+    local edge=() clients=()
+    [ -n "${MESH_GATEWAYS:-}" ] && edge=(--gateways "$MESH_GATEWAYS")
+    [ -n "${MESH_CLIENT_PROCS:-}" ] && clients=(--client-processes "$MESH_CLIENT_PROCS")
+    mesh_up mesh "${steps[@]}" "${edge[@]}" || return 0
     local load=(--workload random --input-len "$words" --output-len "$o" --ignore-eos
-        --num-requests "$n" --concurrency "$n" --warmup 4)
+        --num-requests "$n" --concurrency "$n" --warmup 4 "${clients[@]}")
     mesh_bench mesh_grpc "$RESULTS/mesh.endpoints.json" --api grpc "${load[@]}"
     # another seed: the gRPC run's prompts are in the radix tree by now
     mesh_bench mesh_openai "$RESULTS/mesh.endpoints.json" --api openai "${load[@]}" --seed 1
@@ -651,7 +656,9 @@ step_mesh() {
     # the executor's first 24 steps under torch.profiler (files in $RESULTS/mesh_profile/)
     if [ "${MESH_PROFILE:-0}" = 1 ]; then
         local service pids=()
-        for service in executor-0 scheduler gateway; do
+        local gateway=gateway
+        [ "${MESH_GATEWAYS:-1}" != 1 ] && gateway=gateway-0
+        for service in executor-0 scheduler "$gateway"; do
             local torch=()
             [ "$service" = executor-0 ] && torch=(--torch-steps 24)
             $PY -m mesh.cli profile --service "$service" --seconds "${MESH_PROFILE_S:-5}" \
@@ -659,6 +666,9 @@ step_mesh() {
                 --out "$RESULTS/mesh_profile/$service" >"$RESULTS/mesh_profile.$service.log" 2>&1 &
             pids+=($!)
         done
+        # every process's share of a core over the same window: which one is the bound
+        { cpu_shares "${MESH_PROFILE_S:-5}"; } >"$RESULTS/mesh_cpu.txt" 2>&1 &
+        pids+=($!)
         mesh_bench mesh_profiled "$RESULTS/mesh.endpoints.json" --api grpc "${load[@]}" --seed 2
         wait "${pids[@]}"
     fi
