@@ -84,6 +84,8 @@ class WaitQueue:
         """Queued requests per class, kept as they come and go (read on every submit)."""
         self._work: dict[Priority, int] = dict.fromkeys(Priority, 0)
         """`request_work` of the queued requests per class, kept like `_counts`."""
+        self.num_grouped = 0
+        """Queued requests of a named group (none: admission skips its group passes)."""
         self._entries: dict[str, _Entry] = {}
         """Per queued req_id: its place in `_order`."""
         self._order: list[_Entry] = []
@@ -108,6 +110,7 @@ class WaitQueue:
         if req.req_id not in self._requests:
             self._counts[req.priority] += 1
             self._work[req.priority] += self.work(req)
+            self.num_grouped += req.group_id is not None
         self._requests[req.req_id] = req
         self._place(req)
         if self._page_size is not None and req.req_id not in self._keys_of:
@@ -127,6 +130,7 @@ class WaitQueue:
         if req is not None:
             self._counts[req.priority] -= 1
             self._work[req.priority] -= self.work(req)
+            self.num_grouped -= req.group_id is not None
             self._unplace(req_id)
         return req
 

@@ -260,6 +260,7 @@ def test_the_queue_order_is_the_rank_order_and_its_counts_follow_push_and_remove
     for i in range(200):
         prompt = [rng.randrange(1, 500) for _ in range(rng.randrange(2, 40))]
         req = Request(f"r{i}", prompt, greedy(4), arrival_time=rng.uniform(0, 100))
+        req.group_id = f"g{i % 3}" if i % 5 == 0 else None
         req.priority = rng.choice(classes)
         req.match_tokens = rng.randrange(0, len(prompt))
         requests.append(req)
@@ -292,3 +293,4 @@ def test_the_queue_order_is_the_rank_order_and_its_counts_follow_push_and_remove
     assert requests[0].req_id not in queue
     check_order()
     assert queue.count_by_priority() == {p: sum(r.priority is p for r in left) for p in Priority}
+    assert queue.num_grouped == sum(r.group_id is not None for r in left) > 0
