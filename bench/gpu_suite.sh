@@ -520,11 +520,14 @@ step_tp() { step_allreduce; step_tp_b1; step_tp_offline; }
 
 TRAINED=${TRAINED_DIR:-/tmp/radixmesh-tiny-trained}
 
-# train_tiny: a small Llama trained on the standard library's source (bench/train_tiny.py),
-# the model the speculative step measures; kept in $TRAINED between calls on a warm machine.
-# TRAIN_MAX_S (default 300): seconds of training; SPEC_BATCH_SIZES: the speculative step's.
+# train_tiny: a small Llama trained on the standard library's source and code-edit documents
+# (bench/train_tiny.py), the model the speculative step measures; kept in $TRAINED between
+# calls on a warm machine. Its log ends with the record, whose "copy" says whether the model
+# copies a held-out function it is asked to edit (lookup_tokens_per_step: what ngram can gain).
+# TRAIN_MAX_S (default 300): seconds of training; TRAIN_ARGS: more flags (--edit-share 0.6);
+# SPEC_BATCH_SIZES: the speculative step's.
 step_train_tiny() {
-    local args=(--max-train-s "${TRAIN_MAX_S:-300}")
+    local args=(--max-train-s "${TRAIN_MAX_S:-300}" ${TRAIN_ARGS:-})
     [ "$GPU" = 1 ] || args=(--smoke)
     run_step train_tiny 420 $PY bench/train_tiny.py --out "$TRAINED" --device "$(engine_device)" \
         "${args[@]}" --json "$RESULTS/train_tiny.json"

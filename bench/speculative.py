@@ -10,6 +10,9 @@ one where they cannot, at batch 1, 8, 32 and 128, through the in-process engine.
 
 Workloads (text from the standard library's source, tokenized with the model's tokenizer):
   code_edit   a function, then "the same with one name changed:" and its first line
+              (bench/train_tiny.py's edit_prompt); the functions are those whose prompt
+              fits --prompt-len and whose body has --output-len tokens or more, so the
+              measured output of a model that copies is the function's copy
   quote       a module's docstring, then "Quote:" and its first words
   json        key: value lines, then a JSON object of them begun
   multi_turn  an earlier turn's prompt and answer, then the same prompt again (the answer
@@ -46,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import random
@@ -58,7 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.train_tiny import EDIT_HEADER, FUNCTION
+from bench.train_tiny import edit_prompt, functions_in
 from mesh.engine import Engine, EngineConfig
 from radixmesh.sampling import SamplingParams
 from services.executor.core.spec import SpeculativeConfig
@@ -80,7 +84,22 @@ def stdlib_sources(limit: int = 200) -> list[str]:
 
 
 def functions(sources: list[str]) -> list[str]:
-    return [m.group(1) for text in sources for m in FUNCTION.finditer(text)]
+    return functions_in(sources, top_level=True)
+
+
+@functools.lru_cache(maxsize=8)
+def edit_functions(tokenizer, prompt_len: int, min_body_len: int) -> tuple[str, ...]:
+    """code_edit's functions (the top-level modules' top-level ones) whose prompt has at most
+    prompt_len tokens and whose body, the edit a model that copies writes, has at least
+    min_body_len; every one where none has (a toy tokenizer, --smoke's short prompts)."""
+    funcs = functions(stdlib_sources())
+
+    def num_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    fit = [f for f in funcs
+           if num_tokens(edit_prompt(f)) <= prompt_len and num_tokens(f.partition("\n")[2]) >= min_body_len]
+    return tuple(fit or funcs)
 
 
 def docstrings(sources: list[str]) -> list[str]:
@@ -94,10 +113,7 @@ def json_value(rng: random.Random, sources: list[str]) -> str | int:
 
 
 def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) -> list[str]:
-    if workload == "code_edit":
-        funcs = functions(sources)
-        picks = [rng.choice(funcs) for _ in range(n)]
-        return [f"{f}\n{EDIT_HEADER}\n{f.splitlines()[0]}\n" for f in picks]
+    """quote's and json's texts (code_edit's: edit_texts)."""
     if workload == "quote":
         docs = docstrings(sources)
         picks = [rng.choice(docs) for _ in range(n)]
@@ -112,11 +128,23 @@ def make_texts(workload: str, n: int, rng: random.Random, sources: list[str]) ->
     raise ValueError(workload)
 
 
-def make_prompts(workload: str, n: int, tokenizer, vocab: int, seed: int, prompt_len: int) -> list[list[int]]:
+def edit_texts(n: int, rng: random.Random, funcs: list[str] | tuple[str, ...]) -> list[str]:
+    """code_edit's texts: the edit prompts of n functions drawn from funcs."""
+    return [edit_prompt(rng.choice(funcs)) for _ in range(n)]
+
+
+def make_prompts(
+    workload: str, n: int, tokenizer, vocab: int, seed: int, prompt_len: int, output_len: int = 0
+) -> list[list[int]]:
+    """n prompts of the workload, each at most prompt_len tokens (cut from the left);
+    code_edit's (and multi_turn's) of functions with output_len body tokens or more."""
     rng = random.Random(seed + 7919 if workload == "repeat" else seed)  # not random's prompts
     if workload in ("random", "repeat"):
         return [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(n)]
-    texts = make_texts("code_edit" if workload == "multi_turn" else workload, n, rng, stdlib_sources())
+    if workload in ("code_edit", "multi_turn"):
+        texts = edit_texts(n, rng, edit_functions(tokenizer, prompt_len, output_len))
+    else:
+        texts = make_texts(workload, n, rng, stdlib_sources())
     return [tokenizer.encode(t, add_special_tokens=False)[-prompt_len:] for t in texts]
 
 
@@ -128,7 +156,7 @@ WARM_SEED = 10_007
 def warm_prompts(args, workload: str, batch: int, tokenizer, vocab: int) -> list[list[int]]:
     """Prompts of the measured shape of (workload, batch): the same lengths (multi_turn's
     second turn: prompt + answer + prompt), random token ids of WARM_SEED."""
-    measured = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len)
+    measured = make_prompts(workload, batch, tokenizer, vocab, args.seed, args.prompt_len, args.output_len)
     lengths = [
         2 * len(p) + args.output_len if workload == "multi_turn" else len(p) for p in measured
     ]
@@ -245,7 +273,7 @@ async def bench_modes(args, tokenizer) -> dict[str, dict]:
 
 async def measured_batch(engine, args, workload: str, batch: int, tokenizer, vocab: int, seed: int):
     """One timed batch of a row: (outputs, seconds, TPOTs, output tokens)."""
-    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len)
+    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len, args.output_len)
     if workload == "multi_turn":  # turn 1, then its prompt + answer + the prompt again
         answers, _, _ = await run_batch(engine, prompts, args.output_len)
         prompts = [p + a + p for p, a in zip(prompts, answers, strict=True)]
@@ -358,7 +386,7 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
                 runs, totals = [], {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
                 for repeat in range(args.repeats):  # new prompts each: nothing drafts from the last
                     seed = args.seed + REPEAT_SEED * repeat
-                    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len)
+                    prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len, args.output_len)
                     if workload == "multi_turn":
                         answers, _, _, _ = serve_batch(mesh.url, prompts, args.output_len)
                         prompts = [
