@@ -24,7 +24,6 @@ from services.scheduler.core.config import SchedulerConfig
 from services.scheduler.core.request import Request, RequestStatus
 from services.scheduler.core.sharing import num_prefix_pages, page_keys
 
-
 _Entry = tuple[bool, float, float, int, Request]
 """A queued request's place: its `WaitQueue._key`, then a push count (unique: equal keys
 keep their push order and no two entries compare their requests)."""
