@@ -18,7 +18,7 @@ from typing import Any
 from mesh.engine.ports import InProcessCache
 from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.executor_info import ExecutorInfo
-from radixmesh.sampling import Constraint, SamplingParams
+from radixmesh.sampling import Constraint, Priority, SamplingParams
 from radixmesh.step import SequenceOutput, StepPlan, StepResult
 from radixmesh.v1 import executor_pb2
 from radixmesh.wire import result_from_proto, result_to_proto
@@ -435,6 +435,39 @@ def make_rig(
     kwargs = {"clock": lambda: clock[0]} if manual_clock else {}
     scheduler = SchedulerCore(config, cache_port(cache), ports, sink, **kwargs)
     return Rig(scheduler, cache, toys, ports, sink, clock)
+
+
+async def run_checked(
+    rig: Rig,
+    check: Callable[[], None],
+    classes: tuple[Priority, ...] = (Priority.INTERACTIVE,),
+    num_requests: int = 24,
+) -> None:
+    """Serve num_requests of mixed lengths (their classes cycling through `classes`) on a
+    started rig, calling check after each submit and inside every step's result processing
+    (just after finished requests left), a step every third submit; then stop."""
+    sink = rig.scheduler._sink
+
+    def checking_sink(batch):
+        check()
+        sink(batch)
+
+    rig.scheduler._sink = checking_sink
+    await rig.scheduler.start()
+    req_ids = []
+    for i in range(num_requests):
+        req_ids.append(f"r{i}")
+        await rig.scheduler.submit(
+            f"r{i}",
+            list(range(1, 2 + i % 13)),
+            greedy(4 + (i * 7) % 30),
+            priority=classes[i % len(classes)],
+        )
+        check()  # between steps: admissions and page growth since the last check
+        if i % 3 == 2:
+            await rig.sink.next_batch()
+    await rig.sink.wait(*req_ids)
+    await rig.scheduler.stop()
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:

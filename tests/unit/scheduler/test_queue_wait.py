@@ -6,7 +6,7 @@ import asyncio
 import math
 
 import pytest
-from sched_fakes import greedy, make_rig
+from sched_fakes import greedy, make_rig, run_checked
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.retry_after import retry_after_of, with_retry_after
@@ -225,23 +225,7 @@ async def test_the_batch_capacity_kept_per_step_equals_the_walk(monkeypatch):
         cached += num_walks == before
         seen.append(value)
 
-    sink = rig.scheduler._sink
-
-    def checking_sink(batch):
-        compare()  # inside the step's result processing: finished ones just left
-        sink(batch)
-
-    rig.scheduler._sink = checking_sink
-    await rig.scheduler.start()
-    req_ids = []
-    for i in range(24):
-        req_ids.append(f"r{i}")
-        await rig.scheduler.submit(f"r{i}", list(range(1, 2 + i % 13)), greedy(4 + (i * 7) % 30))
-        compare()  # between steps: admissions and page growth since the last figure
-        if i % 3 == 2:
-            await rig.sink.next_batch()
-    await rig.sink.wait(*req_ids)
-    await rig.scheduler.stop()
+    await run_checked(rig, compare)
     assert len(set(seen)) > 2  # the figure moved with the running set and its pages
     assert cached == len(seen)  # the second ask of each state walked nothing
 

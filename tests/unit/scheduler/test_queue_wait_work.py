@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from sched_fakes import greedy, make_rig
+from sched_fakes import greedy, make_rig, run_checked
 
 from radixmesh.errors import ResourceExhausted
 from radixmesh.retry_after import retry_after_of
@@ -167,26 +167,7 @@ async def test_the_work_ahead_stays_exact_through_admission_preemption_and_finis
         assert waits._batch(ex)[1] == running_work
         checked += 1
 
-    sink = rig.scheduler._sink
-
-    def checking_sink(batch):
-        compare()  # inside the step's result processing: finished ones just left
-        sink(batch)
-
-    rig.scheduler._sink = checking_sink
-    await rig.scheduler.start()
-    req_ids = []
-    for i in range(24):
-        req_ids.append(f"r{i}")
-        priority = list(Priority)[i % 3]
-        await rig.scheduler.submit(
-            f"r{i}", list(range(1, 2 + i % 13)), greedy(4 + (i * 7) % 30), priority=priority
-        )
-        compare()
-        if i % 3 == 2:
-            await rig.sink.next_batch()
-    await rig.sink.wait(*req_ids)
-    await rig.scheduler.stop()
+    await run_checked(rig, compare, classes=tuple(Priority)[:3])
     assert rig.scheduler.num_preemptions > 0  # the queue saw requests come back
     assert checked > 24
     assert ex.queue.work_by_priority() == dict.fromkeys(Priority, 0)
