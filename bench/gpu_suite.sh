@@ -151,8 +151,11 @@ step_kernels() {
     run_step kernels 150 $PY bench/kernel_bench.py $(quick) --json "$RESULTS/kernels.json"
 }
 
+# model: the random bf16 model the engine, mesh and programs steps serve, in $MODEL_DIR;
+# MODEL_SHAPE=1b writes the 1B shape there (default 8b), e.g. MODEL_DIR=/tmp/llama1b
+# MODEL_SHAPE=1b for the mesh step's 1B row
 step_model() {
-    local shape=()
+    local shape=(--shape "${MODEL_SHAPE:-8b}")
     [ "$GPU" = 1 ] || shape=(--tiny-shape)
     run_step model 150 $PY bench/model_8b.py --out "$MODEL" "${shape[@]}" \
         --json "$RESULTS/model.json"
