@@ -8,10 +8,10 @@ objects directly; the services convert them to and from protobuf at the edge.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 from radixmesh.cache_types import PageCopy
+from radixmesh.columns import interleave
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, SamplingParams
 
@@ -180,12 +180,7 @@ class StepResult:
         if not self.plain_req_ids:
             return list(self.outputs)
         plain = map(SequenceOutput, self.plain_req_ids, self.plain_token_ids)
-        rows: list[SequenceOutput] = []
-        for row, out in zip(self.output_rows, self.outputs, strict=True):
-            rows.extend(itertools.islice(plain, row - len(rows)))
-            rows.append(out)
-        rows.extend(plain)
-        return rows
+        return interleave(plain, self.outputs, self.output_rows)
 
 
 def is_plain(out: SequenceOutput) -> bool:

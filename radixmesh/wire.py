@@ -23,7 +23,6 @@ in float32, where both are the same number. Bad values raise `InvalidArgument` n
 from __future__ import annotations
 
 import functools
-import itertools
 import struct
 from dataclasses import fields
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 
 from radixmesh.cache_types import PageCopy
+from radixmesh.columns import check_rows, interleave
 from radixmesh.errors import InvalidArgument, error_for_code
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
@@ -161,7 +161,9 @@ def constraint_from_proto(
                 raise InvalidArgument("constraint.json_object must be true when set")
             return Constraint(ConstraintKind.JSON_OBJECT)
         if kind == "json_schema":
-            return Constraint(ConstraintKind.JSON_SCHEMA, msg.json_schema, best_effort=msg.best_effort)
+            return Constraint(
+                ConstraintKind.JSON_SCHEMA, msg.json_schema, best_effort=msg.best_effort
+            )
         return Constraint(_KIND_BY_FIELD[kind], getattr(msg, kind))
     except InvalidArgument as exc:
         raise InvalidArgument(f"{where}{exc}") from None
@@ -267,23 +269,11 @@ def _merge_running(
         if rows != list(range(len(others))):
             raise InvalidArgument(f"{where}: running_rows needs decode_req_ids (got {rows})")
         return others
-    if len(rows) != len(others):
-        raise InvalidArgument(
-            f"{where}: running_rows has {len(rows)} entries, running_seqs {len(others)}"
-        )
-    num_rows = len(plain_ids) + len(others)
-    if rows and (rows[-1] >= num_rows or any(a >= b for a, b in itertools.pairwise(rows))):
-        raise InvalidArgument(
-            f"{where}: running_rows must increase and stay below the plan's {num_rows} "
-            f"running rows, got {rows}"
-        )
-    out: list[RunningSequence] = []
-    plain = iter(plain_ids)
-    for row, seq in zip(rows, others, strict=True):
-        out.extend(RunningSequence(req_id, 1) for req_id in itertools.islice(plain, row - len(out)))
-        out.append(seq)
-    out.extend(RunningSequence(req_id, 1) for req_id in plain)
-    return out
+    n = len(plain_ids) + len(others)
+    check_rows(
+        where, "running_rows", rows, "running_seqs", len(others), f"the plan's {n} running rows", n
+    )
+    return interleave((RunningSequence(req_id, 1) for req_id in plain_ids), others, rows)
 
 
 def plan_to_proto(plan: StepPlan, columnar: bool = True) -> executor_pb2.StepPlan:
@@ -318,7 +308,11 @@ def plan_to_proto(plan: StepPlan, columnar: bool = True) -> executor_pb2.StepPla
         plain_ids: list[str] = []
         others = []
         for row, run in enumerate(plan.running_seqs):
-            if run.num_scheduled_tokens == 1 and not run.appended_page_ids and not run.num_draft_tokens:
+            if (
+                run.num_scheduled_tokens == 1
+                and not run.appended_page_ids
+                and not run.num_draft_tokens
+            ):
                 plain_ids.append(run.req_id)
             else:
                 others.append(run)
@@ -479,16 +473,10 @@ def _check_columns(result: StepResult) -> None:
             f"{where}: plain_token_ids has {len(result.plain_token_ids)} entries, "
             f"plain_req_ids {len(result.plain_req_ids)}"
         )
-    rows, num_rows = result.output_rows, result.num_rows
-    if len(rows) != len(result.outputs):
-        raise InvalidArgument(
-            f"{where}: output_rows has {len(rows)} entries, outputs {len(result.outputs)}"
-        )
-    if rows and (rows[-1] >= num_rows or any(a >= b for a, b in itertools.pairwise(rows))):
-        raise InvalidArgument(
-            f"{where}: output_rows must increase and stay below the step's {num_rows} rows, "
-            f"got {rows}"
-        )
+    n, rows = result.num_rows, result.output_rows
+    check_rows(
+        where, "output_rows", rows, "outputs", len(result.outputs), f"the step's {n} rows", n
+    )
 
 
 def _output_from_proto(out: executor_pb2.SequenceOutput) -> SequenceOutput:
