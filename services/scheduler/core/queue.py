@@ -152,8 +152,11 @@ class WaitQueue:
             del self._order[bisect.bisect_left(self._order, entry)]
 
     def work(self, req: Request) -> int:
-        """Read-only: `request_work` of req on this queue's executor."""
-        return request_work(req, self._max_num_batched_tokens, self._max_model_len)
+        """`request_work` of req on this queue's executor, computed once (`Request.work`):
+        what a push added is what its remove takes away."""
+        if not req.work:
+            req.work = request_work(req, self._max_num_batched_tokens, self._max_model_len)
+        return req.work
 
     def rank(self, req: Request, now: float) -> float:
         _, time_free, _ = self._key(req)

@@ -50,6 +50,10 @@ class Request:
     """Set by routing."""
     match_tokens: int = 0
     """Cached prefix length seen by routing (a queue ranking hint, may go stale)."""
+    work: int = 0
+    """`queue.request_work` on its executor, kept by the first `WaitQueue.work` (0: not
+    yet): the queue-wait estimate reads it per push, remove and finish, and for the
+    running batch once a step."""
     num_routed_shared_tokens: int = 0
     """Prompt tokens routing found cached, queued or prefilling on its executor: work the
     queued request does not add to that executor's load (routing.load_tokens)."""
