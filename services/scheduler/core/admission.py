@@ -131,21 +131,17 @@ def _candidates(
     out_ids: set[str] = set()
     # a step runs: a group still arriving joins the next plan whole (an idle loop waited)
     # the group passes walk the whole queue: only while a group's member waits in it
-    grouped = ex.queue.num_grouped > 0
-    arriving = (
-        arriving_groups(ex.queue, ex.running.values(), now)
-        if grouped and ex.num_in_flight
-        else {}
-    )
-    sizes = (
-        Counter(r.group_id for r in ex.queue if r.group_id is not None and r.lease_id is None)
-        if grouped
-        else Counter()
-    )
+    ranked = ex.queue.ranked()
+    arriving: dict[str, float] = {}
+    sizes: Counter[str | None] = Counter()
+    if ex.queue.num_grouped:
+        if ex.num_in_flight:
+            arriving = arriving_groups(ex.queue, ex.running.values(), now)
+        sizes.update(r.group_id for r in ex.queue if r.group_id is not None and r.lease_id is None)
+        ranked = order_groups(ranked)
     seen: set[str] = set()
     deferred: set[str] = set()
-    ranked = ex.queue.ranked(now)
-    for req in order_groups(ranked) if grouped else ranked:
+    for req in ranked:
         if num_tokens <= 0 or num_seqs <= 0:
             break
         if req.req_id in budget.preempted_req_ids or req.hold_until_step > ex.last_result_step:

@@ -176,9 +176,9 @@ class WaitQueue:
             return (True, weighted, r.arrival_time)
         return (False, weighted + self._aging_rate * r.arrival_time, r.arrival_time)
 
-    def ranked(self, now: float) -> list[Request]:
-        """Waiting requests, the one to serve first at index 0 (the order is the same at
-        every `now`: see `_key`)."""
+    def ranked(self) -> list[Request]:
+        """Waiting requests, the one to serve first at index 0 (the same order at any time:
+        see `_key`)."""
         return [entry[-1] for entry in self._order]
 
     def head(self) -> Request | None:
