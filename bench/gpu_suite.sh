@@ -762,7 +762,8 @@ step_multi_step() {
 # (RPS_SWEEP_RATES, 15 s each) for goodput and the highest rate holding TTFT p99 < 500 ms
 # and p99/p50 < 2.5 (RPS_SECS and RPS_MIX_SECS, 60 and 120 s by default, time the first two;
 # RPS_EXTEND_GRAPH_TOKENS=N serves with the executor's extend graphs up to N tokens;
-# RPS_MAX_NUM_SEQS, 1,024 by default, is the running batch's bound; RPS_SHORT_ONLY=1 stops
+# RPS_MAX_NUM_SEQS, 1,024 by default, is the running batch's bound; RPS_MAX_NUM_BATCHED_TOKENS=N
+# bounds a step's tokens (with extend graphs as large, no step runs eagerly); RPS_SHORT_ONLY=1 stops
 # after the short run; RPS_PROFILE=1 samples processes during it, see below).
 # Targets: > 1,000 req/s served, error rate < 0.1%. rps.summary.txt.
 step_rps() {
@@ -788,6 +789,7 @@ step_rps() {
     # a running batch as wide as the load: at 256 (the default) the short requests' batch was
     # full at 974 req/s with the GPU 61% busy
     [ "$GPU" = 1 ] && seqs=(--max-num-seqs "${RPS_MAX_NUM_SEQS:-1024}")
+    [ -n "${RPS_MAX_NUM_BATCHED_TOKENS:-}" ] && seqs+=(--max-num-batched-tokens "$RPS_MAX_NUM_BATCHED_TOKENS")
     MODEL=$model mesh_up rps --gateways "$gateways" "${extend[@]}" "${seqs[@]}" || return 0
     # RPS_PROFILE=1: py-spy on the executor, the scheduler and gateway-0 for the short run's
     # first RPS_PROFILE_S seconds after a 10 s ramp, and every process's CPU share over the

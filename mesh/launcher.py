@@ -38,6 +38,7 @@ from services.common.config import free_port
 LOOPBACK = "127.0.0.1"
 DEVICES = ("auto", "cpu", "cuda")
 MAX_NUM_SEQS = 4096
+MAX_NUM_BATCHED_TOKENS = 1 << 20
 """The largest running batch serve accepts (decode graphs are captured up to it)."""
 
 
@@ -114,6 +115,10 @@ class MeshConfig:
     max_num_seqs: int | None = None
     """Most sequences in a step, every executor's and the scheduler's (decode graphs are
     captured up to it); None keeps their default (256)."""
+    max_num_batched_tokens: int | None = None
+    """Most tokens in one step, every executor's (the scheduler fits its step budget to the
+    executors'); None keeps their default (8,192). At most `extend_graph_tokens`, every step
+    that is not a plain decode replays an extend graph instead of running eagerly."""
 
     def __post_init__(self) -> None:
         if not (Path(self.model_dir) / "config.json").is_file():
@@ -154,6 +159,21 @@ class MeshConfig:
         if self.max_num_seqs is not None and not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
             raise InvalidArgument(
                 f"max_num_seqs: must be in [1, {MAX_NUM_SEQS}], got {self.max_num_seqs}"
+            )
+        if self.max_num_batched_tokens is not None and not (
+            1 <= self.max_num_batched_tokens <= MAX_NUM_BATCHED_TOKENS
+        ):
+            raise InvalidArgument(
+                f"max_num_batched_tokens: must be in [1, {MAX_NUM_BATCHED_TOKENS}], "
+                f"got {self.max_num_batched_tokens}"
+            )
+        if (
+            self.max_num_batched_tokens is not None
+            and self.extend_graph_tokens > self.max_num_batched_tokens
+        ):
+            raise InvalidArgument(
+                f"extend_graph_tokens: must be at most max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}), got {self.extend_graph_tokens}"
             )
         if self.num_pages is not None and self.num_pages < 1:
             raise InvalidArgument(f"num_pages: must be >= 1, got {self.num_pages}")
@@ -274,6 +294,11 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
                 else ()
             ),
             *_max_seqs_args(config.max_num_seqs),
+            *(
+                ("--max-num-batched-tokens", str(config.max_num_batched_tokens))
+                if config.max_num_batched_tokens is not None
+                else ()
+            ),
         )
         executors.append(
             ServiceSpec(

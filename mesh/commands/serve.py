@@ -188,6 +188,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="most sequences in one step, the running batch's bound (each executor's and the "
         "scheduler's); decode graphs are captured up to it (default: theirs, 256)",
     )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="most tokens in one step (each executor's; the scheduler fits its step budget to "
+        "them); with --extend-graph-tokens as large, every step that is not a plain decode "
+        "replays a graph (default: theirs, 8192)",
+    )
 
 
 def _config(args: argparse.Namespace):
@@ -235,6 +243,7 @@ def _config(args: argparse.Namespace):
         max_queue_wait_s=args.max_queue_wait_s,
         decode_steps_per_plan=args.decode_steps_per_plan,
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
 
 

@@ -157,6 +157,29 @@ def test_a_bad_max_num_seqs_names_the_flag(model_dir, tmp_path, num_seqs):
         MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", max_num_seqs=num_seqs)
 
 
+def test_max_num_batched_tokens_reaches_every_executor(model_dir, tmp_path):
+    config = MeshConfig(
+        model_dir=model_dir, log_dir=tmp_path / "logs", num_executors=2, max_num_batched_tokens=1024
+    )
+    args = _parsed(config, MeshPorts.pick(2))
+    assert [args[f"executor-{i}"].max_num_batched_tokens for i in range(2)] == [1024, 1024]
+    default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
+    assert default["executor-0"].max_num_batched_tokens == 8192
+
+
+@pytest.mark.parametrize("num_tokens", [0, -1, (1 << 20) + 1])
+def test_a_bad_max_num_batched_tokens_names_the_flag(model_dir, tmp_path, num_tokens):
+    with pytest.raises(InvalidArgument, match=r"^max_num_batched_tokens: must be in \[1, 1048576\]"):
+        MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", max_num_batched_tokens=num_tokens)
+
+
+def test_extend_graphs_larger_than_a_step_are_refused(model_dir, tmp_path):
+    with pytest.raises(InvalidArgument, match=r"^extend_graph_tokens: must be at most max_num_batched_tokens \(512\)"):
+        MeshConfig(
+            model_dir=model_dir, log_dir=tmp_path / "logs", max_num_batched_tokens=512, extend_graph_tokens=1024
+        )
+
+
 @pytest.mark.parametrize("grace", [-1.0, float("nan"), 4000.0])
 def test_a_bad_grace_names_the_flag(model_dir, tmp_path, grace):
     with pytest.raises(InvalidArgument, match=r"^grace:"):
