@@ -59,6 +59,38 @@ def hashed_forward(vocab_size: int):
     return forward
 
 
+COPY_PERIOD = 61
+"""`--copy-share`: a copying sequence's text repeats with this period (a prime, so no
+shorter suffix recurs within it)."""
+
+
+def copying_forward(vocab_size: int):
+    """`hashed_forward`, except that a sequence whose last token is in the lower half of the
+    vocabulary continues a text that repeats every COPY_PERIOD tokens (`copy_text`), so the
+    proposers find its continuation in its own prompt, as a model copying a document would;
+    the hashed tokens stay in the upper half."""
+    half = vocab_size // 2
+    table = torch.tensor(copy_text(vocab_size, COPY_PERIOD))
+
+    def forward(batch, kv_pool) -> torch.Tensor:
+        rows = batch.logits_indices
+        ids = batch.input_ids[rows].long()
+        positions = batch.positions[rows].long()
+        hashed = (ids * 7919 + positions * 104_729 + 13) % (vocab_size - half) + half
+        nxt = torch.where(ids < half, table[(positions + 1) % COPY_PERIOD], hashed)
+        logits = torch.zeros(len(rows), vocab_size)
+        logits[torch.arange(len(rows)), nxt] = 1.0
+        return logits
+
+    return forward
+
+
+def copy_text(vocab_size: int, length: int) -> list[int]:
+    """A copying sequence's token at each position modulo COPY_PERIOD: distinct ids in
+    [10, vocab_size // 2)."""
+    return random.Random(1).sample(range(10, vocab_size // 2), length)
+
+
 def engine_config(args, mode: str) -> EngineConfig:
     max_batch = max(args.batch_sizes)
     return EngineConfig.for_model(
@@ -82,7 +114,10 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
         engines = {mode: await stack.enter_async_context(Engine(engine_config(args, mode))) for mode in modes}
         for mode, engine in engines.items():
             core = engine.executors[0]
-            core.model.forward = hashed_forward(core.info.vocab_size)
+            vocab_size = core.info.vocab_size
+            core.model.forward = (
+                copying_forward(vocab_size) if args.copy_share else hashed_forward(vocab_size)
+            )
             if mode != "off":  # as a GPU's start-up timing would set it
                 core.spec_switch = SpecSwitch(
                     max_batch, {b: args.ratio for b in BUCKETS if b <= max_batch},
@@ -95,7 +130,7 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
             outputs: dict[str, list[list[int]]] = {mode: [] for mode in modes}
             drafts = {mode: 0 for mode in modes}
             for repeat in range(args.repeats + 1):  # the first warms the shape, untimed
-                prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt_len)] for _ in range(batch)]
+                prompts = [prompt(args, vocab, rng, i < args.copy_share * batch) for i in range(batch)]
                 for mode, engine in engines.items():
                     stats = engine.executors[0].spec_stats
                     before = stats.snapshot().num_drafts
@@ -118,6 +153,14 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
     return rows
 
 
+def prompt(args, vocab_size: int, rng: random.Random, copying: bool) -> list[int]:
+    if copying:  # the repeating text from position 0, as `copying_forward` continues it
+        text = copy_text(vocab_size, COPY_PERIOD)
+        return [text[p % COPY_PERIOD] for p in range(args.prompt_len)]
+    low = vocab_size // 2 if args.copy_share else 10  # a copying forward's hashed half
+    return [rng.randrange(low, vocab_size) for _ in range(args.prompt_len)]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="model folder (default: the tiny model)")
@@ -129,6 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratio", type=float, default=1.5,
                    help="every bucket's verify/decode time ratio in the switch's start-up table")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--copy-share", type=float, default=0.0,
+                   help="share of each batch's sequences whose model copies their prompt (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
