@@ -8,7 +8,9 @@ use the same functions, so they can never disagree on the wire format.
 On the hot path: every plan is converted once on its way in and every result
 once on its way out. So the converters read set fields with `ListFields()`
 (one call, presence included) instead of a `HasField` per field, share one
-default `SamplingParams`, and build result messages in place with `add()`.
+default `SamplingParams` (and one object per distinct sampling message: requests
+repeat a few settings), copy repeated fields by slicing, and build result messages in
+place with `add()`.
 
 Unset optional sampling fields take the dataclass defaults; a set field
 keeps its value, zero included (`temperature: 0` is greedy). Proto floats are
@@ -23,6 +25,7 @@ in float32, where both are the same number. Bad values raise `InvalidArgument` n
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 from dataclasses import fields
 from typing import Any
@@ -101,22 +104,29 @@ _KIND_BY_FIELD = {
 
 
 def sampling_from_proto(msg: inference_pb2.SamplingParams, where: str = "") -> SamplingParams:
-    """The validated dataclass; `where` prefixes error messages ("new_seqs['r1'].")."""
-    present = msg.ListFields()
-    if not present:
+    """The validated dataclass; `where` prefixes error messages ("new_seqs['r1'].").
+    Messages of the same bytes give the same (frozen) object, read once: requests repeat a
+    few settings, and a plan's new sequences are read on the hot path."""
+    data = msg.SerializeToString()
+    if not data:
         return DEFAULT_SAMPLING
+    try:
+        return _sampling_from_bytes(data)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where}{exc}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _sampling_from_bytes(data: bytes) -> SamplingParams:
     kwargs: dict[str, Any] = {}
-    for descriptor, value in present:
+    for descriptor, value in inference_pb2.SamplingParams.FromString(data).ListFields():
         name = descriptor.name
         if name in _REPEATED_SAMPLING_FIELDS:
             value = tuple(value)
         elif name in _FLOAT_SAMPLING_FIELDS:
             value = read_float32(value)
         kwargs[name] = value
-    try:
-        return SamplingParams(**kwargs)
-    except InvalidArgument as exc:
-        raise InvalidArgument(f"{where}{exc}") from None
+    return SamplingParams(**kwargs)
 
 
 @functools.lru_cache(maxsize=4096)  # requests repeat a few values (temperature 0.7, ...)
@@ -223,11 +233,11 @@ def _new_seq_from_proto(msg: executor_pb2.NewSequence) -> NewSequence:
     )
     return NewSequence(
         req_id=req_id,
-        token_ids=list(msg.token_ids),
+        token_ids=msg.token_ids[:],  # a list; slicing is the repeated field's fastest copy
         num_prompt_tokens=msg.num_prompt_tokens,
         num_computed_tokens=msg.num_computed_tokens,
         num_scheduled_tokens=msg.num_scheduled_tokens,
-        page_ids=list(msg.page_ids),
+        page_ids=msg.page_ids[:],
         sampling=sampling_from_proto(msg.sampling, where),
         constraint=constraint,
         traceparent=msg.traceparent,
@@ -241,15 +251,15 @@ def plan_from_proto(msg: executor_pb2.StepPlan) -> StepPlan:
     InvalidArgument."""
     running = [
         RunningSequence(
-            seq.req_id, seq.num_scheduled_tokens, list(seq.appended_page_ids), seq.num_draft_tokens
+            seq.req_id, seq.num_scheduled_tokens, seq.appended_page_ids[:], seq.num_draft_tokens
         )
         for seq in msg.running_seqs
     ]
-    plain_ids = list(msg.decode_req_ids)
-    if plain_ids or msg.running_rows:
-        running = _merge_running(msg.step_id, plain_ids, running, list(msg.running_rows))
-    if not all(seq.req_id for seq in running):
+    plain_ids = msg.decode_req_ids[:]
+    if not (all(plain_ids) and all(seq.req_id for seq in running)):
         raise InvalidArgument("running_seqs.req_id must not be empty")
+    if plain_ids or msg.running_rows:
+        running = _merge_running(msg.step_id, plain_ids, running, msg.running_rows[:])
     return StepPlan(
         step_id=msg.step_id,
         new_seqs=[_new_seq_from_proto(seq) for seq in msg.new_seqs],
@@ -273,7 +283,7 @@ def _merge_running(
     check_rows(
         where, "running_rows", rows, "running_seqs", len(others), f"the plan's {n} running rows", n
     )
-    return interleave((RunningSequence(req_id, 1) for req_id in plain_ids), others, rows)
+    return interleave(map(RunningSequence, plain_ids, itertools.repeat(1)), others, rows)
 
 
 def plan_to_proto(plan: StepPlan, columnar: bool = True) -> executor_pb2.StepPlan:

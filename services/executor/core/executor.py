@@ -281,7 +281,8 @@ class ExecutorCore:
                 for req_id in (*plan.finished_req_ids, *plan.abort_req_ids):
                     self._drop(req_id)
                 validate_plan(plan, self._seqs, self._limits)
-                check_not_verifying(plan, self._seqs)
+                if self._proposer is not None or self._forced is not None:  # else none verifies
+                    check_not_verifying(plan, self._seqs)
             copies = step_copies(plan.new_seqs, self.kv_pool, self.device)  # checks too
             grammars = self._admit_grammars(plan.new_seqs)  # may refuse: before changes
             seqs: list[SequenceState] = []
@@ -429,14 +430,14 @@ class ExecutorCore:
                 )
             elif samplers:
                 live = [not s.finished and i not in masks.refused for i, s in enumerate(samplers)]
-                assert batch.sample_rows is not None
+                assert prepared.sampling_columns is not None and batch.sample_rows is not None
                 sampled = self._step_sampler.sample(
                     samplers, prepared.output_lens, prepared.sampling_inputs,
-                    batch.sample_rows, logits, live, masks,
+                    prepared.sampling_columns, batch.sample_rows, logits, live, masks,
                 )  # fmt: skip
             with self._lock:
                 fast = prepared.samplers is prepared.seqs and not (masks.refused or verified or scored)
-                if fast:  # every row decodes (a multi-step plan's later step)
+                if fast:  # every row samples (a decode batch, or new and running rows all sampling)
                     self._finish_decodes(prepared.seqs, sampled, outputs)
                 pairs: Iterable[tuple[SequenceState, int]] = (
                     () if fast else zip(prepared.seqs, prepared.sampler_rows, strict=True)
@@ -523,6 +524,7 @@ class ExecutorCore:
             grammar=grammar,
         )
         self._page_tables.write(seq.row, 0, new.page_ids)
+        self._step_sampler.admit(seq)
         self._seqs[new.req_id] = seq
         return seq
 

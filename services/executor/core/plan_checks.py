@@ -43,16 +43,23 @@ def validate_plan(plan: StepPlan, seqs: dict[str, SequenceState], limits: PlanLi
             raise InvalidArgument(f"new_seqs: req_id {new.req_id!r} is already running")
         seen.add(new.req_id)
         _check_new(new, limits)
-    for running in plan.running_seqs:
+    page_size = limits.page_size
+    for running in plan.running_seqs:  # each row's checks inline; a helper names a failure
         seq = seqs.get(running.req_id)
-        if seq is not None:
+        if seq is None:
+            continue
+        num_scheduled, appended = running.num_scheduled_tokens, running.appended_page_ids
+        end = seq.num_computed_tokens + num_scheduled
+        num_pages = seq.num_pages + len(appended)
+        if num_scheduled < 0 or end > seq.num_known_tokens or num_pages * page_size < end:
             _check_span(
-                running.req_id, seq.num_computed_tokens, running.num_scheduled_tokens,
-                seq.num_known_tokens, seq.num_pages + len(running.appended_page_ids), limits,
+                running.req_id, seq.num_computed_tokens, num_scheduled, seq.num_known_tokens,
+                num_pages, limits,
             )  # fmt: skip
-            _check_page_ids(running.req_id, running.appended_page_ids, limits)
-            if plan.num_steps > 1:
-                _check_steps(running.req_id, seq, running, plan.num_steps, limits)
+        if appended:
+            _check_page_ids(running.req_id, appended, limits)
+        if plan.num_steps > 1:
+            _check_steps(running.req_id, seq, running, plan.num_steps, limits)
 
 
 def steps_left(seq: SequenceState, max_model_len: int) -> int:

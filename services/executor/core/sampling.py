@@ -1,8 +1,12 @@
 """Vectorised sampling of one step's batch: penalties, masks, filters, the draw, logprobs.
 
-`Sampler.prepare` turns per-request parameters and token histories into
-device tensors (`SamplingInputs`); `Sampler.sample` then runs with no Python
-loop over requests, in the order Hugging Face and vLLM use:
+`Sampler.prepare_columns` turns the rows' parameters as columns
+(`sampling_columns.SamplingColumns`: the executor keeps them per buffer row and
+gathers a step's), their output lengths and the penalised rows' token histories
+into device tensors (`SamplingInputs`) with array operations, no Python pass over
+the rows; `Sampler.prepare` does so for rows given as `SamplingParams`.
+`Sampler.sample` then runs with no Python loop over requests, in the order
+Hugging Face and vLLM use:
 
 1. repetition penalty (HF: over prompt and output tokens, positive logits
    divided, negative multiplied), then frequency and presence penalties
@@ -36,42 +40,56 @@ from radixmesh.sampling import SamplingParams
 from radixmesh.step import TokenLogprobs
 from radixmesh_kernels import get_ops
 from services.common.logging import get_logger
+from services.executor.core.sampling_columns import (
+    ADDITIVE,
+    FMIX_C1,
+    FMIX_C2,
+    FREQUENCY_PENALTY,
+    GOLDEN,
+    LOGPROBS,
+    MASK32,
+    MIN_P,
+    MIN_P_VALUE,
+    MIN_TOKENS,
+    MIN_TOKENS_VALUE,
+    PENALTIES,
+    PRESENCE_PENALTY,
+    REPETITION,
+    REPETITION_PENALTY,
+    SAMPLED,
+    SEED_KEY,
+    TEMPERATURE,
+    TOP_K,
+    TOP_K_VALUE,
+    TOP_LOGPROBS,
+    TOP_P,
+    TOP_P_VALUE,
+    SamplingColumns,
+    row_keys,
+)
 
 log = get_logger(__name__)
 
 MAX_FILTER_CANDIDATES = 4096
 """Top-k/top-p/min-p look for their cut among this many best tokens of a row."""
 
-_MASK32 = 0xFFFFFFFF
-_FMIX_C1 = 0x85EBCA6B
-_FMIX_C2 = 0xC2B2AE35
-_GOLDEN = 0x9E3779B9
 _TOKEN_SALT = 0x6A09E667
+_NUMPY_DTYPES = {torch.int64: np.int64, torch.float32: np.float32}
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """(x * c) mod 2**32 for x in [0, 2**32), split so no int64 product exceeds 2**49."""
     lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
 
 
 def _fmix32(h: torch.Tensor) -> torch.Tensor:
     """A 32-bit avalanche mix (a bijection of [0, 2**32)) on int64 tensors."""
     h = h ^ (h >> 16)
-    h = _mul32(h, _FMIX_C1)
+    h = _mul32(h, FMIX_C1)
     h = h ^ (h >> 13)
-    h = _mul32(h, _FMIX_C2)
+    h = _mul32(h, FMIX_C2)
     return h ^ (h >> 16)
-
-
-def row_keys(seeds: torch.Tensor, output_lens: torch.Tensor) -> torch.Tensor:
-    """[B] int64 in [0, 2**32): one key per (64-bit seed, output position).
-
-    `seeds` holds the seeds' two 32-bit halves as [B, 2] int64 (low, high).
-    """
-    key = _fmix32((seeds[:, 0] + _GOLDEN) & _MASK32)
-    key = _fmix32(key ^ seeds[:, 1])
-    return _fmix32(key ^ (output_lens & _MASK32))
 
 
 UNIFORM_BITS = 23
@@ -92,7 +110,7 @@ def exponential_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B, V] float32 log(E) with E ~ Exp(1), a pure function of (row key, token id),
     finite everywhere."""
     token_ids = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
-    token_mix = _fmix32(_mul32(token_ids, _GOLDEN) ^ _TOKEN_SALT)
+    token_mix = _fmix32(_mul32(token_ids, GOLDEN) ^ _TOKEN_SALT)
     return noise_from_bits(_fmix32(keys[:, None] ^ token_mix[None, :]) >> (32 - UNIFORM_BITS))
 
 
@@ -249,7 +267,7 @@ class SampleResult:
 
 
 def _pairs(
-    rows: list[int], token_lists: list[list[int]], vocab_size: int
+    rows: Sequence[int] | np.ndarray, token_lists: Sequence[Sequence[int]], vocab_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row, token) for every token of every list; ids outside the vocab are dropped."""
     lengths = np.fromiter((len(t) for t in token_lists), dtype=np.int64, count=len(token_lists))
@@ -295,7 +313,8 @@ class Sampler:
             self._draw_race(x, torch.zeros(rows, dtype=torch.int64, device=self.device))
 
     def _tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(values), dtype=dtype).to(self.device, non_blocking=True)
+        array = np.ascontiguousarray(values, dtype=_NUMPY_DTYPES[dtype])
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
 
     def prepare(
         self,
@@ -306,6 +325,8 @@ class Sampler:
         output_token_ids: list[list[int]],
         eos_token_ids: Sequence[int],
     ) -> SamplingInputs:
+        """The inputs of rows given as parameters, seeds, output lengths and token
+        histories (read for the penalised rows only): `prepare_columns` of their columns."""
         num_rows = len(params)
         for name, values in (
             ("seeds", seeds),
@@ -315,85 +336,95 @@ class Sampler:
         ):
             if len(values) != num_rows:
                 raise InvalidArgument(f"{name} has {len(values)} rows, params has {num_rows}")
-        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        columns = SamplingColumns.of(params, seeds, self.vocab_size)
+        return self.prepare_columns(
+            columns,
+            np.array(output_lens, dtype=np.int64).reshape(num_rows),
+            lambda i: (prompt_token_ids[i], output_token_ids[i]),
+            eos_token_ids,
+        )
+
+    def prepare_columns(
+        self,
+        columns: SamplingColumns,
+        output_lens: np.ndarray,
+        history: Callable[[int], tuple[Sequence[int], Sequence[int]]],
+        eos_token_ids: Sequence[int],
+    ) -> SamplingInputs:
+        """Device tensors for the B rows of `columns`: `output_lens` [B] int64, each row's
+        output tokens before its sample; `history(i)`: row i's prompt and output tokens,
+        asked of the rows with a penalty only. Array operations over the rows, no Python
+        pass over them."""
+        num_rows, present = columns.num_rows, columns.present
         inputs = SamplingInputs(
             num_rows=num_rows,
-            all_greedy=not sampled,
-            want_logprobs=any(p.logprobs or p.top_logprobs > 0 for p in params),
-            max_top_logprobs=max((p.top_logprobs for p in params), default=0),
+            all_greedy=not present & SAMPLED,
+            want_logprobs=bool(present & LOGPROBS),
+            max_top_logprobs=int(columns.ints[:, TOP_LOGPROBS].max()) if present & LOGPROBS else 0,
         )
-        if sampled:
-            self._prepare_draw(inputs, [params[i] for i in sampled], sampled, seeds, output_lens)
-        self._prepare_penalties(inputs, params, prompt_token_ids, output_token_ids)
-        self._prepare_suppression(inputs, params, output_lens, eos_token_ids)
+        if present & SAMPLED:
+            self._prepare_draw(inputs, columns, output_lens)
+        if present & PENALTIES:
+            self._prepare_penalties(inputs, columns, history)
+        if present & MIN_TOKENS:
+            self._prepare_suppression(inputs, columns, output_lens, eos_token_ids)
         return inputs
 
     def _prepare_draw(
-        self,
-        inputs: SamplingInputs,
-        params: list[SamplingParams],
-        rows: list[int],
-        seeds: list[int],
-        output_lens: list[int],
+        self, inputs: SamplingInputs, columns: SamplingColumns, output_lens: np.ndarray
     ) -> None:
-        vocab = self.vocab_size
+        rows = np.flatnonzero(columns.flags & SAMPLED)
         if len(rows) < inputs.num_rows:
             inputs.sample_rows = self._tensor(rows, torch.int64)
-        inputs.temperature = self._tensor([p.temperature for p in params], torch.float32)
-        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        if any(k < vocab for k in top_k):
-            inputs.top_k = self._tensor(top_k, torch.int64)
-        if any(p.top_p < 1.0 for p in params):
-            top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
-            inputs.top_p = self._tensor(top_p, torch.float32)
-        if any(p.min_p > 0.0 for p in params):
-            inputs.min_p = self._tensor([p.min_p for p in params], torch.float32)
-        row_seeds = np.array([seeds[i] for i in rows], dtype=np.uint64)
-        halves = np.stack([row_seeds & _MASK32, row_seeds >> np.uint64(32)], axis=1)
-        positions = np.array([output_lens[i] for i in rows], dtype=np.int64)
-        keys = row_keys(torch.from_numpy(halves.astype(np.int64)), torch.from_numpy(positions))
-        inputs.keys = keys.to(self.device, non_blocking=True)
+            columns, output_lens = columns.take(rows), output_lens[rows]
+        floats, ints, present = columns.floats, columns.ints, columns.present
+        inputs.temperature = self._tensor(floats[:, TEMPERATURE], torch.float32)
+        if present & TOP_K:
+            inputs.top_k = self._tensor(ints[:, TOP_K_VALUE], torch.int64)
+        if present & TOP_P:
+            inputs.top_p = self._tensor(floats[:, TOP_P_VALUE], torch.float32)
+        if present & MIN_P:
+            inputs.min_p = self._tensor(floats[:, MIN_P_VALUE], torch.float32)
+        inputs.keys = self._tensor(row_keys(ints[:, SEED_KEY], output_lens), torch.int64)
 
     def _prepare_penalties(
         self,
         inputs: SamplingInputs,
-        params: list[SamplingParams],
-        prompt_token_ids: list[list[int]],
-        output_token_ids: list[list[int]],
+        columns: SamplingColumns,
+        history: Callable[[int], tuple[Sequence[int], Sequence[int]]],
     ) -> None:
-        rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        flags, floats = columns.flags, columns.floats
+        penalised = np.flatnonzero(flags & PENALTIES).tolist()
+        histories = dict(zip(penalised, map(history, penalised), strict=True))
+        rep = np.flatnonzero(flags & REPETITION).tolist()
         if rep:
-            lists = [t for i in rep for t in (prompt_token_ids[i], output_token_ids[i])]
+            lists = [t for i in rep for t in histories[i]]  # prompt, then output tokens
             rows, tokens = _pairs([i for i in rep for _ in range(2)], lists, self.vocab_size)
-            penalty = np.array([p.repetition_penalty for p in params], dtype=np.float32)
             inputs.repetition_rows = self._tensor(rows, torch.int64)
             inputs.repetition_token_ids = self._tensor(tokens, torch.int64)
-            inputs.repetition_penalty = self._tensor(penalty[rows], torch.float32)
-        additive = [
-            i for i, p in enumerate(params) if p.frequency_penalty != 0 or p.presence_penalty != 0
-        ]
-        if additive:
-            rows, tokens = _pairs(
-                additive, [output_token_ids[i] for i in additive], self.vocab_size
+            inputs.repetition_penalty = self._tensor(
+                floats[rows, REPETITION_PENALTY], torch.float32
             )
-            frequency = np.array([p.frequency_penalty for p in params], dtype=np.float32)
-            presence = np.array([p.presence_penalty for p in params], dtype=np.float32)
+        additive = np.flatnonzero(flags & ADDITIVE).tolist()
+        if additive:
+            rows, tokens = _pairs(additive, [histories[i][1] for i in additive], self.vocab_size)
             inputs.penalty_rows = self._tensor(rows, torch.int64)
             inputs.penalty_token_ids = self._tensor(tokens, torch.int64)
-            inputs.frequency_penalty = self._tensor(frequency[rows], torch.float32)
-            inputs.presence_penalty = self._tensor(presence[rows], torch.float32)
+            inputs.frequency_penalty = self._tensor(floats[rows, FREQUENCY_PENALTY], torch.float32)
+            inputs.presence_penalty = self._tensor(floats[rows, PRESENCE_PENALTY], torch.float32)
 
     def _prepare_suppression(
         self,
         inputs: SamplingInputs,
-        params: list[SamplingParams],
-        output_lens: list[int],
+        columns: SamplingColumns,
+        output_lens: np.ndarray,
         eos_token_ids: Sequence[int],
     ) -> None:
-        short = [i for i, p in enumerate(params) if output_lens[i] < p.min_tokens]
-        if not short:
+        short = np.flatnonzero(output_lens < columns.ints[:, MIN_TOKENS_VALUE])
+        if not len(short):
             return
-        lists = [list(eos_token_ids) + list(params[i].stop_token_ids) for i in short]
+        eos = list(eos_token_ids)
+        lists = [eos + list(stop) for stop in columns.stop_token_ids[short].tolist()]
         rows, tokens = _pairs(short, lists, self.vocab_size)
         if len(rows):
             inputs.suppress_rows = self._tensor(rows, torch.int64)

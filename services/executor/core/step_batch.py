@@ -8,13 +8,17 @@ sequences step s - 1 ran, less those ended, stopped or at their max_tokens or
 context limit by their planned state: the same decodes as
 `plan_checks.next_decodes` gives, without a plan rebuilt per step. Every one of
 them decodes the token the step before samples, so its batch needs no host
-token and every row samples; the sampling inputs of such a batch are kept
-across its steps while it does not change (step_sampling.py).
+token and every row samples.
+
+Either way the samplers' sampling parameters are gathered from the table kept per
+buffer row (`StepSampler.columns`), by array indexing: nothing per sequence is rebuilt
+for a batch whose membership changed, and only the rows whose tokens are on the host
+(prefills, extends) are copied one by one.
 """
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +26,7 @@ import torch
 
 from services.executor.core.forward_batch import PageTables, build_batch, build_decode_batch
 from services.executor.core.prompt_scoring import plan_scoring
+from services.executor.core.sampling_columns import PENALTIES, SCORES_PROMPT
 from services.executor.core.sequence import SequenceState
 from services.executor.core.spec.step import drafted_lengths, start_verifying
 from services.executor.core.step_sampling import StepSampler
@@ -59,14 +64,12 @@ def prepare_decodes(
     prepared.batch = build_decode_batch(rows, starts, page_tables, page_size, device)
     prepared.seqs = prepared.samplers = seqs
     prepared.sampler_rows = list(range(n))
-    output_lens = prepared.output_lens = [s.num_known_tokens - s.num_prompt_tokens for s in seqs]
-    complete = True  # each token history is on the host (the steps before all executed)
+    prepared.output_lens = [s.num_known_tokens - s.num_prompt_tokens for s in seqs]
     for seq in seqs:
         seq.num_computed_tokens += 1
         seq.num_known_tokens += 1
-        complete = complete and len(seq.token_ids) + 1 == seq.num_known_tokens
-    if complete or not any(s.sampling.has_penalties for s in seqs):
-        prepared.sampling_inputs = sampler.inputs(seqs, output_lens)
+    prepared.sampling_columns = sampler.columns(rows)
+    _prepare_inputs(prepared, prepared.output_lens, sampler)
 
 
 def prepare_batch(
@@ -93,7 +96,8 @@ def prepare_batch(
     on_device = np.fromiter((s.has_device_token for s in seqs), dtype=bool, count=n)
     q_lens = np.array(num_tokens, dtype=np.int64)
     samples = starts + planned == known
-    if any(s.sampling.prompt_logprobs_start is not None for s in seqs):
+    columns = sampler.columns(rows)
+    if columns.present & SCORES_PROMPT:
         score_only = np.fromiter((s.sampling.score_only for s in seqs), dtype=bool, count=n)
         ends = samples & score_only  # max_tokens 0: the prompt's end samples nothing
         prepared.scored_to_end = [seqs[i] for i in np.flatnonzero(ends).tolist()]
@@ -102,32 +106,32 @@ def prepare_batch(
     from_device = samples & on_device  # then q_len is 1: the decode of the last sample
     if num_logits is not None:
         from_device &= num_logits == 1
-    if from_device.all():
-        token_ids = np.zeros(n, dtype=np.int64)
-    else:
-        token_ids = np.fromiter(
-            itertools.chain.from_iterable(
-                (0,) if d else s.token_ids[c : c + q] + (drafts[i] if drafts else [])
-                for i, (s, c, q, d) in enumerate(
-                    zip(seqs, starts.tolist(), num_tokens, from_device.tolist(), strict=True)
-                )
-            ),
-            dtype=np.int64,
-            count=int(q_lens.sum()),
-        )
+    token_ids = np.zeros(int(q_lens.sum()), dtype=np.int64)
+    offsets = np.cumsum(q_lens) - q_lens
+    for i in np.flatnonzero(~from_device).tolist():  # the rows whose tokens are on the host
+        seq, start, end = seqs[i], int(starts[i]), int(offsets[i])
+        host = seq.token_ids[start : start + num_tokens[i]] + (drafts[i] if drafts else [])
+        token_ids[end : end + len(host)] = host
     prepared.batch = build_batch(
         rows, starts, q_lens, samples, from_device, token_ids,
         page_tables, page_size, device, num_logits,
     )  # fmt: skip
     prepared.seqs = seqs
-    sample_idx = np.flatnonzero(samples).tolist()
-    prepared.samplers = [seqs[i] for i in sample_idx]
-    sampler_rows = np.full(n, -1, dtype=np.int64)
-    sampler_rows[samples] = np.arange(len(sample_idx))
-    prepared.sampler_rows = sampler_rows.tolist()
-    prepared.output_lens = [
-        seqs[i].num_known_tokens - seqs[i].num_prompt_tokens for i in sample_idx
-    ]
+    sample_idx: Sequence[int]
+    every_row_samples = bool(samples.all())
+    if every_row_samples:
+        prepared.samplers, prepared.sampler_rows = seqs, list(range(n))
+        sample_idx = range(n)
+    else:
+        sample_idx = np.flatnonzero(samples).tolist()
+        prepared.samplers = [seqs[i] for i in sample_idx]
+        sampler_rows = np.full(n, -1, dtype=np.int64)
+        sampler_rows[samples] = np.arange(len(sample_idx))
+        prepared.sampler_rows = sampler_rows.tolist()
+        columns = columns.take(samples)
+    prepared.sampling_columns = columns
+    output_lens = (known if every_row_samples else known[samples]) - columns.num_prompt_tokens
+    prepared.output_lens = output_lens.tolist()
     if drafts is not None:
         prepared.drafts = [drafts[i] for i in sample_idx]
         start_verifying(seqs, drafts)
@@ -136,10 +140,19 @@ def prepare_batch(
     for seq in prepared.samplers:
         seq.num_known_tokens += 1
         seq.has_device_token = True
-    if drafts is not None:
-        return  # sampling inputs cover every verified row: built at execute time
-    if all(
-        len(s.token_ids) + 1 == s.num_known_tokens or not s.sampling.has_penalties
-        for s in prepared.samplers
-    ):  # penalties read token histories: complete unless a step before is unexecuted
-        prepared.sampling_inputs = sampler.inputs(prepared.samplers, prepared.output_lens)
+    if drafts is None:  # a drafted step's inputs cover every verified row: built at execute
+        _prepare_inputs(prepared, output_lens, sampler)
+
+
+def _prepare_inputs(
+    prepared: PreparedStep, output_lens: Sequence[int] | np.ndarray, sampler: StepSampler
+) -> None:
+    """The samplers' inputs, unless a penalised one's token history is still missing a
+    token (a step before is not executed): penalties read histories."""
+    samplers, columns = prepared.samplers, prepared.sampling_columns
+    assert columns is not None
+    if not columns.present & PENALTIES or all(
+        len(samplers[i].token_ids) + 1 == samplers[i].num_known_tokens
+        for i in np.flatnonzero(columns.flags & PENALTIES).tolist()
+    ):
+        prepared.sampling_inputs = sampler.inputs(samplers, output_lens, columns)

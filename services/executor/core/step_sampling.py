@@ -1,19 +1,20 @@
-"""Sampling a step's rows: inputs built from the sequences' state, the sample itself, and
+"""Sampling a step's rows: inputs built from each buffer row's sampling parameters (kept
+per row, `sampling_columns.SamplingRows`) and the sequences' state, the sample itself, and
 each row's token and log probabilities; the sampled tokens stay on the device for the
 next decode."""
 
 from __future__ import annotations
 
-import dataclasses
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from radixmesh.step import TokenLogprobs
 from services.executor.core.grammar import StepMasks
 from services.executor.core.sampling import Sampler, SampleResult, SamplingInputs
+from services.executor.core.sampling_columns import SamplingColumns, SamplingRows
 from services.executor.core.sequence import SequenceState
 
 _NONE: frozenset[int] = frozenset()
@@ -28,56 +29,43 @@ class StepSampler:
     last_tokens: torch.Tensor
     """The core's device buffer of each row's last sampled token (written here)."""
     eos_token_ids: Sequence[int]
-    _kept: tuple[list[SequenceState], SamplingInputs] | None = None
-    """The last inputs that depend on nothing but their rows' parameters, with their rows."""
+    rows: SamplingRows = field(init=False)
+    """Each buffer row's sampling parameters, written as a sequence takes the row."""
+
+    def __post_init__(self) -> None:
+        self.rows = SamplingRows(self.last_tokens.shape[0], self.sampler.vocab_size)
+
+    def admit(self, seq: SequenceState) -> None:
+        """`seq` took its buffer row: its sampling parameters are the row's from now on."""
+        self.rows.write(seq.row, seq.sampling, seq.seed, seq.num_prompt_tokens)
+
+    def columns(self, rows: np.ndarray) -> SamplingColumns:
+        """The sampling parameters of the sequences at these buffer rows, in order; gather
+        them while those sequences hold their rows (when their step is prepared: a row
+        ended since may have a new holder by the time the step executes)."""
+        return self.rows.gather(rows)
 
     def inputs(
         self,
         seqs: list[SequenceState],
-        output_lens: list[int],
+        output_lens: Sequence[int] | np.ndarray,
+        columns: SamplingColumns,
         grammar_ends: frozenset[int] = _NONE,
     ) -> SamplingInputs:
-        """`grammar_ends`: rows whose grammar allows only stop tokens; min_tokens is lifted
-        there (the grammar wins: it ends the sequence with "stop").
+        """The inputs of the rows `seqs`, whose parameters are `columns` (as `columns` gave
+        them when the step was prepared). `grammar_ends`: rows whose grammar allows only
+        stop tokens; min_tokens is lifted there (the grammar wins: it ends the sequence
+        with "stop"). Token histories are read for the penalised rows only."""
 
-        Inputs that read neither output lengths nor token histories (every row greedy, no
-        penalty, no row short of min_tokens, which output lengths only leave) are kept and
-        given again to the same sequences in the same order: the steps of a decode batch
-        that does not change (a multi-step plan's) build them once."""
-        kept = self._kept
-        if (
-            kept is not None
-            and not grammar_ends
-            and len(kept[0]) == len(seqs)
-            and all(map(operator.is_, kept[0], seqs))
-        ):
-            return kept[1]
-        inputs = self._build(seqs, output_lens, grammar_ends)
-        static = inputs.all_greedy and not inputs.needs_processing and not grammar_ends
-        self._kept = (list(seqs), inputs) if static else None
-        return inputs
+        def history(i: int) -> tuple[list[int], list[int]]:
+            seq = seqs[i]
+            tokens, start = seq.token_ids, seq.num_prompt_tokens
+            return tokens[:start], tokens[start : start + output_lens[i]]
 
-    def _build(
-        self, seqs: list[SequenceState], output_lens: list[int], grammar_ends: frozenset[int]
-    ) -> SamplingInputs:
-        # Token histories matter only to penalties: other rows pass empty lists (no copies).
-        penalised = [s.sampling.has_penalties for s in seqs]
-        num_prompt = [s.num_prompt_tokens for s in seqs]
-        return self.sampler.prepare(
-            [
-                dataclasses.replace(s.sampling, min_tokens=0) if i in grammar_ends else s.sampling
-                for i, s in enumerate(seqs)
-            ],
-            [s.seed for s in seqs],
-            output_lens,
-            [
-                s.token_ids[:k] if p else []
-                for s, k, p in zip(seqs, num_prompt, penalised, strict=True)
-            ],
-            [
-                s.token_ids[k : k + o] if p else []
-                for s, k, o, p in zip(seqs, num_prompt, output_lens, penalised, strict=True)
-            ],
+        return self.sampler.prepare_columns(
+            columns.without_min_tokens(grammar_ends),
+            np.asarray(output_lens, dtype=np.int64),
+            history,
             self.eos_token_ids,
         )
 
@@ -86,15 +74,16 @@ class StepSampler:
         seqs: list[SequenceState],
         output_lens: list[int],
         inputs: SamplingInputs | None,
+        columns: SamplingColumns,
         sample_rows: torch.Tensor,
         logits: torch.Tensor,
         live: list[bool],
         masks: StepMasks,
     ) -> list[Sampled | None]:
         """(token_id, logprobs) per sampler row; None where the row is not live.
-        `inputs` None (or rows with min_tokens lifted): built here."""
+        `inputs` None (or rows with min_tokens lifted): built here, from `columns`."""
         if inputs is None or masks.lifted:
-            inputs = self.inputs(seqs, output_lens, masks.lifted)
+            inputs = self.inputs(seqs, output_lens, columns, masks.lifted)
         result = self.draw(inputs, sample_rows, logits, live, masks.bitmask)
         token_ids = result.token_ids.tolist()
         if result.logprobs is None:  # no row asked for them

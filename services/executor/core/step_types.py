@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from services.executor.core.page_copy import SlotCopies
     from services.executor.core.prompt_scoring import PromptScoring
     from services.executor.core.sampling import SamplingInputs
+    from services.executor.core.sampling_columns import SamplingColumns
     from services.executor.core.sequence import SequenceState
 
 
@@ -35,6 +36,8 @@ class PreparedStep:
     """Each of `seqs`' row among the samplers, or -1 if it does not sample."""
     output_lens: list[int] = field(default_factory=list)
     """Each sampler's number of output tokens before this step's sample."""
+    sampling_columns: SamplingColumns | None = None
+    """The samplers' sampling parameters, gathered at prepare (for inputs built later)."""
     sampling_inputs: SamplingInputs | None = None
     """None: built at execute time (a penalised history was not complete)."""
     scoring: PromptScoring | None = None

@@ -1,5 +1,4 @@
-"""A multi-step plan's later steps prepared from the step before (core/step_batch.py) and
-the sampling inputs kept across the steps of a batch that does not change."""
+"""A multi-step plan's later steps prepared from the step before (core/step_batch.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +18,10 @@ from services.executor.core.forward_batch import (
     build_decode_batch,
 )
 from services.executor.core.pipeline import StepPipeline
-from services.executor.core.sampling import Sampler
 from services.executor.core.sequence import SequenceState
 from services.executor.core.step_batch import next_step_seqs
-from services.executor.core.step_sampling import StepSampler
 from tests.unit.executor.conftest import TinyModel, make_core, random_prompt
 
-VOCAB = 64
 STEP_IDS = itertools.count(1)
 
 
@@ -35,42 +31,6 @@ def state(req_id: str, sampling: SamplingParams, num_output: int = 2, row: int =
         req_id, tokens, 3, len(tokens) - 1, len(tokens), 2, sampling, seed=7, row=row,
         has_device_token=True,
     )  # fmt: skip
-
-
-def step_sampler() -> StepSampler:
-    return StepSampler(Sampler(VOCAB, "cpu"), torch.zeros(8, dtype=torch.int64), [1])
-
-
-def test_greedy_inputs_are_kept_for_the_same_sequences_in_the_same_order():
-    sampler = step_sampler()
-    seqs = [state("a", SamplingParams(temperature=0.0), row=0), state("b", SamplingParams(temperature=0.0), row=1)]
-    first = sampler.inputs(seqs, [2, 2])
-    assert sampler.inputs(list(seqs), [3, 3]) is first  # a later step: lengths grew
-    assert sampler.inputs(seqs[::-1], [3, 3]) is not first
-    assert sampler.inputs(seqs[:1], [3]) is not first
-    lifted = sampler.inputs(seqs, [3, 3], frozenset({0}))
-    assert lifted is not first and sampler.inputs(seqs, [3, 3], frozenset({0})) is not lifted
-
-
-@pytest.mark.parametrize(
-    "sampling",
-    [
-        SamplingParams(temperature=0.8, seed=3),  # its draw is keyed by its output length
-        SamplingParams(temperature=0.0, min_tokens=5),  # EOS suppressed until 5 tokens
-        SamplingParams(temperature=0.0, presence_penalty=0.5),  # reads the history
-    ],
-)
-def test_inputs_that_read_lengths_or_histories_are_built_every_step(sampling):
-    sampler = step_sampler()
-    seqs = [state("a", SamplingParams(temperature=0.0)), state("b", sampling, row=1)]
-    first = sampler.inputs(seqs, [2, 2])
-    second = sampler.inputs(seqs, [3, 3])
-    assert second is not first
-    if sampling.temperature > 0:
-        assert first.keys is not None and second.keys is not None
-        assert not torch.equal(first.keys, second.keys)
-    if sampling.min_tokens:
-        assert first.suppress_rows is not None
 
 
 @pytest.mark.parametrize("num_seqs", [1, 2, 7, 64])

@@ -8,11 +8,13 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from radixmesh.step import SequenceOutput
 from services.executor.core.grammar import StepGrammar, StepMasks
 from services.executor.core.sampling import Sampler, SamplingInputs
+from services.executor.core.sampling_columns import SamplingColumns
 from services.executor.core.sequence import SequenceState, check_finish
 from services.executor.core.spec.drafting import expand_rows, verify_draft
 from services.executor.core.spec.stats import SpecStats
@@ -20,7 +22,10 @@ from services.executor.core.spec.stats import SpecStats
 if TYPE_CHECKING:
     from services.executor.core.step_types import PreparedStep
 
-SamplingInputsFn = Callable[[list[SequenceState], list[int], frozenset[int]], SamplingInputs]
+SamplingInputsFn = Callable[
+    [list[SequenceState], list[int], SamplingColumns, frozenset[int]], SamplingInputs
+]
+"""`StepSampler.inputs`: rows, their output lengths, parameters and grammar ends."""
 Verified = tuple[list[int], int]
 """(emitted tokens, draft tokens its grammar accepted)."""
 
@@ -58,7 +63,10 @@ class Verifier:
         cut_of = {first: cut for (first, _, _), cut in zip(groups, cuts, strict=True)}
         row_seqs = [s for s, d in zip(seqs, drafts, strict=True) for _ in range(len(d) + 1)]
         _, row_lens = expand_rows(seqs, prepared.output_lens, drafts)
-        inputs = sampling_inputs(row_seqs, row_lens, masks.lifted)
+        assert prepared.sampling_columns is not None
+        per_row = np.repeat(np.arange(len(seqs)), [len(d) + 1 for d in drafts])
+        columns = prepared.sampling_columns.take(per_row)
+        inputs = sampling_inputs(row_seqs, row_lens, columns, masks.lifted)
         targets = self.sampler.sample(logits, inputs, bitmask).token_ids.tolist()
         refused = frozenset(i for i, first in enumerate(firsts) if first in masks.refused)
         out: list[Verified | None] = []
