@@ -247,8 +247,9 @@ class ExecutorCore:
           is skipped; one that an earlier step ends at execute time (EOS, stop,
           length) is skipped by `execute` (its rows run and are discarded).
         - Sampling inputs are built here unless a penalised row's token history
-          is still missing a token from an unexecuted step; the grammar bitmask is
-          always built at execute time (it follows the tokens sampled before).
+          lacks more than the one token of the step before (that one is added on
+          the device when the step samples); the grammar bitmask is always built at
+          execute time (it follows the tokens sampled before).
         """
         if drafting is None and self._drafting is not None and self._drafting[0] is plan:
             drafting = self._drafting[1]

@@ -28,6 +28,7 @@ Logprobs are taken from the raw logits, before any processing.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -223,12 +224,21 @@ class SamplingInputs:
     suppress_rows: torch.Tensor | None = None
     suppress_token_ids: torch.Tensor | None = None
     """Pairs set to -inf: EOS and stop ids of rows still short of min_tokens."""
+    pending_rows: torch.Tensor | None = None
+    """[R] int64 penalised rows whose history above lacks its last output token: the token
+    a step not yet finished sampled, on the device only (`with_last_tokens` adds it)."""
+    pending_slots: torch.Tensor | None = None
+    """[R] int64: where each pending token is, a row of the caller's last-token buffer."""
+    pending_penalties: torch.Tensor | None = None
+    """[R, 3] float32: each pending row's repetition (1 where none), frequency and presence
+    penalties (0 where none)."""
 
     @property
     def needs_processing(self) -> bool:
         """Whether any penalty or suppression touches the logits."""
         return any(
-            t is not None for t in (self.repetition_rows, self.penalty_rows, self.suppress_rows)
+            t is not None
+            for t in (self.repetition_rows, self.penalty_rows, self.suppress_rows, self.pending_rows)
         )
 
 
@@ -350,11 +360,14 @@ class Sampler:
         output_lens: np.ndarray,
         history: Callable[[int], tuple[Sequence[int], Sequence[int]]],
         eos_token_ids: Sequence[int],
+        pending: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> SamplingInputs:
         """Device tensors for the B rows of `columns`: `output_lens` [B] int64, each row's
         output tokens before its sample; `history(i)`: row i's prompt and output tokens,
         asked of the rows with a penalty only. Array operations over the rows, no Python
-        pass over them."""
+        pass over them. `pending`: (rows, slots), penalised rows whose history lacks its
+        last output token and where it is in the caller's last-token buffer
+        (`SamplingInputs.pending_rows`)."""
         num_rows, present = columns.num_rows, columns.present
         inputs = SamplingInputs(
             num_rows=num_rows,
@@ -366,6 +379,8 @@ class Sampler:
             self._prepare_draw(inputs, columns, output_lens)
         if present & PENALTIES:
             self._prepare_penalties(inputs, columns, history)
+            if pending is not None and len(pending[0]):
+                self._prepare_pending(inputs, columns, *pending)
         if present & MIN_TOKENS:
             self._prepare_suppression(inputs, columns, output_lens, eos_token_ids)
         return inputs
@@ -412,6 +427,47 @@ class Sampler:
             inputs.penalty_token_ids = self._tensor(tokens, torch.int64)
             inputs.frequency_penalty = self._tensor(floats[rows, FREQUENCY_PENALTY], torch.float32)
             inputs.presence_penalty = self._tensor(floats[rows, PRESENCE_PENALTY], torch.float32)
+
+    def _prepare_pending(
+        self, inputs: SamplingInputs, columns: SamplingColumns, rows: np.ndarray, slots: np.ndarray
+    ) -> None:
+        flags, floats = columns.flags[rows], columns.floats[rows]
+        penalties = np.empty((len(rows), 3), dtype=np.float32)
+        penalties[:, 0] = np.where(flags & REPETITION, floats[:, REPETITION_PENALTY], 1.0)
+        additive = (flags & ADDITIVE) != 0
+        penalties[:, 1] = np.where(additive, floats[:, FREQUENCY_PENALTY], 0.0)
+        penalties[:, 2] = np.where(additive, floats[:, PRESENCE_PENALTY], 0.0)
+        inputs.pending_rows = self._tensor(rows, torch.int64)
+        inputs.pending_slots = self._tensor(slots, torch.int64)
+        inputs.pending_penalties = self._tensor(penalties, torch.float32)
+
+    def with_last_tokens(self, inputs: SamplingInputs, tokens: torch.Tensor) -> SamplingInputs:
+        """`inputs` with each pending row's last output token (`tokens` [R], on the device,
+        in `pending_rows` order) added to its penalties' pairs, as its history would hold
+        it once the step that sampled it is finished: nothing is read back. A pending row
+        without one of the penalties gets a pair that changes nothing (a repetition
+        penalty of 1, frequency and presence penalties of 0)."""
+        rows, penalties = inputs.pending_rows, inputs.pending_penalties
+        if rows is None:
+            return inputs
+        assert penalties is not None, "set with pending_rows"
+
+        def cat(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+            return new if old is None else torch.cat((old, new))
+
+        return dataclasses.replace(
+            inputs,
+            repetition_rows=cat(inputs.repetition_rows, rows),
+            repetition_token_ids=cat(inputs.repetition_token_ids, tokens),
+            repetition_penalty=cat(inputs.repetition_penalty, penalties[:, 0]),
+            penalty_rows=cat(inputs.penalty_rows, rows),
+            penalty_token_ids=cat(inputs.penalty_token_ids, tokens),
+            frequency_penalty=cat(inputs.frequency_penalty, penalties[:, 1]),
+            presence_penalty=cat(inputs.presence_penalty, penalties[:, 2]),
+            pending_rows=None,
+            pending_slots=None,
+            pending_penalties=None,
+        )
 
     def _prepare_suppression(
         self,

@@ -147,12 +147,19 @@ def prepare_batch(
 def _prepare_inputs(
     prepared: PreparedStep, output_lens: Sequence[int] | np.ndarray, sampler: StepSampler
 ) -> None:
-    """The samplers' inputs, unless a penalised one's token history is still missing a
-    token (a step before is not executed): penalties read histories."""
+    """The samplers' inputs. Penalties read token histories: a penalised row whose
+    history lacks the token of the step before (prepared ahead, that step not finished) has
+    that token added on the device when this step samples (`StepSampler.inputs`'
+    `pending`), where it is by then; one lacking more (not a plain step before) leaves the
+    inputs to be built at execute."""
     samplers, columns = prepared.samplers, prepared.sampling_columns
     assert columns is not None
-    if not columns.present & PENALTIES or all(
-        len(samplers[i].token_ids) + 1 == samplers[i].num_known_tokens
-        for i in np.flatnonzero(columns.flags & PENALTIES).tolist()
-    ):
-        prepared.sampling_inputs = sampler.inputs(samplers, output_lens, columns)
+    pending = []
+    if columns.present & PENALTIES:
+        for i in np.flatnonzero(columns.flags & PENALTIES).tolist():
+            missing = samplers[i].num_known_tokens - 1 - len(samplers[i].token_ids)
+            if missing == 1:
+                pending.append(i)
+            elif missing:
+                return
+    prepared.sampling_inputs = sampler.inputs(samplers, output_lens, columns, pending=pending)

@@ -51,11 +51,14 @@ class StepSampler:
         output_lens: Sequence[int] | np.ndarray,
         columns: SamplingColumns,
         grammar_ends: frozenset[int] = _NONE,
+        pending: Sequence[int] = (),
     ) -> SamplingInputs:
         """The inputs of the rows `seqs`, whose parameters are `columns` (as `columns` gave
         them when the step was prepared). `grammar_ends`: rows whose grammar allows only
         stop tokens; min_tokens is lifted there (the grammar wins: it ends the sequence
-        with "stop"). Token histories are read for the penalised rows only."""
+        with "stop"). Token histories are read for the penalised rows only. `pending`:
+        penalised rows whose history lacks its last token, sampled by a step not finished
+        yet: `draw` adds it from this sampler's last-token buffer, where that step left it."""
 
         def history(i: int) -> tuple[list[int], list[int]]:
             seq = seqs[i]
@@ -67,6 +70,11 @@ class StepSampler:
             np.asarray(output_lens, dtype=np.int64),
             history,
             self.eos_token_ids,
+            (
+                (np.asarray(pending, dtype=np.int64), np.array([seqs[i].row for i in pending]))
+                if pending
+                else None
+            ),
         )
 
     def sample(
@@ -101,6 +109,8 @@ class StepSampler:
     ) -> SampleResult:
         """Samples every row on the device and keeps the live rows' tokens as their
         buffer rows' last tokens; reads nothing back."""
+        if inputs.pending_slots is not None:  # the step before has sampled them by now
+            inputs = self.sampler.with_last_tokens(inputs, self.last_tokens[inputs.pending_slots])
         result = self.sampler.sample(logits, inputs, bitmask)
         if all(live):
             self.last_tokens[sample_rows] = result.token_ids

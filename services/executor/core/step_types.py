@@ -39,7 +39,7 @@ class PreparedStep:
     sampling_columns: SamplingColumns | None = None
     """The samplers' sampling parameters, gathered at prepare (for inputs built later)."""
     sampling_inputs: SamplingInputs | None = None
-    """None: built at execute time (a penalised history was not complete)."""
+    """None: built at execute time (a penalised history lacked more than one token)."""
     scoring: PromptScoring | None = None
     """Rows whose logits score prompt tokens (sampling.prompt_logprobs_start); None: none."""
     scored_to_end: list[SequenceState] = field(default_factory=list)

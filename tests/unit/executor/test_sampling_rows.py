@@ -14,6 +14,7 @@ import torch
 
 from radixmesh.sampling import SamplingParams
 from radixmesh.step import NewSequence, RunningSequence, StepPlan, StepResult
+from services.executor.core import step_batch
 from services.executor.core.executor import ExecutorCore
 from services.executor.core.sampling import Sampler, SamplingInputs, _fmix32
 from services.executor.core.sampling_columns import (
@@ -24,6 +25,7 @@ from services.executor.core.sampling_columns import (
 )
 from services.executor.core.sequence import SequenceState
 from services.executor.core.step_sampling import StepSampler
+from services.executor.core.step_types import is_plain
 from tests.unit.executor.conftest import TinyModel, make_core, random_prompt
 
 VOCAB = 64
@@ -249,14 +251,17 @@ def test_a_step_built_at_execute_keeps_the_parameters_of_a_row_taken_since(
     built: list[tuple[list[SequenceState], SamplingInputs]] = []
     inputs = StepSampler.inputs
 
-    def recorded(self, seqs, output_lens, columns, grammar_ends=frozenset()):
-        result = inputs(self, seqs, output_lens, columns, grammar_ends)
+    def recorded(self, seqs, output_lens, columns, grammar_ends=frozenset(), pending=()):
+        result = inputs(self, seqs, output_lens, columns, grammar_ends, pending)
         built.append((list(seqs), result))
-        assert_same_inputs(result, from_scratch(self, seqs, output_lens, grammar_ends))
+        if not pending:
+            assert_same_inputs(result, from_scratch(self, seqs, output_lens, grammar_ends))
         return result
 
     monkeypatch.setattr(StepSampler, "inputs", recorded)
-    penalised = SamplingParams(temperature=0.0, repetition_penalty=1.8, max_tokens=20)
+    penalised = SamplingParams(
+        temperature=0.0, repetition_penalty=1.8, max_tokens=20, ignore_eos=True
+    )
     drawn = SamplingParams(temperature=1.0, seed=9, max_tokens=20)
     a = new_seq("a", random_prompt(6, seed=1), [0, 1, 2], penalised)
     core = make_core(llama_model, max_num_seqs=1)
@@ -264,23 +269,99 @@ def test_a_step_built_at_execute_keeps_the_parameters_of_a_row_taken_since(
     decode = [RunningSequence("a", 1)]
     second = core.prepare(StepPlan(2, running_seqs=decode))
     third = core.prepare(StepPlan(3, running_seqs=decode))
-    assert third.sampling_inputs is None  # a's history misses step 2's token: built at execute
+    fourth = core.prepare(StepPlan(4, running_seqs=decode))
+    assert third.sampling_inputs is not None  # lacks step 2's token: added on the device
+    assert fourth.sampling_inputs is None  # lacks two: built at execute
     core.execute(second)
-    fourth = core.prepare(
-        StepPlan(4, new_seqs=[new_seq("b", random_prompt(4, seed=2), [3, 4], drawn)],
+    core.execute(third)
+    fifth = core.prepare(
+        StepPlan(5, new_seqs=[new_seq("b", random_prompt(4, seed=2), [3, 4], drawn)],
                  finished_req_ids=["a"])
     )  # fmt: skip
-    assert third.batch is not None and fourth.batch is not None
-    assert torch.equal(third.batch.sample_rows, fourth.batch.sample_rows)  # b took a's row
-    (out,) = core.execute(third).outputs
+    assert fourth.batch is not None and fifth.batch is not None
+    assert torch.equal(fourth.batch.sample_rows, fifth.batch.sample_rows)  # b took a's row
+    (out,) = core.execute(fourth).outputs
     seqs, at_execute = built[-1]
     assert [s.req_id for s in seqs] == ["a"]
     assert at_execute.repetition_rows is not None and at_execute.all_greedy  # a's, not b's
-    (out_b,) = core.execute(fourth).outputs
+    (out_b,) = core.execute(fifth).outputs
     assert out_b.req_id == "b" and out_b.token_id is not None
 
-    alone, _ = decode_tokens(make_core(llama_model, max_num_seqs=1), a, 1, 3)  # each executed
+    alone, _ = decode_tokens(make_core(llama_model, max_num_seqs=1), a, 1, 4)  # each executed
     assert alone[-1] == out.token_id
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.0, repetition_penalty=30.0, max_tokens=12),
+        SamplingParams(temperature=0.0, frequency_penalty=2.0, presence_penalty=2.0, max_tokens=12),
+        SamplingParams(temperature=0.3, seed=7, repetition_penalty=10.0, frequency_penalty=2.0,
+                       max_tokens=12),
+    ],
+)  # fmt: skip
+def test_a_penalised_step_prepared_ahead_samples_as_one_prepared_after(
+    llama_model: TinyModel, sampling: SamplingParams
+):
+    """Each decode prepared while the one before is not executed (the last output token on
+    the device only) is a plain step, and samples what steps each prepared after the one
+    before executed sample: the pending token is in its penalties. A penalised sequence
+    beside one without penalties, so the pending rows are a subset of the batch."""
+    plain = SamplingParams(temperature=0.0, max_tokens=12)
+    seqs = [new_seq("p", random_prompt(5, seed=11), [0, 1, 2, 3], sampling),
+            new_seq("q", random_prompt(4, seed=12), [4, 5, 6, 7], plain)]  # fmt: skip
+    decode = [RunningSequence("p", 1), RunningSequence("q", 1)]
+
+    def run(ahead: bool) -> tuple[list[list[int]], int]:
+        core = make_core(llama_model, max_num_seqs=2)
+        outputs: list[list[int]] = []
+        num_pending = 0
+        prepared = core.prepare(StepPlan(1, new_seqs=list(seqs)))
+        for step_id in range(2, 12):
+            if not ahead:
+                outputs.append([o.token_id for o in core.execute(prepared).outputs])
+            following = core.prepare(StepPlan(step_id, running_seqs=list(decode)))
+            assert following.sampling_inputs is not None and is_plain(following)
+            num_pending += following.sampling_inputs.pending_rows is not None
+            if ahead:
+                outputs.append([o.token_id for o in core.execute(prepared).outputs])
+            prepared = following
+        outputs.append([o.token_id for o in core.execute(prepared).outputs])
+        return outputs, num_pending
+
+    ahead, num_pending = run(ahead=True)
+    after, num_after = run(ahead=False)
+    assert num_pending == 10 and num_after == 0
+    assert ahead == after
+    assert len({t for step in after for t in step[:1]}) > 1  # the penalty moved the argmax
+
+
+def test_pending_last_tokens_join_the_penalties_pairs():
+    """`with_last_tokens` adds each pending row's token as one more occurrence, and a row
+    without a penalty gets pairs that change nothing."""
+    sampler = Sampler(VOCAB, torch.device("cpu"))
+    rep = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    freq = SamplingParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.25)
+    prompts, outputs = [[5, 6], [7]], [[9], [9, 11]]
+    columns = SamplingRows(2, VOCAB)
+    for row, params in enumerate((rep, freq)):
+        columns.write(row, params, 0, len(prompts[row]))
+    gathered = columns.gather(np.arange(2))
+    lens = np.array([2, 3])
+    full = sampler.prepare([rep, freq], [0, 0], lens.tolist(), prompts,
+                           [outputs[0] + [13], outputs[1] + [9]], [EOS])  # fmt: skip
+    short = sampler.prepare_columns(
+        gathered, lens, lambda i: (prompts[i], outputs[i]), [EOS],
+        (np.array([0, 1]), np.array([1, 0])),
+    )  # fmt: skip
+    assert short.pending_rows is not None and short.needs_processing
+    last_tokens = torch.tensor([9, 13])  # buffer row 1 holds row 0's token, row 0 row 1's
+    assert short.pending_slots is not None
+    resolved = sampler.with_last_tokens(short, last_tokens[short.pending_slots])
+    assert resolved.pending_rows is None
+    logits = torch.randn(2, VOCAB)
+    torch.testing.assert_close(sampler.process(logits, resolved), sampler.process(logits, full),
+                               rtol=0, atol=0)  # fmt: skip
 
 
 @dataclasses.dataclass(slots=True)
@@ -374,12 +455,22 @@ def test_random_churn_samples_as_inputs_built_from_scratch_every_step(
 ):
     checked: list[list[SequenceState]] = []
     at_execute: list[bool] = []
+    with_pending: list[bool] = []
     incremental = StepSampler.inputs
     sample = StepSampler.sample
 
-    def checking(self, seqs, output_lens, columns, grammar_ends=frozenset()):
-        got = incremental(self, seqs, output_lens, columns, grammar_ends)
-        assert_same_inputs(got, from_scratch(self, seqs, output_lens, grammar_ends))
+    def checking(self, seqs, output_lens, columns, grammar_ends=frozenset(), pending=()):
+        got = incremental(self, seqs, output_lens, columns, grammar_ends, pending)
+        short = [
+            i for i, s in enumerate(seqs)
+            if s.sampling.has_penalties and s.num_known_tokens - 1 - len(s.token_ids) == 1
+        ]  # fmt: skip
+        assert list(pending) == short
+        with_pending.append(bool(pending))
+        unresolved = dataclasses.replace(
+            got, pending_rows=None, pending_slots=None, pending_penalties=None
+        )
+        assert_same_inputs(unresolved, from_scratch(self, seqs, output_lens, grammar_ends))
         checked.append(list(seqs))
         return got
 
@@ -396,10 +487,21 @@ def test_random_churn_samples_as_inputs_built_from_scratch_every_step(
         for s in seqs:
             holders.setdefault(s.row, set()).add(s.sampling)
     assert max(len(p) for p in holders.values()) >= 3  # rows taken by other samplings
-    assert any(at_execute)  # penalised histories incomplete at prepare: built at execute
+    assert any(with_pending)  # penalised histories one token short at prepare
 
-    def rebuilt(self, seqs, output_lens, columns, grammar_ends=frozenset()):
+    def rebuilt(self, seqs, output_lens, columns, grammar_ends=frozenset(), pending=()):
         return from_scratch(self, seqs, output_lens, grammar_ends)
 
+    def at_execute_when_short(prepared, output_lens, sampler):
+        """The reference: a penalised history short of a token leaves the inputs to be
+        built at execute, from the whole history."""
+        if all(
+            s.num_known_tokens - 1 == len(s.token_ids)
+            for s in prepared.samplers
+            if s.sampling.has_penalties
+        ):
+            prepared.sampling_inputs = sampler.inputs(prepared.samplers, output_lens, None)
+
     monkeypatch.setattr(StepSampler, "inputs", rebuilt)
+    monkeypatch.setattr(step_batch, "_prepare_inputs", at_execute_when_short)
     assert churn(make_core(llama_model, max_num_seqs=6), seed, num_steps=40) == outputs
