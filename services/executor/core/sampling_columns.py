@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 from radixmesh.sampling import SamplingParams
+
+T = TypeVar("T", int, np.ndarray)
 
 MASK32 = 0xFFFFFFFF
 FMIX_C1 = 0x85EBCA6B
@@ -58,28 +61,20 @@ FLAGS, TOP_K_VALUE, SEED_KEY, MIN_TOKENS_VALUE, TOP_LOGPROBS, NUM_PROMPT_TOKENS 
 NUM_INTS = 6
 
 
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    """The sampler's 32-bit avalanche mix (`sampling._fmix32`) on uint32 arrays, whose
-    products wrap mod 2**32 by themselves."""
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(FMIX_C1)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(FMIX_C2)
-    return h ^ (h >> np.uint32(16))
+def _fmix32(h: T) -> T:
+    """The sampler's 32-bit avalanche mix (`sampling._fmix32`) on a Python int or a uint32
+    array in [0, 2**32) (the array's products wrap by themselves, an int's are masked)."""
+    h = h ^ (h >> 16)
+    h = (h * FMIX_C1) & MASK32
+    h = h ^ (h >> 13)
+    h = (h * FMIX_C2) & MASK32
+    return h ^ (h >> 16)
 
 
 def seed_key(seed: int) -> int:
     """A 64-bit seed mixed from its two halves into [0, 2**32): the part of its draw keys
     that does not move with the output position (`row_keys`)."""
-
-    def fmix32(h: int) -> int:
-        h ^= h >> 16
-        h = (h * FMIX_C1) & MASK32
-        h ^= h >> 13
-        h = (h * FMIX_C2) & MASK32
-        return h ^ (h >> 16)
-
-    return fmix32(fmix32(((seed & MASK32) + GOLDEN) & MASK32) ^ (seed >> 32))
+    return _fmix32(_fmix32(((seed & MASK32) + GOLDEN) & MASK32) ^ (seed >> 32))
 
 
 def row_keys(keys: np.ndarray, output_lens: np.ndarray) -> np.ndarray:
