@@ -29,6 +29,7 @@ import json
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,6 +128,7 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
         rng = random.Random(args.seed)
         for batch in args.batch_sizes:
             seconds: dict[str, list[float]] = {mode: [] for mode in modes}
+            cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             outputs: dict[str, list[list[int]]] = {mode: [] for mode in modes}
             drafts = {mode: 0 for mode in modes}
             for repeat in range(args.repeats + 1):  # the first warms the shape, untimed
@@ -134,9 +136,11 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
                 for mode, engine in engines.items():
                     stats = engine.executors[0].spec_stats
                     before = stats.snapshot().num_drafts
+                    cpu_start = time.process_time()
                     out, took, _ = await run_batch(engine, prompts, args.output_len)
                     if repeat:
                         seconds[mode].append(took)
+                        cpu[mode].append(time.process_time() - cpu_start)
                         outputs[mode].extend(out)
                         drafts[mode] += stats.snapshot().num_drafts - before
             for mode, engine in engines.items():
@@ -144,12 +148,14 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
                 rows[mode][batch] = {
                     "output_tok_s": batch * args.output_len / median,
                     "seconds": seconds[mode],
+                    "cpu_seconds": cpu[mode],
                     "num_drafts": drafts[mode],
                     "outputs": outputs[mode],
                     "switch": engine.executors[0].spec_switch.describe(),
                 }
                 print(f"{mode:<7} b{batch:<4} {rows[mode][batch]['output_tok_s']:9.0f} tok/s  "
-                      f"drafts {drafts[mode]}", flush=True)
+                      f"cpu {statistics.median(cpu[mode]):.3f} s a batch  drafts {drafts[mode]}",
+                      flush=True)
     return rows
 
 

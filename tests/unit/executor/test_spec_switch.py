@@ -23,6 +23,8 @@ from services.executor.core.spec.switch import (
     MIN_STEP_SAMPLES,
     PLAIN_PROBE_EVERY,
     PLAIN_PROBE_STEPS,
+    PLAIN_QUANTILE,
+    PLAIN_WINDOW,
     PROBE_EVERY,
     UNMEASURED_MAX_BATCH_SIZE,
     SpecSwitch,
@@ -172,6 +174,30 @@ def test_step_wall_times_replace_the_start_up_ratio_once_a_bucket_has_enough() -
     fixed = SpecSwitch(8)
     fixed.observe_step(4, 1e-3, speculating=True)  # without a table there is nothing to refine
     assert fixed.describe()["wall_ratios"] == {}
+
+
+def test_the_plain_side_is_the_steady_plain_step_not_the_mean_of_the_transients() -> None:
+    """A speculating engine's plain steps mix steady ones (as speculation off runs them)
+    with slow ones beside drafted steps: the ratio weighs drafting against the steady
+    ones, so it declines where the mean would have let drafts lose to speculation off."""
+    switch = SpecSwitch(256, {128: 1.2}, max_gain=5)
+    steady, transient = 2.0e-3, 3.0e-3
+    pattern = [steady] + [transient] * 2  # a third of the plain steps steady
+    for i in range(2 * PLAIN_WINDOW):
+        switch.observe_step(128, pattern[i % 3], speculating=False)
+        switch.observe_step(128, 4.4e-3, speculating=True)
+    assert PLAIN_QUANTILE < 1 / 3
+    assert switch.plain_step_s(100) == pytest.approx(steady)
+    mean = switch.describe()["wall_ms"][128][2] * 1e-3
+    assert mean == pytest.approx(2.0e-3 / 3 + 2 * 3.0e-3 / 3, rel=0.1)
+    assert switch.ratio(128) == pytest.approx(2.2)  # against the mean it would read ~1.65
+    assert not switch.admits(128, expected_gain=2.2)
+    assert switch.admits(128, expected_gain=2.5)
+    assert switch.describe()["plain_side_ms"] == {128: pytest.approx(2.0)}
+    # the window is the latest steps: once every plain step is slow, so is the side
+    for _ in range(PLAIN_WINDOW):
+        switch.observe_step(128, transient, speculating=False)
+    assert switch.plain_step_s(128) == pytest.approx(transient)
 
 
 def test_where_no_draft_could_pay_the_probe_comes_seldom() -> None:

@@ -39,11 +39,23 @@ The start-up ratio is device time only. A step also costs the host (drafting, bu
 the extend, verifying each row, and the scheduler's one plan per step where plain steps
 share a plan between several and overlap their prepares), which on a small model can be
 most of it. So once a bucket has seen `MIN_STEP_SAMPLES` decode steps of each side, its
-ratio is their rolling wall times (`observe_step`): the speculating side is every step of
-a plan that offered drafts, drafted or not (both are what speculating costs), the plain
-side every step of a plan that offered none, as it runs when the switch declines. Where
-drafts pay, the plain side is seldom seen, so every `PLAIN_PROBE_EVERY` decode steps a few
-run without drafts (`plain_probe`).
+ratio is their wall times (`observe_step`): the speculating side is the rolling mean of
+every step of a plan that offered drafts, drafted or not (both are what speculating
+costs), the plain side a low quantile (PLAIN_QUANTILE) of the last PLAIN_WINDOW steps of
+plans that offered none, as they run when the switch declines. Where drafts pay, the
+plain side is seldom seen, so every `PLAIN_PROBE_EVERY` decode steps a few run without
+drafts (`plain_probe`).
+
+The plain side stands for an engine that does not speculate, and the plain steps a
+speculating engine runs are a mix: the steady ones of a long decline (several a plan,
+each launched before the one before is read back, as with speculation off) and the ones
+next to drafted steps, whose plans are one step each and whose prepares waited on a
+verification. Their mean made plain steps look dearer than speculation off's: on a lent
+GPU at batch 128 a speculating engine's plain steps averaged 2.82 ms where an engine with
+speculation off took 2.27 ms a token, its prefill included, so a ratio of 1.55 was read
+where drafting cost 1.92, and the batch ran at 0.79x of off (bench/RESULTS.md). The low
+quantile reads the steady steps while a quarter of the window is steady; it errs toward
+a higher ratio, that is toward declining, which is the side the switch exists to be on.
 
 A step's gain is counted as its requests see it: each decode's tokens (1 plus the draft
 tokens it keeps, or expects to), averaged harmonically over the step's decodes
@@ -71,6 +83,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -88,6 +101,10 @@ HOPELESS_PROBE_EVERY = 8 * PROBE_EVERY
 """The same where the bucket's ratio is at least `max_gain`: no draft could pay there, so
 a probe can only find that the ratio fell (a step that drafts costs several plain ones)."""
 MIN_STEP_SAMPLES = 4
+PLAIN_WINDOW = 32
+"""Plain steps per bucket whose wall times the plain side is read from (the latest)."""
+PLAIN_QUANTILE = 0.25
+"""The plain side's quantile of those (see the module docstring)."""
 """Steps of each kind a bucket needs before its wall-time ratio replaces the start-up one."""
 PLAIN_PROBE_EVERY = 256
 """Where the rule drafts, every this many decode steps PLAIN_PROBE_STEPS run without drafts
@@ -173,6 +190,8 @@ class SpecSwitch:
     _buckets: list[int] = field(default_factory=list)
     _wall: dict[tuple[int, bool], tuple[float, int]] = field(default_factory=dict)
     """(bucket, speculating) -> (rolling step seconds, steps seen)."""
+    _plain_times: dict[int, deque[float]] = field(default_factory=dict)
+    """bucket -> the wall times of its latest PLAIN_WINDOW plain steps (clipped)."""
     _bucket_of: dict[int, int] = field(default_factory=dict)
     """num_decodes -> its bucket, as looked up."""
     _ratio_of: dict[int, float] = field(default_factory=dict)
@@ -218,18 +237,27 @@ class SpecSwitch:
         return ratio
 
     def _wall_ratio(self, bucket: int) -> float | None:
-        speculating, plain = self._wall.get((bucket, True)), self._wall.get((bucket, False))
-        if speculating and plain and min(speculating[1], plain[1]) >= MIN_STEP_SAMPLES:
-            return speculating[0] / plain[0]
+        speculating, plain = self._wall.get((bucket, True)), self._plain_side(bucket)
+        if speculating and plain and speculating[1] >= MIN_STEP_SAMPLES:
+            return speculating[0] / plain
         return None
 
+    def _plain_side(self, bucket: int) -> float | None:
+        """The PLAIN_QUANTILE of the bucket's latest plain step times, once it has seen
+        MIN_STEP_SAMPLES plain steps; None before."""
+        times = self._plain_times.get(bucket)
+        if times is None or len(times) < MIN_STEP_SAMPLES:
+            return None
+        ordered = sorted(times)
+        return ordered[int(PLAIN_QUANTILE * (len(ordered) - 1))]
+
     def plain_step_s(self, num_decodes: int) -> float | None:
-        """The rolling wall time of a plain decode step of `num_decodes` decodes' bucket,
-        once it has MIN_STEP_SAMPLES; None before (or without a timing table)."""
+        """The wall time of a plain decode step of `num_decodes` decodes' bucket (the
+        ratio's plain side), once it has MIN_STEP_SAMPLES; None before (or without a
+        timing table)."""
         if self.cost_ratios is None:
             return None
-        plain = self._wall.get((self.bucket(num_decodes), False))
-        return plain[0] if plain is not None and plain[1] >= MIN_STEP_SAMPLES else None
+        return self._plain_side(self.bucket(num_decodes))
 
     def _side_ms(self, bucket: int, speculating: bool) -> tuple[float, int]:
         mean, count = self._wall.get((bucket, speculating), (0.0, 0))
@@ -247,6 +275,11 @@ class SpecSwitch:
                 return
             seconds = min(seconds, CLIP * mean)
         self._wall[key] = (GAIN_DECAY * mean + (1 - GAIN_DECAY) * seconds, count + 1)
+        if not speculating:
+            times = self._plain_times.get(key[0])
+            if times is None:
+                times = self._plain_times[key[0]] = deque(maxlen=PLAIN_WINDOW)
+            times.append(seconds)
         self._ratio_of.pop(key[0], None)
 
     def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
@@ -347,10 +380,13 @@ class SpecSwitch:
             "wall_ratios": {
                 b: round(r, 4) for b in self._buckets if (r := self._wall_ratio(b)) is not None
             },
-            "wall_ms": {  # bucket -> [speculating ms, steps, plain ms, steps]
+            "wall_ms": {  # bucket -> [speculating ms, steps, plain ms (mean), steps]
                 b: [x for side in (True, False) for x in self._side_ms(b, side)]
                 for b in self._buckets
                 if (b, True) in self._wall or (b, False) in self._wall
+            },
+            "plain_side_ms": {  # bucket -> the ratio's plain side (PLAIN_QUANTILE)
+                b: round(p * 1e3, 4) for b in self._buckets if (p := self._plain_side(b))
             },
             "num_declined": self.num_declined,
             "num_probes": self.num_probes,
