@@ -40,7 +40,8 @@ from radixmesh.step import (
 from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.forward_batch import PageTables
-from services.executor.core.grammar import Grammar, SequenceGrammar, StepGrammar
+from services.executor.core.grammar import UNCONSTRAINED, Grammar, SequenceGrammar, StepGrammar
+from services.executor.core.grammar.step import PendingMasks, Unconstrained
 from services.executor.core.graph_setup import (
     speculation_switches,
 )
@@ -408,12 +409,11 @@ class ExecutorCore:
         if batch is not None:
             batch.load_device_tokens(self._last_tokens)
             samplers = prepared.samplers
-            grammar_rows, grammar_lens = rows_over_drafts(  # the grammar on a draft's first row
-                [None if s.finished else s.grammar for s in samplers],
-                prepared.output_lens,
-                prepared.drafts,
-            )
-            pending = self._grammar.start(grammar_rows, grammar_lens)
+            grammars = [None if s.finished else s.grammar for s in samplers]
+            pending: PendingMasks | Unconstrained = UNCONSTRAINED  # no live constrained row
+            if any(g is not None for g in grammars):  # the grammar on a draft's first row
+                rows, lens = rows_over_drafts(grammars, prepared.output_lens, prepared.drafts)
+                pending = self._grammar.start(rows, lens)
             scoring, scored = prepared.scoring, {}
             if scoring is not None:  # an extend that scores prompt tokens: no decode graph
                 logits, hidden = self.forward.scored(batch, scoring.rows)

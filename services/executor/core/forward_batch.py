@@ -219,6 +219,80 @@ def build_decode_batch(
     )  # fmt: skip
 
 
+def build_verify_batch(
+    rows: list[int],
+    starts: list[int],
+    host_tokens: list[list[int] | None],
+    page_tables: PageTables,
+    page_size: int,
+    device: torch.device,
+) -> ForwardBatch:
+    """`build_batch` of a step in which each of the B sequences (B >= 1) samples every
+    position it runs: the tokens `host_tokens` gives it from its start (its last known
+    token and the draft to verify after it) or, where None, the one token held on the
+    device at its row (a plain decode). The same batch from a Python pass over the tokens
+    and a few array operations: a verifying step is prepared only once the step before
+    has executed (its drafts continue the token sampled last), so its host work is on the
+    critical path, and the general batch's forty-odd array operations on a handful of
+    rows cost it more than the Python does."""
+    num_seqs = len(rows)
+    token_ids: list[int] = []
+    positions: list[int] = []
+    seq_of_token: list[int] = []
+    cu_seqlens = [0]
+    seq_lens: list[int] = []
+    token_dst: list[int] = []
+    token_src: list[int] = []
+    max_q_len = 1
+    for i, (row, start, host) in enumerate(zip(rows, starts, host_tokens, strict=True)):
+        if host is None:
+            token_dst.append(len(token_ids))
+            token_src.append(row)
+        tokens = host if host is not None else _PLACEHOLDER  # filled from the device buffer
+        q_len = len(tokens)
+        max_q_len = max(max_q_len, q_len)
+        token_ids += tokens
+        positions += range(start, start + q_len)
+        seq_of_token += [i] * q_len
+        cu_seqlens.append(len(token_ids))
+        seq_lens.append(start + q_len)
+    flat = np.array((token_ids, positions, seq_of_token), dtype=np.int64)
+    per_seq = np.array((rows, seq_lens), dtype=np.int64)
+    pages_needed = [(n + page_size - 1) // page_size for n in seq_lens]
+    width = max(pages_needed)
+    page_table = page_tables.table[per_seq[0], :width]  # a copy: later appends do not reach it
+    if min(pages_needed) < width:
+        page_table[np.arange(width) >= np.array(pages_needed)[:, None]] = 0
+    position = flat[1]
+    slot_mapping = (
+        page_table[flat[2], position // page_size].astype(np.int64) * page_size
+        + position % page_size
+    )
+    arrays = [
+        flat[0],
+        position,
+        np.array(cu_seqlens, dtype=np.int32),
+        per_seq[1].astype(np.int32),
+        page_table,
+        slot_mapping,
+        np.arange(len(token_ids), dtype=np.int64),  # every position samples
+        per_seq[0],
+    ]
+    if token_dst:
+        arrays.append(np.array((token_dst, token_src), dtype=np.int64))
+    t = upload(arrays, device)
+    return ForwardBatch(
+        input_ids=t[0], positions=t[1], cu_seqlens_q=t[2], seq_lens=t[3], page_table=t[4],
+        slot_mapping=t[5], logits_indices=t[6], is_decode=max_q_len == 1 and num_seqs > 0,
+        max_q_len=max_q_len, sample_rows=t[7],
+        token_dst=t[8][0] if token_dst else None, token_src=t[8][1] if token_dst else None,
+    )  # fmt: skip
+
+
+_PLACEHOLDER = [0]
+"""The host token of a row whose token is on the device."""
+
+
 def upload(
     arrays: list[np.ndarray], device: torch.device, packed: bool | None = None
 ) -> list[torch.Tensor]:

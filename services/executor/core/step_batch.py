@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from services.executor.core.forward_batch import PageTables, build_batch, build_decode_batch
+from services.executor.core.forward_batch import (
+    PageTables,
+    build_batch,
+    build_decode_batch,
+    build_verify_batch,
+)
 from services.executor.core.prompt_scoring import plan_scoring
 from services.executor.core.sampling_columns import PENALTIES, SCORES_PROMPT
 from services.executor.core.sequence import SequenceState
@@ -85,6 +90,10 @@ def prepare_batch(
     """The batch, samplers and planned state of a step running `num_tokens` of each of
     `seqs`. `drafts`: per sequence, draft tokens to verify after its decoded token (their
     positions join the batch; their state advances when the step executes)."""
+    if drafts is not None and prepare_verify(
+        prepared, seqs, num_tokens, drafts, page_tables, page_size, device, sampler
+    ):
+        return
     n = len(seqs)
     planned = np.array(num_tokens, dtype=np.int64)  # the plan's tokens, without drafts
     num_logits = None
@@ -142,6 +151,50 @@ def prepare_batch(
         seq.has_device_token = True
     if drafts is None:  # a drafted step's inputs cover every verified row: built at execute
         _prepare_inputs(prepared, output_lens, sampler)
+
+
+def prepare_verify(
+    prepared: PreparedStep,
+    seqs: list[SequenceState],
+    num_tokens: list[int],
+    drafts: list[list[int]],
+    page_tables: PageTables,
+    page_size: int,
+    device: torch.device,
+    sampler: StepSampler,
+) -> bool:
+    """`prepare_batch` of a drafted step whose every sequence decodes (one planned token,
+    the last known one, then its draft), from a Python pass over its rows
+    (`build_verify_batch`); False, with nothing changed, for any other step. A drafted
+    decode runs its last token from the host; one without a draft reads it from the
+    device where it was sampled there. Its sampling inputs cover every verified row:
+    built at execute."""
+    host_tokens: list[list[int] | None] = []
+    for seq, q, draft in zip(seqs, num_tokens, drafts, strict=True):
+        start = seq.num_computed_tokens
+        if q != 1 or start + 1 != seq.num_known_tokens:  # not a decode: it may not sample
+            return False
+        if draft or not seq.has_device_token:
+            host_tokens.append(seq.token_ids[start : start + 1] + draft)
+        else:
+            host_tokens.append(None)
+    rows = [seq.row for seq in seqs]
+    columns = sampler.columns(np.array(rows, dtype=np.int64))
+    if columns.present & SCORES_PROMPT:  # (a drafted step scores nothing: drafting.py)
+        return False
+    starts = [seq.num_computed_tokens for seq in seqs]
+    prepared.batch = build_verify_batch(rows, starts, host_tokens, page_tables, page_size, device)
+    prepared.seqs = prepared.samplers = seqs
+    prepared.sampler_rows = list(range(len(seqs)))
+    prepared.sampling_columns = columns
+    prepared.output_lens = [seq.num_known_tokens - seq.num_prompt_tokens for seq in seqs]
+    prepared.drafts = list(drafts)
+    start_verifying(seqs, drafts)
+    for seq, draft in zip(seqs, drafts, strict=True):
+        seq.num_computed_tokens += 1 + len(draft)
+        seq.num_known_tokens += 1
+        seq.has_device_token = True
+    return True
 
 
 def _prepare_inputs(

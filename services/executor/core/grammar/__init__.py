@@ -22,7 +22,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from services.executor.core.grammar.interface import Grammar, SequenceGrammar, TokenMatcher
-from services.executor.core.grammar.step import PendingMasks, StepGrammar, StepMasks
+from services.executor.core.grammar.step import (
+    UNCONSTRAINED,
+    PendingMasks,
+    StepGrammar,
+    StepMasks,
+)
 
 if TYPE_CHECKING:
     from services.executor.core.grammar.compiler import CompiledConstraint
@@ -58,6 +63,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "UNCONSTRAINED",
     "CompiledConstraint",
     "ConstraintMatcher",
     "Grammar",

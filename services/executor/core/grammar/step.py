@@ -67,6 +67,20 @@ class PendingMasks:
         return StepMasks(step._upload(host.bitmask), host.refused, lifted)
 
 
+class Unconstrained:
+    """The pending masks of a step with no live constrained row (`UNCONSTRAINED`): nothing
+    to accept, fill or upload, so the core skips `StepGrammar.start` and its rows."""
+
+    __slots__ = ()
+
+    def result(self) -> StepMasks:
+        return NO_MASKS
+
+
+NO_MASKS = StepMasks()
+UNCONSTRAINED = Unconstrained()
+
+
 class StepGrammar:
     """One executor core's grammar work: matchers for new sequences, masks per step.
 

@@ -53,7 +53,8 @@ class Verifier:
         `refused` by sampler index; the device buffer holds each sampler's last token."""
         seqs, drafts = prepared.samplers, prepared.drafts
         assert drafts is not None
-        firsts = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))[:-1]
+        counts = [len(d) + 1 for d in drafts]
+        firsts = list(itertools.accumulate(counts, initial=0))[:-1]
         groups = [
             (firsts[i], s.grammar, d)
             for i, (s, d) in enumerate(zip(seqs, drafts, strict=True))
@@ -61,11 +62,10 @@ class Verifier:
         ]
         bitmask, cuts = self.grammar.fill_drafts(groups, masks)
         cut_of = {first: cut for (first, _, _), cut in zip(groups, cuts, strict=True)}
-        row_seqs = [s for s, d in zip(seqs, drafts, strict=True) for _ in range(len(d) + 1)]
+        row_seqs = [s for s, count in zip(seqs, counts, strict=True) for _ in range(count)]
         _, row_lens = expand_rows(seqs, prepared.output_lens, drafts)
         assert prepared.sampling_columns is not None
-        per_row = np.repeat(np.arange(len(seqs)), [len(d) + 1 for d in drafts])
-        columns = prepared.sampling_columns.take(per_row)
+        columns = prepared.sampling_columns.take(np.repeat(np.arange(len(seqs)), counts))
         inputs = sampling_inputs(row_seqs, row_lens, columns, masks.lifted)
         targets = self.sampler.sample(logits, inputs, bitmask).token_ids.tolist()
         refused = frozenset(i for i, first in enumerate(firsts) if first in masks.refused)
@@ -81,10 +81,12 @@ class Verifier:
             out.append((emitted, cut if seq.grammar is not None else 0))
             rows.append(seq.row)
             last.append(emitted[-1])
-        if rows:
-            device = self.last_tokens.device
-            index = torch.tensor(rows, dtype=torch.int64, device=device)
-            self.last_tokens[index] = torch.tensor(last, dtype=torch.int64, device=device)
+        if rows:  # one upload of (rows, tokens) (two cost a verifying step 6 us on the CPU)
+            update = torch.from_numpy(np.array((rows, last), dtype=np.int64))
+            update = update.to(self.last_tokens.device, non_blocking=True)
+            self.last_tokens.index_copy_(0, update[0], update[1])
+        if refused == masks.refused:  # the same rows (most often none)
+            return masks, out
         return dataclasses.replace(masks, refused=refused), out
 
     def finish(
