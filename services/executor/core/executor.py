@@ -335,6 +335,11 @@ class ExecutorCore:
         """
         return self.finish(self.launch(prepared))
 
+    def verifies(self, prepared: PreparedStep) -> bool:
+        """The step verifies drafts (the proposer's or forced runs): the steps after it
+        continue from the tokens it keeps, so they are prepared once it has executed."""
+        return prepared.drafts is not None
+
     def plain(self, prepared: PreparedStep) -> bool:
         """The step may be launched before the steps prepared ahead of it are finished
         (`PreparedStep.plain`, decided at prepare)."""

@@ -127,6 +127,9 @@ class LeaderCore:
         """Never: every rank runs a step whole when the leader does (no launch-ahead)."""
         return False
 
+    def verifies(self, prepared: Any) -> bool:
+        return self._core.verifies(prepared)
+
     def launch(self, prepared: Any) -> LaunchedStep:
         return LaunchedStep(prepared, time.perf_counter(), result=self.execute(prepared))
 

@@ -250,6 +250,9 @@ class OrderCore:
     def plain(self, step_id: int) -> bool:
         return step_id not in self.not_plain
 
+    def verifies(self, step_id: int) -> bool:
+        return step_id in self.serial  # each step that may draft does
+
     def launch(self, step_id: int) -> LaunchedStep:
         if step_id in self.fail_launch:
             self.failed_on = threading.current_thread().name

@@ -32,6 +32,8 @@ class RecordingCore:
         self.before_execute: dict[int, Callable[[], None]] = {}
         self.drafts: set[int] = set()
         """Plans whose steps the core says may draft."""
+        self.found_none: set[int] = set()
+        """Of those, the plans whose prepare found no draft (a plain step after all)."""
         self.asked: list[int] = []
         """The plans whose drafting was asked, in order."""
 
@@ -47,6 +49,9 @@ class RecordingCore:
     def prepare(self, plan: StepPlan) -> int:
         self._record("prepare", plan.step_id)
         return plan.step_id
+
+    def verifies(self, step_id: int) -> bool:
+        return step_id in self.drafts and step_id not in self.found_none
 
     def execute(self, step_id: int) -> StepResult:
         if (hook := self.before_execute.get(step_id)) is not None:
@@ -123,6 +128,22 @@ async def test_a_plan_allowing_drafts_that_the_core_declines_is_prepared_during_
     assert num_executed_at[4] == 3  # may draft: prepared once step 3 executed
     assert num_executed_at[5] == 4  # after a drafting step: once it executed
     assert core.asked == [1, 2, 3, 4, 5, 6]  # once per step
+
+
+async def test_the_step_after_one_that_may_draft_but_found_none_is_prepared_while_it_runs():
+    core = RecordingCore()  # plan 4 may draft, but its prepare finds no draft
+    core.drafts, core.found_none = {4, 6}, {4}
+    pipeline = make_pipeline(core, overlap_prepare=True)
+    # step 4 runs only once plan 5 is being prepared: 5 must not wait for it
+    run, overlapped = open_overlap_run(core, pipeline, (1, 2, 4))
+    futures = [run.submit(drafted_plan(step_id)) for step_id in range(1, 8)]
+    assert answers(futures) == [1, 2, 3, 4, 5, 6, 7]
+    await pipeline.close()
+    assert overlapped == {1: True, 2: True, 4: True}
+    num_executed_at = {step_id: n for verb, step_id, n, _ in core.calls if verb == "prepare"}
+    assert num_executed_at[4] == 3  # may draft: still prepared once step 3 executed
+    assert num_executed_at[7] == 6  # after a step that drafted: once it executed
+    assert run.counts.serial_steps == 3  # plans 4, 6 (may draft) and 7 (after 6's drafts)
 
 
 async def test_after_a_failed_execute_later_plans_answer_none_and_the_error_is_counted():
