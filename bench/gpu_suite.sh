@@ -538,9 +538,10 @@ step_train_tiny() {
 
 # speculative: off / ngram / suffix / radix on code editing, quoting, JSON, multi-turn,
 # repeated and random prompts at batch 1, 8, 32, 128 (bench/speculative.py), on the trained
-# model.
+# model. SPEC_ARGS: more of its flags, e.g. SPEC_BATCH_SIZES="1 128" SPEC_ARGS="--modes off
+# ngram suffix --workloads code_edit random --control --repeats 5" (the switch's rows).
 step_speculative() {
-    local args=(--batch-sizes ${SPEC_BATCH_SIZES:-1 8 32 128})
+    local args=(--batch-sizes ${SPEC_BATCH_SIZES:-1 8 32 128} ${SPEC_ARGS:-})
     [ "$GPU" = 1 ] || args=(--smoke)
     [ -f "$TRAINED/config.json" ] || step_train_tiny
     run_step speculative 600 $PY bench/speculative.py --model "$TRAINED" \

@@ -44,10 +44,6 @@ class SpeculativeConfig:
     CPU; off on CUDA until its graphed verification is measured faster there than the
     decode steps it saves (the eager one was slower: bench/RESULTS.md, jump-forward on the
     GPU). `on` turns it on anywhere."""
-
-    def jump_forward_on(self, device_type: str) -> bool:
-        """Whether jump-forward runs on a device of this type (resolving auto)."""
-        return self.jump_forward if self.jump_forward is not None else device_type != "cuda"
     max_forced_tokens: int = 8
     """Jump-forward: most forced tokens verified per constrained decode and step (the
     scheduler leases pages and takes step budget for this many)."""
@@ -79,3 +75,7 @@ class SpeculativeConfig:
     @property
     def enabled(self) -> bool:
         return self.method != "off"
+
+    def jump_forward_on(self, device_type: str) -> bool:
+        """Whether jump-forward runs on a device of this type (resolving auto)."""
+        return self.jump_forward if self.jump_forward is not None else device_type != "cuda"
