@@ -31,7 +31,7 @@ from services.executor.core.forward_batch import (
     build_verify_batch,
 )
 from services.executor.core.prompt_scoring import plan_scoring
-from services.executor.core.sampling_columns import PENALTIES, SCORES_PROMPT
+from services.executor.core.sampling_columns import PENALTIES, SCORES_PROMPT, SamplingColumns
 from services.executor.core.sequence import SequenceState
 from services.executor.core.spec.step import drafted_lengths, start_verifying
 from services.executor.core.step_sampling import StepSampler
@@ -67,14 +67,35 @@ def prepare_decodes(
     rows = np.fromiter((s.row for s in seqs), dtype=np.int64, count=n)
     starts = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
     prepared.batch = build_decode_batch(rows, starts, page_tables, page_size, device)
-    prepared.seqs = prepared.samplers = seqs
-    prepared.sampler_rows = list(range(n))
-    prepared.output_lens = [s.num_known_tokens - s.num_prompt_tokens for s in seqs]
+    _every_row_samples(prepared, seqs, sampler.columns(rows))
     for seq in seqs:
         seq.num_computed_tokens += 1
         seq.num_known_tokens += 1
-    prepared.sampling_columns = sampler.columns(rows)
     _prepare_inputs(prepared, prepared.output_lens, sampler)
+
+
+def _every_row_samples(
+    prepared: PreparedStep, seqs: list[SequenceState], columns: SamplingColumns
+) -> None:
+    """Every one of `seqs` samples, in order, with the parameters `columns` holds; their
+    output lengths are read before the step advances them."""
+    prepared.seqs = prepared.samplers = seqs
+    prepared.sampler_rows = list(range(len(seqs)))
+    prepared.sampling_columns = columns
+    prepared.output_lens = [s.num_known_tokens - s.num_prompt_tokens for s in seqs]
+
+
+def _advance(
+    seqs: list[SequenceState], num_tokens: Sequence[int], samplers: list[SequenceState]
+) -> None:
+    """The planned state after the step: each sequence has computed its tokens (a
+    draft's too, which `start_verifying` took out and the verification adds back as it
+    keeps them), and each sampler knows one more token, on the device."""
+    for seq, q in zip(seqs, num_tokens, strict=True):
+        seq.num_computed_tokens += q
+    for seq in samplers:
+        seq.num_known_tokens += 1
+        seq.has_device_token = True
 
 
 def prepare_batch(
@@ -144,11 +165,7 @@ def prepare_batch(
     if drafts is not None:
         prepared.drafts = [drafts[i] for i in sample_idx]
         start_verifying(seqs, drafts)
-    for seq, q in zip(seqs, num_tokens, strict=True):
-        seq.num_computed_tokens += q
-    for seq in prepared.samplers:
-        seq.num_known_tokens += 1
-        seq.has_device_token = True
+    _advance(seqs, num_tokens, prepared.samplers)
     if drafts is None:  # a drafted step's inputs cover every verified row: built at execute
         _prepare_inputs(prepared, output_lens, sampler)
 
@@ -184,16 +201,10 @@ def prepare_verify(
         return False
     starts = [seq.num_computed_tokens for seq in seqs]
     prepared.batch = build_verify_batch(rows, starts, host_tokens, page_tables, page_size, device)
-    prepared.seqs = prepared.samplers = seqs
-    prepared.sampler_rows = list(range(len(seqs)))
-    prepared.sampling_columns = columns
-    prepared.output_lens = [seq.num_known_tokens - seq.num_prompt_tokens for seq in seqs]
+    _every_row_samples(prepared, seqs, columns)
     prepared.drafts = list(drafts)
     start_verifying(seqs, drafts)
-    for seq, draft in zip(seqs, drafts, strict=True):
-        seq.num_computed_tokens += 1 + len(draft)
-        seq.num_known_tokens += 1
-        seq.has_device_token = True
+    _advance(seqs, [1 + len(draft) for draft in drafts], seqs)
     return True
 
 
