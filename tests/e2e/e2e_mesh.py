@@ -89,7 +89,19 @@ def _start_serve(tmp: Path, extra: tuple[str, ...], timeout_s: float) -> tuple[S
         argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     output: list[str] = []
-    ready = threading.Event()
+    if not wait_ready(process, output, timeout_s):
+        process.send_signal(signal.SIGINT)
+        process.wait(60)
+        return None, "".join(output)
+    return Serve(process, port, json.loads(endpoints_path.read_text()), output), ""
+
+
+def wait_ready(process: subprocess.Popen, output: list[str], timeout_s: float) -> bool:
+    """Whether `process` printed the ready line within `timeout_s` and still runs; its
+    output lines are appended to `output` as they come. Ready means the ready line was
+    read, never that the output ended: a process that exits closes its output before its
+    exit status can be read."""
+    ready, settled = threading.Event(), threading.Event()
 
     def read() -> None:
         assert process.stdout is not None
@@ -97,14 +109,11 @@ def _start_serve(tmp: Path, extra: tuple[str, ...], timeout_s: float) -> tuple[S
             output.append(line)
             if line.startswith(READY_LINE):
                 ready.set()
-        ready.set()  # exited
+                settled.set()
+        settled.set()  # the output ended: it exited, ready or not
 
     threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(timeout_s) or process.poll() is not None:
-        process.send_signal(signal.SIGINT)
-        process.wait(60)
-        return None, "".join(output)
-    return Serve(process, port, json.loads(endpoints_path.read_text()), output), ""
+    return settled.wait(timeout_s) and ready.is_set() and process.poll() is None
 
 
 def stop_serve(serve: Serve) -> None:
