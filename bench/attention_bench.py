@@ -8,6 +8,9 @@ backend.
   a replayed CUDA graph (as the executor runs decode); per batch, the longest context at
   which the one-launch path is still at least as fast: what `SINGLE_PASS_MAX_CONTEXT`
   (radixmesh_kernels/paged_decode_attention.py) should be;
+- packed: steps of few new tokens a sequence (decodes beside short prompts, verification,
+  a select's choices) through the paged kernel one head a program and with the group's
+  heads packed in one tile, at the 8B and 1B shapes;
 - prefill: one 4,096-token causal prompt (and a 1,024 one, and a 2,048-token extend over
   a 2,048-token paged prefix, which SDPA has no row for), TFLOP/s of causal work against
   SDPA cuDNN on the same tensors (target >= 0.85), and each kernel's host time per call
@@ -22,6 +25,8 @@ shapes (through Triton's interpreter without a GPU) to check that the script wor
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import sys
 import time
@@ -226,6 +231,55 @@ def prefill_rows(
     return rows
 
 
+PACKED_CASES: dict[str, list[tuple[int, int]]] = {
+    # (new tokens, cached prefix) per sequence
+    "mixed: 240 decodes + 10 prompts of 64": [(1, 96)] * 240 + [(64, 0)] * 10,
+    "mixed: 64 decodes + 2 chunks of 128": [(1, 700)] * 64 + [(128, 512)] * 2,
+    "verify b1: 5 over 512": [(5, 512)],
+    "verify b64: 5 over 512": [(5, 512)] * 64,
+    "select: 20 choices of 24 over 400": [(24, 400)] * 20,
+    "extend: 16 of 16 over 1024": [(16, 1024)] * 16,
+}
+"""Steps of few new tokens a sequence, as the executor runs them through the paged prefill
+kernel: a request-rate step (decodes beside short prompts), chunked prefill beside decodes,
+verification of 4 draft tokens, a select's choices, short extends of long contexts."""
+
+QUICK_PACKED_CASES: dict[str, list[tuple[int, int]]] = {
+    "mixed": [(1, 20)] * 6 + [(9, 0)] * 2,
+    "verify": [(5, 33)] * 2,
+}
+
+
+def packed_rows(shape: Shape, device: torch.device, quick: bool) -> list[dict]:
+    """Each case through the paged kernel one head a program (its tuned tiles) and packed
+    (the group's heads in one tile), both checked against the reference, timed as
+    replayed CUDA graphs (the device's time, not the launch's)."""
+    rows = []
+    for name, pairs in (QUICK_PACKED_CASES if quick else PACKED_CASES).items():
+        q_lens = [q for q, _ in pairs]
+        seq_lens = [q + prefix for q, prefix in pairs]
+        k_cache, v_cache, page_table = paged_kv(seq_lens, shape, device, seed=len(pairs))
+        num_tokens = sum(q_lens)
+        q = torch.randn((num_tokens, shape.num_heads, shape.head_dim), device=device).to(shape.dtype)
+        cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        args = (q, k_cache, v_cache, page_table, cu, lens, shape.head_dim**-0.5)
+        ref = paged_attention_ref(*args)
+        row: dict = {"case": name, "num_seqs": len(pairs), "num_tokens": num_tokens}
+        for label, packed in (("unpacked", False), ("packed", True)):
+            fn = functools.partial(
+                paged_attention_triton, *args, max_q_len=max(q_lens), pack_gqa=packed
+            )
+
+            torch.testing.assert_close(fn(), ref, atol=2e-2, rtol=2e-2)
+            row[f"{label}_us"] = round(time_ms(fn, device, quick, graph=True) * 1e3, 2)
+        row["packed_speedup"] = round(row["unpacked_us"] / row["packed_us"], 3)
+        rows.append(row)
+        print(f"packed {name:<40} unpacked {row['unpacked_us']:>9.2f} us   packed "
+              f"{row['packed_us']:>9.2f} us   x{row['packed_speedup']}")  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes; checks the script runs")
@@ -238,17 +292,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         shape = Shape(num_heads=4, num_kv_heads=2, head_dim=32, page_size=16, dtype=torch.float32)
         batches, contexts, prefills = [1, 2], [16, 40], [(48, 0), (24, 20)]
+        packed_shapes = {"tiny": shape}
     else:
         shape = Shape(num_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
         batches = [1, 8, 64]
         contexts = [128, 256, 512, 1024, 2048, 4096, 8192]
         prefills = [(4096, 0), (1024, 0), (2048, 2048)]
+        packed_shapes = {  # the bench models' attention: 8B and 1B shapes
+            "8b": shape,
+            "1b": Shape(num_heads=32, num_kv_heads=8, head_dim=64, page_size=16, dtype=torch.bfloat16),
+        }
     bandwidth = copy_bandwidth(device, args.quick)
     print(f"copy bandwidth {bandwidth:,.0f} GB/s; SINGLE_PASS_MAX_CONTEXT now {pda.SINGLE_PASS_MAX_CONTEXT}")
     decode = decode_sweep(batches, contexts, shape, bandwidth, device, args.quick)
     cross = crossover(decode)
     for batch, context in cross.items():
         print(f"decode b={batch}: one launch is at least as fast up to context {context}")
+    packed = {
+        label: packed_rows(packed_shape, device, args.quick)
+        for label, packed_shape in packed_shapes.items()
+    }
     prefill = [r for q_len, prefix in prefills for r in prefill_rows(q_len, prefix, shape, device, args.quick)]
     main_case = f"prefill {prefills[0][0]}"
     ours = [r for r in prefill if r["case"] == main_case and not r["kernel"].startswith("sdpa")]
@@ -258,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode": decode,
         "decode_single_pass_max_context": {str(b): c for b, c in cross.items()},
         "prefill": prefill,
+        "packed": packed,
         "prefill_target_of_sdpa": PREFILL_TARGET,
         "prefill_best": best,
         "prefill_auto": auto,

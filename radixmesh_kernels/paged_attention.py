@@ -18,7 +18,13 @@ num_heads must be a multiple of num_kv_heads (grouped-query attention).
 (query head, sequence, block of BLOCK_M query tokens), an online softmax in
 fp32 over KV tiles of BLOCK_N positions gathered through the page table. KV
 tiles every query row of the block may see run unmasked; the tiles on the
-causal diagonal run masked. With a sliding window (a compile-time switch, so
+causal diagonal run masked. Packed (`pack_gqa`, grouped-query models): one
+program per (KV head, sequence, block of BLOCK_M rows), a row being one query
+head of one token, so the GROUP heads that read the same keys and values share
+each tile's loads and its matrix products. A sequence of few new tokens (a
+decode row in a mixed step, a verification's k + 1, a select's choices) then
+fills GROUP times more of a tile than one head's rows do, in GROUP times fewer
+programs; `packed_config` sizes the tile to the rows. With a sliding window (a compile-time switch, so
 the full-attention kernel is unchanged) the KV loop starts at the first tile
 the block's window reaches, and the tiles at the window's lower edge run
 masked too. `attend_block` is the inner step and `attend_range` its loop, both
@@ -26,6 +32,8 @@ shared with the decode kernel.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -227,28 +235,31 @@ def _paged_prefill_kernel(
     BLOCK_D: tl.constexpr,
     SLIDING: tl.constexpr,
     IEEE: tl.constexpr,
+    ROWS_PER_TOKEN: tl.constexpr = 1,
 ):
-    # heads vary fastest, then sequences; the last (longest) query blocks run first
-    head = tl.program_id(0)
+    # programs: (query heads, or KV heads when packed) x sequences x row blocks; heads vary
+    # fastest, then sequences; the last (longest) row blocks run first. Row r of a sequence
+    # is its token r // ROWS_PER_TOKEN in head first_head + r % ROWS_PER_TOKEN: one head
+    # per program (1), or every query head of one KV head (GROUP, packed).
+    first_head = tl.program_id(0) * ROWS_PER_TOKEN
     seq = tl.program_id(1)
     q_block = tl.num_programs(2) - 1 - tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if q_block * BLOCK_M < q_len:
+    if q_block * BLOCK_M < q_len * ROWS_PER_TOKEN:
         seq_len = tl.load(seq_lens_ptr + seq)
         prefix = seq_len - q_len
-        offs_m = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_r = q_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_m = offs_r // ROWS_PER_TOKEN
+        heads = first_head + offs_r % ROWS_PER_TOKEN
         offs_d = tl.arange(0, BLOCK_D)
-        m_valid = offs_m < q_len
+        m_valid = offs_r < q_len * ROWS_PER_TOKEN
         d_mask = offs_d < HEAD_DIM
         q_rows = (q_start + offs_m).to(tl.int64)
-        q = tl.load(
-            q_ptr + q_rows[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :],
-            mask=m_valid[:, None] & d_mask[None, :],
-            other=0.0,
-        )
+        q_offs = q_rows[:, None] * stride_q_t + heads[:, None] * stride_q_h + offs_d[None, :]
+        q = tl.load(q_ptr + q_offs, mask=m_valid[:, None] & d_mask[None, :], other=0.0)
         q_pos = prefix + offs_m
-        kv_head = head // GROUP
+        kv_head = first_head // GROUP
         k_base = k_cache_ptr + kv_head * stride_k_h
         v_base = v_cache_ptr + kv_head * stride_v_h
         page_row = page_table_ptr + seq.to(tl.int64) * stride_page_table
@@ -256,8 +267,9 @@ def _paged_prefill_kernel(
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         # [window edge tiles,] tiles every row of the block sees in full, diagonal tiles
-        first_pos = prefix + q_block * BLOCK_M
-        kv_end = tl.minimum(first_pos + BLOCK_M, seq_len)
+        first_pos = prefix + q_block * BLOCK_M // ROWS_PER_TOKEN
+        last_pos = prefix + (q_block * BLOCK_M + BLOCK_M - 1) // ROWS_PER_TOKEN
+        kv_end = tl.minimum(last_pos + 1, seq_len)
         full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
         full_start = 0
         if SLIDING:
@@ -284,7 +296,7 @@ def _paged_prefill_kernel(
         )  # fmt: skip
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(
-            out_ptr + q_rows[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
+            out_ptr + q_rows[:, None] * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
             mask=m_valid[:, None] & d_mask[None, :],
         )
@@ -312,6 +324,34 @@ _paged_prefill_tuned = triton.autotune(
 
 # the interpreter runs one fixed, small configuration (no timing to tune on)
 _INTERPRETER_PREFILL = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+PACK_GQA_MODES = ("auto", "on", "off")
+PACK_GQA = os.environ.get("RADIXMESH_PACK_GQA", "auto")
+"""How `paged_attention_triton` runs grouped-query heads when its caller does not say:
+"auto" packed for steps of at most PACK_MAX_Q_LEN new tokens a sequence, "on" packed at
+any length, "off" one head a program (from RADIXMESH_PACK_GQA at import, for A/B runs)."""
+if PACK_GQA not in PACK_GQA_MODES:
+    raise ValueError(
+        f"RADIXMESH_PACK_GQA must be one of {', '.join(PACK_GQA_MODES)}, got {PACK_GQA!r}"
+    )
+
+PACK_MAX_Q_LEN = 128
+""""auto" packs steps whose longest sequence has at most this many new tokens: there the
+packed tile holds a sequence's rows in GROUP times fewer programs, each reading its keys
+and values once for the group, and no program does more tile work than an unpacked one
+(a one-token row costs a 16-row tile, not a BLOCK_M one per head). Longer steps keep the
+unpacked kernel and its tuned tiles (the dense kernel serves most of them anyway)."""
+
+PACKED_BLOCK_MS = (16, 32, 64)
+"""Row tiles of the packed kernel: the smallest that holds a sequence's rows (its longest
+new-token count times the group), at most the last; longer sequences take several."""
+
+
+def packed_config(rows: int) -> dict:
+    """The packed kernel's launch for sequences of at most `rows` rows (tokens x group):
+    fixed per tile height, so a launch compiles one of `PACKED_BLOCK_MS` and tunes nothing."""
+    block_m = next((m for m in PACKED_BLOCK_MS if rows <= m), PACKED_BLOCK_MS[-1])
+    return {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 
 
 def check_window(op: str, sliding_window: int | None) -> None:
@@ -368,11 +408,15 @@ def paged_attention_triton(
     scale: float,
     sliding_window: int | None = None,
     max_q_len: int | None = None,
+    pack_gqa: bool | None = None,
 ) -> torch.Tensor:
     """`paged_attention_ref` in one launch for every sequence of the batch.
 
     max_q_len (the longest sequence's new-token count) sizes the grid; when
     omitted it is read from cu_seqlens_q, which synchronizes with the device.
+    pack_gqa: one program per KV head and row block, its rows every query head of
+    the group (module docstring); the same without grouped-query heads. None: by
+    `PACK_GQA` (packed up to PACK_MAX_Q_LEN new tokens a sequence by default).
     """
     check_paged_kv("paged_attention", q, k_cache, v_cache, page_table)
     check_window("paged_attention", sliding_window)
@@ -401,8 +445,12 @@ def paged_attention_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0),
     )  # fmt: skip
+    group = num_heads // k_cache.shape[2]
+    if pack_gqa is None:
+        pack_gqa = packs_by_default(max_q_len)
+    rows_per_token = group if pack_gqa else 1
     meta = {
-        "GROUP": num_heads // k_cache.shape[2],
+        "GROUP": group,
         "PAGE_SIZE": k_cache.shape[1],
         "HEAD_DIM": head_dim,
         "BLOCK_D": max(triton.next_power_of_2(head_dim), 16),
@@ -411,10 +459,30 @@ def paged_attention_triton(
     }
 
     def grid(cfg: dict) -> tuple[int, int, int]:
-        return (num_heads, num_seqs, triton.cdiv(max_q_len, cfg["BLOCK_M"]))
+        rows = max_q_len * rows_per_token
+        return (num_heads // rows_per_token, num_seqs, triton.cdiv(rows, cfg["BLOCK_M"]))
 
     if interpreting():
-        _paged_prefill_kernel[grid](*args, **meta, **_INTERPRETER_PREFILL)
+        _paged_prefill_kernel[grid](
+            *args, **meta, **_INTERPRETER_PREFILL, ROWS_PER_TOKEN=rows_per_token
+        )
+    elif rows_per_token > 1:
+        launch = packed_config(max_q_len * rows_per_token)
+        _paged_prefill_kernel[grid(launch)](*args, **meta, **launch, ROWS_PER_TOKEN=rows_per_token)
     else:
         _paged_prefill_tuned[grid](*args, **meta)
     return out
+
+
+def packs_by_default(max_q_len: int) -> bool:
+    """Whether a step whose longest sequence has `max_q_len` new tokens runs packed when
+    its caller does not say (`PACK_GQA`)."""
+    return PACK_GQA == "on" or (PACK_GQA == "auto" and max_q_len <= PACK_MAX_Q_LEN)
+
+
+def packed_warmup_q_lens(group: int) -> tuple[int, ...]:
+    """New-token counts of one sequence whose packed launches compile every tile height of
+    `PACKED_BLOCK_MS` (a start-up's warm-up runs them, so no step compiles one)."""
+    if group == 1:
+        return ()
+    return tuple(sorted({max(1, block_m // group) for block_m in PACKED_BLOCK_MS}))

@@ -153,6 +153,17 @@ def _cases(sweep: bool):
                     cfg.num_warps,
                     cfg.num_stages,
                 )
+            for block_m in paged_attention.PACKED_BLOCK_MS:
+                launch = paged_attention.packed_config(block_m)
+                warps, stages = launch.pop("num_warps"), launch.pop("num_stages")
+                yield (
+                    f"prefill packed {tag} {launch} w{warps} s{stages}",
+                    paged_attention._paged_prefill_kernel,
+                    types,
+                    consts | launch | {"GROUP": 4, "ROWS_PER_TOKEN": 4},
+                    warps,
+                    stages,
+                )
             for cfg in split_cfgs if sweep else split_cfgs[:1]:
                 yield (
                     f"decode split {tag} {cfg.kwargs} w{cfg.num_warps} s{cfg.num_stages}",

@@ -13,6 +13,7 @@ import pytest
 SCRIPT = Path(__file__).with_name("hopper_compile.py")
 KERNELS = {
     "prefill",
+    "prefill packed",
     "decode split",
     "decode reduce",
     "rmsnorm",

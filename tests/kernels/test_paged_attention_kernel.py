@@ -32,17 +32,45 @@ def _run(pairs, *, group, head_dim, page_size, dtype, seed, num_kv_heads=2, **kw
     return paged_attention_triton(*args, **kwargs), paged_attention_ref(*args)
 
 
+@pytest.mark.parametrize("pack_gqa", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("head_dim", [64, 80, 128])
-def test_mixed_prefill_and_extend_match_reference(head_dim, group, page_size, dtype):
+def test_mixed_prefill_and_extend_match_reference(head_dim, group, page_size, dtype, pack_gqa):
     out, ref = _run(
         MIXED, num_kv_heads=1 if group == 8 else 2, group=group, head_dim=head_dim,
-        page_size=page_size, dtype=dtype, seed=head_dim + group,
+        page_size=page_size, dtype=dtype, seed=head_dim + group, pack_gqa=pack_gqa,
     )  # fmt: skip
     assert not out.isnan().any()
     torch.testing.assert_close(out, ref, **tolerance(dtype))
+
+
+# decode rows beside extends (a mixed step), a verification's k + 1 rows, a sequence whose
+# packed rows (tokens x group) fill several row blocks and end mid-block, over prefixes
+# that start mid-page and end on a page's edge
+PACKED = [(1, 40), (1, 1), (5, 33), (13, 77), (1, 64), (3, 3), (0, 5), (9, 32)]
+
+
+@pytest.mark.parametrize(("group", "num_kv_heads"), [(2, 3), (4, 2), (8, 1)])
+def test_packed_heads_match_the_reference_and_the_unpacked_kernel(group, num_kv_heads):
+    kwargs = dict(
+        num_kv_heads=num_kv_heads, group=group, head_dim=64, page_size=16,
+        dtype=torch.float32, seed=group,
+    )  # fmt: skip
+    packed, ref = _run(PACKED, pack_gqa=True, **kwargs)
+    unpacked, _ = _run(PACKED, pack_gqa=False, **kwargs)
+    assert not packed.isnan().any()
+    torch.testing.assert_close(packed, ref, **tolerance(torch.float32))
+    torch.testing.assert_close(packed, unpacked, **tolerance(torch.float32))
+
+
+def test_packed_tile_holds_a_sequences_rows_up_to_the_largest():
+    from radixmesh_kernels.paged_attention import packed_config
+
+    assert [packed_config(r)["BLOCK_M"] for r in (1, 16, 17, 32, 33, 64, 65, 4096)] == [
+        16, 16, 32, 32, 64, 64, 64, 64,
+    ]  # fmt: skip
 
 
 def test_max_q_len_hint_gives_the_same_output():

@@ -120,14 +120,16 @@ PREFILL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("pack_gqa", [False, True])
 @pytest.mark.parametrize(("window", "page_size", "group", "dtype"), PREFILL_CASES)
-def test_triton_prefill_and_extend_match_reference(window, page_size, group, dtype):
+def test_triton_prefill_and_extend_match_reference(window, page_size, group, dtype, pack_gqa):
     batch = _batch(
         MIXED, num_kv_heads=1 if group == 8 else 2, group=group, page_size=page_size,
         dtype=dtype, seed=window + group,
     )  # fmt: skip
     ref = _prefill(batch, paged_attention_ref, window)
-    out = _prefill(_poison_outside_windows(batch, window), paged_attention_triton, window)
+    poisoned = _poison_outside_windows(batch, window)
+    out = _prefill(poisoned, paged_attention_triton, window, pack_gqa=pack_gqa)
     assert not out.isnan().any()
     torch.testing.assert_close(out, ref, **tolerance(dtype))
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from radixmesh_kernels import prefill_attention
+from radixmesh_kernels.paged_attention import packed_warmup_q_lens, paged_attention_triton
 from services.common.logging import get_logger
 from services.executor.core.forward_batch import ForwardBatch
 from services.executor.core.kv_pool import KVPool
@@ -83,9 +84,46 @@ def warm_prefill(model: Decoder, kv_pool: KVPool, num_tokens: int, page_id: int)
     big = [(first, 0), (second, min(2 * page_size, max_positions - second))]
     for seqs, min_width in ((big, 16), ([(1, 0)], 1), ([(1, 0)], 3)):
         model.forward(_dummy_prefill(kv_pool, seqs, min_width, page_id), kv_pool)
+    warm_paged_attention(model, kv_pool, page_id)
     device = kv_pool.k_caches[0].device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def width_classes(pages: int) -> tuple[int, ...]:
+    """A page-table width at least `pages` of each class the compiler specializes an integer
+    on: one (where the pages are one), any other, a multiple of 16."""
+    other = max(pages, 2) + (max(pages, 2) % 16 == 0)
+    return (*((1,) if pages == 1 else ()), other, -(-pages // 16) * 16)
+
+
+def warm_paged_attention(model: Decoder, kv_pool: KVPool, page_id: int) -> list[tuple[int, bool, int]]:
+    """Both forms of the Triton paged prefill kernel, launched once in every page-table
+    width class: one head a program (its tiles tuned on this first call, a one-token
+    prompt as before), and packed grouped-query heads in each tile height a step can pick
+    (`packed_warmup_q_lens`). Steps reach the two forms by their length (up to
+    `PACK_MAX_Q_LEN` new tokens packed), and a forward of the model may run the dense
+    kernel instead, so the kernel is called directly. Returns (new tokens, packed, width)
+    of each launch; none where the model does not run the Triton prefill kernel."""
+    if model.ops.paged_attention not in (
+        prefill_attention.prefill_attention_triton, paged_attention_triton
+    ):
+        return []
+    spec = model.spec
+    k_cache, v_cache = kv_pool.k_caches[0], kv_pool.v_caches[0]
+    dtype = model.weights.embed.dtype
+    launches = [(1, False)] + [(q, True) for q in packed_warmup_q_lens(spec.num_heads // spec.num_kv_heads)]
+    done = []
+    for q_len, packed in launches:
+        for width in width_classes(-(-q_len // kv_pool.page_size)):
+            batch = _dummy_prefill(kv_pool, [(q_len, 0)], width, page_id)
+            q = torch.zeros((q_len, spec.num_heads, spec.head_dim), dtype=dtype, device=k_cache.device)
+            paged_attention_triton(
+                q, k_cache, v_cache, batch.page_table, batch.cu_seqlens_q, batch.seq_lens,
+                model.scale, spec.sliding_window, q_len, pack_gqa=packed,
+            )  # fmt: skip
+            done.append((q_len, packed, batch.page_table.shape[1]))
+    return done
 
 
 def _dummy_prefill(

@@ -12,6 +12,8 @@ from structlog.testing import capture_logs
 from radixmesh_kernels import prefill_attention
 from radixmesh_kernels._triton import interpreting
 from radixmesh_kernels.dense_prefill_attention import DenseConfig
+from radixmesh_kernels.paged_attention import PACKED_BLOCK_MS, packed_config
+from services.executor.core import warmup
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models.decoder import Decoder
 from services.executor.core.warmup import decide_prefill_attention
@@ -86,3 +88,49 @@ def test_nothing_is_decided_where_the_model_does_not_run_the_dense_kernel(
         choice = decide_prefill_attention(model, core.kv_pool, 4096)
         assert choice.buckets == () and choice.chosen == {}
     assert counted == [] and prefill_attention.chosen_plans() == []
+
+
+def test_the_warm_up_launches_both_paged_forms_in_every_tile_height_and_width_class(
+    llama_model: TinyModel, monkeypatch
+) -> None:
+    """Steps pick the packed kernel's tile by their rows and the compiler specializes the
+    page table's width: each combination a step can reach is launched before serving, the
+    unpacked form first (its tiles are tuned on its first call)."""
+    if not (interpreting() or torch.cuda.is_available()):
+        pytest.skip("Triton needs a CUDA device or TRITON_INTERPRET=1")
+    core = make_core(llama_model)
+    spec = core.model.spec
+    group = spec.num_heads // spec.num_kv_heads
+    triton = dataclasses.replace(core.model.ops, paged_attention=prefill_attention.prefill_attention_triton)
+    model = Decoder(spec, core.model.weights, triton, core.info.max_model_len)
+    launched = []
+    real = warmup.paged_attention_triton
+
+    def recording(q, *args, pack_gqa=None):
+        launched.append((q.shape[0], pack_gqa, args[2].shape[1], args[-1]))
+        return real(q, *args, pack_gqa=pack_gqa)
+
+    monkeypatch.setattr(warmup, "paged_attention_triton", recording)
+    done = warmup.warm_paged_attention(model, core.kv_pool, page_id=0)
+    assert [(q, packed, width) for q, packed, width, _ in launched] == done
+    assert done[0][:2] == (1, False)
+    heights = {packed_config(q * group)["BLOCK_M"] for q, packed, _ in done if packed}
+    assert heights == set(PACKED_BLOCK_MS)
+    page_size = core.kv_pool.page_size
+    for q_len, packed in {(q, p) for q, p, _ in done}:
+        widths = [w for q, p, w in done if (q, p) == (q_len, packed)]
+        classes = {"one" if w == 1 else "x16" if w % 16 == 0 else "other" for w in widths}
+        fits_a_page = q_len <= page_size
+        assert classes == {"other", "x16"} | ({"one"} if fits_a_page else set()), widths
+        assert all(w * page_size >= q_len for w in widths)
+    # the torch ops: nothing to launch
+    assert warmup.warm_paged_attention(core.model, core.kv_pool, page_id=0) == []
+
+
+@pytest.mark.parametrize("pages", [1, 2, 15, 16, 17, 32])
+def test_width_classes_hold_the_pages_one_of_each_class(pages):
+    widths = warmup.width_classes(pages)
+    assert all(w >= pages for w in widths)
+    assert [w == 1 for w in widths].count(True) == (pages == 1)
+    assert sum(w % 16 == 0 for w in widths) == 1
+    assert sum(w != 1 and w % 16 != 0 for w in widths) == 1
