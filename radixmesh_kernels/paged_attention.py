@@ -347,11 +347,25 @@ PACKED_BLOCK_MS = (16, 32, 64)
 new-token count times the group), at most the last; longer sequences take several."""
 
 
+_PACKED_LAUNCHES = {
+    block_m: {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    for block_m in PACKED_BLOCK_MS
+}
+"""Each tile height's launch, built once: every layer of a step looks one up."""
+
+
+def _packed_launch(rows: int) -> dict:
+    """The launch of the smallest tile that holds `rows` rows, else the largest's."""
+    for block_m in PACKED_BLOCK_MS:
+        if rows <= block_m:
+            return _PACKED_LAUNCHES[block_m]
+    return _PACKED_LAUNCHES[PACKED_BLOCK_MS[-1]]
+
+
 def packed_config(rows: int) -> dict:
     """The packed kernel's launch for sequences of at most `rows` rows (tokens x group):
     fixed per tile height, so a launch compiles one of `PACKED_BLOCK_MS` and tunes nothing."""
-    block_m = next((m for m in PACKED_BLOCK_MS if rows <= m), PACKED_BLOCK_MS[-1])
-    return {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    return dict(_packed_launch(rows))
 
 
 def check_window(op: str, sliding_window: int | None) -> None:
@@ -467,7 +481,7 @@ def paged_attention_triton(
             *args, **meta, **_INTERPRETER_PREFILL, ROWS_PER_TOKEN=rows_per_token
         )
     elif rows_per_token > 1:
-        launch = packed_config(max_q_len * rows_per_token)
+        launch = _packed_launch(max_q_len * rows_per_token)
         _paged_prefill_kernel[grid(launch)](*args, **meta, **launch, ROWS_PER_TOKEN=rows_per_token)
     else:
         _paged_prefill_tuned[grid](*args, **meta)

@@ -49,6 +49,16 @@ def random_tables(rng: np.random.Generator) -> PageTables:
     return tables
 
 
+def random_decodes(num_seqs: int, room: int):
+    """A seeded generator, random page tables, and `num_seqs` distinct rows of them with
+    start positions that leave `room` positions free (so the batch's widths differ)."""
+    rng = np.random.default_rng(num_seqs)
+    tables = random_tables(rng)
+    rows = rng.permutation(80)[:num_seqs].astype(np.int64)
+    starts = rng.integers(0, 12 * 16 - room, num_seqs).astype(np.int64)
+    return rng, tables, rows, starts
+
+
 def assert_same_batch(general: ForwardBatch, other: ForwardBatch) -> None:
     for name in ForwardBatch.__slots__:
         a, b = getattr(general, name), getattr(other, name)
@@ -60,10 +70,7 @@ def assert_same_batch(general: ForwardBatch, other: ForwardBatch) -> None:
 
 @pytest.mark.parametrize("num_seqs", [1, 2, 7, 64])
 def test_a_decode_batch_is_the_general_batch_of_one_device_token_per_sequence(num_seqs):
-    rng = np.random.default_rng(num_seqs)
-    tables = random_tables(rng)
-    rows = rng.permutation(80)[:num_seqs].astype(np.int64)
-    starts = rng.integers(0, 12 * 16 - 1, num_seqs).astype(np.int64)  # widths differ
+    _, tables, rows, starts = random_decodes(num_seqs, room=1)
     every = np.ones(num_seqs, dtype=bool)
     general = build_batch(
         rows, starts, np.ones(num_seqs, dtype=np.int64), every, every,
@@ -74,10 +81,7 @@ def test_a_decode_batch_is_the_general_batch_of_one_device_token_per_sequence(nu
 
 @pytest.mark.parametrize("num_seqs", [1, 2, 7, 32])
 def test_a_verify_batch_is_the_general_batch_of_its_drafted_decodes(num_seqs):
-    rng = np.random.default_rng(num_seqs)
-    tables = random_tables(rng)
-    rows = rng.permutation(80)[:num_seqs].astype(np.int64)
-    starts = rng.integers(0, 12 * 16 - 6, num_seqs).astype(np.int64)  # widths differ
+    rng, tables, rows, starts = random_decodes(num_seqs, room=6)
     drafts = [rng.integers(3, 99, rng.integers(0, 5)).tolist() for _ in range(num_seqs)]
     drafts[0] = drafts[0] or [5]  # a drafted step: some decode has a draft
     on_device = rng.random(num_seqs) < 0.5  # an undrafted decode reads its token there

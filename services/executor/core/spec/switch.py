@@ -101,11 +101,11 @@ HOPELESS_PROBE_EVERY = 8 * PROBE_EVERY
 """The same where the bucket's ratio is at least `max_gain`: no draft could pay there, so
 a probe can only find that the ratio fell (a step that drafts costs several plain ones)."""
 MIN_STEP_SAMPLES = 4
+"""Steps of each kind a bucket needs before its wall-time ratio replaces the start-up one."""
 PLAIN_WINDOW = 32
 """Plain steps per bucket whose wall times the plain side is read from (the latest)."""
 PLAIN_QUANTILE = 0.25
 """The plain side's quantile of those (see the module docstring)."""
-"""Steps of each kind a bucket needs before its wall-time ratio replaces the start-up one."""
 PLAIN_PROBE_EVERY = 256
 """Where the rule drafts, every this many decode steps PLAIN_PROBE_STEPS run without drafts
 (every 2 * MIN_STEP_SAMPLES while the bucket has too few plain steps timed)."""
@@ -197,6 +197,9 @@ class SpecSwitch:
     """(bucket, speculating) -> (rolling step seconds, steps seen)."""
     _plain_times: dict[int, deque[float]] = field(default_factory=dict)
     """bucket -> the wall times of its latest PLAIN_WINDOW plain steps (clipped)."""
+    _plain_side_s: dict[int, float] = field(default_factory=dict)
+    """bucket -> the PLAIN_QUANTILE of `_plain_times`, once it holds MIN_STEP_SAMPLES (read
+    on every ratio and drafting question, so taken once a plain step, not once a read)."""
     _bucket_of: dict[int, int] = field(default_factory=dict)
     """num_decodes -> its bucket, as looked up."""
     _ratio_of: dict[int, float] = field(default_factory=dict)
@@ -250,11 +253,7 @@ class SpecSwitch:
     def _plain_side(self, bucket: int) -> float | None:
         """The PLAIN_QUANTILE of the bucket's latest plain step times, once it has seen
         MIN_STEP_SAMPLES plain steps; None before."""
-        times = self._plain_times.get(bucket)
-        if times is None or len(times) < MIN_STEP_SAMPLES:
-            return None
-        ordered = sorted(times)
-        return ordered[int(PLAIN_QUANTILE * (len(ordered) - 1))]
+        return self._plain_side_s.get(bucket)
 
     def plain_step_s(self, num_decodes: int) -> float | None:
         """The wall time of a plain decode step of `num_decodes` decodes' bucket (the
@@ -285,6 +284,9 @@ class SpecSwitch:
             if times is None:
                 times = self._plain_times[key[0]] = deque(maxlen=PLAIN_WINDOW)
             times.append(seconds)
+            if len(times) >= MIN_STEP_SAMPLES:
+                ordered = sorted(times)
+                self._plain_side_s[key[0]] = ordered[int(PLAIN_QUANTILE * (len(ordered) - 1))]
         self._ratio_of.pop(key[0], None)
 
     def admits(self, num_decodes: int, expected_gain: float | None = None) -> bool:
