@@ -15,7 +15,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-READY_LINE = "radixmesh: ready"
+from mesh.commands.serve import READY_LINE
+
 START_TIMEOUT_S = 600
 
 

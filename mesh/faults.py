@@ -36,10 +36,10 @@ from pathlib import Path
 
 import aiohttp
 
+from mesh.commands.serve import READY_LINE
 from services.common.config import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-READY_LINE = "radixmesh: ready"
 KINDS = ("completed", "errored", "cut", "reset", "hung")
 
 
