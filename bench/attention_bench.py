@@ -20,6 +20,7 @@ Every timed kernel is first checked against its torch reference. `--quick` runs 
 shapes (through Triton's interpreter without a GPU) to check that the script works.
 
     python bench/attention_bench.py [--quick] [--json attention.json]
+    python bench/attention_bench.py --sections packed     # some sections only
 """
 
 from __future__ import annotations
@@ -231,6 +232,9 @@ def prefill_rows(
     return rows
 
 
+SECTIONS = ("decode", "packed", "prefill")
+"""The parts `--sections` picks from, in the order they run."""
+
 PACKED_CASES: dict[str, list[tuple[int, int]]] = {
     # (new tokens, cached prefix) per sequence
     "mixed: 240 decodes + 10 prompts of 64": [(1, 96)] * 240 + [(64, 0)] * 10,
@@ -284,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes; checks the script runs")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+        help="which parts to run (default: all)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not args.quick:
@@ -302,17 +310,24 @@ def main(argv: list[str] | None = None) -> int:
             "8b": shape,
             "1b": Shape(num_heads=32, num_kv_heads=8, head_dim=64, page_size=16, dtype=torch.bfloat16),
         }
+    sections = set(args.sections)
     bandwidth = copy_bandwidth(device, args.quick)
     print(f"copy bandwidth {bandwidth:,.0f} GB/s; SINGLE_PASS_MAX_CONTEXT now {pda.SINGLE_PASS_MAX_CONTEXT}")
-    decode = decode_sweep(batches, contexts, shape, bandwidth, device, args.quick)
+    decode = decode_sweep(batches, contexts, shape, bandwidth, device, args.quick) if "decode" in sections else []
     cross = crossover(decode)
     for batch, context in cross.items():
         print(f"decode b={batch}: one launch is at least as fast up to context {context}")
     packed = {
         label: packed_rows(packed_shape, device, args.quick)
         for label, packed_shape in packed_shapes.items()
+        if "packed" in sections
     }
-    prefill = [r for q_len, prefix in prefills for r in prefill_rows(q_len, prefix, shape, device, args.quick)]
+    prefill = [
+        r
+        for q_len, prefix in prefills
+        if "prefill" in sections
+        for r in prefill_rows(q_len, prefix, shape, device, args.quick)
+    ]
     main_case = f"prefill {prefills[0][0]}"
     ours = [r for r in prefill if r["case"] == main_case and not r["kernel"].startswith("sdpa")]
     best = min(ours, key=lambda r: r["ms"]) if ours else None
