@@ -7,7 +7,11 @@ detection). Plan N + 1 is prepared while step N executes (on CUDA, while
 execute waits for the sampled tokens), and no further ahead: its prepare
 starts once step N - 1 has executed; a plan the core says may draft
 (`ExecutorCore.drafting`: its switches allow it), or one that follows it, is
-prepared once step N has executed, and any other prepare drafts nothing. With `overlap_prepare` off (by default
+prepared once step N has executed, and any other prepare drafts nothing. Such a serial
+step is prepared by the step thread itself, right after step N, then launched
+(`serial_on_step_thread`): with no hand-over between the threads in between, and the
+event loop's handling of step N's result (which wants the interpreter too) left to run
+while step N + 1 is on the device. With `overlap_prepare` off (by default
 on CPU, where there is no device time to hide and two threads only contend
 for the interpreter) prepares run on the execute thread, between steps. On a
 device "cuda:N" both threads make it their current device (`bind_device`,
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 import time
 from collections import deque
@@ -63,6 +68,12 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 T = TypeVar("T")
 
+class _OnStepThread:
+    """A prepare's answer when it left its step to the step thread (`PlanRun._prepare`)."""
+
+
+_ON_STEP_THREAD = _OnStepThread()
+
 
 @dataclasses.dataclass(slots=True)
 class PipelineCounts:
@@ -72,7 +83,9 @@ class PipelineCounts:
     """Steps prepared (each step of a multi-step plan counts)."""
     serial_steps: int = 0
     """Steps whose prepare waited for the step just before it (it may draft, or that one
-    may have): their host work is not hidden behind a step on the device."""
+    may have): their host work is not hidden behind a step on the device. Where the step
+    thread prepares them (`StepPipeline.serial_on_step_thread`) they add nothing to
+    `prepare_wait_s`."""
     idle_starts: int = 0
     """Steps queued while no step before them was running or waiting: the step thread had
     nothing to do until this one's prepare ended (the scheduler had not planned ahead)."""
@@ -98,12 +111,17 @@ class _Slot:
     """The execute of the step queued just before (waited for when the prepare is serial)."""
     older: Future | None
     """The execute of the step before that (waited for otherwise)."""
-    prepare: Future[PreparedStep | None] | None = None
+    prepare: Future[PreparedStep | _OnStepThread | None] | None = None
     """Set by the loop thread right after the prepare is queued."""
     prepared: PreparedStep | None = None
     ready: bool = False
     """Under `PlanRun._launching`: prepared (as `prepared`) without waiting for the step
     before it, so the step thread may launch it ahead of that step's finish."""
+    inline: threading.Event | None = None
+    """Serial and left to the step thread (`PlanRun._prepare`): set once it has prepared
+    the step, so the prepare thread prepares the step after it no earlier."""
+    may_draft: bool = False
+    """Left to the step thread: what the core said of its drafting."""
 
 
 class PlanRun(Generic[R]):
@@ -131,8 +149,11 @@ class PlanRun(Generic[R]):
         self._executes: deque[Future[R | None]] = deque(maxlen=2)
         """Loop thread: the last two plans' executes; plan N + 1's prepare waits for the older."""
         self._drafts_before = False
-        """Prepare thread: the core said the step prepared last may draft."""
-        self.last_prepare: Future[PreparedStep | None] | None = None
+        """Prepare thread: the core said the step prepared last may draft (the step
+        thread's, for a step it prepared)."""
+        self._inline_before: threading.Event | None = None
+        """Prepare thread: the event of the last step left to the step thread."""
+        self.last_prepare: Future[PreparedStep | _OnStepThread | None] | None = None
         """Loop thread: the last prepare queued (`StepPipeline.run_after` waits for it)."""
         self.closed = False
         """Set by the owner: the run is ending; plans not yet prepared or executed are skipped."""
@@ -187,7 +208,7 @@ class PlanRun(Generic[R]):
         executes.append(execute)
         return execute
 
-    def _prepare(self, slot: _Slot) -> PreparedStep | None:
+    def _prepare(self, slot: _Slot) -> PreparedStep | _OnStepThread | None:
         """On the prepare thread: step N + 1 is prepared once step N - 1 (`older`) has
         executed, or step N (`last`) when the core says this step may draft
         (`ExecutorCore.drafting`, asked first) or the step before drafted (a draft is
@@ -197,8 +218,18 @@ class PlanRun(Generic[R]):
         prepare (`ExecutorCore.verifies` false) is a plain one, and the step after it is
         prepared while it runs, as after any plain step (at batch 128 on a lent H100, 63%
         of a speculating engine's steps were prepared after the step before ended, about
-        a sixth of them after a step that had found no draft: bench/RESULTS.md)."""
+        a sixth of them after a step that had found no draft: bench/RESULTS.md).
+
+        A serial step is left to the step thread where prepares overlap
+        (`StepPipeline.serial_on_step_thread`): it prepares the step right after step N,
+        then launches it, so no hand-over between the two threads lies between the steps,
+        and the event loop's handling of step N's result runs while step N + 1 is on the
+        device, not before its prepare. The answer is then `_ON_STEP_THREAD`, and the
+        step after it is prepared once the step thread has prepared it."""
         plan, substep = slot.plan, slot.substep
+        if (before := self._inline_before) is not None:
+            self._inline_before = None
+            before.wait()  # prepares stay in plan order: the step before is prepared first
         if self.closed or self.prepare_failed or self.execute_failed:
             return None
         try:
@@ -208,15 +239,28 @@ class PlanRun(Generic[R]):
             raise
         may_draft = drafting != NO_DRAFTS
         serial = may_draft or self._drafts_before
-        gate = slot.last if serial else slot.older
         self._drafts_before = may_draft
         counts = self.counts
         counts.steps += 1
         counts.serial_steps += serial and slot.last is not None
+        if serial and slot.last is not None and self._pipeline.serial_on_step_thread:
+            slot.may_draft = may_draft
+            slot.inline = self._inline_before = threading.Event()
+            return _ON_STEP_THREAD
+        gate = slot.last if serial else slot.older
         if gate is not None and not gate.done():
             start = time.perf_counter()
             wait([gate])
             counts.prepare_wait_s += time.perf_counter() - start
+        prepared = self._prepare_step(slot, may_draft)
+        if not serial and self._pipeline.launch_ahead:
+            self._launch_if_next(slot, prepared)
+        return prepared
+
+    def _prepare_step(self, slot: _Slot, may_draft: bool) -> PreparedStep | None:
+        """The core's prepare of the slot's step, on the prepare thread or (a serial step
+        where prepares overlap) on the step thread; None when the run closed or failed."""
+        plan, substep = slot.plan, slot.substep
         if self.closed or self.prepare_failed or self.execute_failed:
             return None
         if self._before_prepare is not None and not substep:
@@ -231,12 +275,17 @@ class PlanRun(Generic[R]):
             raise
         if may_draft and prepared is not None and not self._core.verifies(prepared):
             self._drafts_before = False  # found no draft: a plain step, the next may overlap it
-        if not serial and self._pipeline.launch_ahead:
-            self._launch_if_next(slot, prepared)
         return prepared
 
     def _execute(self, slot: _Slot) -> R | None:
         """One step, on the execute thread; None when the run closed or failed before it."""
+        try:
+            return self._execute_step(slot)
+        finally:
+            if slot.inline is not None:  # prepared here or never: the next prepare may go
+                slot.inline.set()
+
+    def _execute_step(self, slot: _Slot) -> R | None:
         with self._launching:
             taken = self._slots.popleft()
             ahead, self._ahead = self._ahead, None
@@ -246,6 +295,10 @@ class PlanRun(Generic[R]):
         try:
             assert slot.prepare is not None
             prepared = slot.prepare.result()  # a failed prepare raises here, after the steps before
+            if isinstance(prepared, _OnStepThread):
+                prepared = self._prepare_step(slot, slot.may_draft)
+                assert slot.inline is not None
+                slot.inline.set()  # before the launch: the next prepare overlaps this step
             if prepared is None:
                 return None
             if not self._pipeline.launch_ahead:
@@ -313,7 +366,9 @@ class StepPipeline:
     Threads are named "<name>-prepare" and "<name>-step". `overlap_prepare`: prepare
     on the prepare thread while a step executes; `launch_ahead`: launch a plain step
     before the one before it is finished (only with overlapping prepares); None: on a
-    CUDA core only.
+    CUDA core only. `serial_on_step_thread`: a step whose prepare must wait for the step
+    before it is prepared by the step thread (only with overlapping prepares); None: from
+    RADIXMESH_SERIAL_PREPARE ("step", the default, or "prepare" for the prepare thread).
     """
 
     def __init__(
@@ -322,6 +377,7 @@ class StepPipeline:
         *,
         overlap_prepare: bool | None = None,
         launch_ahead: bool | None = None,
+        serial_on_step_thread: bool | None = None,
     ) -> None:
         self._prepare_thread = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-prepare")
         self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-step")
@@ -331,6 +387,9 @@ class StepPipeline:
         """Where prepares run: the prepare thread, or the execute thread (set by `attach`)."""
         self.launch_ahead = False
         """Steps launched before the step before them is finished (set by `attach`)."""
+        self._serial_on_step_thread = serial_on_step_thread
+        self.serial_on_step_thread = False
+        """Serial steps prepared by the step thread (set by `attach`; see `PlanRun._prepare`)."""
         self._closed = False
 
     def attach(self, core: ExecutorCore) -> None:
@@ -345,6 +404,10 @@ class StepPipeline:
             ahead = core.device.type == "cuda"
         # the step thread may wait for the next prepare: never one queued behind it
         self.launch_ahead = ahead and overlap
+        serial = self._serial_on_step_thread
+        if serial is None:
+            serial = serial_prepare_from_env()
+        self.serial_on_step_thread = serial and overlap
 
     def bind_device(self, device: torch.device | str) -> None:
         """Make `device` the current CUDA device of both worker threads, before any job
@@ -403,6 +466,20 @@ class StepPipeline:
 
 def _nothing() -> None:
     return None
+
+
+SERIAL_PREPARE_MODES = {"step": True, "prepare": False}
+"""RADIXMESH_SERIAL_PREPARE's values: which thread prepares a serial step (for A/B runs)."""
+
+
+def serial_prepare_from_env() -> bool:
+    """Whether serial steps are prepared on the step thread, from RADIXMESH_SERIAL_PREPARE."""
+    mode = os.environ.get("RADIXMESH_SERIAL_PREPARE", "step")
+    if mode not in SERIAL_PREPARE_MODES:
+        raise InvalidArgument(
+            f"RADIXMESH_SERIAL_PREPARE must be one of {', '.join(SERIAL_PREPARE_MODES)}, got {mode!r}"
+        )
+    return SERIAL_PREPARE_MODES[mode]
 
 
 async def prepare_constraint(

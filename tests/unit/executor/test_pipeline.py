@@ -64,8 +64,12 @@ class RecordingCore:
         return [step_id for v, step_id, _, _ in self.calls if v == verb]
 
 
-def make_pipeline(core: RecordingCore, overlap_prepare: bool | None) -> StepPipeline:
-    pipeline = StepPipeline("test", overlap_prepare=overlap_prepare)
+def make_pipeline(
+    core: RecordingCore, overlap_prepare: bool | None, serial_on_step_thread: bool | None = None
+) -> StepPipeline:
+    pipeline = StepPipeline(
+        "test", overlap_prepare=overlap_prepare, serial_on_step_thread=serial_on_step_thread
+    )
     pipeline.attach(core)  # type: ignore[arg-type]
     return pipeline
 
@@ -144,6 +148,67 @@ async def test_the_step_after_one_that_may_draft_but_found_none_is_prepared_whil
     assert num_executed_at[4] == 3  # may draft: still prepared once step 3 executed
     assert num_executed_at[7] == 6  # after a step that drafted: once it executed
     assert run.counts.serial_steps == 3  # plans 4, 6 (may draft) and 7 (after 6's drafts)
+
+
+def prepared_on(core: RecordingCore) -> dict[int, str]:
+    return {step_id: thread.rsplit("_", 1)[0] for verb, step_id, _, thread in core.calls if verb == "prepare"}
+
+
+@pytest.mark.parametrize("on_step_thread", [True, False])
+async def test_a_serial_step_is_prepared_by_the_step_thread_right_after_the_step_before(
+    on_step_thread,
+):
+    core = RecordingCore()  # plans 3 and 4 may draft (4 after 3's drafts); 6 found none
+    core.drafts, core.found_none = {3, 4, 6}, {6}
+    pipeline = make_pipeline(core, overlap_prepare=True, serial_on_step_thread=on_step_thread)
+    run = pipeline.open(core, after_execute=lambda plan, result: result)  # type: ignore[arg-type]
+    futures = [run.submit(drafted_plan(step_id)) for step_id in range(1, 9)]
+    assert answers(futures) == list(range(1, 9))
+    await pipeline.close()
+    assert core.ran("prepare") == core.ran("execute") == list(range(1, 9))
+    serial = {3, 4, 5, 6}  # 5: after 4's drafts; 7 follows 6, which found none
+    step_thread = "test-step" if on_step_thread else "test-prepare"
+    assert prepared_on(core) == {
+        step_id: step_thread if step_id in serial else "test-prepare" for step_id in range(1, 9)
+    }
+    num_executed_at = {step_id: n for verb, step_id, n, _ in core.calls if verb == "prepare"}
+    for step_id in serial:
+        assert num_executed_at[step_id] == step_id - 1  # once the step before executed
+    assert run.counts.serial_steps == len(serial)
+
+
+async def test_a_serial_prepare_that_fails_on_the_step_thread_surfaces_in_order():
+    core = RecordingCore()
+    core.drafts = {2, 3}
+    core.fail[("prepare", 2)] = InvalidArgument("plan 2 refused")
+    pipeline = make_pipeline(core, overlap_prepare=True, serial_on_step_thread=True)
+    errors: list[str] = []
+    run = pipeline.open(
+        core,  # type: ignore[arg-type]
+        after_execute=lambda plan, result: result.step_id,
+        on_error=lambda: errors.append("failed"),
+    )
+    futures = [run.submit(drafted_plan(step_id)) for step_id in range(1, 5)]
+    assert futures[0].result(timeout=WAIT_S) == 1
+    with pytest.raises(InvalidArgument, match="plan 2 refused"):
+        futures[1].result(timeout=WAIT_S)
+    assert [f.result(timeout=WAIT_S) for f in futures[2:]] == [None, None]
+    await pipeline.close()  # the plans after it were not left waiting
+    assert core.ran("prepare") == [1, 2] and core.ran("execute") == [1]
+    assert prepared_on(core)[2] == "test-step"
+    assert run.prepare_failed and run.execute_failed and errors == ["failed"]
+
+
+def test_serial_prepare_mode_comes_from_the_environment(monkeypatch):
+    core = RecordingCore()
+    monkeypatch.setenv("RADIXMESH_SERIAL_PREPARE", "prepare")
+    assert not make_pipeline(core, overlap_prepare=True).serial_on_step_thread
+    monkeypatch.setenv("RADIXMESH_SERIAL_PREPARE", "step")
+    assert make_pipeline(core, overlap_prepare=True).serial_on_step_thread
+    assert not make_pipeline(core, overlap_prepare=False).serial_on_step_thread  # one thread
+    monkeypatch.setenv("RADIXMESH_SERIAL_PREPARE", "sideways")
+    with pytest.raises(InvalidArgument, match="RADIXMESH_SERIAL_PREPARE must be one of step, prepare"):
+        make_pipeline(core, overlap_prepare=True)
 
 
 async def test_after_a_failed_execute_later_plans_answer_none_and_the_error_is_counted():
