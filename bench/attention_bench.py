@@ -43,7 +43,12 @@ from torch.nn.attention import SDPBackend
 from radixmesh_kernels import paged_decode_attention as pda
 from radixmesh_kernels import prefill_attention
 from radixmesh_kernels.dense_prefill_attention import DenseConfig, dense_prefill_attention
-from radixmesh_kernels.paged_attention import gather_kv, paged_attention_ref, paged_attention_triton
+from radixmesh_kernels.paged_attention import (
+    gather_kv,
+    packs_by_default,
+    paged_attention_ref,
+    paged_attention_triton,
+)
 
 PREFILL_TARGET = 0.85  # of SDPA cuDNN
 
@@ -240,6 +245,8 @@ PACKED_CASES: dict[str, list[tuple[int, int]]] = {
     "mixed: 240 decodes + 10 prompts of 64": [(1, 96)] * 240 + [(64, 0)] * 10,
     "mixed: 64 decodes + 2 chunks of 128": [(1, 700)] * 64 + [(128, 512)] * 2,
     "verify b1: 5 over 512": [(5, 512)],
+    "verify b4: 5 over 512": [(5, 512)] * 4,
+    "verify b8: 5 over 512": [(5, 512)] * 8,
     "verify b64: 5 over 512": [(5, 512)] * 64,
     "select: 20 choices of 24 over 400": [(24, 400)] * 20,
     "extend: 16 of 16 over 1024": [(16, 1024)] * 16,
@@ -278,9 +285,11 @@ def packed_rows(shape: Shape, device: torch.device, quick: bool) -> list[dict]:
             torch.testing.assert_close(fn(), ref, atol=2e-2, rtol=2e-2)
             row[f"{label}_us"] = round(time_ms(fn, device, quick, graph=True) * 1e3, 2)
         row["packed_speedup"] = round(row["unpacked_us"] / row["packed_us"], 3)
+        row["auto_packs"] = packs_by_default(max(q_lens), len(pairs) * shape.num_heads, device)
         rows.append(row)
         print(f"packed {name:<40} unpacked {row['unpacked_us']:>9.2f} us   packed "
-              f"{row['packed_us']:>9.2f} us   x{row['packed_speedup']}")  # fmt: skip
+              f"{row['packed_us']:>9.2f} us   x{row['packed_speedup']}"
+              f"   auto: {'packed' if row['auto_packs'] else 'unpacked'}")  # fmt: skip
     return rows
 
 

@@ -101,8 +101,8 @@ def warm_paged_attention(model: Decoder, kv_pool: KVPool, page_id: int) -> list[
     """Both forms of the Triton paged prefill kernel, launched once in every page-table
     width class: one head a program (its tiles tuned on this first call, a one-token
     prompt as before), and packed grouped-query heads in each tile height a step can pick
-    (`packed_warmup_q_lens`). Steps reach the two forms by their length (up to
-    `PACK_MAX_Q_LEN` new tokens packed), and a forward of the model may run the dense
+    (`packed_warmup_q_lens`). Steps reach the two forms by their length and their
+    number of sequences (`packs_by_default`), and a forward of the model may run the dense
     kernel instead, so the kernel is called directly. Returns (new tokens, packed, width)
     of each launch; none where the model does not run the Triton prefill kernel."""
     if model.ops.paged_attention not in (
