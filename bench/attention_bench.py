@@ -42,6 +42,7 @@ from torch.nn.attention import SDPBackend
 
 from radixmesh_kernels import paged_decode_attention as pda
 from radixmesh_kernels import prefill_attention
+from radixmesh_kernels._triton import num_multiprocessors
 from radixmesh_kernels.dense_prefill_attention import DenseConfig, dense_prefill_attention
 from radixmesh_kernels.paged_attention import (
     gather_kv,
@@ -74,7 +75,7 @@ def decode_sweep(
             try:
                 splits = pda.default_num_splits(
                     batch, shape.num_kv_heads, args[3].shape[1] * shape.page_size,
-                    pda._num_sms(device),
+                    num_multiprocessors(device),
                 )  # fmt: skip
             finally:
                 pda.SINGLE_PASS_MAX_CONTEXT = saved

@@ -77,6 +77,15 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@functools.cache
+def num_multiprocessors(device: torch.device) -> int:
+    """The CUDA device's multiprocessor count, read once per device; 2 under the
+    interpreter or off CUDA (a small grid to fill, so the grid rules still branch)."""
+    if interpreting() or device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _dependent_launch_setting() -> str:
     value = os.environ.get("RADIXMESH_DEPENDENT_LAUNCH", "on")
     if value not in ("on", "off"):

@@ -37,7 +37,7 @@ import os
 
 import torch
 
-from radixmesh_kernels._triton import check, interpreting, tl, triton
+from radixmesh_kernels._triton import check, interpreting, num_multiprocessors, tl, triton
 
 LOG2E = 1.4426950408889634
 
@@ -494,7 +494,7 @@ def packs_by_default(max_q_len: int, head_seqs: int, device: torch.device) -> bo
     (query head, sequence) pairs, runs packed when its caller does not say (`PACK_GQA`).
 
     "auto" packs short steps whose unpacked grid has a program for every multiprocessor
-    of the device at least (`num_multiprocessors`; none on the CPU). Packing divides the
+    of the device at least (`num_multiprocessors`; 2 under the interpreter). Packing divides the
     programs by the group: where the unpacked ones already run in one wave, that takes
     parallel KV reads away and saves no wave. On a lent H100 (132 multiprocessors) a
     verification of 5 rows over 512 keys at batch 1 (32 heads: 32 programs unpacked, 8
@@ -504,18 +504,6 @@ def packs_by_default(max_q_len: int, head_seqs: int, device: torch.device) -> bo
         return PACK_GQA == "on"
     return max_q_len <= PACK_MAX_Q_LEN and head_seqs >= num_multiprocessors(device)
 
-
-_MULTIPROCESSORS: dict[int, int] = {}
-
-
-def num_multiprocessors(device: torch.device) -> int:
-    """The CUDA device's multiprocessor count (read once per device); 0 elsewhere."""
-    if device.type != "cuda":
-        return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if (count := _MULTIPROCESSORS.get(index)) is None:
-        count = _MULTIPROCESSORS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return count
 
 
 def packed_warmup_q_lens(group: int) -> tuple[int, ...]:

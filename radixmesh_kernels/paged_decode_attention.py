@@ -25,14 +25,13 @@ all of which the one query sees, so no tile needs a window mask.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from radixmesh_kernels._triton import (
     check,
     dependent_launch,
     interpreting,
+    num_multiprocessors,
     release_dependents,
     tl,
     triton,
@@ -296,13 +295,6 @@ again one launch). A default from the per-program work (one KV head's 512 positi
 measures both paths per batch and context and prints the crossover it should be."""
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if interpreting():
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def default_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
     """Enough (sequence, KV head, split) programs to fill num_sms about 4 times,
     with at least _MIN_TOKENS_PER_SPLIT positions of the longest possible sequence
@@ -364,7 +356,7 @@ def paged_decode_attention_triton(
         max_seq_len = page_table.shape[1] * page_size
         if sliding_window is not None:
             max_seq_len = min(max_seq_len, sliding_window)
-        num_splits = default_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_sms(q.device))
+        num_splits = default_num_splits(num_seqs, num_kv_heads, max_seq_len, num_multiprocessors(q.device))
     check(num_splits >= 1, "paged_decode_attention: num_splits must be >= 1")
     group = num_heads // num_kv_heads
     block_d = max(triton.next_power_of_2(head_dim), 16)

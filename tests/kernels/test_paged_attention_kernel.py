@@ -77,14 +77,16 @@ def test_auto_packs_short_steps_whose_heads_and_sequences_fill_the_device(monkey
     import radixmesh_kernels.paged_attention as pa
 
     monkeypatch.setattr(pa, "PACK_GQA", "auto")
-    monkeypatch.setitem(pa._MULTIPROCESSORS, 0, 132)  # a lent H100's count
+    h100 = {torch.device("cuda", 0): 132}  # a lent H100's count
+    monkeypatch.setattr(pa, "num_multiprocessors", lambda device: h100.get(device, 2))
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     # verification at batch 1 (32 heads): 32 programs unpacked, one wave: not packed
     assert not pa.packs_by_default(5, 1 * 32, gpu)
     assert pa.packs_by_default(5, 8 * 32, gpu)  # batch 8: two waves unpacked
     assert pa.packs_by_default(24, 20 * 32, gpu)  # a select's 20 choices
     assert not pa.packs_by_default(pa.PACK_MAX_Q_LEN + 1, 64 * 32, gpu)  # a long step
-    assert pa.packs_by_default(5, 1, cpu)  # no multiprocessors to fill
+    assert not pa.packs_by_default(5, 1, cpu)  # one (head, sequence) for two to fill
+    assert pa.packs_by_default(5, 8, cpu)
     monkeypatch.setattr(pa, "PACK_GQA", "on")
     assert pa.packs_by_default(5, 1 * 32, gpu)
     monkeypatch.setattr(pa, "PACK_GQA", "off")

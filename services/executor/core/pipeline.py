@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 T = TypeVar("T")
 
+
 class _OnStepThread:
     """A prepare's answer when it left its step to the step thread (`PlanRun._prepare`)."""
 
