@@ -13,7 +13,8 @@
 #        interval; engine_b1_serial, batch-1 decode with launch-ahead off; engine_b1_no_pdl and
 #        engine_b1_fp8_no_pdl, batch-1 decode with plain launches (no programmatic dependent launch);
 #        engine_b1_fused, engine_b1_unfused and the _fp8 pair, batch-1 decode with the GEMV
-#        chain always and never; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
+#        chain always and never; service_path, the executor service's Step stream against
+#        the core in-process at batch 1 and 64; tp: allreduce, tp_b1 and tp_offline, tensor parallelism at 1 and 2 GPUs,
 #        which need 2 GPUs; train_tiny and speculative: a small model trained on the standard
 #        library's source, then speculative decoding off / ngram / suffix on it, in-process and, as
 #        speculative_serve, through radixmesh serve)
@@ -203,6 +204,37 @@ step_engine_offline() {
     run_step engine_offline 180 $PY bench/engine.py --device "$(engine_device)" --model "$MODEL" \
         --num-requests "$n" --prompt-len "$p" --output-len "$o" \
         --max-num-seqs 256 --max-num-batched-tokens 8192 --json
+}
+
+# service_path: issue 18 item 1, what the executor service's Step stream costs a decode step:
+# bench/engine.py --mode both (the scheduler core over the executor service's gRPC stream,
+# then the core in-process, same model and call) at batch 1 (256 out) and 64 (128 out),
+# SERVICE_REPEATS (2) times each; the summary line per run is services / in-process
+# (targets: tok/s ratio >= 0.97 at 8B, >= 0.92 at 1B). MODEL_DIR=/tmp/llama1b MODEL_SHAPE=1b
+# for the 1B shape.
+step_service_path() {
+    [ -f "$MODEL/config.json" ] || step_model
+    local batch out r
+    for batch in 1 64; do
+        out=$([ "$batch" = 1 ] && echo 256 || echo 128)
+        [ "$GPU" = 1 ] || out=8
+        for r in $(seq 1 "${SERVICE_REPEATS:-2}"); do
+            run_step "service_path_b${batch}_r$r" 200 $PY bench/engine.py --device "$(engine_device)" \
+                --model "$MODEL" --mode both --num-requests "$batch" --prompt-len 128 \
+                --output-len "$out" --json
+            $PY - "$RESULTS/service_path_b${batch}_r$r.log" "$batch" <<'PY'
+import json, sys
+try:
+    report = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+except (OSError, ValueError, IndexError):
+    sys.exit(print(f"service_path b{sys.argv[2]}: no report"))
+svc, ratio = report["services"], report["services_over_inprocess"]
+print(f"service_path b{sys.argv[2]}: in-process {report['output_tokens_per_s']} tok/s (TPOT "
+      f"{report['tpot_p50_ms']} ms), services {svc['output_tokens_per_s']} ({svc['tpot_p50_ms']} ms): "
+      f"tok/s ratio {ratio['output_tokens_per_s']}, TPOT ratio {ratio['tpot_p50_ms']}")
+PY
+        done
+    done
 }
 
 step_engine_offline_fp8() {
