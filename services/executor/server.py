@@ -356,7 +356,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         reader.cancel()
 
     def _track(self, core: ExecutorCore, stream: _Stream, plan: StepPlan) -> None:
-        """On the prepare thread, before the core prepares `plan`: the sequences it holds."""
+        """Before the core prepares `plan`, on the thread that prepares it (the prepare
+        thread, or the step thread for a serial step; one at a time, in plan order): the
+        sequences the stream holds."""
         req_ids = stream.req_ids
         while stream.ended:  # ended by the core, unless this thread admitted the id again
             req_id = stream.ended.popleft()
