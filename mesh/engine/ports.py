@@ -108,6 +108,11 @@ class InProcessExecutor:
         return self._info
 
     @property
+    def pipeline(self) -> StepPipeline:
+        """The step pipeline this port's core runs on."""
+        return self._pipeline
+
+    @property
     def pipeline_counts(self) -> PipelineCounts:
         """What this port's steps waited for so far (cumulative)."""
         return self._run.counts.snapshot()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from radixmesh.sampling import SamplingParams
 from services.executor.core.spec import SpeculativeConfig
 from services.scheduler.core import SchedulerConfig
@@ -60,6 +62,30 @@ async def test_outputs_equal_speculation_off_and_every_page_comes_back(make_engi
         assert end.num_leases == 0
         assert end.num_free_pages + end.num_cached_pages == start.num_free_pages
         await engine.stop()
+
+
+@pytest.mark.parametrize("serial_prepare", ["step", "prepare"])
+async def test_with_prepares_overlapped_as_on_a_gpu_outputs_equal_speculation_off(
+    make_engine, monkeypatch, serial_prepare
+):
+    # a GPU core's pipeline: prepares on their own thread, a step that verifies drafts (or
+    # follows one) prepared by the step thread (default) or the prepare thread
+    monkeypatch.setenv("RADIXMESH_SERIAL_PREPARE", serial_prepare)
+    work = cases(12, seed=3)
+    off = await make_engine(overlap_prepare=True)
+    expected = [r.token_ids for r in await run_all(off, work)]
+    await off.stop()
+    engine = await make_engine(overlap_prepare=True, speculative=SpeculativeConfig(method="ngram"))
+    assert engine.ports[0].pipeline.serial_on_step_thread is (serial_prepare == "step")
+    (start,) = engine.cache_stats()
+    results = await run_all(engine, work)
+    assert [r.token_ids for r in results] == expected
+    assert engine.executors[0].spec_stats.snapshot().num_accepted_tokens > 0
+    assert engine.ports[0].pipeline_counts.serial_steps > 0  # steps that waited on a draft
+    (end,) = engine.cache_stats()
+    assert end.num_leases == 0
+    assert end.num_free_pages + end.num_cached_pages == start.num_free_pages
+    await engine.stop()
 
 
 async def test_preempted_requests_resume_with_the_same_tokens(make_engine):
