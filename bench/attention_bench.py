@@ -113,13 +113,22 @@ def crossover(rows: list[dict]) -> dict[int, int | None]:
     return best
 
 
+def _paged_args(pairs: list[tuple[int, int]], shape: Shape, device: torch.device, seed: int) -> tuple:
+    """`paged_attention_triton`'s arguments for sequences of (new tokens, cached prefix):
+    random queries over paged keys and values."""
+    q_lens = [q for q, _ in pairs]
+    seq_lens = [q + prefix for q, prefix in pairs]
+    k_cache, v_cache, page_table = paged_kv(seq_lens, shape, device, seed=seed)
+    q = torch.randn((sum(q_lens), shape.num_heads, shape.head_dim), device=device).to(shape.dtype)
+    cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    return (q, k_cache, v_cache, page_table, cu, lens, shape.head_dim**-0.5)
+
+
 def _prefill_case(q_len: int, prefix: int, shape: Shape, device: torch.device):
     seq_len = q_len + prefix
-    k_cache, v_cache, page_table = paged_kv([seq_len], shape, device, seed=seq_len)
-    q = torch.randn((q_len, shape.num_heads, shape.head_dim), device=device).to(shape.dtype)
-    cu = torch.tensor([0, q_len], dtype=torch.int32, device=device)
-    lens = torch.tensor([seq_len], dtype=torch.int32, device=device)
-    args = (q, k_cache, v_cache, page_table, cu, lens, shape.head_dim**-0.5)
+    args = _paged_args([(q_len, prefix)], shape, device, seed=seq_len)
+    _, k_cache, v_cache, page_table = args[:4]
     k_new = gather_kv(k_cache, page_table[0], seq_len)[prefix:].contiguous()
     v_new = gather_kv(v_cache, page_table[0], seq_len)[prefix:].contiguous()
     return args, k_new, v_new
@@ -269,13 +278,8 @@ def packed_rows(shape: Shape, device: torch.device, quick: bool) -> list[dict]:
     rows = []
     for name, pairs in (QUICK_PACKED_CASES if quick else PACKED_CASES).items():
         q_lens = [q for q, _ in pairs]
-        seq_lens = [q + prefix for q, prefix in pairs]
-        k_cache, v_cache, page_table = paged_kv(seq_lens, shape, device, seed=len(pairs))
         num_tokens = sum(q_lens)
-        q = torch.randn((num_tokens, shape.num_heads, shape.head_dim), device=device).to(shape.dtype)
-        cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
-        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-        args = (q, k_cache, v_cache, page_table, cu, lens, shape.head_dim**-0.5)
+        args = _paged_args(pairs, shape, device, seed=len(pairs))
         ref = paged_attention_ref(*args)
         row: dict = {"case": name, "num_seqs": len(pairs), "num_tokens": num_tokens}
         for label, packed in (("unpacked", False), ("packed", True)):

@@ -24,7 +24,7 @@ head of one token, so the GROUP heads that read the same keys and values share
 each tile's loads and its matrix products. A sequence of few new tokens (a
 decode row in a mixed step, a verification's k + 1, a select's choices) then
 fills GROUP times more of a tile than one head's rows do, in GROUP times fewer
-programs; `packed_config` sizes the tile to the rows. With a sliding window (a compile-time switch, so
+programs; `packed_launch` sizes the tile to the rows. With a sliding window (a compile-time switch, so
 the full-attention kernel is unchanged) the KV loop starts at the first tile
 the block's window reaches, and the tiles at the window's lower edge run
 masked too. `attend_block` is the inner step and `attend_range` its loop, both
@@ -34,6 +34,8 @@ shared with the decode kernel.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 
@@ -349,24 +351,20 @@ new-token count times the group), at most the last; longer sequences take severa
 
 
 _PACKED_LAUNCHES = {
-    block_m: {"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    block_m: MappingProxyType({"BLOCK_M": block_m, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3})
     for block_m in PACKED_BLOCK_MS
 }
 """Each tile height's launch, built once: every layer of a step looks one up."""
 
 
-def _packed_launch(rows: int) -> dict:
-    """The launch of the smallest tile that holds `rows` rows, else the largest's."""
+def packed_launch(rows: int) -> Mapping[str, int]:
+    """The packed kernel's launch for sequences of at most `rows` rows (tokens x group): the
+    smallest tile that holds them, else the largest. Fixed per tile height, so a launch
+    compiles one of `PACKED_BLOCK_MS` and tunes nothing (read-only: one per height)."""
     for block_m in PACKED_BLOCK_MS:
         if rows <= block_m:
             return _PACKED_LAUNCHES[block_m]
     return _PACKED_LAUNCHES[PACKED_BLOCK_MS[-1]]
-
-
-def packed_config(rows: int) -> dict:
-    """The packed kernel's launch for sequences of at most `rows` rows (tokens x group):
-    fixed per tile height, so a launch compiles one of `PACKED_BLOCK_MS` and tunes nothing."""
-    return dict(_packed_launch(rows))
 
 
 def check_window(op: str, sliding_window: int | None) -> None:
@@ -473,7 +471,7 @@ def paged_attention_triton(
         "IEEE": ieee,
     }
 
-    def grid(cfg: dict) -> tuple[int, int, int]:
+    def grid(cfg: Mapping[str, int]) -> tuple[int, int, int]:
         rows = max_q_len * rows_per_token
         return (num_heads // rows_per_token, num_seqs, triton.cdiv(rows, cfg["BLOCK_M"]))
 
@@ -482,7 +480,7 @@ def paged_attention_triton(
             *args, **meta, **_INTERPRETER_PREFILL, ROWS_PER_TOKEN=rows_per_token
         )
     elif rows_per_token > 1:
-        launch = _packed_launch(max_q_len * rows_per_token)
+        launch = packed_launch(max_q_len * rows_per_token)
         _paged_prefill_kernel[grid(launch)](*args, **meta, **launch, ROWS_PER_TOKEN=rows_per_token)
     else:
         _paged_prefill_tuned[grid](*args, **meta)
@@ -503,7 +501,6 @@ def packs_by_default(max_q_len: int, head_seqs: int, device: torch.device) -> bo
     if PACK_GQA != "auto":
         return PACK_GQA == "on"
     return max_q_len <= PACK_MAX_Q_LEN and head_seqs >= num_multiprocessors(device)
-
 
 
 def packed_warmup_q_lens(group: int) -> tuple[int, ...]:

@@ -154,7 +154,7 @@ def _cases(sweep: bool):
                     cfg.num_stages,
                 )
             for block_m in paged_attention.PACKED_BLOCK_MS:
-                launch = paged_attention.packed_config(block_m)
+                launch = dict(paged_attention.packed_launch(block_m))
                 warps, stages = launch.pop("num_warps"), launch.pop("num_stages")
                 yield (
                     f"prefill packed {tag} {launch} w{warps} s{stages}",

@@ -66,9 +66,9 @@ def test_packed_heads_match_the_reference_and_the_unpacked_kernel(group, num_kv_
 
 
 def test_packed_tile_holds_a_sequences_rows_up_to_the_largest():
-    from radixmesh_kernels.paged_attention import packed_config
+    from radixmesh_kernels.paged_attention import packed_launch
 
-    assert [packed_config(r)["BLOCK_M"] for r in (1, 16, 17, 32, 33, 64, 65, 4096)] == [
+    assert [packed_launch(r)["BLOCK_M"] for r in (1, 16, 17, 32, 33, 64, 65, 4096)] == [
         16, 16, 32, 32, 64, 64, 64, 64,
     ]  # fmt: skip
 

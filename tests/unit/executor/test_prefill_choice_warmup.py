@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from radixmesh_kernels import prefill_attention
 from radixmesh_kernels._triton import interpreting
 from radixmesh_kernels.dense_prefill_attention import DenseConfig
-from radixmesh_kernels.paged_attention import PACKED_BLOCK_MS, packed_config
+from radixmesh_kernels.paged_attention import PACKED_BLOCK_MS, packed_launch
 from services.executor.core import warmup
 from services.executor.core.forward_batch import BatchEntry, build_forward_batch
 from services.executor.core.models.decoder import Decoder
@@ -114,7 +114,7 @@ def test_the_warm_up_launches_both_paged_forms_in_every_tile_height_and_width_cl
     done = warmup.warm_paged_attention(model, core.kv_pool, page_id=0)
     assert [(q, packed, width) for q, packed, width, _ in launched] == done
     assert done[0][:2] == (1, False)
-    heights = {packed_config(q * group)["BLOCK_M"] for q, packed, _ in done if packed}
+    heights = {packed_launch(q * group)["BLOCK_M"] for q, packed, _ in done if packed}
     assert heights == set(PACKED_BLOCK_MS)
     page_size = core.kv_pool.page_size
     for q_len, packed in {(q, p) for q, p, _ in done}:
