@@ -65,13 +65,18 @@ COPY_PERIOD = 61
 shorter suffix recurs within it)."""
 
 
-def copying_forward(vocab_size: int):
+def copying_forward(vocab_size: int, edits: int = 0):
     """`hashed_forward`, except that a sequence whose last token is in the lower half of the
     vocabulary continues a text that repeats every COPY_PERIOD tokens (`copy_text`), so the
     proposers find its continuation in its own prompt, as a model copying a document would;
-    the hashed tokens stay in the upper half."""
+    the hashed tokens stay in the upper half. With `edits`, that many of the text's tokens
+    (spread over the period) are replaced by another in what the model writes, as a model
+    asked to rename something writes the new name where the prompt has the old one."""
     half = vocab_size // 2
-    table = torch.tensor(copy_text(vocab_size, COPY_PERIOD))
+    text = copy_text(vocab_size, COPY_PERIOD)
+    for offset in edited_offsets(edits):
+        text[offset] = EDITED_TOKEN
+    table = torch.tensor(text)
 
     def forward(batch, kv_pool) -> torch.Tensor:
         rows = batch.logits_indices
@@ -86,10 +91,27 @@ def copying_forward(vocab_size: int):
     return forward
 
 
+EDITED_TOKEN = 3
+"""What `--edits` writes in place of the prompt's token (an id `copy_text` never draws)."""
+
+
+def edited_offsets(edits: int) -> list[int]:
+    return [(i * COPY_PERIOD) // edits for i in range(edits)] if edits else []
+
+
 def copy_text(vocab_size: int, length: int) -> list[int]:
     """A copying sequence's token at each position modulo COPY_PERIOD: distinct ids in
     [10, vocab_size // 2)."""
     return random.Random(1).sample(range(10, vocab_size // 2), length)
+
+
+class FixedRatioSwitch(SpecSwitch):
+    """A switch that weighs drafts against its start-up ratios alone: this host's step
+    times (a CPU's) never replace them, so it decides as a GPU of that ratio would (its
+    plain probes still run, as there)."""
+
+    def _wall_ratio(self, bucket: int) -> float | None:
+        return None
 
 
 def engine_config(args, mode: str) -> EngineConfig:
@@ -117,10 +139,11 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
             core = engine.executors[0]
             vocab_size = core.info.vocab_size
             core.model.forward = (
-                copying_forward(vocab_size) if args.copy_share else hashed_forward(vocab_size)
+                copying_forward(vocab_size, args.edits) if args.copy_share else hashed_forward(vocab_size)
             )
             if mode != "off":  # as a GPU's start-up timing would set it
-                core.spec_switch = SpecSwitch(
+                switch = FixedRatioSwitch if args.fixed_ratio else SpecSwitch
+                core.spec_switch = switch(
                     max_batch, {b: args.ratio for b in BUCKETS if b <= max_batch},
                     max_gain=args.num_speculative_tokens + 1,
                 )
@@ -131,18 +154,21 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
             cpu: dict[str, list[float]] = {mode: [] for mode in modes}
             outputs: dict[str, list[list[int]]] = {mode: [] for mode in modes}
             drafts = {mode: 0 for mode in modes}
+            accepted = {mode: 0 for mode in modes}
             for repeat in range(args.repeats + 1):  # the first warms the shape, untimed
                 prompts = [prompt(args, vocab, rng, i < args.copy_share * batch) for i in range(batch)]
                 for mode, engine in engines.items():
                     stats = engine.executors[0].spec_stats
-                    before = stats.snapshot().num_drafts
+                    before = stats.snapshot()
                     cpu_start = time.process_time()
                     out, took, _ = await run_batch(engine, prompts, args.output_len)
                     if repeat:
                         seconds[mode].append(took)
                         cpu[mode].append(time.process_time() - cpu_start)
                         outputs[mode].extend(out)
-                        drafts[mode] += stats.snapshot().num_drafts - before
+                        after = stats.snapshot()
+                        drafts[mode] += after.num_drafts - before.num_drafts
+                        accepted[mode] += after.num_accepted_tokens - before.num_accepted_tokens
             for mode, engine in engines.items():
                 median = statistics.median(seconds[mode])
                 rows[mode][batch] = {
@@ -150,11 +176,14 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
                     "seconds": seconds[mode],
                     "cpu_seconds": cpu[mode],
                     "num_drafts": drafts[mode],
+                    "num_accepted_tokens": accepted[mode],
+                    "steps_per_sequence": args.output_len - accepted[mode] / (batch * args.repeats),
                     "outputs": outputs[mode],
                     "switch": engine.executors[0].spec_switch.describe(),
                 }
                 print(f"{mode:<7} b{batch:<4} {rows[mode][batch]['output_tok_s']:9.0f} tok/s  "
-                      f"cpu {statistics.median(cpu[mode]):.3f} s a batch  drafts {drafts[mode]}",
+                      f"cpu {statistics.median(cpu[mode]):.3f} s a batch  drafts {drafts[mode]}  "
+                      f"accepted {accepted[mode]}  steps/seq {rows[mode][batch]['steps_per_sequence']:.1f}",
                       flush=True)
     return rows
 
@@ -180,6 +209,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--copy-share", type=float, default=0.0,
                    help="share of each batch's sequences whose model copies their prompt (0: none)")
+    p.add_argument("--fixed-ratio", action="store_true",
+                   help="the switch weighs drafts against --ratio alone, not this host's step times")
+    p.add_argument("--edits", type=int, default=0,
+                   help="tokens of a copied period (61) the model writes differently from its prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)

@@ -17,6 +17,7 @@ from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.drafting import (
     ASK_SHARE,
     ASKED_PER_STEP,
+    DORMANT_FOUND,
     OLD_ASK_EVERY,
     YOUNG_GUESSES,
     DeclinedSteps,
@@ -42,25 +43,34 @@ def next_token(rng: random.Random, seq: SimpleNamespace) -> int:
 
 
 def reference(switch: SpecSwitch, decodes: list, allowed: int, proposer) -> int:
-    """The rule as it reads: weigh every decode, ask the young ones and a window of the
-    older ones (settling every held guess), weigh again if anything changed."""
+    """The rule as it reads: weigh every decode, settle every held guess, ask the young
+    ones and the older ones due (the longest due first, at most `width`), weigh again if
+    anything changed."""
     n = len(decodes)
     if switch.cost_ratios is None or not 0 < n <= switch.max_batch_size:
         return 0
     admits = switch.admits(n, fresh_gain(switch, decodes))
     if not admits:
         changed = False
+        now = switch.num_declined_asks
+        switch.num_declined_asks += 1
+        for seq in decodes:
+            length = seq.draft_length
+            if length is not None and length.unverified is not None:
+                changed = length.settle(seq.token_ids) or changed
         width = min(ASKED_PER_STEP, -(-n // OLD_ASK_EVERY))
-        ring = max(n, OLD_ASK_EVERY * width)
-        start = switch.num_declined_asks % ring
+        due = sorted(
+            (seq.draft_length.next_ask, i) for i, seq in enumerate(decodes)
+            if seq.draft_length is not None and seq.draft_length.num_guesses >= YOUNG_GUESSES
+            and seq.draft_length.unverified is None and seq.draft_length.next_ask <= now
+        )  # fmt: skip
+        window = {i for _, i in due[:width]}
         for i, seq in enumerate(decodes):
             length = seq.draft_length
             if length is not None:
                 if length.unverified is not None:
-                    changed = length.settle(seq.token_ids) or changed
-                    if length.unverified is not None:
-                        continue
-                if length.num_guesses >= YOUNG_GUESSES and (i - start) % ring >= width:
+                    continue
+                if length.num_guesses >= YOUNG_GUESSES and i not in window:
                     continue
             if seq.grammar is not None or not may_draft(seq):
                 continue
@@ -71,10 +81,14 @@ def reference(switch: SpecSwitch, decodes: list, allowed: int, proposer) -> int:
             draft = proposer.propose(seq.token_ids, allowed, seq.ngram_index)
             guess = draft.token_ids[: length.limit(draft.match_len)]
             length.note_guess(bool(guess))
+            if guess or length.found >= DORMANT_FOUND:
+                length.ask_every = 1
+            else:
+                length.ask_every = min(2 * length.ask_every, OLD_ASK_EVERY)
+            length.next_ask = now + length.ask_every
             if guess:
                 length.hold(guess, len(seq.token_ids))
                 changed = True
-        switch.num_declined_asks += width
         if changed:
             admits = switch.admits(n, fresh_gain(switch, decodes))
     return switch.plain_probe(n) if admits else switch.steps_to_probe(n)

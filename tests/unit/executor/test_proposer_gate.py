@@ -25,6 +25,7 @@ from services.executor.core.spec import SpeculativeConfig
 from services.executor.core.spec.adaptive import DraftLength, DraftPrior
 from services.executor.core.spec.drafting import (
     ASKED_PER_STEP,
+    DORMANT_FOUND,
     NO_DRAFTS,
     OLD_ASK_EVERY,
     YOUNG_GUESSES,
@@ -183,23 +184,60 @@ def test_a_young_sequence_is_asked_for_its_guess_in_declined_steps(model_dir):
         core.shutdown()
 
 
-def test_an_older_sequence_is_asked_at_most_once_in_so_many_declined_steps():
-    """Past its first guesses a sequence in a declined batch is asked in turn: at batch 8
-    each one once in OLD_ASK_EVERY steps (not half the batch a step), at batch 128 four a
-    step (each once in 32)."""
+def test_an_older_sequence_that_finds_nothing_backs_off_to_once_in_so_many_declined_steps():
+    """Past its first guesses, a sequence in a declined batch whose guesses find nothing is
+    asked less and less often: its interval doubles up to OLD_ASK_EVERY declined steps. At
+    batch 8 each is then asked once in OLD_ASK_EVERY steps (not half the batch a step); at
+    batch 128, four a step at most, each once in 32."""
     for batch, every in ((8, OLD_ASK_EVERY), (128, 128 // ASKED_PER_STEP)):
         switch = SpecSwitch(128, cost_ratios={1: 50.0, 8: 50.0, 128: 50.0})  # declines all
         counting = Counting()
-        sampling = SamplingParams(temperature=0.0, max_tokens=NUM_OUT, ignore_eos=True)
-        seqs = [
-            SequenceState(f"r{i}", [i, 1, 2], 2, 2, 3, 4, sampling, 0, i, has_device_token=True)
-            for i in range(batch)
-        ]
+        seqs = decoding_seqs(batch)
         for seq in seqs:
-            seq.draft_length = DraftLength(MAX_DRAFT, num_guesses=YOUNG_GUESSES)
+            seq.draft_length = DraftLength(MAX_DRAFT, found=0.0, num_guesses=YOUNG_GUESSES)
+        steps = 0
+        while not all(seq.draft_length.ask_every == OLD_ASK_EVERY for seq in seqs):
+            undrafted_steps(switch, seqs, MAX_DRAFT, counting)
+            steps += 1
+            assert steps < 4 * every * OLD_ASK_EVERY  # it gets there
+        counting.asked.clear()
         for _ in range(4 * every):
             undrafted_steps(switch, seqs, MAX_DRAFT, counting)
         assert all(counting.asked.count(i) == 4 for i in range(batch)), batch
+
+
+def test_an_older_sequence_whose_guesses_are_found_is_asked_in_every_declined_step():
+    """One whose text repeats (its guesses found, or its found rate still above
+    DORMANT_FOUND after a few misses, as right after an edit of copied text) is asked in every
+    declined step that it holds no guess in: at batch 1, asked once in OLD_ASK_EVERY steps,
+    a copying sequence stayed declined for many steps after each edit (bench/RESULTS.md)."""
+    switch = SpecSwitch(128, cost_ratios={1: 50.0, 8: 50.0, 128: 50.0})  # declines all
+    counting = Counting()
+    (seq,) = decoding_seqs(1)
+    seq.draft_length = DraftLength(MAX_DRAFT, found=1.0, num_guesses=YOUNG_GUESSES)
+    asked_in = []
+    for step in range(10):
+        before = len(counting.asked)
+        undrafted_steps(switch, [seq], MAX_DRAFT, counting)
+        if len(counting.asked) > before:
+            asked_in.append(step)
+    # each miss scales the found rate by 0.7: 0.7, 0.49, 0.343 stay at or above DORMANT_FOUND
+    # (asked again in the next step), 0.24 does not (in 2 steps), 0.17 (in 4)
+    assert DORMANT_FOUND == 0.25
+    assert asked_in == [0, 1, 2, 3, 5, 9]
+    seq.draft_length.found = 1.0  # a guess found (as `note_guess` after one)
+    seq.draft_length.ask_every, seq.draft_length.next_ask = 1, switch.num_declined_asks
+    asked = len(counting.asked)
+    undrafted_steps(switch, [seq], MAX_DRAFT, counting)
+    assert len(counting.asked) == asked + 1
+
+
+def decoding_seqs(batch: int) -> list[SequenceState]:
+    sampling = SamplingParams(temperature=0.0, max_tokens=NUM_OUT, ignore_eos=True)
+    return [
+        SequenceState(f"r{i}", [i, 1, 2], 2, 2, 3, 4, sampling, 0, i, has_device_token=True)
+        for i in range(batch)
+    ]
 
 
 def test_declined_steps_score_their_guesses_by_the_tokens_the_model_then_produced(model_dir):

@@ -56,6 +56,11 @@ class DraftLength:
     the tokens the sequence produces instead (`settle`)."""
     unverified_at: int = 0
     """The position the unverified guess's first token would have taken."""
+    ask_every: int = 1
+    """While its steps decline: the declined steps from one guess of this sequence to its
+    next (drafting.DeclinedSteps; 1 after a guess found, doubled after each one not)."""
+    next_ask: int = 0
+    """The declined step (the switch's `num_declined_asks`) from which it is asked again."""
     _best: tuple[int, float, float, float] = (-1, 0.0, 0.0, 0.0)
     """(allowed, found, acceptance, best_guess(allowed)) as last computed: the switch weighs
     every decode's best case after every step, and most rates have not changed since."""

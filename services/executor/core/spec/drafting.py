@@ -4,6 +4,7 @@ verified draft occupies, and what a verification emits."""
 from __future__ import annotations
 
 import bisect
+import heapq
 import operator
 import time
 from collections.abc import Sequence
@@ -109,12 +110,22 @@ def undrafted_steps(
 YOUNG_GUESSES = 8
 """A sequence asked for fewer guesses than this is asked in every declined step."""
 ASKED_PER_STEP = 4
-"""In a declined step, at most this many of the older sequences are asked too, in turn."""
+"""In a declined step, at most this many of the older sequences are asked too, those due
+first (one in OLD_ASK_EVERY of the batch a step, at least one)."""
 OLD_ASK_EVERY = 16
-"""An older sequence is asked at most once in this many declined steps: at batch 8 asking
-4 a step asked each one every other step, an n-gram search each, for a sequence whose text
-has not repeated for 8 guesses (a tenth of a declined step's host work on the build VM)."""
+"""An older sequence whose guesses keep finding nothing is asked at most once in this many
+declined steps: its interval doubles with each guess not found (one found brings it back to
+every step). At batch 8 asking 4 a step asked each one every other step, an n-gram search
+each, for a sequence whose text had not repeated for 8 guesses (a tenth of a declined step's
+host work on the build VM). A fixed turn of that length for every older sequence starved
+one that copies with edits: after each edit the rule declines until its rates recover, and
+at batch 1, asked once in 16 declined steps, a copying sequence's steps rose from 34 to 74
+(`bench/spec_host.py --copy-share 1 --edits 4 --fixed-ratio`: bench/RESULTS.md)."""
 
+DORMANT_FOUND = 0.25
+"""An older sequence whose rolling found rate is below this backs off (OLD_ASK_EVERY); above
+it, it is asked in every declined step: a copying sequence's misses right after an edit
+(two or three guesses not found) leave it above."""
 
 ASK_SHARE = 0.02
 """A declined step's guesses cost at most this share of a plain step's wall time (at least
@@ -171,6 +182,9 @@ class DeclinedSteps:
         """Decodes asked in every declined step (fewer than YOUNG_GUESSES guesses so far)."""
         self._holding: set[int] = set()
         """Decodes holding an unverified guess (`DraftLength.hold`)."""
+        self._due: list[tuple[int, int]] = []
+        """Heap of (`DraftLength.next_ask`, i) of the older decodes; an entry whose
+        next_ask has moved since, or whose decode is young again, is stale (dropped)."""
 
     def __call__(
         self,
@@ -210,7 +224,7 @@ class DeclinedSteps:
         self._decodes = list(decodes)
         self._inverse = [0.0] * len(decodes)
         self._num_prior = 0
-        self._young, self._holding = set(), set()
+        self._young, self._holding, self._due = set(), set(), []
         for i, seq in enumerate(decodes):
             self._reweigh(i, seq, allowed, new=True)
 
@@ -231,6 +245,8 @@ class DeclinedSteps:
         if young:
             self._young.add(i)
         else:
+            if new:  # (one asked since is queued again by `_ask`)
+                heapq.heappush(self._due, (length.next_ask, i))
             self._young.discard(i)
 
     def gain(self, prior: DraftPrior, allowed: int) -> float:
@@ -261,16 +277,15 @@ class DeclinedSteps:
             changed = length.settle(decodes[i].token_ids) or changed
             if length.unverified is None:
                 self._reweigh(i, decodes[i], allowed)
-        # older sequences: a window of `width` positions on a ring of at least OLD_ASK_EVERY
-        # windows, moved by one window a step
-        width = min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY))
-        ring = max(num_decodes, OLD_ASK_EVERY * width)
-        start = switch.num_declined_asks % ring
-        window = [i for j in range(width) if (i := (start + j) % ring) < num_decodes]
-        switch.num_declined_asks += width
+        now = switch.num_declined_asks
+        switch.num_declined_asks += 1
+        window = self._due_now(now, min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY)))
         if not (window or self._young):
             return changed  # (most declined steps of a small batch)
         asking = self._asking(window, switch.plain_step_s(num_decodes))
+        for i in set(window).difference(asking):  # not reached: due still
+            if decodes[i].grammar is None and may_draft(decodes[i]):  # (else never asks)
+                heapq.heappush(self._due, (decodes[i].draft_length.next_ask, i))
         begun = time.perf_counter()
         for i in asking:
             seq = decodes[i]
@@ -282,15 +297,43 @@ class DeclinedSteps:
             draft = proposer.propose(seq.token_ids, allowed, seq.ngram_index)
             guess = draft.token_ids[: length.limit(draft.match_len)]
             length.note_guess(bool(guess))
+            if guess or length.found >= DORMANT_FOUND:
+                length.ask_every = 1
+            else:
+                length.ask_every = min(2 * length.ask_every, OLD_ASK_EVERY)
+            length.next_ask = now + length.ask_every
             if guess:
                 length.hold(guess, len(seq.token_ids))
                 changed = True
             self._reweigh(i, seq, allowed)
+            if i not in self._young:
+                heapq.heappush(self._due, (length.next_ask, i))
         if asking and self._measure:
             took = (time.perf_counter() - begun) / len(asking)
             last = self._ask_s
             self._ask_s = took if last is None else ASK_DECAY * last + (1 - ASK_DECAY) * took
         return changed
+
+    def _due_now(self, now: int, width: int) -> list[int]:
+        """Up to `width` older decodes due by declined step `now` and holding no guess, the
+        longest due first (then by batch position), taken off the heap; stale entries are
+        dropped, holding ones put back."""
+        due, decodes, holding = self._due, self._decodes, self._holding
+        window: list[int] = []
+        held: list[tuple[int, int]] = []
+        while due and due[0][0] <= now and len(window) < width:
+            entry = heapq.heappop(due)
+            i = entry[1]
+            length = decodes[i].draft_length
+            if length is None or length.next_ask != entry[0] or i in self._young:
+                continue  # stale: queued again since, or young again
+            if i in holding:  # one guess at a time: due once it is settled
+                held.append(entry)
+            else:
+                window.append(i)
+        for entry in held:
+            heapq.heappush(due, entry)
+        return window
 
     def _asking(self, window: list[int], step_s: float | None) -> list[int]:
         """The decodes this step asks, in batch order: the young ones, then the window's
