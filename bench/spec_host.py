@@ -12,10 +12,16 @@ as the GPU's start-up would (every bucket's verify/decode ratio `--ratio`).
     python bench/spec_host.py                         # off, ngram, suffix at b1, 8, 32, 128
     python bench/spec_host.py --modes off ngram --batch-sizes 32 --repeats 5
     py-spy record --gil --format raw -o /tmp/ngram.raw -- python bench/spec_host.py --modes ngram
+    python bench/spec_host.py --modes ngram --batch-sizes 1 --copy-share 1 --edits 4 \
+        --ratio 2.0 --fixed-ratio                     # the switch's steps on copied text with edits
 
 Rows: output tok/s per (mode, batch size), each the median of `--repeats` batches after
-one untimed batch, and the speculating modes' ratio to off; the drafts each row verified
-and the switch's state. Every mode's engine is up at once and the repeats alternate between
+one untimed batch, and the speculating modes' ratio to off; the drafts each row verified,
+its tokens kept, the steps per sequence (each emits 1 plus its kept draft tokens) and the
+switch's state. With `--copy-share` some sequences copy their prompt (`--edits`: with a few
+tokens of each copied period written otherwise); with `--fixed-ratio` the switch decides
+as a GPU whose verification costs `--ratio` decode steps would, whatever this host's step
+times are, so its steps per sequence are what such a GPU would run. Every mode's engine is up at once and the repeats alternate between
 them, so the host's drift (large on a shared VM) lands on each alike. Outputs are compared
 token for token with off.
 """
