@@ -183,8 +183,7 @@ class DeclinedSteps:
         self._holding: set[int] = set()
         """Decodes holding an unverified guess (`DraftLength.hold`)."""
         self._due: list[tuple[int, int]] = []
-        """Heap of (`DraftLength.next_ask`, i) of the older decodes; an entry whose
-        next_ask has moved since, or whose decode is young again, is stale (dropped)."""
+        """Heap of (`DraftLength.next_ask`, i): one entry per older decode holding no guess."""
 
     def __call__(
         self,
@@ -245,7 +244,7 @@ class DeclinedSteps:
         if young:
             self._young.add(i)
         else:
-            if new:  # (one asked since is queued again by `_ask`)
+            if new and length.unverified is None:  # (later: queued by `_ask` once asked or settled)
                 heapq.heappush(self._due, (length.next_ask, i))
             self._young.discard(i)
 
@@ -277,6 +276,8 @@ class DeclinedSteps:
             changed = length.settle(decodes[i].token_ids) or changed
             if length.unverified is None:
                 self._reweigh(i, decodes[i], allowed)
+                if i not in self._young:  # due again (`_due_now` dropped it while it held)
+                    heapq.heappush(self._due, (length.next_ask, i))
         now = switch.num_declined_asks
         switch.num_declined_asks += 1
         window = self._due_now(now, min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY)))
@@ -306,7 +307,7 @@ class DeclinedSteps:
                 length.hold(guess, len(seq.token_ids))
                 changed = True
             self._reweigh(i, seq, allowed)
-            if i not in self._young:
+            if not guess and i not in self._young:  # (one holding is queued once settled)
                 heapq.heappush(self._due, (length.next_ask, i))
         if asking and self._measure:
             took = (time.perf_counter() - begun) / len(asking)
@@ -316,23 +317,14 @@ class DeclinedSteps:
 
     def _due_now(self, now: int, width: int) -> list[int]:
         """Up to `width` older decodes due by declined step `now` and holding no guess, the
-        longest due first (then by batch position), taken off the heap; stale entries are
-        dropped, holding ones put back."""
+        longest due first (then by batch position), taken off the heap (an entry that no
+        longer stands, its decode holding a guess or asked since, is dropped)."""
         due, decodes, holding = self._due, self._decodes, self._holding
         window: list[int] = []
-        held: list[tuple[int, int]] = []
         while due and due[0][0] <= now and len(window) < width:
-            entry = heapq.heappop(due)
-            i = entry[1]
-            length = decodes[i].draft_length
-            if length is None or length.next_ask != entry[0] or i in self._young:
-                continue  # stale: queued again since, or young again
-            if i in holding:  # one guess at a time: due once it is settled
-                held.append(entry)
-            else:
+            next_ask, i = heapq.heappop(due)
+            if i not in holding and decodes[i].draft_length.next_ask == next_ask:
                 window.append(i)
-        for entry in held:
-            heapq.heappush(due, entry)
         return window
 
     def _asking(self, window: list[int], step_s: float | None) -> list[int]:
