@@ -241,11 +241,11 @@ class DeclinedSteps:
                 self._holding.add(i)
             else:
                 self._holding.discard(i)
+                if new and not young:  # (later: queued by `_ask` once asked or settled)
+                    heapq.heappush(self._due, (length.next_ask, i))
         if young:
             self._young.add(i)
         else:
-            if new and length.unverified is None:  # (later: queued by `_ask` once asked or settled)
-                heapq.heappush(self._due, (length.next_ask, i))
             self._young.discard(i)
 
     def gain(self, prior: DraftPrior, allowed: int) -> float:
@@ -280,13 +280,14 @@ class DeclinedSteps:
                     heapq.heappush(self._due, (length.next_ask, i))
         now = switch.num_declined_asks
         switch.num_declined_asks += 1
-        window = self._due_now(now, min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY)))
-        if not (window or self._young):
+        due = self._due_now(now, min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY)))
+        if not (due or self._young):
             return changed  # (most declined steps of a small batch)
-        asking = self._asking(window, switch.plain_step_s(num_decodes))
-        for i in set(window).difference(asking):  # not reached: due still
-            if decodes[i].grammar is None and may_draft(decodes[i]):  # (else never asks)
-                heapq.heappush(self._due, (decodes[i].draft_length.next_ask, i))
+        asking = self._asking([i for _, i in due], switch.plain_step_s(num_decodes))
+        for entry in due:
+            i = entry[1]
+            if i not in asking and decodes[i].grammar is None and may_draft(decodes[i]):
+                heapq.heappush(self._due, entry)  # not reached: due still (else never asks)
         begun = time.perf_counter()
         for i in asking:
             seq = decodes[i]
@@ -315,16 +316,17 @@ class DeclinedSteps:
             self._ask_s = took if last is None else ASK_DECAY * last + (1 - ASK_DECAY) * took
         return changed
 
-    def _due_now(self, now: int, width: int) -> list[int]:
-        """Up to `width` older decodes due by declined step `now` and holding no guess, the
-        longest due first (then by batch position), taken off the heap (an entry that no
-        longer stands, its decode holding a guess or asked since, is dropped)."""
+    def _due_now(self, now: int, width: int) -> list[tuple[int, int]]:
+        """The entries of up to `width` older decodes due by declined step `now` and holding
+        no guess, the longest due first (then by batch position), taken off the heap (an
+        entry that no longer stands, its decode holding a guess or asked since, is dropped)."""
         due, decodes, holding = self._due, self._decodes, self._holding
-        window: list[int] = []
+        window: list[tuple[int, int]] = []
         while due and due[0][0] <= now and len(window) < width:
-            next_ask, i = heapq.heappop(due)
-            if i not in holding and decodes[i].draft_length.next_ask == next_ask:
-                window.append(i)
+            entry = heapq.heappop(due)
+            length = decodes[entry[1]].draft_length
+            if entry[1] not in holding and length is not None and length.next_ask == entry[0]:
+                window.append(entry)
         return window
 
     def _asking(self, window: list[int], step_s: float | None) -> list[int]:
