@@ -375,7 +375,10 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     from bench.spec_serve import run_batch as serve_batch
 
     vocab = len(tokenizer)
-    extra = ["--max-restarts", "0", *(["--batch-invariant"] if args.batch_invariant else [])]
+    extra = [
+        "--max-restarts", "0", "--num-speculative-tokens", str(args.num_speculative_tokens),
+        *(["--batch-invariant"] if args.batch_invariant else []),
+    ]  # fmt: skip
     mesh = ServedMesh(args.model, args.device, "off" if mode == CONTROL else mode, args.port, extra)
     rows = {}
     try:
@@ -461,7 +464,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--prompt-len", type=int, default=512, help="most prompt tokens (cut from the left)")
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--num-speculative-tokens", type=int, default=SpeculativeConfig().max_draft_tokens)
     p.add_argument("--speculative-max-batch-size", type=int, default=None,
                    help="a fixed cap (default: measured at start-up on CUDA, 8 on the CPU)")
     p.add_argument("--num-pages", type=int, default=None)

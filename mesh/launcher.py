@@ -40,6 +40,9 @@ DEVICES = ("auto", "cpu", "cuda")
 MAX_NUM_SEQS = 4096
 MAX_NUM_BATCHED_TOKENS = 1 << 20
 """The largest running batch serve accepts (decode graphs are captured up to it)."""
+MAX_DRAFT_TOKENS = 64
+"""The most draft tokens an executor verifies per sequence and step (its SpeculativeConfig's
+bound), checked here so that serve refuses the flag before any service starts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,9 @@ class MeshConfig:
     """KV pages per executor; None lets the executor size its pool."""
     speculative: str = "off"
     """Every executor's --speculative: "off", "ngram", "suffix" or "radix"."""
+    num_speculative_tokens: int | None = None
+    """Every executor's --num-speculative-tokens (most draft tokens verified per sequence
+    and step); None keeps the executor's default."""
     jump_forward: str = "auto"
     """Every executor's --jump-forward: on, off or auto (on the CPU, not on CUDA)."""
     batch_invariant: bool = False
@@ -174,6 +180,11 @@ class MeshConfig:
             raise InvalidArgument(
                 f"extend_graph_tokens: must be at most max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}), got {self.extend_graph_tokens}"
+            )
+        tokens = self.num_speculative_tokens
+        if tokens is not None and not 1 <= tokens <= MAX_DRAFT_TOKENS:
+            raise InvalidArgument(
+                f"num_speculative_tokens: must be in [1, {MAX_DRAFT_TOKENS}], got {tokens}"
             )
         if self.num_pages is not None and self.num_pages < 1:
             raise InvalidArgument(f"num_pages: must be >= 1, got {self.num_pages}")
@@ -286,6 +297,11 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *_kv_fraction_args(config.kv_memory_fraction),
             *("--quantization", config.quantization),
             *("--speculative", config.speculative),
+            *(
+                ("--num-speculative-tokens", str(config.num_speculative_tokens))
+                if config.num_speculative_tokens is not None
+                else ()
+            ),
             *("--jump-forward", config.jump_forward),
             *(("--batch-invariant",) if config.batch_invariant else ()),
             *(

@@ -89,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "measured)",
     )
     parser.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="with --speculative: most draft tokens verified per request and step; each "
+        "request's draft length adapts below it (default: the executors', 8)",
+    )
+    parser.add_argument(
         "--batch-invariant",
         action="store_true",
         help="every executor computes a sequence's logits independently of its batch: greedy "
@@ -229,6 +236,7 @@ def _config(args: argparse.Namespace):
         program_branch_prediction=args.program_branch_prediction == "on",
         num_pages=args.num_pages,
         speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
         jump_forward=args.jump_forward,
         batch_invariant=args.batch_invariant,
         extend_graph_tokens=args.extend_graph_tokens,

@@ -238,7 +238,7 @@ def test_the_graph_estimate_counts_the_modes_attention_workspace(llama_model: Ti
 
     spec = read_model_folder(str(llama_model.path)).spec
     fields = {"model_path": str(llama_model.path), "max_num_seqs": 64}
-    ngram = SpeculativeConfig(method="ngram", max_batch_size=64)
+    ngram = SpeculativeConfig(method="ngram", max_batch_size=64, max_draft_tokens=4)
     plain = plan_graphs(ExecutorConfig(**fields, speculative=ngram), 0)
     mode = plan_graphs(ExecutorConfig(**fields, speculative=ngram, batch_invariant=True), 0)
     assert mode.batch_invariant and not plain.batch_invariant and mode.shapes() == plain.shapes()

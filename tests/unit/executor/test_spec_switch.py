@@ -342,9 +342,11 @@ def test_graph_plans_cover_jump_forward_and_the_measured_switch(tiny_model: Tiny
 
     assert plan_graphs(config(), 0) == GraphPlan(64)  # decodes only
     assert plan_graphs(config(), 8) == GraphPlan(64, 64, 9)  # jump-forward, speculation off
-    assert plan_graphs(config(method="ngram"), 0) == GraphPlan(64, 64, 5)  # measured: all
-    assert plan_graphs(config(method="ngram", max_batch_size=8), 0) == GraphPlan(64, 8, 5)
-    assert plan_graphs(config(method="ngram", max_batch_size=8), 8) == GraphPlan(64, 64, 9)
+    assert plan_graphs(config(method="ngram"), 0) == GraphPlan(64, 64, 9)  # measured: all; k 8
+    assert plan_graphs(config(method="ngram", max_draft_tokens=4), 0) == GraphPlan(64, 64, 5)
+    four = {"method": "ngram", "max_batch_size": 8, "max_draft_tokens": 4}
+    assert plan_graphs(config(**four), 0) == GraphPlan(64, 8, 5)
+    assert plan_graphs(config(**four), 8) == GraphPlan(64, 64, 9)
     assert plan_graphs(config(method="ngram", max_draft_tokens=12), 8) == GraphPlan(64, 64, 13)
 
 

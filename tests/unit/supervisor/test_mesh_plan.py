@@ -8,6 +8,7 @@ from gateway.main import build_parser as gateway_parser
 from mesh.launcher import MeshConfig, MeshPorts, plan_stages
 from radixmesh.errors import InvalidArgument
 from services.cache.main import parse_args as cache_args
+from services.executor.core.spec import SpeculativeConfig
 from services.executor.main import build_parser as executor_parser
 from services.scheduler.core import SchedulerConfig
 from services.scheduler.main import build_parser as scheduler_parser
@@ -149,6 +150,23 @@ def test_max_num_seqs_reaches_every_executor_and_the_scheduler(model_dir, tmp_pa
     assert [args[name].max_num_seqs for name in ("executor-0", "executor-1", "scheduler")] == [1024] * 3
     default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
     assert default["executor-0"].max_num_seqs == default["scheduler"].max_num_seqs == 256
+
+
+def test_num_speculative_tokens_reaches_every_executor(model_dir, tmp_path):
+    config = MeshConfig(
+        model_dir=model_dir, log_dir=tmp_path / "logs", num_executors=2,
+        speculative="ngram", num_speculative_tokens=5,
+    )  # fmt: skip
+    args = _parsed(config, MeshPorts.pick(2))
+    assert [args[f"executor-{i}"].num_speculative_tokens for i in range(2)] == [5, 5]
+    default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
+    assert default["executor-0"].num_speculative_tokens == SpeculativeConfig().max_draft_tokens == 8
+
+
+@pytest.mark.parametrize("tokens", [0, -1, 65])
+def test_a_bad_num_speculative_tokens_names_the_flag(model_dir, tmp_path, tokens):
+    with pytest.raises(InvalidArgument, match=r"^num_speculative_tokens: must be in \[1, 64\]"):
+        MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", num_speculative_tokens=tokens)
 
 
 @pytest.mark.parametrize("num_seqs", [0, -3, 4097])
