@@ -206,7 +206,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from mesh.launcher import MeshConfig
+    from mesh.mesh_config import MeshConfig
     from mesh.restarts import RestartPolicy
 
     if args.model:

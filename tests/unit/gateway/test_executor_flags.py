@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from mesh.commands import serve as serve_command
-from mesh.launcher import MeshConfig, MeshPorts, plan_stages
+from mesh.launcher import MeshPorts, plan_stages
+from mesh.mesh_config import MeshConfig
 from radixmesh.errors import InvalidArgument
 from services.executor.core.config import ExecutorConfig
 from services.executor.main import build_parser, executor_config

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.main import build_parser as gateway_parser
-from mesh.launcher import MeshConfig, MeshPorts, plan_stages
+from mesh.launcher import MeshPorts, plan_stages
+from mesh.mesh_config import MeshConfig
 from radixmesh.errors import InvalidArgument
 from services.cache.main import parse_args as cache_args
 from services.executor.core.spec import SpeculativeConfig
