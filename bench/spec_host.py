@@ -21,9 +21,9 @@ its tokens kept, the steps per sequence (each emits 1 plus its kept draft tokens
 switch's state. With `--copy-share` some sequences copy their prompt (`--edits`: with a few
 tokens of each copied period written otherwise); with `--fixed-ratio` the switch decides
 as a GPU whose verification costs `--ratio` decode steps would, whatever this host's step
-times are, so its steps per sequence are what such a GPU would run. Every mode's engine is up at once and the repeats alternate between
-them, so the host's drift (large on a shared VM) lands on each alike. Outputs are compared
-token for token with off.
+times are, so its steps per sequence are what such a GPU would run. Every mode's engine
+is up at once and the repeats alternate between them, so the host's drift (large on a
+shared VM) lands on each alike. Outputs are compared token for token with off.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,16 +72,16 @@ COPY_PERIOD = 61
 shorter suffix recurs within it)."""
 
 
-def copying_forward(vocab_size: int, edits: int = 0):
+def copying_forward(vocab_size: int, edited: Sequence[int] = (), period: int = COPY_PERIOD):
     """`hashed_forward`, except that a sequence whose last token is in the lower half of the
-    vocabulary continues a text that repeats every COPY_PERIOD tokens (`copy_text`), so the
+    vocabulary continues a text that repeats every `period` tokens (`copy_text`), so the
     proposers find its continuation in its own prompt, as a model copying a document would;
-    the hashed tokens stay in the upper half. With `edits`, that many of the text's tokens
-    (spread over the period) are replaced by another in what the model writes, as a model
-    asked to rename something writes the new name where the prompt has the old one."""
+    the hashed tokens stay in the upper half. At the `edited` offsets of the period it writes
+    EDITED_TOKEN in place of the text's, as a model asked to rename something writes the
+    new name where the prompt has the old one (`--edits`: `edited_offsets`)."""
     half = vocab_size // 2
-    text = copy_text(vocab_size, COPY_PERIOD)
-    for offset in edited_offsets(edits):
+    text = copy_text(vocab_size, period)
+    for offset in edited:
         text[offset] = EDITED_TOKEN
     table = torch.tensor(text)
 
@@ -89,7 +90,7 @@ def copying_forward(vocab_size: int, edits: int = 0):
         ids = batch.input_ids[rows].long()
         positions = batch.positions[rows].long()
         hashed = (ids * 7919 + positions * 104_729 + 13) % (vocab_size - half) + half
-        nxt = torch.where(ids < half, table[(positions + 1) % COPY_PERIOD], hashed)
+        nxt = torch.where(ids < half, table[(positions + 1) % period], hashed)
         logits = torch.zeros(len(rows), vocab_size)
         logits[torch.arange(len(rows)), nxt] = 1.0
         return logits
@@ -102,6 +103,7 @@ EDITED_TOKEN = 3
 
 
 def edited_offsets(edits: int) -> list[int]:
+    """`--edits`: that many offsets of COPY_PERIOD, spread over it."""
     return [(i * COPY_PERIOD) // edits for i in range(edits)] if edits else []
 
 
@@ -145,7 +147,7 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
             core = engine.executors[0]
             vocab_size = core.info.vocab_size
             core.model.forward = (
-                copying_forward(vocab_size, args.edits) if args.copy_share else hashed_forward(vocab_size)
+                copying_forward(vocab_size, edited_offsets(args.edits)) if args.copy_share else hashed_forward(vocab_size)
             )
             if mode != "off":  # as a GPU's start-up timing would set it
                 switch = FixedRatioSwitch if args.fixed_ratio else SpecSwitch

@@ -26,6 +26,7 @@ from bench.spec_host import FixedRatioSwitch
 from bench.speculative import make_prompts, run_batch
 from mesh.engine import Engine, EngineConfig
 from services.executor.core.spec import SpeculativeConfig
+from services.executor.core.spec.adaptive import DraftLength
 from services.executor.core.spec.proposers import NgramIndex
 from services.scheduler.core import SchedulerConfig
 
@@ -35,8 +36,9 @@ def lookup_steps(
 ) -> tuple[int, int]:
     """(steps, drafted steps) of prompt lookup drafting at every match: the draft is what
     followed the latest earlier occurrence of the context's longest suffix (min_match to
-    max_match tokens), at most k tokens and twice the match, as the ngram proposer's."""
-    index = NgramIndex(min_match, max_match)
+    max_match tokens), as long as the ngram proposer's with every draft kept so far (at
+    most k tokens and twice the match: `DraftLength.limit`)."""
+    index, length = NgramIndex(min_match, max_match), DraftLength(k)
     done = steps = drafted = 0
     while done < len(output):
         draft = index.lookup([*prompt, *output[:done]], k)
@@ -44,7 +46,7 @@ def lookup_steps(
         kept = 0
         if draft.match_len:
             drafted += 1
-            guess = draft.token_ids[: min(k, 2 * draft.match_len)]
+            guess = draft.token_ids[: length.limit(draft.match_len)]
             while kept < len(guess) and done + kept < len(output) and guess[kept] == output[done + kept]:
                 kept += 1
         done += kept + 1

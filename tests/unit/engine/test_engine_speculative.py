@@ -5,14 +5,13 @@ and every page comes back."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import random
 
 import pytest
-import torch
 
 from radixmesh.sampling import SamplingParams
 from services.executor.core.spec import SpeculativeConfig
-from services.executor.core.spec.switch import SpecSwitch
 from services.scheduler.core import SchedulerConfig
 from tests.fixtures.tiny_llama import VOCAB
 
@@ -121,61 +120,30 @@ async def test_a_batch_above_the_threshold_plans_no_drafts(make_engine):
     await engine.stop()
 
 
-PERIOD = 29
-"""The copied text's period (a prime: no shorter suffix recurs within it)."""
-EDITED = 3
-"""What the copying forward writes in place of the prompt's token at an edited offset."""
-
-
-class RatioTwoSwitch(SpecSwitch):
-    """The switch a GPU whose verification costs two decode steps would have: its start-up
-    ratio alone (this host's step times never replace it)."""
-
-    def _wall_ratio(self, bucket: int) -> float | None:
-        return None
-
-
-def copying_with_edits(text: list[int], edits: tuple[int, ...]):
-    """A forward that copies `text` (position p's next token is text[(p + 1) % PERIOD]),
-    writing EDITED at the `edits` offsets: a model asked to copy its prompt with one name
-    renamed, whose every occurrence differs from the prompt."""
-    written = [EDITED if i in edits else t for i, t in enumerate(text)]
-    table = torch.tensor(written)
-
-    def forward(batch, kv_pool) -> torch.Tensor:
-        rows = batch.logits_indices
-        nxt = table[(batch.positions[rows].long() + 1) % PERIOD]
-        logits = torch.zeros(len(rows), VOCAB)
-        logits[torch.arange(len(rows)), nxt] = 1.0
-        return logits
-
-    return forward
-
-
 async def test_a_copying_request_with_edits_drafts_again_soon_after_each_edit(make_engine):
     """At batch 1 on a GPU-like switch (verification at 2 decode steps), a request that
-    copies its prompt but for a token every 14 or so drafts again within a few steps of
-    each edit: its declined steps keep asking for its guesses while they are found, and
-    score them, so its rates recover: 24-27 steps for 64 tokens here. Asked once in 16
-    declined steps, as every older sequence once was, a request took 25-44 (the turn's
-    phase decides); drafting in every step that finds a match would take 17."""
-    rng = random.Random(5)
-    text = rng.sample(range(10, VOCAB), PERIOD)
-    prompt = [text[p % PERIOD] for p in range(4 * PERIOD)]
-    num_out = 64
+    copies its prompt but for 2 tokens of each 29 (bench/spec_host.py's stand-in) drafts
+    again within a few steps of each edit: its declined steps keep asking for its guesses
+    while they are found, and score them, so its rates recover: 22-25 steps for 64 tokens
+    after the first request. Asked once in 16 declined steps, as every older sequence once
+    was, the same requests took 25-44 (31-34 on average)."""
+    spec_host = importlib.import_module("bench.spec_host")
+    period, edited, num_out = 29, (7, 21), 64
+    text = spec_host.copy_text(VOCAB, period)
+    prompt = [text[p % period] for p in range(4 * period)]
     engine = await make_engine(
         overlap_prepare=True, speculative=SpeculativeConfig(method="ngram", max_draft_tokens=4)
     )
     core = engine.executors[0]
-    core.model.forward = copying_with_edits(text, edits=(7, 21))
-    core.spec_switch = RatioTwoSwitch(1, {1: 2.0}, max_gain=5)
+    core.model.forward = spec_host.copying_forward(VOCAB, edited, period)
+    core.spec_switch = spec_host.FixedRatioSwitch(1, {1: 2.0}, max_gain=5)
     steps = []
     for _ in range(5):  # the executor's rates carry over from one request to the next
         before = core.spec_stats.snapshot().num_accepted_tokens
         (result,) = await run_all(engine, [(prompt, greedy(num_out))])
         assert result.token_ids == [
-            EDITED if p % PERIOD in (7, 21) else text[p % PERIOD]
+            spec_host.EDITED_TOKEN if p % period in edited else text[p % period]
             for p in range(len(prompt), len(prompt) + num_out)
         ]
         steps.append(num_out - (core.spec_stats.snapshot().num_accepted_tokens - before))
-    assert max(steps[1:]) <= 36, steps
+    assert sum(steps[1:]) / len(steps[1:]) <= 28, steps

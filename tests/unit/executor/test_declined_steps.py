@@ -63,6 +63,7 @@ def reference(switch: SpecSwitch, decodes: list, allowed: int, proposer) -> int:
             (seq.draft_length.next_ask, i) for i, seq in enumerate(decodes)
             if seq.draft_length is not None and seq.draft_length.num_guesses >= YOUNG_GUESSES
             and seq.draft_length.unverified is None and seq.draft_length.next_ask <= now
+            and seq.grammar is None and may_draft(seq)
         )  # fmt: skip
         window = {i for _, i in due[:width]}
         for i, seq in enumerate(decodes):

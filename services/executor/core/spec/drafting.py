@@ -285,9 +285,8 @@ class DeclinedSteps:
             return changed  # (most declined steps of a small batch)
         asking = self._asking([i for _, i in due], switch.plain_step_s(num_decodes))
         for entry in due:
-            i = entry[1]
-            if i not in asking and decodes[i].grammar is None and may_draft(decodes[i]):
-                heapq.heappush(self._due, entry)  # not reached: due still (else never asks)
+            if entry[1] not in asking:  # not reached: due still
+                heapq.heappush(self._due, entry)
         begun = time.perf_counter()
         for i in asking:
             seq = decodes[i]
@@ -317,21 +316,30 @@ class DeclinedSteps:
         return changed
 
     def _due_now(self, now: int, width: int) -> list[tuple[int, int]]:
-        """The entries of up to `width` older decodes due by declined step `now` and holding
-        no guess, the longest due first (then by batch position), taken off the heap (an
-        entry that no longer stands, its decode holding a guess or asked since, is dropped)."""
+        """The entries of up to `width` older decodes due by declined step `now` that may
+        guess, the longest due first (then by batch position), taken off the heap. An entry
+        that no longer stands is dropped: its decode holds a guess (queued again once it is
+        settled), was asked since, or never guesses (constrained: its draft starts with
+        forced tokens; may_draft changes only with a grammar)."""
         due, decodes, holding = self._due, self._decodes, self._holding
         window: list[tuple[int, int]] = []
         while due and due[0][0] <= now and len(window) < width:
             entry = heapq.heappop(due)
-            length = decodes[entry[1]].draft_length
-            if entry[1] not in holding and length is not None and length.next_ask == entry[0]:
+            seq = decodes[entry[1]]
+            length = seq.draft_length
+            if (
+                entry[1] not in holding
+                and length is not None
+                and length.next_ask == entry[0]
+                and seq.grammar is None
+                and may_draft(seq)
+            ):
                 window.append(entry)
         return window
 
     def _asking(self, window: list[int], step_s: float | None) -> list[int]:
-        """The decodes this step asks, in batch order: the young ones, then the window's
-        older ones, none holding a guess, within `_max_asks` (the young in turn from where
+        """The decodes this step asks, in batch order: the young ones (none holding a guess),
+        then the window's older ones, within `_max_asks` (the young in turn from where
         the last capped step stopped); only those reached are looked at."""
         decodes, holding = self._decodes, self._holding
         limit = self._max_asks(step_s)
@@ -350,13 +358,7 @@ class DeclinedSteps:
                 ask.append(i)
         if ask and limit is not None:
             self._young_next = ask[-1] + 1
-        for i in window:
-            if limit is not None and len(ask) >= limit:
-                break
-            seq = decodes[i]
-            if i in ask or i in holding or seq.grammar is not None or not may_draft(seq):
-                continue  # a constrained draft starts with forced tokens; no guess of its own
-            ask.append(i)
+        ask += window if limit is None else window[: max(0, limit - len(ask))]  # (`_due_now`'s)
         return sorted(ask)
 
     def _max_asks(self, step_s: float | None) -> int | None:
