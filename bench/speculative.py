@@ -33,7 +33,8 @@ only after the step before ended, the share queued to an idle step thread). With
 in the table's header line), where they must be identical at every batch size too:
 "same_as_smaller_batches" says whether a row's outputs begin with every smaller batch's of
 its workload (a batch's prompts are the first ones of every larger batch's), and in the
-mode the exit status is 1 when one does not. `--mode serve`
+mode the exit status is 1 when a row is not identical or not the same as smaller batches
+(outside the mode, greedy outputs may part at a near-tie and the status stays 0). `--mode serve`
 runs the same through `radixmesh serve` (bench/spec_serve.py), one mesh per mode.
 
 Before any row is timed, each engine (or mesh) serves one untimed batch of every measured
@@ -517,10 +518,17 @@ def main(argv: list[str] | None = None) -> int:
               f"acceptance length {row['mean_acceptance_length']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": summary}, indent=1))
-    identical = all(r["identical"] for r in summary.values())
-    if args.batch_invariant:  # the mode also promises the same outputs at every batch size
-        identical = identical and all(r["same_as_smaller_batches"] for r in summary.values())
-    return 0 if identical else 1
+    return exit_status(summary, args.batch_invariant)
+
+
+def exit_status(summary: dict[str, dict], batch_invariant: bool) -> int:
+    """1 when a promise of identical outputs was broken, else 0. Only the batch-invariant
+    mode promises them: outside it a verification's k + 1 rows may run other matrix kernels
+    than a one-row decode, so greedy outputs can part at a near-tie (reported per row as
+    "identical", not a failure of the run)."""
+    if not batch_invariant:
+        return 0
+    return 0 if all(r["identical"] and r["same_as_smaller_batches"] for r in summary.values()) else 1
 
 
 if __name__ == "__main__":

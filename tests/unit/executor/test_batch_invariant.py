@@ -286,3 +286,16 @@ async def test_through_the_engine_with_a_shared_cached_prefix(llama_model: TinyM
     for i in (1, 6):
         alone, _, cached = await run("ngram", [prompts[i]], warm=False)
         assert cached == 0 and alone[0] == off[i]
+
+
+def test_the_speculative_bench_fails_only_a_broken_promise_of_identity() -> None:
+    import importlib
+
+    bench = importlib.import_module("bench.speculative")
+    same = {"identical": True, "same_as_smaller_batches": True}
+    parted = {"identical": False, "same_as_smaller_batches": True}
+    smaller = {"identical": True, "same_as_smaller_batches": False}
+    assert bench.exit_status({"a": same, "b": parted}, batch_invariant=False) == 0
+    assert bench.exit_status({"a": same, "b": same}, batch_invariant=True) == 0
+    assert bench.exit_status({"a": same, "b": parted}, batch_invariant=True) == 1
+    assert bench.exit_status({"a": smaller}, batch_invariant=True) == 1
