@@ -473,3 +473,25 @@ def test_decode_steps_are_timed_end_to_end_on_the_side_their_plan_chose(model_di
     finally:
         core.shutdown()
     assert [speculating for _, speculating in observed] == [False, True, False]
+
+
+def test_a_held_guess_right_so_far_is_scored_for_its_produced_prefix_and_holds_the_rest() -> None:
+    """A held guess of 4 whose first 2 tokens the sequence produced scores them as a draft
+    of 2 kept whole (the tokens a verification of that draft would keep) and holds its
+    other 2 from there: a copying sequence's rates recover after an edit without waiting
+    for the whole guess. One produced token is not enough (a chance match)."""
+    length = DraftLength(MAX_DRAFT, acceptance=0.4)
+    length.hold([5, 6, 7, 8], position=3)
+    assert not length.settle([1, 2, 3, 5])  # one right: still held whole
+    assert length.unverified == [5, 6, 7, 8] and length.acceptance == 0.4
+    assert length.settle([1, 2, 3, 5, 6])  # two right: scored as 2 of 2
+    assert (length.unverified, length.unverified_at) == ([7, 8], 5)
+    assert length.acceptance == pytest.approx(0.7 * 0.4 + 0.3)
+    length.settle([1, 2, 3, 5, 6, 7, 9])  # the rest: one of its two kept
+    assert length.unverified is None
+    assert length.acceptance == pytest.approx(0.7 * (0.7 * 0.4 + 0.3) + 0.3 * 1 / 2)
+    length.hold([4, 4, 4], position=7)
+    acceptance = length.acceptance
+    assert length.settle([1, 2, 3, 5, 6, 7, 9, 4, 4, 1])  # decided at once: 2 of 3, not split
+    assert length.unverified is None
+    assert length.acceptance == pytest.approx(0.7 * acceptance + 0.3 * 2 / 3)

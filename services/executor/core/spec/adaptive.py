@@ -11,6 +11,13 @@ ACCEPTANCE_DECAY = 0.7
 """Weight of the past in the rolling acceptance rate (per verified draft)."""
 PRIOR_DECAY = 0.98
 """Weight of the past in the executor's rates (per guess or verified draft of any sequence)."""
+SETTLE_PREFIX = 2
+"""A held guess whose first this many tokens the sequence has produced (none wrong yet) is
+scored for them as a draft of that length kept whole, and its rest held on (`settle`). A
+guess of k tokens that is right would otherwise be scored only once the sequence has
+produced all k, one a step, and a sequence that copies resumes drafting that much later
+after each edit (its rates fall at the edit and the steps decline until a guess is scored
+kept). Two, not one: one token of a wrong guess matches by chance on common tokens."""
 
 
 @dataclass(slots=True)
@@ -105,6 +112,10 @@ class DraftLength:
             self.unverified = None
             self.update(len(guess), kept)
             return kept > 0
+        if kept >= SETTLE_PREFIX:  # right so far: a draft of these tokens would have kept them
+            self.update(kept, kept)
+            self.unverified, self.unverified_at = guess[kept:], self.unverified_at + kept
+            return True
         return False
 
     def update(self, num_draft_tokens: int, num_accepted: int) -> None:

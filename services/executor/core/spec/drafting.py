@@ -273,8 +273,11 @@ class DeclinedSteps:
             if length is None or length.unverified is None:  # settled elsewhere
                 self._holding.discard(i)
                 continue
-            changed = length.settle(decodes[i].token_ids) or changed
-            if length.unverified is None:
+            scored = length.settle(decodes[i].token_ids)
+            changed = scored or changed
+            if scored and length.unverified is not None:  # its right prefix scored, the rest held
+                self._reweigh(i, decodes[i], allowed)
+            elif length.unverified is None:
                 self._reweigh(i, decodes[i], allowed)
                 if i not in self._young:  # due again (`_due_now` dropped it while it held)
                     heapq.heappush(self._due, (length.next_ask, i))
