@@ -495,3 +495,18 @@ def test_a_held_guess_right_so_far_is_scored_for_its_produced_prefix_and_holds_t
     assert length.settle([1, 2, 3, 5, 6, 7, 9, 4, 4, 1])  # decided at once: 2 of 3, not split
     assert length.unverified is None
     assert length.acceptance == pytest.approx(0.7 * acceptance + 0.3 * 2 / 3)
+
+
+def test_a_draft_is_cut_by_its_rate_only_where_a_verification_costs_by_the_token() -> None:
+    """Where verifications replay graphs padded to k + 1 rows (a switch with a timing
+    table), a sequence's draft is as long as its match allows whatever its rate, and the
+    rate weighs what it is expected to keep; eager verification (no table) cuts it."""
+    eager = DraftLength(8, acceptance=0.3)
+    assert eager.limit(5) == 3  # ceil(8 x 0.3)
+    padded = SpecSwitch(8, {1: 1.5, 8: 1.5}).prior.new_length(8)
+    padded.acceptance = 0.3
+    assert padded.padded and padded.limit(5) == 8
+    assert padded.limit(2) == 4  # a short match still predicts less far
+    assert not SpecSwitch(8).prior.new_length(8).padded
+    assert padded.best_guess(8) == pytest.approx(padded.found * 0.3 * 8)
+    assert eager.best_guess(8) == pytest.approx(0.3 * 3)

@@ -31,22 +31,34 @@ class DraftPrior:
 
     found: float = 1.0
     acceptance: float = 1.0
+    padded: bool = False
+    """Verification steps run padded to k + 1 rows a sequence (graphs), so a draft's
+    length costs nothing there: each sequence's `DraftLength.padded`."""
 
     def new_length(self, max_draft_tokens: int) -> DraftLength:
-        return DraftLength(max_draft_tokens, self.acceptance, self.found, prior=self)
+        return DraftLength(
+            max_draft_tokens, self.acceptance, self.found, prior=self, padded=self.padded
+        )
 
     def best_guess(self, allowed: int) -> float:
         """The draft tokens a new sequence offered `allowed` can expect kept at most."""
-        return _kept_at_most(self.found, self.acceptance, allowed, allowed)
+        return _kept_at_most(self.found, self.acceptance, allowed, allowed, self.padded)
 
 
 @dataclass(slots=True)
 class DraftLength:
     """How many draft tokens a sequence's next verification should try.
 
-    The draft is as long as `max_draft_tokens` times the rolling share of draft tokens
-    accepted (at least one), and at most twice the matched suffix length: a short
-    match predicts less far. Acceptance starts at the prior's (1 without one).
+    The draft is at most twice the matched suffix length (a short match predicts less
+    far) and, where a verification's cost grows with its tokens (`padded` False: eager
+    verification, on the CPU or without graphs), at most `max_draft_tokens` times the
+    rolling share of draft tokens accepted (at least one). Where verifications replay
+    graphs padded to k + 1 rows a sequence, a shorter draft saves nothing and can only keep
+    less (a verification keeps the draft's right prefix), so the rate shortens none: on
+    the trained fixture's code editing replayed at a GPU's ratio (bench/spec_steps.py),
+    drafts cut by the rate took 53.0 plain-step units a request at k = 8 and 67.5 at 4,
+    uncut 49.6 and 66.0 (bench/RESULTS.md). The rate still weighs what a draft is
+    expected to keep (`best_guess`). Acceptance starts at the prior's (1 without one).
     """
 
     max_draft_tokens: int
@@ -56,6 +68,9 @@ class DraftLength:
     at the prior's); a decode without one verifies nothing and gains nothing."""
     prior: DraftPrior | None = None
     """The executor's rates, fed by this sequence's too."""
+    padded: bool = False
+    """Its verifications are padded to k + 1 rows (the class docstring): the rate cuts no
+    draft."""
     num_guesses: int = 0
     """The times the proposer was asked for this sequence's draft."""
     unverified: list[int] | None = None
@@ -73,14 +88,14 @@ class DraftLength:
     every decode's best case after every step, and most rates have not changed since."""
 
     def limit(self, match_len: int) -> int:
-        return _draft_limit(self.acceptance, self.max_draft_tokens, match_len)
+        return _draft_limit(self.acceptance, self.max_draft_tokens, match_len, self.padded)
 
     def best_guess(self, allowed: int) -> float:
         """The draft tokens this sequence offered `allowed` can expect kept at most: its
         guess as long as its draft length allows, weighed by its found rate and acceptance."""
         best, found, acceptance = self._best, self.found, self.acceptance
         if best[0] != allowed or best[1] != found or best[2] != acceptance:
-            kept = _kept_at_most(found, acceptance, self.max_draft_tokens, allowed)
+            kept = _kept_at_most(found, acceptance, self.max_draft_tokens, allowed, self.padded)
             best = self._best = (allowed, found, acceptance, kept)
         return best[3]
 
@@ -127,13 +142,19 @@ class DraftLength:
             prior.acceptance = PRIOR_DECAY * prior.acceptance + (1 - PRIOR_DECAY) * rate
 
 
-def _draft_limit(acceptance: float, max_draft_tokens: int, match_len: int) -> int:
-    by_rate = max(1, math.ceil(max_draft_tokens * acceptance))
-    return max(1, min(by_rate, 2 * match_len, max_draft_tokens))
+def _draft_limit(
+    acceptance: float, max_draft_tokens: int, match_len: int, padded: bool = False
+) -> int:
+    limit = min(2 * match_len, max_draft_tokens)
+    if not padded:
+        limit = min(limit, math.ceil(max_draft_tokens * acceptance))
+    return max(1, limit)
 
 
-def _kept_at_most(found: float, acceptance: float, max_draft_tokens: int, allowed: int) -> float:
+def _kept_at_most(
+    found: float, acceptance: float, max_draft_tokens: int, allowed: int, padded: bool = False
+) -> float:
     """A guess as long as the draft length allows at the longest match, weighed by how often
     one is found and the share of its tokens kept."""
-    length = min(allowed, _draft_limit(acceptance, max_draft_tokens, allowed))
+    length = min(allowed, _draft_limit(acceptance, max_draft_tokens, allowed, padded))
     return found * acceptance * length

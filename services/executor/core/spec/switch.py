@@ -208,6 +208,9 @@ class SpecSwitch:
     def __post_init__(self) -> None:
         if self.cost_ratios is not None:
             self._buckets = sorted(self.cost_ratios)
+            # timed from graphs: verifications within the cap replay them, padded to
+            # k + 1 rows a sequence, so no draft is cut by its rate (spec/adaptive.py)
+            self.prior.padded = True
 
     @classmethod
     def measured(cls, timings: StepTimings, max_gain: int, max_batch_size: int) -> SpecSwitch:
