@@ -24,7 +24,8 @@ class SpeculativeConfig:
     spec/adaptive.py). 8, not 4: on the trained fixture's code editing at batch 1 on a lent
     H100, prompt lookup ran 2.38x of speculation off at 8 and 1.75x at 4 (acceptance
     length 6.6 against 4.7), each against off in the same process (bench/RESULTS.md). A
-    sequence whose drafts keep less drafts less (its rolling acceptance), and where a
+    sequence whose drafts keep less is expected to keep less (its rolling acceptance; with
+    eager verification its drafts are also cut by it: spec/adaptive.py), and where a
     verification of 9 positions a sequence costs more than it saves, the switch declines
     (spec/switch.py)."""
     min_match_len: int = 2
