@@ -502,3 +502,16 @@ def test_expected_gains_are_scaled_by_what_drafted_steps_kept_of_what_they_expec
         switch.record(1.5, num_kept=4)  # kept twice what it expected: counts as all
     assert switch.calibration == pytest.approx(1.0, abs=0.01)
     assert switch.admits(8, expected_gain=2.0)
+
+
+def test_drafts_that_keep_all_or_nothing_are_calibrated_by_the_tokens_they_kept_in_all() -> None:
+    """A copying request's drafts keep all 8 tokens or none (an edit), each step expecting
+    4.8. Three right in five keep 4.8 a step in all, what they expected: the calibration
+    stays near 1, where a mean of each step's share capped at 1 read 0.6 (the share of
+    right drafts); two right in five keep 3.2 of 4.8, and it reads two thirds."""
+    for right, expected_share in ((3, 1.0), (2, 2 / 3)):
+        switch = SpecSwitch(1, {1: 1.7}, max_gain=9)
+        for step in range(200):
+            switch.expected_kept = 4.8
+            switch.record(None, num_kept=8 if step % 5 < right else 0)
+        assert switch.calibration == pytest.approx(expected_share, abs=0.12)
