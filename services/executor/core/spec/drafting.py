@@ -273,14 +273,12 @@ class DeclinedSteps:
             if length is None or length.unverified is None:  # settled elsewhere
                 self._holding.discard(i)
                 continue
-            scored = length.settle(decodes[i].token_ids)
+            scored = length.settle(decodes[i].token_ids)  # (maybe its right prefix alone)
             changed = scored or changed
-            if scored and length.unverified is not None:  # its right prefix scored, the rest held
+            if scored or length.unverified is None:
                 self._reweigh(i, decodes[i], allowed)
-            elif length.unverified is None:
-                self._reweigh(i, decodes[i], allowed)
-                if i not in self._young:  # due again (`_due_now` dropped it while it held)
-                    heapq.heappush(self._due, (length.next_ask, i))
+            if length.unverified is None and i not in self._young:  # due again (`_due_now`
+                heapq.heappush(self._due, (length.next_ask, i))  # dropped it while it held)
         now = switch.num_declined_asks
         switch.num_declined_asks += 1
         due = self._due_now(now, min(ASKED_PER_STEP, -(-num_decodes // OLD_ASK_EVERY)))
