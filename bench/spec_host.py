@@ -147,7 +147,9 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
             core = engine.executors[0]
             vocab_size = core.info.vocab_size
             core.model.forward = (
-                copying_forward(vocab_size, edited_offsets(args.edits)) if args.copy_share else hashed_forward(vocab_size)
+                copying_forward(vocab_size, edited_offsets(args.edits))
+                if args.copy_share
+                else hashed_forward(vocab_size)
             )
             if mode != "off":  # as a GPU's start-up timing would set it
                 switch = FixedRatioSwitch if args.fixed_ratio else SpecSwitch

@@ -33,12 +33,10 @@ class DraftPrior:
     acceptance: float = 1.0
     padded: bool = False
     """Verification steps run padded to k + 1 rows a sequence (graphs), so a draft's
-    length costs nothing there: each sequence's `DraftLength.padded`."""
+    length costs nothing there (`DraftLength.padded`, read from its prior)."""
 
     def new_length(self, max_draft_tokens: int) -> DraftLength:
-        return DraftLength(
-            max_draft_tokens, self.acceptance, self.found, prior=self, padded=self.padded
-        )
+        return DraftLength(max_draft_tokens, self.acceptance, self.found, prior=self)
 
     def best_guess(self, allowed: int) -> float:
         """The draft tokens a new sequence offered `allowed` can expect kept at most."""
@@ -68,9 +66,6 @@ class DraftLength:
     at the prior's); a decode without one verifies nothing and gains nothing."""
     prior: DraftPrior | None = None
     """The executor's rates, fed by this sequence's too."""
-    padded: bool = False
-    """Its verifications are padded to k + 1 rows (the class docstring): the rate cuts no
-    draft."""
     num_guesses: int = 0
     """The times the proposer was asked for this sequence's draft."""
     unverified: list[int] | None = None
@@ -86,6 +81,12 @@ class DraftLength:
     _best: tuple[int, float, float, float] = (-1, 0.0, 0.0, 0.0)
     """(allowed, found, acceptance, best_guess(allowed)) as last computed: the switch weighs
     every decode's best case after every step, and most rates have not changed since."""
+
+    @property
+    def padded(self) -> bool:
+        """Its verifications are padded to k + 1 rows (its prior's, the class docstring):
+        the rate cuts no draft."""
+        return self.prior is not None and self.prior.padded
 
     def limit(self, match_len: int) -> int:
         return _draft_limit(self.acceptance, self.max_draft_tokens, match_len, self.padded)
