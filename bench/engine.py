@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mesh.engine import Engine, EngineConfig
+from mesh.launcher import child_env
 from radixmesh.sampling import SamplingParams
 from radixmesh.updates import RequestUpdate
 from radixmesh_kernels import _triton, gemv_chain
@@ -232,6 +233,29 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
     return report
 
 
+def services_env(args: argparse.Namespace) -> dict[str, str]:
+    """The services' environment: as `radixmesh serve` gives its children (this project
+    importable first, the caller's PYTHONPATH kept after it), with --num-threads."""
+    env = child_env()
+    if args.num_threads:  # the executor's torch reads these at import
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.num_threads)
+    return env
+
+
+def release_device_memory() -> None:
+    """Give the in-process engine's freed device memory back to the driver, so that the
+    executor process of the services run that follows can allocate it (the caching
+    allocator keeps what the closed engine freed: on an 80 GB card the 8B shape's
+    executor then ran out of memory)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def free_ports(n: int) -> list[int]:
     from services.common.config import free_port
 
@@ -290,10 +314,7 @@ async def bench_services(args: argparse.Namespace) -> Report:
 
     model = model_dir(args)
     vocab = model_vocab_size(model)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `radixmesh serve` runs its executors
-    if args.num_threads:  # the executor's torch reads these at import
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.num_threads)
+    env = services_env(args)
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as log_dir:
         supervisor = Supervisor(log_dir, env=env)
         try:
@@ -492,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     if mode in ("inprocess", "both"):
         reports.append(asyncio.run(bench_inprocess(args)))
+    if mode == "both":
+        release_device_memory()
     if mode in ("services", "both"):
         reports.append(asyncio.run(bench_services(args)))
     out = asdict(reports[0])

@@ -37,6 +37,7 @@ from pathlib import Path
 import aiohttp
 
 from mesh.commands.serve import READY_LINE
+from mesh.launcher import child_env
 from services.common.config import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +194,7 @@ class ServeProcess:
             *("--device", "cpu", "--log-dir", str(tmp / "logs")),
             *("--endpoints-json", str(tmp / "endpoints.json"), *extra),
         ]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = child_env()
         process = subprocess.Popen(
             argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

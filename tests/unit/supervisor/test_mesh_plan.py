@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from gateway.main import build_parser as gateway_parser
@@ -203,3 +206,18 @@ def test_extend_graphs_larger_than_a_step_are_refused(model_dir, tmp_path):
 def test_a_bad_grace_names_the_flag(model_dir, tmp_path, grace):
     with pytest.raises(InvalidArgument, match=r"^grace:"):
         MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", grace_s=grace)
+
+
+def test_child_env_puts_the_project_first_and_keeps_the_callers_import_path(monkeypatch):
+    """Every service child (and the services a bench starts) imports this project first, and
+    still finds what the caller's PYTHONPATH adds (packages installed to a folder of
+    their own): replacing PYTHONPATH lost them, and a bench's services loaded an older
+    grpcio than the generated stubs need."""
+    from mesh.launcher import child_env
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site", "/opt/more"]))
+    paths = child_env()["PYTHONPATH"].split(os.pathsep)
+    assert paths[1:] == ["/opt/site", "/opt/more"]
+    assert Path(paths[0], "radixmesh", "__init__.py").is_file()
+    monkeypatch.delenv("PYTHONPATH")
+    assert child_env()["PYTHONPATH"].split(os.pathsep) == paths[:1]
