@@ -104,6 +104,11 @@ class SchedulerMetricsCollector(Collector):
                 stats.num_preemptions,
             ),
             (
+                "prefix_checkpoints_total",
+                "Requests re-queued once their prompt, shared by waiting requests, was cached.",
+                stats.num_prefix_checkpoints,
+            ),
+            (
                 "prompt_tokens_total",
                 "Prompt tokens of admitted requests, cached ones included.",
                 stats.num_prompt_tokens,

@@ -66,6 +66,8 @@ class RequestTrace:
     """(scheduled at, tokens, step id) per prefill chunk."""
     preempted: list[tuple[float, int]] = field(default_factory=list)
     """(at, computed tokens kept) per preemption."""
+    checkpoints: list[tuple[float, int]] = field(default_factory=list)
+    """(at, computed tokens kept) per prefix checkpoint (`Leases.checkpoint`)."""
     first_token_s: float | None = None
     last_token_s: float | None = None
     num_tokens: int = 0
@@ -140,9 +142,11 @@ class RequestTrace:
         else:
             self.decode_steps[1] = step_id
 
-    def on_preempted(self, num_computed: int) -> None:
+    def on_preempted(self, num_computed: int, checkpoint: bool = False) -> None:
+        """Re-queued with `num_computed` tokens kept in the tree: preempted, or (`checkpoint`)
+        its prompt put in the tree for the waiting requests that share it."""
         now = time.monotonic()
-        self.preempted.append((now, num_computed))
+        (self.checkpoints if checkpoint else self.preempted).append((now, num_computed))
         self.queued.append(now)
 
     def on_token(self, now: float) -> None:
@@ -182,6 +186,10 @@ class RequestTrace:
         events: list[tuple[str, float, dict[str, Any]]] = [
             ("preempted", at, {"radixmesh.num_computed_tokens": kept})
             for at, kept in self.preempted
+        ]
+        events += [
+            ("scheduler.prefix_checkpoint", at, {"radixmesh.num_computed_tokens": kept})
+            for at, kept in self.checkpoints
         ]
         for i, queued in enumerate(self.queued):
             end = self.admitted[i] if i < len(self.admitted) else now

@@ -148,16 +148,32 @@ class Leases:
 
     async def preempt(self, ex: ExecutorState, req: Request) -> None:
         """Give the pages back, keeping what was computed in the tree, and re-queue."""
+        num_computed = await self._requeue(ex, req)
+        self._stats.num_preemptions += 1
+        if req.trace is not None:
+            req.trace.on_preempted(num_computed)
+        log.debug("preempted", req_id=req.req_id, num_computed_tokens=num_computed)
+
+    async def checkpoint(self, ex: ExecutorState, req: Request) -> None:
+        """As `preempt`, for a request whose prompt the waiting requests share: its prompt
+        goes in the tree for them, and it resumes at once (counted apart from preemptions,
+        which operators read as page pressure)."""
+        num_computed = await self._requeue(ex, req)
+        self._stats.num_prefix_checkpoints += 1
+        if req.trace is not None:
+            req.trace.on_preempted(num_computed, checkpoint=True)
+        log.debug("prefix_checkpoint", req_id=req.req_id, num_computed_tokens=num_computed)
+
+    async def _requeue(self, ex: ExecutorState, req: Request) -> int:
+        """Give the pages back, keeping what was computed in the tree, and re-queue: the
+        tokens kept."""
         num_computed = min(req.num_computed_tokens, req.num_tokens)
         await self._end(req, req.all_token_ids[:num_computed])
         ex.running.pop(req.req_id, None)
         self.forget_on_executor(ex, req)
         ex.queue.push(req)
         req.hold_until_step = ex.next_step_id - 1
-        self._stats.num_preemptions += 1
-        if req.trace is not None:
-            req.trace.on_preempted(num_computed)
-        log.debug("preempted", req_id=req.req_id, num_computed_tokens=num_computed)
+        return num_computed
 
     async def finish(self, req: Request, hold: bool = False) -> tuple[str, int] | None:
         """The executor ended the sequence: its computed tokens become a cached prefix.

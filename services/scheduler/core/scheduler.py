@@ -483,7 +483,7 @@ class SchedulerCore:
             follower = self._requests[req_id]
             follower.match_tokens = max(follower.match_tokens, num_shared_tokens)
             ex.queue.rekey(follower)
-        await self._leases.preempt(ex, leader)
+        await self._leases.checkpoint(ex, leader)
 
     # -- ends of requests ------------------------------------------------------------------
 

@@ -101,6 +101,10 @@ class SchedulerStats:
     """Prompt tokens of admitted requests (cached ones included)."""
     num_generation_tokens: int = 0
     num_preemptions: int = 0
+    """Requests that gave their pages back for others (page pressure, a higher class)."""
+    num_prefix_checkpoints: int = 0
+    """Requests re-queued once their prompt, shared by requests waiting on it, was in the
+    tree (`Leases.checkpoint`): by design, not pressure, so not preemptions."""
     num_finished: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(finish_reason, code) -> requests ended: ("stop", "OK"), ("error", "DEADLINE_EXCEEDED")."""
     by_model: dict[str, ModelTotals] = field(default_factory=dict)

@@ -106,3 +106,25 @@ def test_a_request_finished_with_its_lease_ends_its_span_after_the_commit(export
     with trace.active():  # a late block makes no second end
         pass
     assert len(exported.get_finished_spans()) == 1
+
+
+def test_a_prefix_checkpoint_is_its_own_event_and_not_a_preemption(exported, monkeypatch):
+    clock = iter([1.0, 2.0, 2.5])  # started, checkpointed, restarted
+    monkeypatch.setattr("services.scheduler.tracing.time.monotonic", lambda: next(clock))
+    req = Request("r1", [1, 2, 3, 4], SamplingParams(), arrival_time=0.5, priority=Priority.BATCH)
+    trace = RequestTrace.start(PARENT, req.arrival_time)
+    assert trace is not None
+    trace.on_started(4, step_id=3)
+    trace.on_preempted(num_computed=4, checkpoint=True)
+    trace.on_started(1, step_id=5)
+    trace.on_token(3.0)
+    trace.finished(3.1, req, "length", "OK")
+
+    (root,) = exported.get_finished_spans()
+    assert root.attributes["radixmesh.num_preemptions"] == 0
+    names = [e.name for e in root.events]
+    assert "preempted" not in names
+    (event,) = [e for e in root.events if e.name == "scheduler.prefix_checkpoint"]
+    assert event.timestamp == tracing.epoch_ns(2.0)
+    assert event.attributes["radixmesh.num_computed_tokens"] == 4
+    assert names.count("scheduler.queue_wait") == 2  # it waited again, from the checkpoint
