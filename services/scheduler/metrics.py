@@ -100,7 +100,7 @@ class SchedulerMetricsCollector(Collector):
         for name, doc, value in (
             (
                 "preemptions_total",
-                "Requests that gave their pages back to resume later.",
+                "Requests that gave their pages back to others, to resume later.",
                 stats.num_preemptions,
             ),
             (
