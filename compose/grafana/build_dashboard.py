@@ -72,7 +72,10 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
       ("{{priority}}", f"{S}waiting_by_priority")], ""),
     ("Queue time", "s", quantiles(S + "queue_time_seconds"), ""),
     ("Preemptions per second", "short",
-     [("preemptions", f"sum(rate({S}preemptions_total[{W}]))")], ""),
+     [("preemptions", f"sum(rate({S}preemptions_total[{W}]))"),
+      ("prefix checkpoints", f"sum(rate({S}prefix_checkpoints_total[{W}]))")],
+     "Preemptions give pages back to other requests (KV pressure); prefix checkpoints "
+     "re-queue a request whose prompt waiting requests share, by design."),
     ("Cache pages", "short",
      [(f"{kind} {{{{executor_id}}}}", f"radixmesh_cache_{kind}_pages")
       for kind in ("free", "used", "leased", "cached", "locked")], ""),
