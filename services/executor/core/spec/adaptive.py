@@ -143,9 +143,7 @@ class DraftLength:
             prior.acceptance = PRIOR_DECAY * prior.acceptance + (1 - PRIOR_DECAY) * rate
 
 
-def _draft_limit(
-    acceptance: float, max_draft_tokens: int, match_len: int, padded: bool = False
-) -> int:
+def _draft_limit(acceptance: float, max_draft_tokens: int, match_len: int, padded: bool) -> int:
     limit = min(2 * match_len, max_draft_tokens)
     if not padded:
         limit = min(limit, math.ceil(max_draft_tokens * acceptance))
@@ -153,7 +151,7 @@ def _draft_limit(
 
 
 def _kept_at_most(
-    found: float, acceptance: float, max_draft_tokens: int, allowed: int, padded: bool = False
+    found: float, acceptance: float, max_draft_tokens: int, allowed: int, padded: bool
 ) -> float:
     """A guess as long as the draft length allows at the longest match, weighed by how often
     one is found and the share of its tokens kept."""

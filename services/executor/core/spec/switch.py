@@ -166,19 +166,10 @@ class SpecSwitch:
     num_plain_probes: int = 0
     prior: DraftPrior = field(default_factory=DraftPrior)
     """What a sequence that has not drafted yet is expected to find and keep."""
-    calibration: float = 1.0
-    """Rolling share of the draft tokens drafted steps expected to keep that they kept (at
-    most 1): the rolling sum of tokens kept over the rolling sum expected. Expected gains
-    are scaled by it (`admits`), so a proposer whose guesses keep less than its requests'
-    rates promise is expected less of (the suffix proposer's matches in other requests'
-    outputs, on random prompts, kept about a fifth less than expected: bench/RESULTS.md).
-    A ratio of sums, not a mean of each step's share capped at 1: a copying request's
-    drafts keep all or nearly nothing, and capping the steps that kept all at what they
-    expected read such a request's calibration as the share of its drafts that were right
-    (0.56 on the trained fixture's code editing replayed on the CPU, whose drafts kept
-    0.78 of what they expected in all)."""
     _kept_sum: float = 0.0
+    """Rolling draft tokens drafted steps kept (`calibration`'s numerator)."""
     _expected_sum: float = 0.0
+    """Rolling draft tokens they expected to keep (0: none recorded yet)."""
     expected_kept: float = 0.0
     """The draft tokens the drafted step being verified expects to keep (`plan_drafts`)."""
     num_declined_asks: int = 0
@@ -211,6 +202,22 @@ class SpecSwitch:
     """num_decodes -> its bucket, as looked up."""
     _ratio_of: dict[int, float] = field(default_factory=dict)
     """bucket -> `ratio`, until the bucket's next step is observed."""
+
+    @property
+    def calibration(self) -> float:
+        """Rolling share of the draft tokens drafted steps expected to keep that they kept
+        (at most 1; 1 before any): the rolling sum of tokens kept over the rolling sum
+        expected. Expected gains are scaled by it (`admits`), so a proposer whose guesses
+        keep less than its requests' rates promise is expected less of (the suffix
+        proposer's matches in other requests' outputs, on random prompts, kept about a fifth
+        less than expected: bench/RESULTS.md). A ratio of sums, not a mean of each step's
+        share capped at 1: a copying request's drafts keep all or nearly nothing, and capping
+        the steps that kept all at what they expected read such a request's calibration as
+        the share of its drafts that were right (0.56 on the trained fixture's code editing
+        replayed on the CPU, whose drafts kept 0.78 of what they expected in all)."""
+        if not self._expected_sum:
+            return 1.0
+        return min(1.0, self._kept_sum / self._expected_sum)
 
     def __post_init__(self) -> None:
         if self.cost_ratios is not None:
@@ -382,7 +389,6 @@ class SpecSwitch:
                 self._kept_sum = self._expected_sum = expected * GAIN_DECAY / (1 - GAIN_DECAY)
             self._kept_sum = GAIN_DECAY * self._kept_sum + num_kept
             self._expected_sum = GAIN_DECAY * self._expected_sum + expected
-            self.calibration = min(1.0, self._kept_sum / self._expected_sum)
         if step_gain is None:
             return
         if math.isinf(self.gain):
