@@ -118,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--baseline-alpha", type=float, default=0.05, help="false-alarm rate of the comparison"
     )
+    out.add_argument(
+        "--baseline-min-change",
+        type=float,
+        default=0.1,
+        help="smallest change called a regression, as a fraction (0.1: 10%%, a factor of 1.1)",
+    )
 
 
 def parse_mix(spec: str) -> tuple[tuple[str, float], ...]:
@@ -437,6 +443,10 @@ def run(args: argparse.Namespace) -> int:
             )
         if not 0 < args.baseline_alpha < 1:
             raise InvalidArgument(f"baseline_alpha: must be in (0, 1), got {args.baseline_alpha}")
+        if not (args.baseline_min_change >= 0 and math.isfinite(args.baseline_min_change)):
+            raise InvalidArgument(
+                f"baseline_min_change: must be >= 0, got {args.baseline_min_change}"
+            )
     except InvalidArgument as exc:
         print(f"radixmesh bench: {exc}", file=sys.stderr)
         return 2
@@ -470,10 +480,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(format_sweep(report["sweep"]))
     if baseline is not None:
-        rows = compare(baseline, report, args.baseline_alpha)
+        rows = compare(baseline, report, args.baseline_alpha, args.baseline_min_change)
         report["baseline"] = {
             "path": args.baseline,
             "alpha": args.baseline_alpha,
+            "min_change": args.baseline_min_change,
             "metrics": {
                 r.metric.name: {
                     "baseline_mean": r.baseline_mean,
@@ -484,7 +495,7 @@ def run(args: argparse.Namespace) -> int:
                 for r in rows
             },
         }
-        print(format_comparison(rows, args.baseline_alpha))
+        print(format_comparison(rows, args.baseline_alpha, args.baseline_min_change))
         if any(r.verdict == "regression" for r in rows) and code == 0:
             code = 4
     if args.output:

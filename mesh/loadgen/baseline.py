@@ -13,6 +13,13 @@ repeats find a 50% change over 2% noise; three find a doubling). Latencies
 and rates are compared as logarithms: a run on a busier machine is slower by
 a factor, not by a fixed number of milliseconds. A metric without variance on either side (error rate 0 in every
 run) changes only when its value does.
+
+Significance alone is not enough. Repeats run back to back share the
+machine's state of the moment, so their spread understates how far two
+sessions of the same code drift apart on a shared host (another job starting,
+a CPU clock stepping down). A change must also be larger than `min_change`
+(10% by default; a factor of 1.1 for latencies and rates, either way) to be
+called a regression or an improvement: significant and small is `unchanged`.
 """
 
 from __future__ import annotations
@@ -121,12 +128,26 @@ class Comparison:
         return self.current_mean / self.baseline_mean - 1.0
 
 
+def _beyond(metric: Metric, b_mean: float, c_mean: float, min_change: float) -> bool:
+    """Whether the means differ by more than `min_change` (latencies and rates: by that factor)."""
+    if metric.unit in ("s", "/s") and b_mean > 0 and c_mean > 0:
+        return abs(math.log(c_mean / b_mean)) > math.log1p(min_change)
+    if b_mean == 0.0:
+        return c_mean != 0.0
+    return abs(c_mean / b_mean - 1.0) > min_change
+
+
 def compare(
-    baseline: dict[str, Any], current: dict[str, Any], alpha: float = 0.05
+    baseline: dict[str, Any],
+    current: dict[str, Any],
+    alpha: float = 0.05,
+    min_change: float = 0.1,
 ) -> list[Comparison]:
     """Each of the twelve metrics of `current` against `baseline` (see the module docstring)."""
     if not 0.0 < alpha < 1.0:
         raise InvalidArgument(f"baseline_alpha: must be in (0, 1), got {alpha}")
+    if not (min_change >= 0.0 and math.isfinite(min_change)):
+        raise InvalidArgument(f"baseline_min_change: must be >= 0, got {min_change}")
     base_runs, cur_runs = repeat_values(baseline), repeat_values(current)
     if len(base_runs) < 2 or len(cur_runs) < 2:
         raise InvalidArgument(
@@ -149,16 +170,17 @@ def compare(
             continue
         p = welch_p_value(*_scale(metric, b, c))
         verdict = "unchanged"
-        if p < level:
+        if p < level and _beyond(metric, b_mean, c_mean, min_change):  # type: ignore[arg-type]
             worse = (c_mean > b_mean) == (metric.better == "lower")  # type: ignore[operator]
             verdict = "regression" if worse else "improvement"
         out.append(Comparison(metric, b_mean, c_mean, p, verdict))
     return out
 
 
-def format_comparison(rows: list[Comparison], alpha: float) -> str:
+def format_comparison(rows: list[Comparison], alpha: float, min_change: float) -> str:
     lines = [
-        f"baseline comparison (Welch t-test, alpha {alpha:g} over the judged metrics)",
+        f"baseline comparison (Welch t-test, alpha {alpha:g} over the judged metrics, "
+        f"changes under {100 * min_change:g}% unchanged)",
         f"{'metric':<16}{'baseline':>14}{'this run':>14}{'change':>10}{'p':>10}  verdict",
     ]
     for r in rows:

@@ -211,7 +211,10 @@ def test_bench_baseline_passes_a_rerun_and_flags_an_injected_regression(serve, t
     base, again = tmp_path / "base.json", tmp_path / "again.json"
     # five runs a side: a Welch test over 3 and 3 runs has 2 degrees of freedom, too few to
     # separate a tenfold TTFT from a loaded machine's noise at the per-metric level (0.01)
+    # and a minimum change of 3x: back to back on a shared CI host, this same code's TTFT p50
+    # has moved +75% between two sets of repeats; the injected change below is 10x
     flags = ("--num-requests", "12", "--warmup", "4", "--repeat", "5")
+    flags += ("--baseline-min-change", "2")
     assert main(bench_argv(serve, *flags, "--output", str(base))) == 0
     code = main(bench_argv(serve, *flags, "--output", str(again), "--baseline", str(base)))
     report = json.loads(again.read_text())

@@ -136,6 +136,8 @@ def test_slo_met_exits_zero(tmp_path, threaded_fake):
         (["--workload", "mix", "--mix", "70%tiny"], "mix: unknown profile 'tiny'"),
         (["--profile", "short=8"], "profile"),
         (["--metrics-url", "localhost:9"], "metrics_url"),
+        (["--baseline-alpha", "1"], "baseline_alpha: must be in (0, 1)"),
+        (["--baseline-min-change", "-0.5"], "baseline_min_change: must be >= 0, got -0.5"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, message, capsys):

@@ -11,12 +11,12 @@ from mesh.loadgen.twelve import TWELVE, parse_selection
 from radixmesh.errors import InvalidArgument
 
 
-def runs(n: int, seed: int, **shift: float) -> dict:
+def runs(n: int, seed: int, noise: float = 0.02, **shift: float) -> dict:
     """A report with n repeats: every metric near 1.0 with 2% noise, times `shift` factors."""
     rng = random.Random(seed)
     repeats = []
     for _ in range(n):
-        values = {m.name: rng.gauss(1.0, 0.02) * shift.get(m.name, 1.0) for m in TWELVE}
+        values = {m.name: rng.gauss(1.0, noise) * shift.get(m.name, 1.0) for m in TWELVE}
         values["error_rate"] = 0.0
         values["gpu_util"] = values["gpu_mem"] = None
         repeats.append(values)
@@ -61,6 +61,24 @@ def test_higher_is_better_metrics_regress_when_they_fall():
 def test_a_shift_within_the_noise_is_not_flagged():
     rows = verdicts(compare(runs(3, 1), runs(3, 2, ttft=1.01)))
     assert rows["ttft"] == "unchanged"
+
+
+def test_a_significant_change_smaller_than_the_minimum_is_unchanged():
+    # 0.2% noise makes a 5% shift highly significant; it is still under the 10% minimum
+    base, slower = runs(5, 1, noise=0.002), runs(5, 2, noise=0.002, ttft=1.05)
+    assert verdicts(compare(base, slower, min_change=0.0))["ttft"] == "regression"
+    assert verdicts(compare(base, slower))["ttft"] == "unchanged"
+    rows = verdicts(compare(base, runs(5, 2, noise=0.002, ttft=1.15, rps=1.15)))
+    assert rows["ttft"] == "regression" and rows["rps"] == "improvement"
+    # for latencies the minimum is a factor both ways: 1/1.15 is as far as 1.15
+    assert verdicts(compare(base, runs(5, 2, noise=0.002, ttft=1 / 1.15)))["ttft"] == "improvement"
+    assert verdicts(compare(base, slower, min_change=0.04))["ttft"] == "regression"
+
+
+def test_the_minimum_change_must_be_a_fraction_at_least_zero():
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument, match="baseline_min_change"):
+            compare(runs(3, 1), runs(3, 2), min_change=bad)
 
 
 def test_errors_appearing_in_every_run_are_a_regression():
