@@ -97,6 +97,14 @@ class Report:
     before ran)."""
     steps_in_extend_graphs: int | None = None
     """In-process with --extend-graph-tokens: steps that replayed an extend graph."""
+    idle_gaps: int | None = None
+    """Times the step thread ran out of steps and the next plan then came, warm-up
+    included (in-process: `PipelineCounts`; services: the executor's
+    `radixmesh_executor_idle_gap_seconds` count)."""
+    idle_gap_s: float | None = None
+    """Their summed seconds: under an offline load, the scheduler's round trip not hidden."""
+    steps_in_flight_target: int | None = None
+    """The scheduler's depth toward the executor as the run ended (pipeline_depth.py)."""
     prompt_tokens: int = 0
     """Prompt tokens of the measured requests, in all."""
     decode_weight_bytes: int | None = None
@@ -204,6 +212,7 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         max_num_seqs=args.max_num_seqs,
         max_queue_len=max(1024, args.num_requests),
         decode_steps_per_plan=args.decode_steps_per_plan,
+        max_steps_in_flight=args.max_steps_in_flight,
     )
     config = EngineConfig.for_model(
         model_dir(args), scheduler=scheduler, launch_ahead=args.launch_ahead, **executor_fields
@@ -213,6 +222,10 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
 
         torch.set_num_threads(args.num_threads)
     async with Engine(config) as engine:
+        if args.stand_in_device_ms is not None:
+            from bench.device_stand_in import install
+
+            install(engine.executors[0], args.stand_in_device_ms)
 
         async def generate(req_id, prompt, sampling):
             async for update in await engine.generate(prompt, sampling, req_id=req_id):
@@ -221,12 +234,15 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         vocab = engine.executors[0].info.vocab_size
         prompts, timings, seconds = await timed(args, generate, vocab)
         num_preemptions = engine.scheduler.num_preemptions
+        (load,) = engine.scheduler.executor_loads()
         counts = engine.ports[0].pipeline_counts
         extend_graphs = engine.executors[0].forward.extend
         weights = getattr(engine.executors[0].model, "weights", None)
         read_bytes = weights.decode_read_bytes() if weights is not None else None
     report = summarize(args, "inprocess", prompts, timings, seconds, num_preemptions)
     report.steps, report.steps_launched_ahead = counts.steps, counts.launched_ahead
+    report.idle_gaps, report.idle_gap_s = counts.idle_starts - 1, round(counts.idle_s, 4)
+    report.steps_in_flight_target = load.steps_in_flight_target
     report.steps_launched_on_prepare = counts.launched_on_prepare
     report.steps_in_extend_graphs = extend_graphs.num_runs if extend_graphs else None
     report.decode_weight_bytes = read_bytes
@@ -270,13 +286,14 @@ def service_specs(args: argparse.Namespace, model: str) -> list:
     """ServiceSpecs in start order: cache, one executor, the scheduler (loopback ports)."""
     from mesh.supervisor import ServiceSpec
 
-    cache, executor, scheduler, metrics = free_ports(4)
+    cache, executor, scheduler, metrics, executor_metrics = free_ports(5)
     cache_address = f"127.0.0.1:{cache}"
     sizes = ["--max-num-seqs", str(args.max_num_seqs)]
     sizes += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     executor_args = ["--model", model, "--executor-id", "executor-0", "--device", args.device]
     executor_args += ["--cache-address", cache_address, "--page-size", str(args.page_size)]
     executor_args += [*sizes, "--log-level", "warning", "--quantization", args.quantization]
+    executor_args += ["--metrics-port", str(executor_metrics)]
     if args.num_pages:
         executor_args += ["--num-pages", str(args.num_pages)]
     executor_args += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
@@ -284,28 +301,49 @@ def service_specs(args: argparse.Namespace, model: str) -> list:
     scheduler_args += [*sizes, "--max-queue-len", str(max(1024, args.num_requests))]
     scheduler_args += ["--metrics-port", str(metrics), "--log-level", "warning"]
     scheduler_args += ["--decode-steps-per-plan", str(args.decode_steps_per_plan)]
+    scheduler_args += ["--max-steps-in-flight", str(args.max_steps_in_flight)]
 
     def spec(name: str, port: int, extra: list[str], service: str, **kw) -> ServiceSpec:
         argv = (sys.executable, "-m", f"services.{name}.main", "--port", str(port), *extra)
+        if name == "executor" and args.stand_in_device_ms is not None:
+            stand_in = ("--device-ms", str(args.stand_in_device_ms))
+            argv = (
+                sys.executable,
+                str(REPO / "bench" / "device_stand_in.py"),
+                *stand_in,
+                *argv[3:],
+            )
         return ServiceSpec(name, argv, f"127.0.0.1:{port}", f"radixmesh.v1.{service}", **kw)
 
     return [
         spec("cache", cache, [], "Cache"),
-        spec("executor", executor, executor_args, "Executor", start_timeout_s=600),
+        spec(
+            "executor",
+            executor,
+            executor_args,
+            "Executor",
+            start_timeout_s=600,
+            metrics_port=executor_metrics,
+        ),
         spec("scheduler", scheduler, scheduler_args, "Scheduler", metrics_port=metrics),
     ]
 
 
-async def scrape_preemptions(port: int) -> int:
+async def scrape(port: int, *names: str) -> list[float]:
+    """The values of these series on a service's /metrics, labels dropped (one executor: one
+    series a name; 0 where absent)."""
     import aiohttp
 
     url = f"http://127.0.0.1:{port}/metrics"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         text = await response.text()
+    found = {}
     for line in text.splitlines():
-        if line.startswith("radixmesh_scheduler_preemptions_total "):
-            return int(float(line.split()[1]))
-    return 0
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        found[series.partition("{")[0]] = float(value)
+    return [found.get(name, 0.0) for name in names]
 
 
 async def bench_services(args: argparse.Namespace) -> Report:
@@ -324,10 +362,22 @@ async def bench_services(args: argparse.Namespace) -> Report:
             scheduler = specs[-1]
             async with SchedulerClient(scheduler.address) as client:
                 prompts, timings, seconds = await timed(args, client.generate, vocab)
-            num_preemptions = await scrape_preemptions(scheduler.metrics_port)
+            num_preemptions, target = await scrape(
+                scheduler.metrics_port,
+                "radixmesh_scheduler_preemptions_total",
+                "radixmesh_scheduler_steps_in_flight_target",
+            )
+            gaps, gap_s = await scrape(
+                specs[1].metrics_port,
+                "radixmesh_executor_idle_gap_seconds_count",
+                "radixmesh_executor_idle_gap_seconds_sum",
+            )
         finally:
             await supervisor.stop_all()
-    return summarize(args, "services", prompts, timings, seconds, num_preemptions)
+    report = summarize(args, "services", prompts, timings, seconds, int(num_preemptions))
+    report.idle_gaps, report.idle_gap_s = int(gaps), round(gap_s, 4)
+    report.steps_in_flight_target = int(target)
+    return report
 
 
 def model_vocab_size(model: str) -> int:
@@ -437,7 +487,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=SchedulerConfig().decode_steps_per_plan,
         help="the scheduler's multi-step decode plans; 1: a plan per step (default %(default)s)",
     )
+    p.add_argument(
+        "--max-steps-in-flight",
+        type=int,
+        default=SchedulerConfig().max_steps_in_flight,
+        help="the most steps the scheduler keeps in flight (it keeps 2, more while plans "
+        "reach the executor after its steps ran out; default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--stand-in-device-ms",
+        type=float,
+        default=None,
+        help="CPU only: the forward waits this long, lock released, and returns fixed logits "
+        "(bench/device_stand_in.py), so the service path shows beside a GPU-sized step",
+    )
     p.add_argument(
         "--no-launch-ahead",
         dest="launch_ahead",
@@ -491,6 +555,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--bench-warmup must be >= 0")
     if args.num_threads < 0:
         p.error("--num-threads must be >= 0")
+    if args.stand_in_device_ms is not None and (
+        args.stand_in_device_ms < 0 or args.device != "cpu"
+    ):
+        p.error("--stand-in-device-ms must be >= 0 and needs --device cpu")
     if args.tensor_parallel_size < 1:
         p.error("--tensor-parallel-size must be >= 1")
     if args.tensor_parallel_size > 1 and args.mode != "services":

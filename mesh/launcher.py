@@ -161,6 +161,7 @@ def plan_stages(config: MeshConfig, ports: MeshPorts) -> list[list[ServiceSpec]]
             *[arg for port, _ in ports.executors for arg in ("--executor", _address(port))],
             *_queue_wait_args(config.max_queue_wait_s),
             *_steps_per_plan_args(config.decode_steps_per_plan),
+            *_in_flight_args(config.max_steps_in_flight),
             *_max_seqs_args(config.max_num_seqs),
         ),
         _address(ports.scheduler),
@@ -228,6 +229,10 @@ def _queue_wait_args(seconds: float | None) -> tuple[str, ...]:
 
 def _steps_per_plan_args(num_steps: int | None) -> tuple[str, ...]:
     return () if num_steps is None else ("--decode-steps-per-plan", str(num_steps))
+
+
+def _in_flight_args(num_steps: int | None) -> tuple[str, ...]:
+    return () if num_steps is None else ("--max-steps-in-flight", str(num_steps))
 
 
 def _max_seqs_args(num_seqs: int | None) -> tuple[str, ...]:

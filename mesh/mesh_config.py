@@ -92,6 +92,9 @@ class MeshConfig:
     """The scheduler's wait-based admission bound (0 turns it off); None keeps its default."""
     decode_steps_per_plan: int | None = None
     """The scheduler's multi-step decode plans (1: a plan per step); None keeps its default."""
+    max_steps_in_flight: int | None = None
+    """The most steps the scheduler keeps in flight to an executor (pipeline_depth.py);
+    None keeps its default (4)."""
     max_num_seqs: int | None = None
     """Most sequences in a step, every executor's and the scheduler's (decode graphs are
     captured up to it); None keeps their default (256)."""

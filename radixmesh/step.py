@@ -162,6 +162,10 @@ class StepResult:
     decode step; else D, the D-th decode step from this one being the first it may draft
     (a probe), the D - 1 before it declined whatever they are offered. The scheduler plans
     those without drafts, several a plan (scheduler/core/draft_offers.py)."""
+    idle_gap_s: float = 0.0
+    """A plan's first step: how long the executor's step thread had had no step of the
+    stream to run when the plan arrived (0: it came while a step before it was queued or
+    running). The scheduler deepens its pipeline on such gaps (pipeline_depth.py)."""
     plain_req_ids: list[str] = field(default_factory=list)
     """Columnar rows (as `wire.result_from_proto(msg, columnar=True)` gives them): sequence
     plain_req_ids[i] sampled plain_token_ids[i] and nothing else (`is_plain`); `outputs`

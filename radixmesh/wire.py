@@ -242,6 +242,7 @@ def result_to_proto(result: StepResult, columnar: bool = True) -> executor_pb2.S
         step_seconds=result.step_seconds,
         substep=result.substep,
         undrafted_steps=result.undrafted_steps,
+        idle_gap_s=result.idle_gap_s,
         plain_req_ids=plain_ids,
         plain_token_ids=plain_tokens,
         output_rows=rows,
@@ -328,6 +329,7 @@ def result_from_proto(msg: executor_pb2.StepResult, columnar: bool = False) -> S
     health = health_from_proto(msg.health) if msg.HasField("health") else None
     result = StepResult(msg.step_id, outputs, msg.step_seconds, health, msg.substep)
     result.undrafted_steps = msg.undrafted_steps
+    result.idle_gap_s = msg.idle_gap_s
     plain_ids = msg.plain_req_ids
     if not plain_ids:
         rows = list(msg.output_rows)

@@ -189,6 +189,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "batch only decodes; 1: a plan per step (default: the scheduler's)",
     )
     parser.add_argument(
+        "--max-steps-in-flight",
+        type=int,
+        default=None,
+        help="the most steps the scheduler keeps in flight to an executor (it keeps 2, more "
+        "while its plans arrive after the executor ran out of steps; default: the "
+        "scheduler's, 4)",
+    )
+    parser.add_argument(
         "--max-num-seqs",
         type=int,
         default=None,
@@ -250,6 +258,7 @@ def _config(args: argparse.Namespace):
         ),
         max_queue_wait_s=args.max_queue_wait_s,
         decode_steps_per_plan=args.decode_steps_per_plan,
+        max_steps_in_flight=args.max_steps_in_flight,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )

@@ -89,7 +89,7 @@ class SequenceOutput(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_inference_pb2.PositionLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop_token_id: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_inference_pb2.PositionLogprobs, _Mapping]]] = ..., prompt_logprobs_position: _Optional[int] = ..., accepted_token_ids: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ..., num_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "outputs", "step_seconds", "health", "substep", "plain_req_ids", "plain_token_ids", "output_rows", "undrafted_steps", "next_results")
+    __slots__ = ("step_id", "outputs", "step_seconds", "health", "substep", "plain_req_ids", "plain_token_ids", "output_rows", "undrafted_steps", "next_results", "idle_gap_s")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class StepResult(_message.Message):
     OUTPUT_ROWS_FIELD_NUMBER: _ClassVar[int]
     UNDRAFTED_STEPS_FIELD_NUMBER: _ClassVar[int]
     NEXT_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_GAP_S_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     outputs: _containers.RepeatedCompositeFieldContainer[SequenceOutput]
     step_seconds: float
@@ -110,7 +111,8 @@ class StepResult(_message.Message):
     output_rows: _containers.RepeatedScalarFieldContainer[int]
     undrafted_steps: int
     next_results: _containers.RepeatedCompositeFieldContainer[StepResult]
-    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., step_seconds: _Optional[float] = ..., health: _Optional[_Union[DeviceHealth, _Mapping]] = ..., substep: _Optional[int] = ..., plain_req_ids: _Optional[_Iterable[str]] = ..., plain_token_ids: _Optional[_Iterable[int]] = ..., output_rows: _Optional[_Iterable[int]] = ..., undrafted_steps: _Optional[int] = ..., next_results: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ...) -> None: ...
+    idle_gap_s: float
+    def __init__(self, step_id: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[SequenceOutput, _Mapping]]] = ..., step_seconds: _Optional[float] = ..., health: _Optional[_Union[DeviceHealth, _Mapping]] = ..., substep: _Optional[int] = ..., plain_req_ids: _Optional[_Iterable[str]] = ..., plain_token_ids: _Optional[_Iterable[int]] = ..., output_rows: _Optional[_Iterable[int]] = ..., undrafted_steps: _Optional[int] = ..., next_results: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ..., idle_gap_s: _Optional[float] = ...) -> None: ...
 
 class DeviceHealth(_message.Message):
     __slots__ = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "temperature_celsius")

@@ -24,6 +24,7 @@ ROOM = "executor"
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 _SEQ_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 2048, 4096, 8192, 16384)
+_GAP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,8 @@ class StepMetrics:
     """Handles on the process registry's executor metrics (created once, shared)."""
 
     step_seconds: Histogram
+    idle_gap_seconds: Histogram
+    """Observed on the loop thread as a plan arrives after the stream's last step ended."""
     batch_sequences: Histogram
     step_tokens: Histogram
     tokens_total: Counter
@@ -58,6 +61,14 @@ class StepMetrics:
                 "step_seconds",
                 "Time of one step in the core (forward and sampling).",
                 buckets=_STEP_BUCKETS,
+            ),
+            idle_gap_seconds=histogram(
+                ROOM,
+                "idle_gap_seconds",
+                "Time the step thread had no step to run before the next plan of its stream "
+                "arrived, from the end of the step before. Under load, gaps under a step's "
+                "time are the scheduler's round trip not hidden behind queued steps.",
+                buckets=_GAP_BUCKETS,
             ),
             batch_sequences=histogram(
                 ROOM, "batch_sequences", "Sequences scheduled in one step.", buckets=_SEQ_BUCKETS

@@ -300,6 +300,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             after_execute=lambda plan, result: self._answer(core, stream, plan, result),
             before_prepare=lambda plan: self._track(core, stream, plan),
             on_error=self._metrics.record_error,
+            on_idle=self._metrics.idle_gap_seconds.observe,
         )
         self._stream_released.clear()
         return stream

@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(a new request waits at most this many steps); 1: a plan per step "
         "(default %(default)s)",
     )
+    p.add_argument(
+        "--max-steps-in-flight",
+        type=int,
+        default=d.max_steps_in_flight,
+        help="the most steps sent to an executor and not yet answered when the next plan "
+        "goes out: 2, and more while plans reach the executor after its steps ran out; "
+        "1: one step at a time (default %(default)s)",
+    )
     p.add_argument("--aging-rate", type=float, default=d.aging_rate)
     p.add_argument(
         "--priority-preemption-gap",
@@ -129,6 +137,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         max_queue_wait_s=args.max_queue_wait_s or None,
         page_lookahead=args.page_lookahead,
         decode_steps_per_plan=args.decode_steps_per_plan,
+        max_steps_in_flight=args.max_steps_in_flight,
         aging_rate=args.aging_rate,
         priority_preemption_gap=args.priority_preemption_gap or None,
         lease_holder=args.lease_holder or f"scheduler-{socket.gethostname()}-{os.getpid()}",

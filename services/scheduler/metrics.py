@@ -48,6 +48,12 @@ class SchedulerMetricsCollector(Collector):
             "Fraction of the executor's pages leased by this scheduler.",
             "kv_usage",
         ),
+        (
+            "steps_in_flight_target",
+            "Steps the scheduler keeps in flight to the executor: more while its plans "
+            "arrive after the executor ran out of steps.",
+            "steps_in_flight_target",
+        ),
         ("executor_healthy", "1 while the executor's Step stream works.", "healthy"),
     )
 

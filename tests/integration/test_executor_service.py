@@ -530,14 +530,19 @@ async def test_the_service_process_serves_registers_and_stops_gracefully(referen
                 expected, _ = reference.greedy(prompt, 4)
                 call = stub.Step()
                 await call.write(plan(1, new=[new_seq("p", prompt, pages_for(11, 0))]))
+                first = await call.read()  # step 1 has ended: plan 2 finds the step thread idle
                 for step in range(2, 5):
                     await call.write(plan(step, running=[("p", 1)]))
                 await call.done_writing()
-                results = await read_all(call)
+                results = [result_to_proto(r, columnar=False) for r in results_from_proto(first)]
+                results += await read_all(call)
                 assert tokens_of(results, "p") == expected
 
             text = await http_get(metrics_port, "/metrics")
             assert metric_value(text, "radixmesh_executor_step_seconds_count") == 4
+            # plan 2 came after step 1 had ended (3 and 4 most likely while step 2 ran)
+            assert 1 <= metric_value(text, "radixmesh_executor_idle_gap_seconds_count") <= 3
+            assert metric_value(text, "radixmesh_executor_idle_gap_seconds_sum") > 0
             assert metric_value(text, 'radixmesh_executor_tokens_total{kind="prefill"}') == 7
             assert metric_value(text, 'radixmesh_executor_tokens_total{kind="decode"}') == 3
 

@@ -90,6 +90,9 @@ class PipelineCounts:
     idle_starts: int = 0
     """Steps queued while no step before them was running or waiting: the step thread had
     nothing to do until this one's prepare ended (the scheduler had not planned ahead)."""
+    idle_s: float = 0.0
+    """Seconds the step thread had run out of steps before those idle starts, each from the
+    end of the step before to the plan's arrival (a run's first step adds none)."""
     prepare_wait_s: float = 0.0
     """Seconds the prepares spent waiting for the steps they were gated on."""
     launched_ahead: int = 0
@@ -123,6 +126,8 @@ class _Slot:
     the step, so the prepare thread prepares the step after it no earlier."""
     may_draft: bool = False
     """Left to the step thread: what the core said of its drafting."""
+    idle_gap_s: float = 0.0
+    """The step thread had run out of the run's steps this long before the step came."""
 
 
 class PlanRun(Generic[R]):
@@ -131,7 +136,10 @@ class PlanRun(Generic[R]):
 
     Hooks: `before_prepare(plan)` on the prepare thread just before the core prepares a
     plan it will run; `after_execute(plan, result)` on the execute thread after the step;
-    `on_error()` on the execute thread when a prepare or execute surfaces as failed.
+    `on_error()` on the execute thread when a prepare or execute surfaces as failed;
+    `on_idle(seconds)` on the thread that submits, when a plan arrives after the run's
+    step before it has ended: how long the step thread had had nothing of the run to do
+    (under load, a gap the scheduler's round trip left: `PipelineCounts.idle_s`).
     """
 
     def __init__(
@@ -141,12 +149,17 @@ class PlanRun(Generic[R]):
         after_execute: Callable[[StepPlan, StepResult], R],
         before_prepare: Callable[[StepPlan], None] | None = None,
         on_error: Callable[[], None] | None = None,
+        on_idle: Callable[[float], None] | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._core = core
         self._after_execute = after_execute
         self._before_prepare = before_prepare
         self._on_error = on_error
+        self._on_idle = on_idle
+        self._last_end = 0.0
+        """Execute thread: `time.perf_counter()` as the run's last step ended (read by the
+        submitting thread once that step's future is done)."""
         self._executes: deque[Future[R | None]] = deque(maxlen=2)
         """Loop thread: the last two plans' executes; plan N + 1's prepare waits for the older."""
         self._drafts_before = False
@@ -199,9 +212,14 @@ class PlanRun(Generic[R]):
         executes = self._executes
         last = executes[-1] if executes else None
         older = executes[0] if len(executes) == executes.maxlen else None
+        slot = _Slot(plan, substep, last, older)
         if last is None or last.done():
             self.counts.idle_starts += 1
-        slot = _Slot(plan, substep, last, older)
+            if last is not None:
+                slot.idle_gap_s = gap = max(0.0, time.perf_counter() - self._last_end)
+                self.counts.idle_s += gap
+                if self._on_idle is not None:
+                    self._on_idle(gap)
         self._slots.append(slot)
         prepare = self._pipeline.prepare_thread.submit(self._prepare, slot)
         slot.prepare = self.last_prepare = prepare
@@ -285,6 +303,7 @@ class PlanRun(Generic[R]):
         finally:
             if slot.inline is not None:  # prepared here or never: the next prepare may go
                 slot.inline.set()
+            self._last_end = time.perf_counter()  # before the future is done
 
     def _execute_step(self, slot: _Slot) -> R | None:
         with self._launching:
@@ -321,6 +340,7 @@ class PlanRun(Generic[R]):
             if self._on_error is not None:
                 self._on_error()
             raise
+        result.idle_gap_s = slot.idle_gap_s
         return self._after_execute(slot.plan, result)
 
     def _launch_next(self, running: _Slot) -> None:
@@ -437,9 +457,10 @@ class StepPipeline:
         after_execute: Callable[[StepPlan, StepResult], R],
         before_prepare: Callable[[StepPlan], None] | None = None,
         on_error: Callable[[], None] | None = None,
+        on_idle: Callable[[float], None] | None = None,
     ) -> PlanRun[R]:
         """A new series of plans on `core` (see `PlanRun` for the hooks)."""
-        return PlanRun(self, core, after_execute, before_prepare, on_error)
+        return PlanRun(self, core, after_execute, before_prepare, on_error, on_idle)
 
     def run_after(self, run: PlanRun, job: Callable[[], T]) -> Future[T]:
         """`job` on the step thread, once every plan of `run` is prepared and executed."""

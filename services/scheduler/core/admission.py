@@ -144,7 +144,9 @@ def _candidates(
     for req in ranked:
         if num_tokens <= 0 or num_seqs <= 0:
             break
-        if req.req_id in budget.preempted_req_ids or req.hold_until_step > ex.last_result_step:
+        if req.req_id in budget.preempted_req_ids:
+            continue
+        if req.hold_until_answered > ex.num_steps_answered:
             continue
         group = req.group_id
         if group in arriving or group in deferred:

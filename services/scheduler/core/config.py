@@ -14,6 +14,11 @@ from radixmesh.step import MAX_STEPS_PER_PLAN
 
 DEFAULT_DECODE_STEPS_PER_PLAN = 4
 """Chosen from bench/multi_step.py (bench/RESULTS.md): see there."""
+SPECULATING_MAX_STEPS_IN_FLIGHT = 2
+"""The most steps in flight to a speculating executor: its switch's answers reach the
+scheduler some steps late and are matched to steps by number (draft_offers.py); with
+more in flight, the steps planned before the first answer are all offered drafts and each
+decline backs the switch's probing off further, so its probes came far less often."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +40,13 @@ class SchedulerConfig:
     """Rank bonus (in classes, < 1) for a fully cached prompt; orders within a class."""
     priority_preemption_gap: int | None = 2
     """A waiting request preempts running work this many classes below it; None: never."""
-    max_steps_in_flight: int = 2
-    """Steps submitted to an executor and not yet answered before the next plan goes out
-    (2: plan N+1 while N runs; a multi-step plan counts each of its steps)."""
+    max_steps_in_flight: int = 4
+    """The most steps submitted to an executor and not yet answered when the next plan
+    goes out (a multi-step plan counts each of its steps). The scheduler keeps 2 (plan
+    N + 1 while N runs) and more, up to this, while its plans reach the executor after
+    its steps ran out (a step shorter than the round trip: a small model at a large
+    batch; pipeline_depth.py). 1: one step at a time. A speculating executor stops at
+    `SPECULATING_MAX_STEPS_IN_FLIGHT`."""
     decode_steps_per_plan: int = DEFAULT_DECODE_STEPS_PER_PLAN
     """Most decode steps one plan asks for when the batch only decodes (multi_step.py);
     1: a plan per step. A request arriving meanwhile waits at most this many steps."""
@@ -85,9 +94,10 @@ class SchedulerConfig:
             raise InvalidArgument(
                 f"scheduler.decode_steps_per_plan must be in [1, {MAX_STEPS_PER_PLAN}], got {k}"
             )
-        if not (1 <= self.max_steps_in_flight <= 2):
+        if not (1 <= self.max_steps_in_flight <= MAX_STEPS_PER_PLAN + 1):
             raise InvalidArgument(
-                f"scheduler.max_steps_in_flight must be 1 or 2, got {self.max_steps_in_flight}"
+                f"scheduler.max_steps_in_flight must be in [1, {MAX_STEPS_PER_PLAN + 1}], "
+                f"got {self.max_steps_in_flight}"
             )
         if not 0.0 < self.saturation_utilization_ratio <= 1.0:
             raise InvalidArgument(

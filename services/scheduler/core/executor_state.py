@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from radixmesh.executor_info import ExecutorInfo
 from radixmesh.step import DeviceHealth
-from services.scheduler.core.config import SchedulerConfig
+from services.scheduler.core.config import SPECULATING_MAX_STEPS_IN_FLIGHT, SchedulerConfig
 from services.scheduler.core.draft_offers import DraftOffers
+from services.scheduler.core.pipeline_depth import PipelineDepth
 from services.scheduler.core.ports import ExecutorPort
 from services.scheduler.core.queue import WaitQueue
 from services.scheduler.core.request import Request
@@ -27,6 +28,8 @@ class ExecutorLoad:
     healthy: bool
     num_preparing: int = 0
     """Constrained requests waiting for their grammar before they join the queue."""
+    steps_in_flight_target: int = 2
+    """Steps kept in flight to the executor (pipeline_depth.py)."""
 
 
 @dataclass(slots=True)
@@ -34,6 +37,8 @@ class ExecutorState:
     port: ExecutorPort
     info: ExecutorInfo
     queue: WaitQueue
+    depth: PipelineDepth
+    """How many steps to keep in flight: the next plan goes out below `depth.target`."""
     running: dict[str, Request] = field(default_factory=dict)
     """Requests holding a lease on this executor, in admission order."""
     preparing: dict[str, Request] = field(default_factory=dict)
@@ -44,8 +49,11 @@ class ExecutorState:
     abort_plan_step_id: int = 0
     """Step id of the abort-only plan in flight (sent while a multi-step plan runs); 0: none."""
     next_step_id: int = 1
-    last_result_step: int = 0
-    """Id of the newest step whose result was processed."""
+    num_steps_sent: int = 0
+    """Steps submitted (a multi-step plan's each; abort-only plans are not steps)."""
+    num_steps_answered: int = 0
+    """Of them, the steps whose result was read (a multi-step plan's k results share its
+    step id, so step ids do not tell how many of its steps are still in flight)."""
     drafts: DraftOffers = field(default_factory=DraftOffers)
     """Which steps a speculating executor's decodes are offered drafts in, by its switch's
     answers (`StepResult.undrafted_steps`): between them none, several steps a plan."""
@@ -68,7 +76,10 @@ class ExecutorState:
     @classmethod
     def create(cls, port: ExecutorPort, config: SchedulerConfig) -> ExecutorState:
         queue = WaitQueue(config, port.info.page_size, port.info.max_model_len)
-        return cls(port=port, info=port.info, queue=queue)
+        ceiling = config.max_steps_in_flight
+        if port.info.max_draft_tokens:
+            ceiling = min(ceiling, SPECULATING_MAX_STEPS_IN_FLIGHT)
+        return cls(port=port, info=port.info, queue=queue, depth=PipelineDepth(ceiling))
 
     def note_health(self, health: DeviceHealth | None, now: float) -> None:
         """Keep a step result's device health (results between reports carry none)."""
@@ -98,4 +109,5 @@ class ExecutorState:
             kv_usage=min(1.0, num_leased / max(1, self.info.num_pages)),
             healthy=self.alive,
             num_preparing=len(self.preparing),
+            steps_in_flight_target=self.depth.target,
         )

@@ -172,7 +172,7 @@ class Leases:
         ex.running.pop(req.req_id, None)
         self.forget_on_executor(ex, req)
         ex.queue.push(req)
-        req.hold_until_step = ex.next_step_id - 1
+        req.hold_until_answered = ex.num_steps_sent
         return num_computed
 
     async def finish(self, req: Request, hold: bool = False) -> tuple[str, int] | None:

@@ -9,7 +9,9 @@ max_tokens, the context limit or its grammar's end.
 A plan gets k > 1 only when the step would change nothing else: nothing
 waits in the queue (so nothing is admitted; a request arriving meanwhile is
 admitted by the next plan, at most k steps later), every running sequence
-decodes in it (no prefill chunk, no preemption, no failure), and no row
+decodes in it (no prefill chunk, no preemption, no failure; one whose last
+steps are already in flight, its results still to come, has nothing to plan
+and does not count), and no row
 could verify a draft (speculative decoding at this batch size, or
 jump-forward on a constrained row: those plans stay one step each). A
 speculating executor whose switch declines the batch says for how many more
@@ -57,9 +59,11 @@ def may_run_steps(
     nothing but one decode token per sequence, so that more of its steps can follow."""
     if num_new or len(ex.queue) or not running_seqs or budget.preempted_req_ids or budget.failed:
         return False
-    if len(running_seqs) != len(ex.running):
-        return False  # a running request waits for pages or budget
     info = ex.info
+    if len(running_seqs) != len(ex.running) and len(running_seqs) != sum(
+        1 for r in ex.running.values() if r.prefilling or decodes_left(r, info.max_model_len)
+    ):
+        return False  # a running request waits for pages or budget
     if speculates_at(ex, len(running_seqs)) and not offers_no_drafts(ex, len(running_seqs)):
         return False  # rows could verify drafts: one step per plan
     for seq in running_seqs:

@@ -282,7 +282,7 @@ class QueueWaits:
         state = (
             num_held,
             ex.next_step_id,
-            ex.last_result_step,
+            ex.num_steps_answered,
             len(ex.running),
             next(reversed(ex.running), None),  # an admission appends: the last one changes
         )

@@ -70,8 +70,10 @@ class Request:
     """Tokens sent in full at admission (prompt + outputs so far); prefill runs to here."""
     on_executor: bool = False
     """The executor holds state for it (sent as a new sequence, not yet dropped)."""
-    hold_until_step: int = 0
-    """Set by a preemption: not re-admitted before this step's result (it may carry a token)."""
+    hold_until_answered: int = 0
+    """Set by a preemption: not re-admitted before the executor has answered this many
+    steps (`ExecutorState.num_steps_answered`): the steps in flight as it was preempted,
+    every step of a multi-step plan included, may still carry its tokens."""
     inflight_page_keys: list[int] = field(default_factory=list)
     """Keys of the prompt pages this request computes that are not in the tree yet."""
     page_keys: list[int] = field(default_factory=list)

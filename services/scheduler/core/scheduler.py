@@ -352,7 +352,7 @@ class SchedulerCore:
     # -- the step loop ---------------------------------------------------------------------
 
     async def _loop(self, ex: ExecutorState) -> None:
-        max_in_flight = self.config.max_steps_in_flight
+        depth = ex.depth
         while ex.alive and not self._stopping:
             ex.wake.clear()
             if not ex.num_in_flight and self._num_matching:  # idle: let a burst land together
@@ -366,7 +366,7 @@ class SchedulerCore:
                     await self._executor_failed(ex, Unavailable(ex.lost_reason))
                     return
                 await self._apply_aborts_and_deadlines(ex)
-                wants_plan = ex.num_in_flight < max_in_flight and ex.has_work
+                wants_plan = ex.num_in_flight < depth.target and ex.has_work
                 plan = (
                     await self._plan(ex)
                     if wants_plan
@@ -385,7 +385,9 @@ class SchedulerCore:
                     if plan.abort_req_ids:
                         ex.abort_plan_step_id = plan.step_id
                     else:
+                        depth.sent(plan.step_id, ex.num_in_flight)
                         ex.num_in_flight += plan.num_steps
+                        ex.num_steps_sent += plan.num_steps
                         ex.drafts.planned(plan.num_steps, offers_drafts(plan))
                     continue
                 result = await ex.port.next_result()
@@ -396,8 +398,9 @@ class SchedulerCore:
                 ex.abort_plan_step_id = 0
             else:
                 ex.num_in_flight -= 1
+                ex.num_steps_answered += 1
                 ex.drafts.answered(result.undrafted_steps)
-            ex.last_result_step = result.step_id
+                depth.answered(result)
             ex.note_health(result.health, self._clock())
             await self._process(ex, result)
 
@@ -532,13 +535,15 @@ class SchedulerCore:
             await self._forget(ex, req)
             req.on_executor = False
             if others and not req.output_token_ids:
-                req.hold_until_step = 0
+                req.hold_until_answered = 0
                 self._route(req, others, {})
             else:
                 err = Unavailable(f"executor {ex.executor_id} failed: {exc}")
                 updates.append(self._end(req, error=err))
         ex.num_in_flight = ex.abort_plan_step_id = 0
+        ex.num_steps_answered = ex.num_steps_sent
         ex.drafts = DraftOffers()
+        ex.depth.reset()
         self._deliver(updates)
         with contextlib.suppress(Exception):
             await ex.port.close()

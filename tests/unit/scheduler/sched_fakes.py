@@ -242,6 +242,13 @@ class ToyExecutorPort:
         self.prepared: list[Constraint] = []
         self.through_wire = False
         """Each result goes through its protobuf, read as the gRPC port reads it (columnar)."""
+        self.round_trip_steps = 0
+        """A plan that finds fewer steps than this still queued reached the executor after
+        they ran out: its first result says so (`StepResult.idle_gap_s`, as the executor's
+        pipeline measures it), and the scheduler deepens its pipeline. 0: never late."""
+        self._late: set[int] = set()
+        self.steps_left_at_plans: list[int] = []
+        """Steps still queued as each plan (not abort-only) arrived."""
 
     @property
     def info(self) -> ExecutorInfo:
@@ -249,6 +256,11 @@ class ToyExecutorPort:
 
     def submit(self, plan: StepPlan) -> None:
         self.toy.stop(plan.abort_req_ids)
+        if not plan.abort_req_ids:
+            left = len(self._plans)
+            self.steps_left_at_plans.append(left)
+            if self.num_steps_run and left < self.round_trip_steps:
+                self._late.add(plan.step_id)
         self._plans.extend((plan, substep) for substep in range(plan.num_steps))
 
     async def next_result(self) -> StepResult:
@@ -261,6 +273,9 @@ class ToyExecutorPort:
         if self.fail_at_step is not None and plan.step_id >= self.fail_at_step:
             raise Unavailable("toy executor lost")
         result = self.toy.step_next(plan, substep) if substep else self.toy.step(plan)
+        if not substep and plan.step_id in self._late:
+            self._late.discard(plan.step_id)
+            result.idle_gap_s = 0.002
         self.num_steps_run += 1
         self.step_done.set()
         if self.through_wire:

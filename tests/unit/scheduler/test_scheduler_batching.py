@@ -193,8 +193,9 @@ SEEDS = (
 )
 
 
+@pytest.mark.parametrize("round_trip", [0, 4])  # 4: plans late until 4 steps are in flight
 @pytest.mark.parametrize("seed", SEEDS)
-async def test_mixed_priorities_on_a_tight_pool_keep_every_token_exact(seed):
+async def test_mixed_priorities_on_a_tight_pool_keep_every_token_exact(seed, round_trip):
     rng = random.Random(seed)
     rig = make_rig(
         SchedulerConfig(
@@ -206,6 +207,8 @@ async def test_mixed_priorities_on_a_tight_pool_keep_every_token_exact(seed):
         num_pages=rng.choice([16, 24]),
         num_executors=rng.choice([1, 1, 2]),
     )
+    for port in rig.ports:
+        port.round_trip_steps = round_trip
     cases, aborted = {}, set()
     await rig.scheduler.start()
     for i in range(16):

@@ -36,10 +36,12 @@ async def _run(rig, prompts, lengths) -> None:
     await rig.scheduler.stop()
 
 
+@pytest.mark.parametrize("round_trip", [0, 4])  # 4: the pipeline deepens to its ceiling
 @pytest.mark.parametrize("num_pages", [512, 40])  # 40: pages run short, some requests preempted
-async def test_multi_step_plans_give_exact_tokens_in_their_own_pages(num_pages):
+async def test_multi_step_plans_give_exact_tokens_in_their_own_pages(num_pages, round_trip):
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, decode_steps_per_plan=8)
     rig = make_rig(config, num_pages=num_pages)
+    rig.port.round_trip_steps = round_trip
     prompts = _prompts(12, seed=num_pages)
     lengths = [1 + (i * 5) % 23 for i in range(12)]
     await _run(rig, prompts, lengths)
@@ -47,6 +49,8 @@ async def test_multi_step_plans_give_exact_tokens_in_their_own_pages(num_pages):
         assert rig.sink.tokens[f"r{i}"] == reference(p, lengths[i]), f"r{i}"
     assert max(plan.num_steps for plan in rig.toy.plans) == 8
     assert rig.toy.num_substeps_run > 0
+    # deep: requests whose last steps are in flight do not keep the others to one step a plan
+    assert max(rig.port.steps_left_at_plans) >= (3 if round_trip else 1)
     _assert_pool_clean(rig)
 
 
@@ -168,6 +172,47 @@ async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():
     assert (abort.abort_req_ids, abort.running_seqs, abort.new_seqs) == (["a"], [], [])
     assert rig.sink.tokens["b"] == reference([8, 9], 100)
     _assert_pool_clean(rig)
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "speculates", "most_left"),
+    [(4, False, 2), (2, False, 1), (4, True, 1)],  # speculating: at most 2 in flight
+)
+async def test_plans_that_arrive_late_deepen_the_pipeline_up_to_its_ceiling(
+    ceiling, speculates, most_left
+):
+    """With a round trip of two steps, plans sent with one step left (the floor, 2 in
+    flight) arrive late; the scheduler then keeps 3 in flight (2 left at each plan), so
+    they arrive in time, and no further (the ceiling allows 4). A ceiling of 2, or a
+    speculating executor, keeps 2."""
+    info = {"max_draft_tokens": 2, "max_speculative_batch_size": 1} if speculates else {}
+    config = SchedulerConfig(decode_steps_per_plan=4, max_steps_in_flight=ceiling)
+    rig = make_rig(config, executor_info=info)  # two sequences: past the speculative cap
+    rig.port.round_trip_steps = 2
+    prompts = [[5, 6, 7], [8, 9]]
+    await _run(rig, prompts, [60, 60])
+    for i, p in enumerate(prompts):
+        assert rig.sink.tokens[f"r{i}"] == reference(p, 60)
+    assert max(plan.num_steps for plan in rig.toy.plans) == 4
+    left = rig.port.steps_left_at_plans
+    assert max(left) == most_left, left
+    (load,) = rig.scheduler.executor_loads()
+    assert load.steps_in_flight_target == most_left + 1
+    _assert_pool_clean(rig)
+
+
+async def test_plans_in_time_keep_the_pipeline_at_two():
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=4))
+    rig.port.round_trip_steps = 1  # shorter than a step: plans with one step left are in time
+    await _run(rig, [[5, 6, 7], [8, 9]], [60, 60])
+    assert max(rig.port.steps_left_at_plans) == 1
+    assert rig.scheduler.executor_loads()[0].steps_in_flight_target == 2
+
+
+@pytest.mark.parametrize("n", [0, 66])
+def test_max_steps_in_flight_out_of_range_is_refused(n):
+    with pytest.raises(InvalidArgument, match="max_steps_in_flight must be in"):
+        SchedulerConfig(max_steps_in_flight=n)
 
 
 @pytest.mark.parametrize("k", [0, 65])

@@ -148,6 +148,13 @@ def test_decode_steps_per_plan_reaches_the_scheduler(model_dir, tmp_path):
     assert default["scheduler"].decode_steps_per_plan == SchedulerConfig().decode_steps_per_plan
 
 
+def test_max_steps_in_flight_reaches_the_scheduler(model_dir, tmp_path):
+    config = MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", max_steps_in_flight=5)
+    assert _parsed(config, MeshPorts.pick(1))["scheduler"].max_steps_in_flight == 5
+    default = _parsed(MeshConfig(model_dir=model_dir, log_dir=tmp_path / "l2"), MeshPorts.pick(1))
+    assert default["scheduler"].max_steps_in_flight == SchedulerConfig().max_steps_in_flight
+
+
 def test_max_num_seqs_reaches_every_executor_and_the_scheduler(model_dir, tmp_path):
     config = MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", num_executors=2, max_num_seqs=1024)
     args = _parsed(config, MeshPorts.pick(2))
