@@ -86,6 +86,15 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
      "1 while the scheduler's step stream to the executor works."),
     ("KV pool use", "percentunit", [("{{executor_id}}", f"{S}kv_usage_ratio")], ""),
     ("Executor step time", "s", quantiles("radixmesh_executor_step_seconds"), ""),
+    ("Executor idle between plans", "percentunit",
+     [("{{instance}}", "rate(radixmesh_executor_idle_gap_seconds_sum[" + W + "])")],
+     "Share of time the step thread waited for a plan after running out of steps. Under "
+     "load it is the scheduler's round trip not hidden; the scheduler then keeps more "
+     "steps in flight."),
+    ("Steps in flight", "short",
+     [("{{executor_id}}", f"{S}steps_in_flight_target")],
+     "Steps the scheduler keeps in flight to each executor (2, more while its plans "
+     "arrive late, up to --max-steps-in-flight)."),
     ("GPU temperature", "celsius",
      [("{{instance}}", "radixmesh_executor_gpu_temperature_celsius")], ""),
     ("Baseline deviation (current window / rolling baseline)", "short",
