@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mesh.restarts import RestartPolicy
 from radixmesh.errors import InvalidArgument
+from radixmesh.step import MAX_STEPS_PER_PLAN
 
 DEVICES = ("auto", "cpu", "cuda")
 MAX_NUM_SEQS = 4096
@@ -139,6 +140,16 @@ class MeshConfig:
             )
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise InvalidArgument(f"redis_url: must start with redis://, got {self.redis_url!r}")
+        k = self.decode_steps_per_plan
+        if k is not None and not 1 <= k <= MAX_STEPS_PER_PLAN:
+            raise InvalidArgument(
+                f"decode_steps_per_plan: must be in [1, {MAX_STEPS_PER_PLAN}], got {k}"
+            )
+        depth = self.max_steps_in_flight
+        if depth is not None and not 1 <= depth <= MAX_STEPS_PER_PLAN + 1:
+            raise InvalidArgument(
+                f"max_steps_in_flight: must be in [1, {MAX_STEPS_PER_PLAN + 1}], got {depth}"
+            )
         if self.max_num_seqs is not None and not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
             raise InvalidArgument(
                 f"max_num_seqs: must be in [1, {MAX_NUM_SEQS}], got {self.max_num_seqs}"

@@ -180,6 +180,20 @@ def test_a_bad_num_speculative_tokens_names_the_flag(model_dir, tmp_path, tokens
         MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", num_speculative_tokens=tokens)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("decode_steps_per_plan", 0, r"^decode_steps_per_plan: must be in \[1, 64\], got 0"),
+        ("decode_steps_per_plan", 65, r"^decode_steps_per_plan: must be in \[1, 64\]"),
+        ("max_steps_in_flight", 0, r"^max_steps_in_flight: must be in \[1, 65\], got 0"),
+        ("max_steps_in_flight", 66, r"^max_steps_in_flight: must be in \[1, 65\]"),
+    ],
+)
+def test_a_bad_pipeline_setting_names_the_flag(model_dir, tmp_path, field, value, message):
+    with pytest.raises(InvalidArgument, match=message):
+        MeshConfig(model_dir=model_dir, log_dir=tmp_path / "logs", **{field: value})
+
+
 @pytest.mark.parametrize("num_seqs", [0, -3, 4097])
 def test_a_bad_max_num_seqs_names_the_flag(model_dir, tmp_path, num_seqs):
     with pytest.raises(InvalidArgument, match=r"^max_num_seqs: must be in \[1, 4096\]"):
