@@ -49,7 +49,8 @@ class SchedulerConfig:
     `SPECULATING_MAX_STEPS_IN_FLIGHT`."""
     decode_steps_per_plan: int = DEFAULT_DECODE_STEPS_PER_PLAN
     """Most decode steps one plan asks for when the batch only decodes (multi_step.py);
-    1: a plan per step. A request arriving meanwhile waits at most this many steps."""
+    1: a plan per step. A request arriving meanwhile waits at most this many steps, and
+    the steps in flight beyond them."""
     lease_holder: str = "scheduler"
     """Holder id of every lease this scheduler takes (heartbeats renew them all)."""
     heartbeat_interval_s: float = 5.0
