@@ -491,7 +491,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-steps-in-flight",
         type=int,
         default=SchedulerConfig().max_steps_in_flight,
-        help="the most steps the scheduler keeps in flight (it keeps 2, more while plans "
+        help="the most steps the scheduler keeps in flight (above 2, more only while plans "
         "reach the executor after its steps ran out; default %(default)s)",
     )
     p.add_argument("--seed", type=int, default=0)

@@ -89,12 +89,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
     ("Executor idle between plans", "percentunit",
      [("{{instance}}", "rate(radixmesh_executor_idle_gap_seconds_sum[" + W + "])")],
      "Share of time the step thread waited for a plan after running out of steps. Under "
-     "load it is the scheduler's round trip not hidden; the scheduler then keeps more "
-     "steps in flight."),
+     "load it is the scheduler's round trip not hidden (see --max-steps-in-flight)."),
     ("Steps in flight", "short",
      [("{{executor_id}}", f"{S}steps_in_flight_target")],
-     "Steps the scheduler keeps in flight to each executor (2, more while its plans "
-     "arrive late, up to --max-steps-in-flight)."),
+     "Steps the scheduler keeps in flight to each executor (2; with --max-steps-in-flight "
+     "above 2, more while its plans arrive late)."),
     ("GPU temperature", "celsius",
      [("{{instance}}", "radixmesh_executor_gpu_temperature_celsius")], ""),
     ("Baseline deviation (current window / rolling baseline)", "short",

@@ -192,9 +192,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-steps-in-flight",
         type=int,
         default=None,
-        help="the most steps the scheduler keeps in flight to an executor (it keeps 2, more "
-        "while its plans arrive after the executor ran out of steps; default: the "
-        "scheduler's, 4)",
+        help="the most steps the scheduler keeps in flight to an executor: above 2 it keeps "
+        "more only while its plans arrive after the executor ran out of steps, e.g. 4 for "
+        "a small model at a large batch (default: the scheduler's, 2)",
     )
     parser.add_argument(
         "--max-num-seqs",

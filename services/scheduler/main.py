@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.max_steps_in_flight,
         help="the most steps sent to an executor and not yet answered when the next plan "
-        "goes out: 2, and more while plans reach the executor after its steps ran out; "
-        "1: one step at a time (default %(default)s)",
+        "goes out; above 2 the scheduler keeps more only while plans reach the executor "
+        "after its steps ran out; 1: one step at a time (default %(default)s)",
     )
     p.add_argument("--aging-rate", type=float, default=d.aging_rate)
     p.add_argument(

@@ -203,6 +203,7 @@ async def test_mixed_priorities_on_a_tight_pool_keep_every_token_exact(seed, rou
             max_num_seqs=rng.choice([3, 8]),
             page_lookahead=rng.choice([0, 1, 3]),
             priority_preemption_gap=rng.choice([1, 2, None]),
+            max_steps_in_flight=4 if round_trip else 2,
         ),
         num_pages=rng.choice([16, 24]),
         num_executors=rng.choice([1, 1, 2]),

@@ -39,7 +39,12 @@ async def _run(rig, prompts, lengths) -> None:
 @pytest.mark.parametrize("round_trip", [0, 4])  # 4: the pipeline deepens to its ceiling
 @pytest.mark.parametrize("num_pages", [512, 40])  # 40: pages run short, some requests preempted
 async def test_multi_step_plans_give_exact_tokens_in_their_own_pages(num_pages, round_trip):
-    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, decode_steps_per_plan=8)
+    config = SchedulerConfig(
+        max_num_batched_tokens=64,
+        max_num_seqs=16,
+        decode_steps_per_plan=8,
+        max_steps_in_flight=4 if round_trip else 2,
+    )
     rig = make_rig(config, num_pages=num_pages)
     rig.port.round_trip_steps = round_trip
     prompts = _prompts(12, seed=num_pages)
@@ -176,7 +181,7 @@ async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():
 
 @pytest.mark.parametrize(
     ("ceiling", "speculates", "most_left"),
-    [(4, False, 2), (2, False, 1), (4, True, 1)],  # speculating: at most 2 in flight
+    [(4, False, 2), (2, False, 1), (4, True, 1), (None, False, 1)],  # speculating: 2 at most
 )
 async def test_plans_that_arrive_late_deepen_the_pipeline_up_to_its_ceiling(
     ceiling, speculates, most_left
@@ -186,7 +191,9 @@ async def test_plans_that_arrive_late_deepen_the_pipeline_up_to_its_ceiling(
     they arrive in time, and no further (the ceiling allows 4). A ceiling of 2, or a
     speculating executor, keeps 2."""
     info = {"max_draft_tokens": 2, "max_speculative_batch_size": 1} if speculates else {}
-    config = SchedulerConfig(decode_steps_per_plan=4, max_steps_in_flight=ceiling)
+    config = SchedulerConfig(decode_steps_per_plan=4)  # None: the default ceiling, 2
+    if ceiling is not None:
+        config = SchedulerConfig(decode_steps_per_plan=4, max_steps_in_flight=ceiling)
     rig = make_rig(config, executor_info=info)  # two sequences: past the speculative cap
     rig.port.round_trip_steps = 2
     prompts = [[5, 6, 7], [8, 9]]
@@ -202,7 +209,7 @@ async def test_plans_that_arrive_late_deepen_the_pipeline_up_to_its_ceiling(
 
 
 async def test_plans_in_time_keep_the_pipeline_at_two():
-    rig = make_rig(SchedulerConfig(decode_steps_per_plan=4))
+    rig = make_rig(SchedulerConfig(decode_steps_per_plan=4, max_steps_in_flight=4))
     rig.port.round_trip_steps = 1  # shorter than a step: plans with one step left are in time
     await _run(rig, [[5, 6, 7], [8, 9]], [60, 60])
     assert max(rig.port.steps_left_at_plans) == 1
