@@ -50,8 +50,9 @@ class SchedulerMetricsCollector(Collector):
         ),
         (
             "steps_in_flight_target",
-            "Steps the scheduler keeps in flight to the executor: more while its plans "
-            "arrive after the executor ran out of steps.",
+            "Steps the scheduler keeps in flight to the executor: 2, more (up to "
+            "--max-steps-in-flight) while its plans arrive after the executor ran out of "
+            "steps.",
             "steps_in_flight_target",
         ),
         ("executor_healthy", "1 while the executor's Step stream works.", "healthy"),
