@@ -33,7 +33,8 @@ class StepMetrics:
 
     step_seconds: Histogram
     idle_gap_seconds: Histogram
-    """Observed on the loop thread as a plan arrives after the stream's last step ended."""
+    """Observed after a plan's first step when the plan arrived after the stream's last
+    step had ended (`StepResult.idle_gap_s`)."""
     batch_sequences: Histogram
     step_tokens: Histogram
     tokens_total: Counter

@@ -300,7 +300,6 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             after_execute=lambda plan, result: self._answer(core, stream, plan, result),
             before_prepare=lambda plan: self._track(core, stream, plan),
             on_error=self._metrics.record_error,
-            on_idle=self._metrics.idle_gap_seconds.observe,
         )
         self._stream_released.clear()
         return stream
@@ -406,6 +405,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         links = stream.links.pop(plan.step_id, None) if not result.substep else None
         if tracing.enabled():
             stream.step_traces.on_result(plan, result, links)
+        if result.idle_gap_s:  # the plan came after the step thread ran out of steps
+            self._metrics.idle_gap_seconds.observe(result.idle_gap_s)
         result.health = self._health.poll()  # about once a second; None on CPU
         return result_to_proto(result)
 

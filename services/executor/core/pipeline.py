@@ -136,10 +136,10 @@ class PlanRun(Generic[R]):
 
     Hooks: `before_prepare(plan)` on the prepare thread just before the core prepares a
     plan it will run; `after_execute(plan, result)` on the execute thread after the step;
-    `on_error()` on the execute thread when a prepare or execute surfaces as failed;
-    `on_idle(seconds)` on the thread that submits, when a plan arrives after the run's
-    step before it has ended: how long the step thread had had nothing of the run to do
-    (under load, a gap the scheduler's round trip left: `PipelineCounts.idle_s`).
+    `on_error()` on the execute thread when a prepare or execute surfaces as failed. A
+    plan that arrives after the run's step before it has ended carries, on its first
+    step's result, how long the step thread had had nothing of the run to do
+    (`StepResult.idle_gap_s`; summed in `PipelineCounts.idle_s`).
     """
 
     def __init__(
@@ -149,14 +149,12 @@ class PlanRun(Generic[R]):
         after_execute: Callable[[StepPlan, StepResult], R],
         before_prepare: Callable[[StepPlan], None] | None = None,
         on_error: Callable[[], None] | None = None,
-        on_idle: Callable[[float], None] | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._core = core
         self._after_execute = after_execute
         self._before_prepare = before_prepare
         self._on_error = on_error
-        self._on_idle = on_idle
         self._last_end = 0.0
         """Execute thread: `time.perf_counter()` as the run's last step ended (read by the
         submitting thread once that step's future is done)."""
@@ -216,10 +214,8 @@ class PlanRun(Generic[R]):
         if last is None or last.done():
             self.counts.idle_starts += 1
             if last is not None:
-                slot.idle_gap_s = gap = max(0.0, time.perf_counter() - self._last_end)
-                self.counts.idle_s += gap
-                if self._on_idle is not None:
-                    self._on_idle(gap)
+                slot.idle_gap_s = max(0.0, time.perf_counter() - self._last_end)
+                self.counts.idle_s += slot.idle_gap_s
         self._slots.append(slot)
         prepare = self._pipeline.prepare_thread.submit(self._prepare, slot)
         slot.prepare = self.last_prepare = prepare
@@ -457,10 +453,9 @@ class StepPipeline:
         after_execute: Callable[[StepPlan, StepResult], R],
         before_prepare: Callable[[StepPlan], None] | None = None,
         on_error: Callable[[], None] | None = None,
-        on_idle: Callable[[float], None] | None = None,
     ) -> PlanRun[R]:
         """A new series of plans on `core` (see `PlanRun` for the hooks)."""
-        return PlanRun(self, core, after_execute, before_prepare, on_error, on_idle)
+        return PlanRun(self, core, after_execute, before_prepare, on_error)
 
     def run_after(self, run: PlanRun, job: Callable[[], T]) -> Future[T]:
         """`job` on the step thread, once every plan of `run` is prepared and executed."""

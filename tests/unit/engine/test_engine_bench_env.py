@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 engine_bench = importlib.import_module("bench.engine")
+engine_services = importlib.import_module("bench.engine_services")
 
 
 def test_services_keep_the_callers_import_path_after_the_project(monkeypatch):
@@ -14,7 +15,7 @@ def test_services_keep_the_callers_import_path_after_the_project(monkeypatch):
     # PYTHONPATH; a services run that replaced PYTHONPATH loaded the system's older grpcio
     # in every child, and the cache service exited before it was serving.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site", "/opt/more"]))
-    env = engine_bench.services_env(engine_bench.parse_args(["--num-threads", "3"]))
+    env = engine_services.services_env(engine_bench.parse_args(["--num-threads", "3"]))
     paths = env["PYTHONPATH"].split(os.pathsep)
     assert paths[1:] == ["/opt/site", "/opt/more"]
     assert Path(paths[0], "bench", "engine.py").is_file()

@@ -76,24 +76,25 @@ def make_pipeline(
 
 
 async def test_a_plan_arriving_after_the_step_thread_ran_dry_reports_the_gap(monkeypatch):
-    """Each time a plan finds the run's step before it ended, `on_idle` gets the time from
-    that step's end; a plan queued behind a running step, and the run's first, report none."""
+    """Each time a plan finds the run's step before it ended, its result carries the time
+    from that step's end; a plan queued behind a running step, and the run's first, none."""
     now = [10.0]
     monkeypatch.setattr(pipeline_module.time, "perf_counter", lambda: now[0])
     core = RecordingCore()
     pipeline = make_pipeline(core, overlap_prepare=True)
-    gaps: list[float] = []
     release = threading.Event()
     core.before_execute[2] = lambda: release.wait(WAIT_S)
-    run = pipeline.open(core, after_execute=lambda plan, r: r, on_idle=gaps.append)  # type: ignore[arg-type]
-    assert answers([run.submit(StepPlan(1))]) == [1]  # ends at 10.0
+    run = pipeline.open(core, after_execute=lambda plan, r: r)  # type: ignore[arg-type]
+    first = run.submit(StepPlan(1))
+    assert answers([first]) == [1]  # ends at 10.0
     now[0] = 12.5
     second = run.submit(StepPlan(2))  # the step thread had run dry for 2.5 s
     third = run.submit(StepPlan(3))  # queued behind step 2, which waits: no gap
     release.set()
     assert answers([second, third]) == [2, 3]
     await pipeline.close()
-    assert gaps == [2.5] and run.counts.idle_s == 2.5
+    gaps = [f.result().idle_gap_s for f in (first, second, third)]
+    assert [g for g in gaps if g] == [2.5] and run.counts.idle_s == 2.5
     assert run.counts.idle_starts == 2  # the first plan, then the one after the gap
 
 
