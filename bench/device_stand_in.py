@@ -31,21 +31,20 @@ from services.executor.core.executor import ExecutorCore
 
 
 def install(core: ExecutorCore, device_ms: float, seed: int = 0) -> None:
-    """Replace `core`'s forward: sleep `device_ms`, then the same random logits every step."""
+    """Replace `core`'s forward: fixed logits (`executor_churn.fixed_logits`), each step
+    after a `device_ms` wait."""
     if device_ms < 0:
         raise ValueError(f"device_ms must be >= 0, got {device_ms}")
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(
-        core.config.max_num_batched_tokens, core.sampler.vocab_size, generator=generator
-    ).to(core.device)
-    seconds = device_ms / 1000.0
+    from bench.executor_churn import fixed_logits
+
+    fixed_logits(core, seed)
+    logits, seconds = core.model.forward, device_ms / 1000.0
 
     def forward(batch: Any, kv_pool: Any) -> torch.Tensor:
         time.sleep(seconds)  # releases the interpreter lock, as a wait on a device does
-        return logits[: batch.logits_indices.shape[0]]
+        return logits(batch, kv_pool)
 
     core.model.forward = forward  # type: ignore[method-assign]
-    core.forward.decode = core.forward.verify = core.forward.extend = None
 
 
 def main(argv: list[str]) -> int:
