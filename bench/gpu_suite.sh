@@ -211,17 +211,19 @@ step_engine_offline() {
 # then the core in-process, same model and call) at batch 1 (256 out) and 64 (128 out),
 # SERVICE_REPEATS (2) times each; the summary line per run is services / in-process
 # (targets: tok/s ratio >= 0.97 at 8B, >= 0.92 at 1B). MODEL_DIR=/tmp/llama1b MODEL_SHAPE=1b
-# for the 1B shape.
+# for the 1B shape. SERVICE_BATCHES chooses the batches ("1 64"); MAX_STEPS_IN_FLIGHT=N sets
+# the ceiling of the scheduler's pipeline depth in both modes.
 step_service_path() {
     [ -f "$MODEL/config.json" ] || step_model
-    local batch out r
-    for batch in 1 64; do
+    local batch out r depth=()
+    [ -n "${MAX_STEPS_IN_FLIGHT:-}" ] && depth=(--max-steps-in-flight "$MAX_STEPS_IN_FLIGHT")
+    for batch in ${SERVICE_BATCHES:-1 64}; do
         out=$([ "$batch" = 1 ] && echo 256 || echo 128)
         [ "$GPU" = 1 ] || out=8
         for r in $(seq 1 "${SERVICE_REPEATS:-2}"); do
             run_step "service_path_b${batch}_r$r" 200 $PY bench/engine.py --device "$(engine_device)" \
                 --model "$MODEL" --mode both --num-requests "$batch" --prompt-len 128 \
-                --output-len "$out" --json
+                --output-len "$out" --json "${depth[@]}"
             $PY - "$RESULTS/service_path_b${batch}_r$r.log" "$batch" <<'PY'
 import json, sys
 try:
@@ -661,10 +663,12 @@ step_tracing() {
 # Targets: >= 0.97 at the 8B shape, >= 0.9 at 1B (MODEL_DIR of a 1B-shaped folder).
 # DECODE_STEPS_PER_PLAN=k: the scheduler's multi-step decode plans, in-process and in the mesh
 # alike (1: a plan per step; unset: the scheduler's default); one RESULTS_DIR per k.
+# MAX_STEPS_IN_FLIGHT=N: the ceiling of the scheduler's pipeline depth, both sides alike.
 step_mesh() {
     local n=256 words=512 o=128 steps=()
     [ "$GPU" = 1 ] || { n=8; words=32; o=8; }
     [ -n "${DECODE_STEPS_PER_PLAN:-}" ] && steps=(--decode-steps-per-plan "$DECODE_STEPS_PER_PLAN")
+    [ -n "${MAX_STEPS_IN_FLIGHT:-}" ] && steps+=(--max-steps-in-flight "$MAX_STEPS_IN_FLIGHT")
     [ -f "$MODEL/config.json" ] || step_model
     # MESH_REPEATS=N (default 1): N in-process runs (each its own process, the same prompts),
     # then N runs of each API through the mesh (the later ones on new seeds: earlier prompts
