@@ -95,7 +95,7 @@ class MeshConfig:
     """The scheduler's multi-step decode plans (1: a plan per step); None keeps its default."""
     max_steps_in_flight: int | None = None
     """The most steps the scheduler keeps in flight to an executor (above 2 it deepens
-    only while its plans arrive late: pipeline_depth.py); None keeps its default (2)."""
+    only while its plans arrive late: pipeline_depth.py); None keeps its default (4)."""
     max_num_seqs: int | None = None
     """Most sequences in a step, every executor's and the scheduler's (decode graphs are
     captured up to it); None keeps their default (256)."""

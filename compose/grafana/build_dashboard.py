@@ -92,8 +92,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str]] = [
      "load it is the scheduler's round trip not hidden (see --max-steps-in-flight)."),
     ("Steps in flight", "short",
      [("{{executor_id}}", f"{S}steps_in_flight_target")],
-     "Steps the scheduler keeps in flight to each executor (2; with --max-steps-in-flight "
-     "above 2, more while its plans arrive late)."),
+     "Steps the scheduler keeps in flight to each executor: 2, more while its plans "
+     "arrive late (up to --max-steps-in-flight, 4 by default; a speculating executor 2)."),
     ("GPU temperature", "celsius",
      [("{{instance}}", "radixmesh_executor_gpu_temperature_celsius")], ""),
     ("Baseline deviation (current window / rolling baseline)", "short",

@@ -193,8 +193,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="the most steps the scheduler keeps in flight to an executor: above 2 it keeps "
-        "more only while its plans arrive after the executor ran out of steps, e.g. 4 for "
-        "a small model at a large batch (default: the scheduler's, 2)",
+        "more only while its plans arrive after the executor ran out of steps (a small "
+        "model at a large batch); 2: never more; 1: one step at a time (default: the "
+        "scheduler's, 4)",
     )
     parser.add_argument(
         "--max-num-seqs",

@@ -40,14 +40,13 @@ class SchedulerConfig:
     """Rank bonus (in classes, < 1) for a fully cached prompt; orders within a class."""
     priority_preemption_gap: int | None = 2
     """A waiting request preempts running work this many classes below it; None: never."""
-    max_steps_in_flight: int = 2
+    max_steps_in_flight: int = 4
     """The most steps submitted to an executor and not yet answered when the next plan
     goes out (a multi-step plan counts each of its steps). The scheduler keeps 2 (plan
-    N + 1 while N runs); above 2, it keeps more, up to this, while its plans reach the
-    executor after its steps ran out (a step shorter than the round trip: a small model
-    at a large batch; pipeline_depth.py). 1: one step at a time. A speculating executor
-    stops at `SPECULATING_MAX_STEPS_IN_FLIGHT`. The default stays 2 until a deeper
-    pipeline is understood under overload (bench/RESULTS.md, 2026-12-07)."""
+    N + 1 while N runs) and more, up to this, while its plans reach the executor after
+    its steps ran out (a step shorter than the round trip: a small model at a large
+    batch; pipeline_depth.py). 2: never more; 1: one step at a time. A speculating
+    executor stops at `SPECULATING_MAX_STEPS_IN_FLIGHT`."""
     decode_steps_per_plan: int = DEFAULT_DECODE_STEPS_PER_PLAN
     """Most decode steps one plan asks for when the batch only decodes (multi_step.py);
     1: a plan per step. A request arriving meanwhile waits at most this many steps, and

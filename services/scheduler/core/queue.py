@@ -51,6 +51,13 @@ def request_work(req: Request, max_num_batched_tokens: int, max_model_len: int |
     return max(1, num_prefill_steps + max(0, max_tokens - 1))
 
 
+def final_pages(req: Request, page_size: int, max_model_len: int) -> int:
+    """Pages req holds once it has run to its end: its prompt plus its max_tokens (without
+    max_tokens, the context's end), within the context. At least 1."""
+    num_tokens = len(req.prompt_token_ids) + (req.sampling.max_tokens or max_model_len)
+    return max(1, -(-min(num_tokens, max_model_len) // page_size))
+
+
 class WaitQueue:
     """Waiting requests, kept in serving order as they come and go: a request's place is
     fixed by its class, arrival and cached prefix, and every aging request's rank falls
@@ -83,6 +90,9 @@ class WaitQueue:
         """Queued requests per class, kept as they come and go (read on every submit)."""
         self._work: dict[Priority, int] = dict.fromkeys(Priority, 0)
         """`request_work` of the queued requests per class, kept like `_counts`."""
+        self._pages: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        """`final_pages` of the queued requests per class (with a page_size and a context
+        limit; else 0), kept like `_counts`."""
         self.num_grouped = 0
         """Queued requests of a named group (none: admission skips its group passes)."""
         self._entries: dict[str, _Entry] = {}
@@ -109,6 +119,7 @@ class WaitQueue:
         if req.req_id not in self._requests:
             self._counts[req.priority] += 1
             self._work[req.priority] += self.work(req)
+            self._pages[req.priority] += self.pages(req)
             self.num_grouped += req.group_id is not None
         self._requests[req.req_id] = req
         self._place(req)
@@ -129,6 +140,7 @@ class WaitQueue:
         if req is not None:
             self._counts[req.priority] -= 1
             self._work[req.priority] -= self.work(req)
+            self._pages[req.priority] -= self.pages(req)
             self.num_grouped -= req.group_id is not None
             self._unplace(req_id)
         return req
@@ -157,6 +169,13 @@ class WaitQueue:
         if not req.work:
             req.work = request_work(req, self._max_num_batched_tokens, self._max_model_len)
         return req.work
+
+    def pages(self, req: Request) -> int:
+        """`final_pages` of req on this queue's executor (0 without a page_size or a
+        context limit); the same at its push and its remove (prompt and max_tokens fixed)."""
+        if self._page_size is None or self._max_model_len is None:
+            return 0
+        return final_pages(req, self._page_size, self._max_model_len)
 
     def rank(self, req: Request, now: float) -> float:
         _, time_free, _ = self._key(req)
@@ -208,3 +227,8 @@ class WaitQueue:
                 num_requests += self._counts[p]
                 work += self._work[p]
         return num_requests, work
+
+    def pages_ahead_of(self, priority: Priority) -> int:
+        """Read-only: the `final_pages` of the requests `ahead_of(priority)` counts;
+        O(classes)."""
+        return sum(n for p, n in self._pages.items() if p <= priority)

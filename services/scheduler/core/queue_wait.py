@@ -12,10 +12,21 @@ overflows its batch ahead of it, and then its own: the requests queued in its cl
 a higher one plus the running ones, less the sequences the executor runs at once, each
 at the mean work of those ahead, plus the request's own work, over the work per second.
 While the batch has room it waits for nothing (the step loop admits it at its next turn).
-Because work is counted as asked both ahead and in the rate, a warm-up of short requests
-does not admit a burst of long ones on the short ones' pace. The queue keeps the work
-per class as running totals (`WaitQueue.ahead_of`) and the running batch's is walked
-once per step with its capacity, so a submit's check costs O(classes).
+The batch is bound by the KV pool as much as by the slots: as many sequences as the pool
+holds of the size the running ones grow to (prompt plus max_tokens), and on an idle
+executor of the size the queued ones ahead and the new one grow to, so a burst that
+lands between two steps counts on the pool, not on `max_num_seqs`. Requests accepted on
+an executor but still compiling their constraint count as queued. Because work is
+counted as asked both ahead and in the rate, a warm-up of short requests does not admit
+a burst of long ones on the short ones' pace. The queue keeps the work and pages per
+class as running totals (`WaitQueue.ahead_of`, `pages_ahead_of`) and the running batch's
+is walked once per step with its capacity, so a submit's check costs O(classes) (and
+the constrained requests still compiling there).
+
+A submit is checked twice: at once on arrival (overload is refused before the cache
+round trip of its prefix match), and again after that match, in the same turn of the
+event loop that queues it. Only the second check sees the submits that arrived during
+its match: a burst's submits all pass their first check before any of them is queued.
 
 When even the executor with the shortest estimate makes a request wait longer than its
 class's bound, or past its deadline, it is refused with ResourceExhausted naming the
@@ -44,6 +55,7 @@ from radixmesh.executor_info import ExecutorInfo
 from radixmesh.retry_after import with_retry_after
 from radixmesh.sampling import Priority
 from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.queue import final_pages
 from services.scheduler.core.request import Request
 
 CLASS_SHARE = {
@@ -160,7 +172,7 @@ class QueueWaits:
 
     def note_finished(self, ex: ExecutorState, req: Request, now: float) -> None:
         """Changes state: req finished on ex at `now` (its work counts in ex's rate; the
-        pages it holds at its end size an idle batch, see `_capacity_for_new`)."""
+        pages it holds at its end size an idle batch, see `_capacity`)."""
         work = ex.queue.work(req)
         self._finished_on(ex.executor_id).note_finished(now, work, req.arrival_time)
         if req.page_table:
@@ -210,9 +222,9 @@ class QueueWaits:
     ) -> int:
         """How many more requests of `priority`, each of rate's mean work per request,
         `check` admits on ex one after the other (rate None: while its batch has room)."""
-        num_queued, queued_work = ex.queue.ahead_of(priority)
+        num_queued, queued_work, queued_pages = self._ahead(ex, priority)
         num_running = len(ex.running)
-        capacity = self._capacity_for_new(ex)
+        capacity = self._capacity(ex, num_queued, queued_pages)
         if rate is None:  # admits while its batch has room (a wait of 0), then unknown
             return max(0, capacity - num_queued - num_running)
         work, work_per_s = rate.work_per_request, rate.work_per_s
@@ -230,7 +242,8 @@ class QueueWaits:
         """Raise ResourceExhausted when even the best candidate's estimated queue wait is
         over req's class bound or its deadline."""
         estimates = [
-            self.estimate_s(ex, req.priority, now, ex.queue.work(req)) for ex in candidates
+            self.estimate_s(ex, req.priority, now, ex.queue.work(req), ex.queue.pages(req))
+            for ex in candidates
         ]
         check_wait(self.config, req.priority, estimates, now, req.deadline)
 
@@ -245,12 +258,19 @@ class QueueWaits:
         return min(known) if known and len(known) == len(estimates) else None
 
     def estimate_s(
-        self, ex: ExecutorState, priority: Priority, now: float, work: int | None = None
+        self,
+        ex: ExecutorState,
+        priority: Priority,
+        now: float,
+        work: int | None = None,
+        pages: int | None = None,
     ) -> float | None:
-        """Read-only: how long a new request of `priority` and `work` (None: the mean work
-        of the requests ex finished lately) would wait in ex's queue."""
-        num_queued, queued_work = ex.queue.ahead_of(priority)
-        capacity, running_work = self._batch(ex)
+        """Read-only: how long a new request of `priority`, `work` (None: the mean work of
+        the requests ex finished lately) and `final_pages` `pages` (None: as the last one
+        ex finished) would wait in ex's queue."""
+        num_queued, queued_work, queued_pages = self._ahead(ex, priority)
+        capacity = self._capacity(ex, num_queued, queued_pages, pages)
+        running_work = self._batch(ex)[1]
         past = work_past_capacity(num_queued, len(ex.running), capacity, queued_work + running_work)
         rate = self.rate(ex, now)
         if rate is None:
@@ -258,15 +278,37 @@ class QueueWaits:
         own = rate.work_per_request if work is None else work
         return estimate_wait_s(past, own, rate.work_per_s)
 
-    def _capacity_for_new(self, ex: ExecutorState) -> int:
-        """The batch the headroom counts on: as `batch_capacity` while requests run; on an
-        idle executor, sequences of the size its last finished request grew to (a burst
-        that lands on it fills the pool, not the slots), else its slots."""
-        pages = self._last_pages.get(ex.executor_id)
-        if ex.running or not pages:
+    def _ahead(self, ex: ExecutorState, priority: Priority) -> tuple[int, int, int]:
+        """The requests on ex a new one of `priority` is served after, with their work and
+        `final_pages`: those queued in its class or a higher one, and those accepted there
+        whose constraint still compiles (they join the queue once it is cached)."""
+        queue = ex.queue
+        num, work = queue.ahead_of(priority)
+        pages = queue.pages_ahead_of(priority)
+        for r in ex.preparing.values():
+            if r.priority <= priority:
+                num, work, pages = num + 1, work + queue.work(r), pages + queue.pages(r)
+        return num, work, pages
+
+    def _capacity(
+        self, ex: ExecutorState, num_ahead: int, pages_ahead: int, own_pages: int | None = None
+    ) -> int:
+        """The batch a new request's wait counts on: `batch_capacity` while requests run.
+        On an idle executor the queue forms the next batch: as many sequences as its pool
+        holds of the size the `num_ahead` requests ahead (`pages_ahead` in all) and the new
+        one (`own_pages`; None: of the size ex's last finished request grew to) grow to,
+        so a burst that lands on it counts on the pool, not the slots; with nothing to
+        size by, its slots."""
+        if ex.running:
             return self.batch_capacity(ex)
+        if own_pages is None:
+            own_pages = self._last_pages.get(ex.executor_id, 0)
+        pages = pages_ahead + own_pages
+        if not pages:
+            return self.batch_capacity(ex)
+        per_seq = -(-pages // (num_ahead + (1 if own_pages else 0)))
         room = pool_room(ex, self._held_pages(ex.executor_id))
-        return max(1, min(self._max_num_seqs, room // pages))
+        return max(1, min(self._max_num_seqs, room // per_seq))
 
     def batch_capacity(self, ex: ExecutorState) -> int:
         """`batch_capacity` (see `_batch`)."""
@@ -317,8 +359,7 @@ def batch_capacity(ex: ExecutorState, max_num_seqs: int, num_held_pages: int = 0
     page_size, limit = ex.info.page_size, ex.info.max_model_len
     pages = 0
     for r in running:
-        final = min(len(r.prompt_token_ids) + (r.sampling.max_tokens or limit), limit)
-        pages += max(len(r.page_table), -(-final // page_size))
+        pages += max(len(r.page_table), final_pages(r, page_size, limit))
     per_seq = max(1, -(-pages // len(running)))
     return max(1, min(max_num_seqs, pool_room(ex, num_held_pages) // per_seq))
 

@@ -247,6 +247,10 @@ class SchedulerCore:
         matches = await self._match(tokens, model)
         if req_id in self._requests:
             raise InvalidArgument(f"req_id {req_id!r} is already in use")
+        # and again in the turn that queues it: a burst's submits all pass the first check
+        # before the first of them is queued (each waits for its match meanwhile), so only
+        # this one sees the requests ahead of it
+        self._queue_waits.check(req, candidates, self._clock())
         shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
         if shed is not None:
             self._executors[shed.executor_id or ""].queue.remove(shed.req_id)

@@ -6,11 +6,11 @@ import asyncio
 import math
 
 import pytest
-from sched_fakes import greedy, make_rig, run_checked
+from sched_fakes import MessageCache, greedy, make_rig, reference, run_checked
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.retry_after import retry_after_of, with_retry_after
-from radixmesh.sampling import Priority
+from radixmesh.sampling import Constraint, ConstraintKind, Priority
 from services.scheduler.core import SchedulerConfig
 from services.scheduler.core.queue_wait import (
     MAX_HEADROOM,
@@ -126,7 +126,7 @@ async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
     """An offline burst the batch holds is never refused on a queue-wait estimate, however
     slow the measured rate (requests start together, they do not queue behind each other)."""
     config = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=64, max_queue_wait_s=1.0)
-    rig = make_rig(config, manual_clock=True)
+    rig = make_rig(config, manual_clock=True, num_pages=128)  # the pool holds the 64 slots
     rig.port.step_seconds = 0.5
     await rig.scheduler.start()
     for i in range(8):  # a slow rate: eight requests of four steps each
@@ -144,6 +144,113 @@ async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
     await rig.sink.wait(*burst, timeout=30)
     await rig.scheduler.stop()
     assert all(rig.sink.finished[r].error is None for r in burst)
+
+
+async def _burst(rig, num: int, prompt_len: int, max_tokens: int) -> tuple[list[str], int]:
+    """`num` requests submitted together (each waits for its prefix match before it is
+    queued, as over gRPC); the ids accepted, and how many were refused for their wait."""
+    outcomes = await asyncio.gather(
+        *(
+            rig.scheduler.submit(f"b{i}", [i + 1, *range(2, prompt_len + 1)], greedy(max_tokens))
+            for i in range(num)
+        ),
+        return_exceptions=True,
+    )
+    accepted = [f"b{i}" for i, o in enumerate(outcomes) if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, ResourceExhausted)]
+    assert all("estimated queue wait" in str(o) for o in refused)
+    assert len(accepted) + len(refused) == num, outcomes
+    return accepted, len(refused)
+
+
+async def _measured(rig) -> None:
+    """Start the rig and measure a rate: six short requests finish."""
+    rig.port.step_seconds = 0.25
+    await rig.scheduler.start()
+    for i in range(6):
+        await rig.scheduler.submit(f"warm{i}", [i + 1, 2], greedy(2))
+    await rig.sink.wait(*(f"warm{i}" for i in range(6)))
+
+
+async def _finish_exact(rig, accepted: list[str], prompt_len: int, max_tokens: int) -> None:
+    rig.port.gate.set()
+    await rig.sink.wait(*accepted, timeout=60)
+    await rig.scheduler.stop()
+    for req_id in accepted:
+        prompt = [int(req_id[1:]) + 1, *range(2, prompt_len + 1)]
+        assert rig.sink.finished[req_id].error is None, req_id
+        assert rig.sink.tokens[req_id] == reference(prompt, max_tokens), req_id
+
+
+async def test_a_burst_in_its_prefix_matches_is_refused_past_the_batch():
+    """Every submit of a burst passes its first check before the first of them is queued
+    (each waits for its match): the check in the turn that queues it sees those ahead."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=64, max_queue_wait_s=4.0)
+    rig = make_rig(config, manual_clock=True, num_pages=64, cache_port=MessageCache)
+    await _measured(rig)
+    await rig.scheduler.submit("first", [9, 8], greedy(30))  # 8 pages: the pool holds 8
+    await rig.sink.wait_tokens("first", 1)
+    rig.port.gate = asyncio.Event()  # hold the executor: the burst lands between two steps
+    accepted, num_refused = await _burst(rig, 40, prompt_len=2, max_tokens=30)
+    assert num_refused > 0
+    assert len(accepted) <= 8 + 4  # the pool's batch, and the few the bound lets wait
+    await _finish_exact(rig, accepted, prompt_len=2, max_tokens=30)
+
+
+async def test_a_burst_on_an_idle_executor_counts_on_its_pool_not_its_slots():
+    """Submits queued on an idle executor before its step loop turns: its next batch is
+    as many of them as the pool holds (8 of 8 pages), not its 64 slots."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=64, max_queue_wait_s=4.0)
+    rig = make_rig(config, manual_clock=True, num_pages=64)
+    await _measured(rig)
+    rig.port.gate = asyncio.Event()
+    accepted, num_refused = [], 0
+    for i in range(40):  # the cache answers at once: the step loop does not turn meanwhile
+        try:
+            await rig.scheduler.submit(f"b{i}", [i + 1, 2], greedy(30))
+            accepted.append(f"b{i}")
+        except ResourceExhausted as exc:
+            assert "estimated queue wait" in str(exc)
+            num_refused += 1
+    assert not rig.scheduler._executors[rig.port.info.executor_id].running
+    assert num_refused > 0
+    assert len(accepted) <= 8 + 4  # the pool's batch, and the few the bound lets wait
+    await _finish_exact(rig, accepted, prompt_len=2, max_tokens=30)
+
+
+async def test_a_burst_on_an_idle_executor_is_refused_past_its_pool():
+    """The chaos test's overload, in one turn: a burst on an idle executor, every submit
+    in its prefix match at once. What is accepted completes, exactly."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=64, max_queue_wait_s=4.0)
+    rig = make_rig(config, manual_clock=True, num_pages=64, cache_port=MessageCache)
+    await _measured(rig)
+    rig.port.gate = asyncio.Event()
+    accepted, num_refused = await _burst(rig, 40, prompt_len=2, max_tokens=30)
+    assert num_refused > 0
+    assert len(accepted) <= 8 + 4
+    await _finish_exact(rig, accepted, prompt_len=2, max_tokens=30)
+
+
+async def test_requests_whose_constraint_compiles_count_as_queued():
+    """A constrained request waits for its grammar in `preparing`, not in the queue: those
+    accepted meanwhile are ahead of the next request all the same."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=64, max_queue_wait_s=4.0)
+    rig = make_rig(config, manual_clock=True, num_pages=64)
+    await _measured(rig)
+    rig.port.gate, rig.port.prepare_gate = asyncio.Event(), asyncio.Event()
+    digits = Constraint(ConstraintKind.REGEX, "[0-9]+")
+    accepted, num_refused = [], 0
+    for i in range(40):
+        try:
+            await rig.scheduler.submit(f"b{i}", [i + 1, 2], greedy(30), constraint=digits)
+            accepted.append(f"b{i}")
+        except ResourceExhausted as exc:
+            assert "estimated queue wait" in str(exc)
+            num_refused += 1
+    assert num_refused > 0
+    assert len(accepted) <= 8 + 4
+    rig.port.prepare_gate.set()
+    await _finish_exact(rig, accepted, prompt_len=2, max_tokens=30)
 
 
 def test_num_within_is_the_edge_of_the_bound():

@@ -12,7 +12,7 @@ from radixmesh.errors import ResourceExhausted
 from radixmesh.retry_after import retry_after_of
 from radixmesh.sampling import Priority, SamplingParams
 from services.scheduler.core import SchedulerConfig
-from services.scheduler.core.queue import WaitQueue, request_work
+from services.scheduler.core.queue import WaitQueue, final_pages, request_work
 from services.scheduler.core.queue_wait import MIN_SPAN_S, QueueWaitConfig, Rate, Throughput
 from services.scheduler.core.request import Request
 
@@ -129,9 +129,12 @@ def test_the_queues_work_totals_follow_push_and_remove():
             for p in Priority:
                 ahead = [r for r in left if r.priority <= p]
                 assert queue.ahead_of(p) == (len(ahead), sum(queue.work(r) for r in ahead))
+                pages = sum(final_pages(r, 4, 64) for r in ahead)
+                assert queue.pages_ahead_of(p) == pages
     for req in requests:
         queue.remove(req.req_id)
     assert queue.work_by_priority() == dict.fromkeys(Priority, 0)
+    assert all(queue.pages_ahead_of(p) == 0 for p in Priority)
 
 
 def test_the_windows_work_follows_finishes_and_the_slide():
@@ -163,6 +166,7 @@ async def test_the_work_ahead_stays_exact_through_admission_preemption_and_finis
         for p in Priority:
             ahead = [r for r in queued if r.priority <= p]
             assert ex.queue.ahead_of(p) == (len(ahead), sum(ex.queue.work(r) for r in ahead))
+            assert ex.queue.pages_ahead_of(p) == sum(ex.queue.pages(r) for r in ahead)
         running_work = sum(ex.queue.work(r) for r in ex.running.values())
         assert waits._batch(ex)[1] == running_work
         checked += 1

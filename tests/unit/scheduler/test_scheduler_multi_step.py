@@ -181,7 +181,7 @@ async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():
 
 @pytest.mark.parametrize(
     ("ceiling", "speculates", "most_left"),
-    [(4, False, 2), (2, False, 1), (4, True, 1), (None, False, 1)],  # speculating: 2 at most
+    [(4, False, 2), (2, False, 1), (4, True, 1), (None, False, 2)],  # speculating: 2 at most
 )
 async def test_plans_that_arrive_late_deepen_the_pipeline_up_to_its_ceiling(
     ceiling, speculates, most_left
@@ -191,7 +191,7 @@ async def test_plans_that_arrive_late_deepen_the_pipeline_up_to_its_ceiling(
     they arrive in time, and no further (the ceiling allows 4). A ceiling of 2, or a
     speculating executor, keeps 2."""
     info = {"max_draft_tokens": 2, "max_speculative_batch_size": 1} if speculates else {}
-    config = SchedulerConfig(decode_steps_per_plan=4)  # None: the default ceiling, 2
+    config = SchedulerConfig(decode_steps_per_plan=4)  # None: the default ceiling, 4
     if ceiling is not None:
         config = SchedulerConfig(decode_steps_per_plan=4, max_steps_in_flight=ceiling)
     rig = make_rig(config, executor_info=info)  # two sequences: past the speculative cap
