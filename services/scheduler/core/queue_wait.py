@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from radixmesh.capacity import ModelCapacity
@@ -238,14 +238,27 @@ class QueueWaits:
 
         return num_within(wait_s, bound_s)
 
-    def check(self, req: Request, candidates: Iterable[ExecutorState], now: float) -> None:
+    def check(
+        self, req: Request, candidates: Sequence[ExecutorState], now: float
+    ) -> list[ExecutorState]:
         """Raise ResourceExhausted when even the best candidate's estimated queue wait is
-        over req's class bound or its deadline."""
+        over req's class bound or its deadline; else the candidates req may wait on (those
+        whose estimate is within both, or unknown), for routing to choose among: routing
+        weighs prompt tokens and cached prefixes, and left to all candidates it could
+        place an admitted request on an executor whose queue keeps it past the bound."""
         estimates = [
             self.estimate_s(ex, req.priority, now, ex.queue.work(req), ex.queue.pages(req))
             for ex in candidates
         ]
         check_wait(self.config, req.priority, estimates, now, req.deadline)
+        bound = self.config.max_queue_wait_s
+        if bound is not None:
+            bound *= CLASS_SHARE[req.priority]
+        return [
+            ex
+            for ex, wait in zip(candidates, estimates, strict=True)
+            if wait is None or wait_allowed(wait, bound, now, req.deadline)
+        ] or list(candidates)
 
     def best_estimate_s(
         self, executors: Iterable[ExecutorState], priority: Priority, now: float
@@ -366,9 +379,10 @@ def batch_capacity(ex: ExecutorState, max_num_seqs: int, num_held_pages: int = 0
 
 def num_ahead_past_capacity(num_queued_ahead: int, num_running: int, max_running: int) -> int:
     """Requests that must finish before a new one can start: those queued ahead of it and
-    those running, less the sequences the executor runs at once (continuous batching admits
-    a request at once while a slot is free; only what overflows the slots waits)."""
-    return max(0, num_queued_ahead + num_running - max_running)
+    those running, less the sequences the executor runs at once, plus one for the new
+    request's own place (continuous batching admits a request at once while a slot is
+    free; once those ahead fill every slot, one of them must finish first)."""
+    return max(0, num_queued_ahead + num_running + 1 - max_running)
 
 
 def work_past_capacity(
@@ -411,6 +425,14 @@ def num_within(wait_s: Callable[[int], float], bound_s: float) -> int:
         else:
             high = middle
     return high
+
+
+def wait_allowed(wait_s: float, bound_s: float | None, now: float, deadline: float | None) -> bool:
+    """A known estimate within the class's bound (None: no bound) and the deadline (see
+    `check_wait`)."""
+    if bound_s is not None and wait_s > bound_s:
+        return False
+    return deadline is None or wait_s <= 0 or not now < deadline < now + wait_s
 
 
 def check_wait(

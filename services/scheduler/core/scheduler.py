@@ -249,13 +249,14 @@ class SchedulerCore:
             raise InvalidArgument(f"req_id {req_id!r} is already in use")
         # and again in the turn that queues it: a burst's submits all pass the first check
         # before the first of them is queued (each waits for its match meanwhile), so only
-        # this one sees the requests ahead of it
-        self._queue_waits.check(req, candidates, self._clock())
+        # this one sees the requests ahead of it; routing chooses among the executors whose
+        # wait it allows
+        within = self._queue_waits.check(req, candidates, self._clock())
         shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
         if shed is not None:
             self._executors[shed.executor_id or ""].queue.remove(shed.req_id)
             self._end_one(shed, ResourceExhausted(f"request {shed.req_id} shed for interactive traffic"))
-        self._route(req, candidates, matches)
+        self._route(req, candidates, matches, within)
         self._requests[req_id] = req
         return req
 
@@ -317,14 +318,22 @@ class SchedulerCore:
             await asyncio.wait_for(self._matched.wait(), SUBMIT_SETTLE_S)
 
     def _route(
-        self, req: Request, candidates: list[ExecutorState], matches: dict[str, int]
+        self,
+        req: Request,
+        candidates: list[ExecutorState],
+        matches: dict[str, int],
+        within: list[ExecutorState] | None = None,
     ) -> None:
+        """Queues req on an executor: its group's, else the one routing picks among
+        `within` (the candidates whose queue wait admission allows; None: all)."""
         member = next(iter(members_of(req, self._requests.values())), None)
         if member is not None:  # a group runs on one executor (it shares its context there)
             req.group_arrival_time = min(req.group_arrival_time, member.group_arrival_time)
             req.group_size = max(req.group_size, member.group_size)
             same = [ex for ex in candidates if ex.executor_id == member.executor_id]
             candidates = same or candidates
+        elif within:
+            candidates = within
         executor_id, num_shared = route(
             req, candidates, matches, self._leases.inflight, self._clock(), self.config
         )

@@ -21,6 +21,7 @@ from services.scheduler.core.queue_wait import (
     estimate_wait_s,
     num_ahead_past_capacity,
     num_within,
+    wait_allowed,
     work_past_capacity,
 )
 
@@ -110,16 +111,27 @@ async def test_an_overloaded_scheduler_refuses_at_once_and_loses_nothing_it_acce
     assert all(len(rig.sink.tokens[r]) == 4 for r in accepted)
 
 
+def test_a_wait_is_allowed_within_the_bound_and_before_the_deadline():
+    assert wait_allowed(4.0, 5.0, now=100.0, deadline=None)
+    assert not wait_allowed(6.0, 5.0, now=100.0, deadline=None)
+    assert wait_allowed(6.0, None, now=100.0, deadline=None)  # no bound
+    assert not wait_allowed(4.0, 5.0, now=100.0, deadline=103.0)  # starts past its deadline
+    assert wait_allowed(2.0, 5.0, now=100.0, deadline=103.0)
+    assert wait_allowed(0.0, 5.0, now=100.0, deadline=100.5)  # starts at once
+
+
 def test_only_what_overflows_the_batch_waits():
     # 64 queued on an idle executor that runs 256 at once: all start at the next step
     assert num_ahead_past_capacity(64, 0, 256) == 0
-    assert num_ahead_past_capacity(200, 56, 256) == 0
-    # the batch is full: everything queued ahead waits, plus what runs past the slots
-    assert num_ahead_past_capacity(10, 256, 256) == 10
-    assert num_ahead_past_capacity(10, 250, 256) == 4
+    assert num_ahead_past_capacity(199, 56, 256) == 0  # the new one takes the last slot
+    # every slot is taken by those ahead: one of them must finish first
+    assert num_ahead_past_capacity(200, 56, 256) == 1
+    # the batch is full: everything queued ahead waits, then the new one's own slot
+    assert num_ahead_past_capacity(10, 256, 256) == 11
+    assert num_ahead_past_capacity(10, 250, 256) == 5
     # in work: those past the batch, each at the mean work of all ahead
-    assert work_past_capacity(200, 56, 256, 256 * 400) == 0.0
-    assert work_past_capacity(10, 250, 256, 250 * 8 + 10 * 320) == 4 * 20.0  # mean 20
+    assert work_past_capacity(199, 56, 256, 255 * 400) == 0.0
+    assert work_past_capacity(10, 250, 256, 250 * 8 + 10 * 320) == 5 * 20.0  # mean 20
 
 
 async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
@@ -135,8 +147,11 @@ async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
     rig.port.gate = asyncio.Event()  # hold the executor: the burst queues up
     burst = [f"b{i}" for i in range(64)]
     for i, req_id in enumerate(burst):
+        if i == 63:  # the last slot: a request arriving now starts at the next step
+            assert rig.scheduler.estimated_queue_wait_s() == 0.0
         await rig.scheduler.submit(req_id, [i + 1, 3], greedy(2))
-    assert rig.scheduler.estimated_queue_wait_s() == 0.0
+    # every slot is taken now: the next waits for one of the burst to finish
+    assert rig.scheduler.estimated_queue_wait_s() > 0.0
     with pytest.raises(ResourceExhausted, match="estimated queue wait"):
         for i in range(64, 200):  # past the batch, the estimate counts again
             await rig.scheduler.submit(f"b{i}", [i + 1, 3], greedy(2))

@@ -107,3 +107,25 @@ async def test_load_report_counts_waiting_requests_per_class():
         Priority.SPECULATIVE: 0,
     }
     assert rig.scheduler.executor_loads()[0].num_waiting == 3
+
+
+async def test_an_admitted_request_is_not_routed_where_its_wait_is_over_the_bound():
+    """Admission takes the best executor's estimated wait; routing then weighs load and
+    cached prefixes among the executors whose wait is within the bound, not all of them
+    (the cached prefix alone would draw `follow` to executor 1, as in the test above)."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_queue_wait_s=5.0)
+    rig = make_rig(config, num_executors=2)
+    shared = list(range(1, 41))
+    await rig.scheduler.start()
+    await rig.scheduler.submit("first", [77] * 8, g(1))
+    await rig.scheduler.submit("second", shared, g(1))  # executor 0 is busy: goes to 1
+    await rig.sink.wait("first", "second")
+    assert "second" in _plans_of(rig, 1)
+    # executor 1's queue would keep a new request a minute, executor 0's a second
+    waits = {rig.ports[0].info.executor_id: 1.0, rig.ports[1].info.executor_id: 60.0}
+    rig.scheduler._queue_waits.estimate_s = lambda ex, *args, **kwargs: waits[ex.executor_id]
+    await rig.scheduler.submit("follow", [*shared, 5, 6], g(3))
+    await rig.sink.wait("follow")
+    await rig.scheduler.stop()
+    assert "follow" in _plans_of(rig, 0)
+    assert rig.sink.tokens["follow"] == reference([*shared, 5, 6], 3)
