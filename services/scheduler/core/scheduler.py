@@ -243,7 +243,8 @@ class SchedulerCore:
         )
         req.group_arrival_time = req.arrival_time
         # before the cache round trip: refuse at once (see queue_wait.py)
-        self._queue_waits.check(req, candidates, self._clock())
+        if not self._group_admitted(req):
+            self._queue_waits.check(req, candidates, self._clock())
         matches = await self._match(tokens, model)
         if req_id in self._requests:
             raise InvalidArgument(f"req_id {req_id!r} is already in use")
@@ -251,7 +252,9 @@ class SchedulerCore:
         # before the first of them is queued (each waits for its match meanwhile), so only
         # this one sees the requests ahead of it; routing chooses among the executors whose
         # wait it allows
-        within = self._queue_waits.check(req, candidates, self._clock())
+        within = None
+        if not self._group_admitted(req):
+            within = self._queue_waits.check(req, candidates, self._clock())
         shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
         if shed is not None:
             self._executors[shed.executor_id or ""].queue.remove(shed.req_id)
@@ -316,6 +319,13 @@ class SchedulerCore:
         that requests sent together (a select's choices) start in the same step."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._matched.wait(), SUBMIT_SETTLE_S)
+
+    def _group_admitted(self, req: Request) -> bool:
+        """A request of a named group with a member accepted already: the group was admitted
+        as a whole at that member (a select's choices and a fork's branches run together
+        on one executor, and a program whose third branch is refused after two were
+        accepted has lost the work of both)."""
+        return req.group_id is not None and bool(members_of(req, self._requests.values()))
 
     def _route(
         self,

@@ -161,12 +161,21 @@ async def test_a_burst_within_the_batch_is_admitted_after_the_rate_is_known():
     assert all(rig.sink.finished[r].error is None for r in burst)
 
 
-async def _burst(rig, num: int, prompt_len: int, max_tokens: int) -> tuple[list[str], int]:
+async def _burst(
+    rig, num: int, prompt_len: int, max_tokens: int, group_id: str = ""
+) -> tuple[list[str], int]:
     """`num` requests submitted together (each waits for its prefix match before it is
-    queued, as over gRPC); the ids accepted, and how many were refused for their wait."""
+    queued, as over gRPC; `group_id`: all of one named group); the ids accepted, and how
+    many were refused for their wait."""
     outcomes = await asyncio.gather(
         *(
-            rig.scheduler.submit(f"b{i}", [i + 1, *range(2, prompt_len + 1)], greedy(max_tokens))
+            rig.scheduler.submit(
+                f"b{i}",
+                [i + 1, *range(2, prompt_len + 1)],
+                greedy(max_tokens),
+                group_id=group_id,
+                group_size=num if group_id else 0,
+            )
             for i in range(num)
         ),
         return_exceptions=True,
@@ -209,6 +218,26 @@ async def test_a_burst_in_its_prefix_matches_is_refused_past_the_batch():
     accepted, num_refused = await _burst(rig, 40, prompt_len=2, max_tokens=30)
     assert num_refused > 0
     assert len(accepted) <= 8 + 4  # the pool's batch, and the few the bound lets wait
+    await _finish_exact(rig, accepted, prompt_len=2, max_tokens=30)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+async def test_a_group_is_admitted_or_refused_as_a_whole(grouped: bool):
+    """The members of a named group (a select's choices, a fork's branches) that arrive
+    after one of them was accepted are not checked again: the group was admitted at that
+    member. The same burst without a group is refused past the pool's batch."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=64, max_queue_wait_s=4.0)
+    rig = make_rig(config, manual_clock=True, num_pages=64, cache_port=MessageCache)
+    await _measured(rig)
+    await rig.scheduler.submit("first", [9, 8], greedy(30))  # 8 pages: the pool holds 8
+    await rig.sink.wait_tokens("first", 1)
+    rig.port.gate = asyncio.Event()  # hold the executor: the burst lands between two steps
+    group = "run/fork/0" if grouped else ""
+    accepted, num_refused = await _burst(rig, 16, prompt_len=2, max_tokens=30, group_id=group)
+    if grouped:
+        assert num_refused == 0 and len(accepted) == 16
+    else:
+        assert num_refused > 0
     await _finish_exact(rig, accepted, prompt_len=2, max_tokens=30)
 
 
