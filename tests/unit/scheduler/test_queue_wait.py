@@ -206,15 +206,22 @@ async def _finish_exact(rig, accepted: list[str], prompt_len: int, max_tokens: i
         assert rig.sink.tokens[req_id] == reference(prompt, max_tokens), req_id
 
 
-async def test_a_burst_in_its_prefix_matches_is_refused_past_the_batch():
-    """Every submit of a burst passes its first check before the first of them is queued
-    (each waits for its match): the check in the turn that queues it sees those ahead."""
+async def _busy_rig():
+    """A measured rig whose executor runs one request of 8 pages (its pool holds 8 of
+    them) and is held between two steps, with the cache's answers as messages."""
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=64, max_queue_wait_s=4.0)
     rig = make_rig(config, manual_clock=True, num_pages=64, cache_port=MessageCache)
     await _measured(rig)
-    await rig.scheduler.submit("first", [9, 8], greedy(30))  # 8 pages: the pool holds 8
+    await rig.scheduler.submit("first", [9, 8], greedy(30))
     await rig.sink.wait_tokens("first", 1)
     rig.port.gate = asyncio.Event()  # hold the executor: the burst lands between two steps
+    return rig
+
+
+async def test_a_burst_in_its_prefix_matches_is_refused_past_the_batch():
+    """Every submit of a burst passes its first check before the first of them is queued
+    (each waits for its match): the check in the turn that queues it sees those ahead."""
+    rig = await _busy_rig()
     accepted, num_refused = await _burst(rig, 40, prompt_len=2, max_tokens=30)
     assert num_refused > 0
     assert len(accepted) <= 8 + 4  # the pool's batch, and the few the bound lets wait
@@ -226,12 +233,7 @@ async def test_a_group_is_admitted_or_refused_as_a_whole(grouped: bool):
     """The members of a named group (a select's choices, a fork's branches) that arrive
     after one of them was accepted are not checked again: the group was admitted at that
     member. The same burst without a group is refused past the pool's batch."""
-    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=64, max_queue_wait_s=4.0)
-    rig = make_rig(config, manual_clock=True, num_pages=64, cache_port=MessageCache)
-    await _measured(rig)
-    await rig.scheduler.submit("first", [9, 8], greedy(30))  # 8 pages: the pool holds 8
-    await rig.sink.wait_tokens("first", 1)
-    rig.port.gate = asyncio.Event()  # hold the executor: the burst lands between two steps
+    rig = await _busy_rig()
     group = "run/fork/0" if grouped else ""
     accepted, num_refused = await _burst(rig, 16, prompt_len=2, max_tokens=30, group_id=group)
     if grouped:
