@@ -460,8 +460,9 @@ def check_wait(
                     _retry_after_s(best - bound),
                 )
             )
-    if deadline is not None and best > 0 and now < deadline < now + best:
+    if not wait_allowed(best, None, now, deadline):
         # (a deadline already passed is the step loop's: it ends with DEADLINE_EXCEEDED)
+        assert deadline is not None
         raise ResourceExhausted(
             with_retry_after(
                 f"overloaded: estimated queue wait {_seconds(best)} passes the request's "
