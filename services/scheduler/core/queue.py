@@ -175,7 +175,9 @@ class WaitQueue:
         context limit); the same at its push and its remove (prompt and max_tokens fixed)."""
         if self._page_size is None or self._max_model_len is None:
             return 0
-        return final_pages(req, self._page_size, self._max_model_len)
+        if not req.final_pages:
+            req.final_pages = final_pages(req, self._page_size, self._max_model_len)
+        return req.final_pages
 
     def rank(self, req: Request, now: float) -> float:
         _, time_free, _ = self._key(req)

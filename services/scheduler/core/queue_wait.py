@@ -55,7 +55,6 @@ from radixmesh.executor_info import ExecutorInfo
 from radixmesh.retry_after import with_retry_after
 from radixmesh.sampling import Priority
 from services.scheduler.core.executor_state import ExecutorState
-from services.scheduler.core.queue import final_pages
 from services.scheduler.core.request import Request
 
 CLASS_SHARE = {
@@ -224,7 +223,7 @@ class QueueWaits:
         `check` admits on ex one after the other (rate None: while its batch has room)."""
         num_queued, queued_work, queued_pages = self._ahead(ex, priority)
         num_running = len(ex.running)
-        capacity = self._capacity(ex, num_queued, queued_pages)
+        capacity = self._capacity(ex, self._batch(ex)[0], num_queued, queued_pages)
         if rate is None:  # admits while its batch has room (a wait of 0), then unknown
             return max(0, capacity - num_queued - num_running)
         work, work_per_s = rate.work_per_request, rate.work_per_s
@@ -282,8 +281,8 @@ class QueueWaits:
         the requests ex finished lately) and `final_pages` `pages` (None: as the last one
         ex finished) would wait in ex's queue."""
         num_queued, queued_work, queued_pages = self._ahead(ex, priority)
-        capacity = self._capacity(ex, num_queued, queued_pages, pages)
-        running_work = self._batch(ex)[1]
+        batch, running_work = self._batch(ex)
+        capacity = self._capacity(ex, batch, num_queued, queued_pages, pages)
         past = work_past_capacity(num_queued, len(ex.running), capacity, queued_work + running_work)
         rate = self.rate(ex, now)
         if rate is None:
@@ -304,21 +303,27 @@ class QueueWaits:
         return num, work, pages
 
     def _capacity(
-        self, ex: ExecutorState, num_ahead: int, pages_ahead: int, own_pages: int | None = None
+        self,
+        ex: ExecutorState,
+        batch: int,
+        num_ahead: int,
+        pages_ahead: int,
+        own_pages: int | None = None,
     ) -> int:
-        """The batch a new request's wait counts on: `batch_capacity` while requests run.
+        """The batch a new request's wait counts on: `batch` (ex's `batch_capacity`) while
+        requests run.
         On an idle executor the queue forms the next batch: as many sequences as its pool
         holds of the size the `num_ahead` requests ahead (`pages_ahead` in all) and the new
         one (`own_pages`; None: of the size ex's last finished request grew to) grow to,
         so a burst that lands on it counts on the pool, not the slots; with nothing to
         size by, its slots."""
         if ex.running:
-            return self.batch_capacity(ex)
+            return batch
         if own_pages is None:
             own_pages = self._last_pages.get(ex.executor_id, 0)
         pages = pages_ahead + own_pages
         if not pages:
-            return self.batch_capacity(ex)
+            return batch
         per_seq = -(-pages // (num_ahead + (1 if own_pages else 0)))
         room = pool_room(ex, self._held_pages(ex.executor_id))
         return max(1, min(self._max_num_seqs, room // per_seq))
@@ -369,10 +374,9 @@ def batch_capacity(ex: ExecutorState, max_num_seqs: int, num_held_pages: int = 0
     running = list(ex.running.values())
     if not running:
         return max_num_seqs
-    page_size, limit = ex.info.page_size, ex.info.max_model_len
     pages = 0
-    for r in running:
-        pages += max(len(r.page_table), final_pages(r, page_size, limit))
+    for r in running:  # (the queue keeps each request's final pages: `Request.final_pages`)
+        pages += max(len(r.page_table), ex.queue.pages(r))
     per_seq = max(1, -(-pages // len(running)))
     return max(1, min(max_num_seqs, pool_room(ex, num_held_pages) // per_seq))
 

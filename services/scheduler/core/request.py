@@ -54,6 +54,9 @@ class Request:
     """`queue.request_work` on its executor, kept by the first `WaitQueue.work` (0: not
     yet): the queue-wait estimate reads it per push, remove and finish, and for the
     running batch once a step."""
+    final_pages: int = 0
+    """`queue.final_pages` on its executor, kept by the first `WaitQueue.pages` (0: not
+    yet), read as often as `work`."""
     num_routed_shared_tokens: int = 0
     """Prompt tokens routing found cached, queued or prefilling on its executor: work the
     queued request does not add to that executor's load (routing.load_tokens)."""

@@ -91,6 +91,9 @@ class SchedulerCore:
         """Submits waiting on their prefix match (an idle step loop waits for them)."""
         self._matched = asyncio.Event()
         self._matched.set()
+        self._num_routed = 0
+        """Requests routed to an executor so far (a submit's second check is needed only
+        when some were routed during its prefix match)."""
         self._executors = {p.info.executor_id: ExecutorState.create(p, config) for p in executors}
         self._requests: dict[str, Request] = {}
         self._batch_ids = itertools.count(1)
@@ -242,18 +245,19 @@ class SchedulerCore:
             group_size=group_size,
         )
         req.group_arrival_time = req.arrival_time
-        # before the cache round trip: refuse at once (see queue_wait.py)
+        # before the cache round trip: refuse at once (see queue_wait.py); routing chooses
+        # among the executors whose wait the check allows
+        within = None
         if not self._group_admitted(req):
-            self._queue_waits.check(req, candidates, self._clock())
+            within = self._queue_waits.check(req, candidates, self._clock())
+        routed = self._num_routed
         matches = await self._match(tokens, model)
         if req_id in self._requests:
             raise InvalidArgument(f"req_id {req_id!r} is already in use")
-        # and again in the turn that queues it: a burst's submits all pass the first check
-        # before the first of them is queued (each waits for its match meanwhile), so only
-        # this one sees the requests ahead of it; routing chooses among the executors whose
-        # wait it allows
-        within = None
-        if not self._group_admitted(req):
+        # and again in the turn that queues it where others were routed meanwhile: a
+        # burst's submits all pass the first check before the first of them is queued
+        # (each waits for its match), so only this one sees the requests ahead of it
+        if self._num_routed != routed and not self._group_admitted(req):
             within = self._queue_waits.check(req, candidates, self._clock())
         shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
         if shed is not None:
@@ -347,6 +351,7 @@ class SchedulerCore:
         executor_id, num_shared = route(
             req, candidates, matches, self._leases.inflight, self._clock(), self.config
         )
+        self._num_routed += 1
         ex = self._executors[executor_id]
         req.executor_id = ex.executor_id
         req.num_routed_shared_tokens = num_shared
