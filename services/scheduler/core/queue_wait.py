@@ -23,10 +23,10 @@ class as running totals (`WaitQueue.ahead_of`, `pages_ahead_of`) and the running
 is walked once per step with its capacity, so a submit's check costs O(classes) (and
 the constrained requests still compiling there).
 
-A submit is checked twice: at once on arrival (overload is refused before the cache
-round trip of its prefix match), and again after that match, in the same turn of the
-event loop that queues it. Only the second check sees the submits that arrived during
-its match: a burst's submits all pass their first check before any of them is queued.
+A submit is checked at once on arrival (overload is refused before the cache round trip
+of its prefix match), and again after that match, in the same turn of the event loop
+that queues it, when other requests were routed meanwhile. Only the second check sees
+them: a burst's submits all pass their first check before any of them is queued.
 
 When even the executor with the shortest estimate makes a request wait longer than its
 class's bound, or past its deadline, it is refused with ResourceExhausted naming the
