@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from radixmesh.executor_info import ExecutorInfo
-from radixmesh.step import DeviceHealth
+from radixmesh.sampling import Priority
+from radixmesh.step import DeviceHealth, StepPlan, StepResult
 from services.scheduler.core.config import SPECULATING_MAX_STEPS_IN_FLIGHT, SchedulerConfig
-from services.scheduler.core.draft_offers import DraftOffers
+from services.scheduler.core.draft_offers import DraftOffers, offers_drafts
 from services.scheduler.core.pipeline_depth import PipelineDepth
 from services.scheduler.core.ports import ExecutorPort
 from services.scheduler.core.queue import WaitQueue
@@ -81,6 +83,35 @@ class ExecutorState:
             ceiling = min(ceiling, SPECULATING_MAX_STEPS_IN_FLIGHT)
         return cls(port=port, info=port.info, queue=queue, depth=PipelineDepth(ceiling))
 
+    def note_sent(self, plan: StepPlan) -> None:
+        """Changes state: `plan` went out (an abort-only plan is no step: its result is
+        matched by its id)."""
+        if plan.abort_req_ids:
+            self.abort_plan_step_id = plan.step_id
+            return
+        self.depth.sent(plan.step_id, self.num_in_flight)
+        self.num_in_flight += plan.num_steps
+        self.num_steps_sent += plan.num_steps
+        self.drafts.planned(plan.num_steps, offers_drafts(plan))
+
+    def note_answered(self, result: StepResult) -> None:
+        """Changes state: the result of the oldest step in flight came (or the abort-only
+        plan's)."""
+        if result.step_id == self.abort_plan_step_id:
+            self.abort_plan_step_id = 0
+            return
+        self.num_in_flight -= 1
+        self.num_steps_answered += 1
+        self.drafts.answered(result.undrafted_steps)
+        self.depth.answered(result)
+
+    def forget_in_flight(self) -> None:
+        """Changes state: the executor failed; nothing sent to it will be answered."""
+        self.num_in_flight = self.abort_plan_step_id = 0
+        self.num_steps_answered = self.num_steps_sent
+        self.drafts = DraftOffers()
+        self.depth.reset()
+
     def note_health(self, health: DeviceHealth | None, now: float) -> None:
         """Keep a step result's device health (results between reports carry none)."""
         if health is not None:
@@ -111,3 +142,21 @@ class ExecutorState:
             num_preparing=len(self.preparing),
             steps_in_flight_target=self.depth.target,
         )
+
+
+def running_by_priority(executors: Iterable[ExecutorState]) -> dict[Priority, int]:
+    """Read-only: the requests running on these executors, per class."""
+    counts = dict.fromkeys(Priority, 0)
+    for ex in executors:
+        for req in ex.running.values():
+            counts[req.priority] += 1
+    return counts
+
+
+def waiting_by_priority(executors: Iterable[ExecutorState]) -> dict[Priority, int]:
+    """Read-only: the requests queued for these executors, per class."""
+    counts = dict.fromkeys(Priority, 0)
+    for ex in executors:
+        for priority, n in ex.queue.count_by_priority().items():
+            counts[priority] += n
+    return counts

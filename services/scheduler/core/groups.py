@@ -246,6 +246,14 @@ def settle_wait(queued: Iterable[Request], started: Iterable[Request], now: floa
     return max(arriving_groups(queued, started, now).values(), default=0.0)
 
 
+def join_group(req: Request, member: Request) -> None:
+    """Changes state: req joins the group of `member`, a live request of it (routing then
+    keeps req on member's executor, where the group shares its context): the group's
+    first arrival and its announced size hold for req too."""
+    req.group_arrival_time = min(req.group_arrival_time, member.group_arrival_time)
+    req.group_size = max(req.group_size, member.group_size)
+
+
 def members_of(req: Request, requests: Iterable[Request]) -> list[Request]:
     """The other live requests of req's named group."""
     if req.group_id is None:
@@ -257,6 +265,7 @@ __all__ = [
     "StepShare",
     "arriving_groups",
     "check_group_size",
+    "join_group",
     "keep_feasible_shares",
     "lend_prompt_logprobs",
     "members_of",

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted
-from radixmesh.sampling import Priority
+from radixmesh.sampling import Priority, SamplingParams
 from services.scheduler.core.executor_state import ExecutorState
+from services.scheduler.core.groups import check_group_size
 from services.scheduler.core.request import Request
 
 
@@ -25,6 +26,26 @@ def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> 
     if len(tokens) >= max_model_len:
         raise InvalidArgument(
             f"token_ids has {len(tokens)} tokens; the model's limit is {max_model_len - 1}"
+        )
+
+
+def check_request(
+    tokens: Sequence[int],
+    sampling: SamplingParams,
+    group_id: str,
+    group_size: int,
+    candidates: Sequence[ExecutorState],
+) -> None:
+    """InvalidArgument naming the field when a submit is malformed for these executors:
+    its prompt (`check_prompt`), its group's size, or prompt log-probabilities asked
+    from past the prompt's end."""
+    check_prompt(tokens, candidates)
+    check_group_size(group_id, group_size)
+    start = sampling.prompt_logprobs_start
+    if start is not None and start > len(tokens):
+        raise InvalidArgument(
+            f"sampling.prompt_logprobs_start ({start}) must not exceed the prompt's "
+            f"{len(tokens)} tokens"
         )
 
 

@@ -32,16 +32,15 @@ from radixmesh.updates import RequestUpdate
 from services.scheduler.core.admission import admit_waiting
 from services.scheduler.core.budget import StepBudget
 from services.scheduler.core.config import SchedulerConfig
-from services.scheduler.core.draft_offers import DraftOffers, offers_drafts
-from services.scheduler.core.executor_state import ExecutorLoad, ExecutorState
-from services.scheduler.core.groups import (
-    check_group_size,
-    lend_prompt_logprobs,
-    members_of,
-    settle_wait,
+from services.scheduler.core.executor_state import (
+    ExecutorLoad,
+    ExecutorState,
+    running_by_priority,
+    waiting_by_priority,
 )
+from services.scheduler.core.groups import join_group, lend_prompt_logprobs, members_of, settle_wait
 from services.scheduler.core.holds import Holds
-from services.scheduler.core.intake import check_prompt, make_room_in_queue
+from services.scheduler.core.intake import check_request, make_room_in_queue
 from services.scheduler.core.leases import Leases
 from services.scheduler.core.multi_step import (
     abort_plan,
@@ -223,14 +222,7 @@ class SchedulerCore:
         candidates = [ex for ex in self._executors.values() if ex.alive and ex.info.model == model]
         if not candidates:
             raise Unavailable(f"no executor serves model {model!r}")
-        check_prompt(tokens, candidates)
-        check_group_size(group_id, group_size)
-        start = sampling.prompt_logprobs_start
-        if start is not None and start > len(tokens):
-            raise InvalidArgument(
-                f"sampling.prompt_logprobs_start ({start}) must not exceed the prompt's "
-                f"{len(tokens)} tokens"
-            )
+        check_request(tokens, sampling, group_id, group_size, candidates)
         req = Request(
             req_id=req_id,
             prompt_token_ids=tokens,
@@ -246,9 +238,11 @@ class SchedulerCore:
         )
         req.group_arrival_time = req.arrival_time
         # before the cache round trip: refuse at once (see queue_wait.py); routing chooses
-        # among the executors whose wait the check allows
+        # among the executors whose wait the check allows. A named group is admitted or
+        # refused as a whole, at its first member: a program whose third branch is refused
+        # after two were accepted has lost the work of both
         within = None
-        if not self._group_admitted(req):
+        if self._first_member(req) is None:
             within = self._queue_waits.check(req, candidates, self._clock())
         routed = self._num_routed
         matches = await self._match(tokens, model)
@@ -257,13 +251,14 @@ class SchedulerCore:
         # and again in the turn that queues it where others were routed meanwhile: a
         # burst's submits all pass the first check before the first of them is queued
         # (each waits for its match), so only this one sees the requests ahead of it
-        if self._num_routed != routed and not self._group_admitted(req):
+        member = self._first_member(req)
+        if self._num_routed != routed and member is None:
             within = self._queue_waits.check(req, candidates, self._clock())
         shed = make_room_in_queue(self._executors.values(), req, self.config.max_queue_len)
         if shed is not None:
             self._executors[shed.executor_id or ""].queue.remove(shed.req_id)
             self._end_one(shed, ResourceExhausted(f"request {shed.req_id} shed for interactive traffic"))
-        self._route(req, candidates, matches, within)
+        self._route(req, candidates, matches, member, within)
         self._requests[req_id] = req
         return req
 
@@ -288,18 +283,10 @@ class SchedulerCore:
         return self.stats.num_preemptions
 
     def num_running(self) -> dict[Priority, int]:
-        counts = dict.fromkeys(Priority, 0)
-        for ex in self._executors.values():
-            for req in ex.running.values():
-                counts[req.priority] += 1
-        return counts
+        return running_by_priority(self._executors.values())
 
     def num_waiting(self) -> dict[Priority, int]:
-        counts = dict.fromkeys(Priority, 0)
-        for ex in self._executors.values():
-            for priority, n in ex.queue.count_by_priority().items():
-                counts[priority] += n
-        return counts
+        return waiting_by_priority(self._executors.values())
 
     def executor_loads(self) -> list[ExecutorLoad]:
         """Per executor: running and waiting counts, leased page fraction, health."""
@@ -324,26 +311,23 @@ class SchedulerCore:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._matched.wait(), SUBMIT_SETTLE_S)
 
-    def _group_admitted(self, req: Request) -> bool:
-        """A request of a named group with a member accepted already: the group was admitted
-        as a whole at that member (a select's choices and a fork's branches run together
-        on one executor, and a program whose third branch is refused after two were
-        accepted has lost the work of both)."""
-        return req.group_id is not None and bool(members_of(req, self._requests.values()))
+    def _first_member(self, req: Request) -> Request | None:
+        """A live request of req's named group (None: none, or no group)."""
+        return next(iter(members_of(req, self._requests.values())), None)
 
     def _route(
         self,
         req: Request,
         candidates: list[ExecutorState],
         matches: dict[str, int],
+        member: Request | None,
         within: list[ExecutorState] | None = None,
     ) -> None:
-        """Queues req on an executor: its group's, else the one routing picks among
-        `within` (the candidates whose queue wait admission allows; None: all)."""
-        member = next(iter(members_of(req, self._requests.values())), None)
+        """Queues req on an executor: its group's (`member`, a live request of its group),
+        else the one routing picks among `within` (the candidates whose queue wait
+        admission allows; None: all)."""
         if member is not None:  # a group runs on one executor (it shares its context there)
-            req.group_arrival_time = min(req.group_arrival_time, member.group_arrival_time)
-            req.group_size = max(req.group_size, member.group_size)
+            join_group(req, member)
             same = [ex for ex in candidates if ex.executor_id == member.executor_id]
             candidates = same or candidates
         elif within:
@@ -380,7 +364,6 @@ class SchedulerCore:
     # -- the step loop ---------------------------------------------------------------------
 
     async def _loop(self, ex: ExecutorState) -> None:
-        depth = ex.depth
         while ex.alive and not self._stopping:
             ex.wake.clear()
             if not ex.num_in_flight and self._num_matching:  # idle: let a burst land together
@@ -394,7 +377,7 @@ class SchedulerCore:
                     await self._executor_failed(ex, Unavailable(ex.lost_reason))
                     return
                 await self._apply_aborts_and_deadlines(ex)
-                wants_plan = ex.num_in_flight < depth.target and ex.has_work
+                wants_plan = ex.num_in_flight < ex.depth.target and ex.has_work
                 plan = (
                     await self._plan(ex)
                     if wants_plan
@@ -410,25 +393,13 @@ class SchedulerCore:
             try:
                 if plan is not None:
                     ex.port.submit(plan)
-                    if plan.abort_req_ids:
-                        ex.abort_plan_step_id = plan.step_id
-                    else:
-                        depth.sent(plan.step_id, ex.num_in_flight)
-                        ex.num_in_flight += plan.num_steps
-                        ex.num_steps_sent += plan.num_steps
-                        ex.drafts.planned(plan.num_steps, offers_drafts(plan))
+                    ex.note_sent(plan)
                     continue
                 result = await ex.port.next_result()
             except Exception as exc:
                 await self._executor_failed(ex, exc)
                 return
-            if result.step_id == ex.abort_plan_step_id:
-                ex.abort_plan_step_id = 0
-            else:
-                ex.num_in_flight -= 1
-                ex.num_steps_answered += 1
-                ex.drafts.answered(result.undrafted_steps)
-                depth.answered(result)
+            ex.note_answered(result)
             ex.note_health(result.health, self._clock())
             await self._process(ex, result)
 
@@ -564,14 +535,11 @@ class SchedulerCore:
             req.on_executor = False
             if others and not req.output_token_ids:
                 req.hold_until_answered = 0
-                self._route(req, others, {})
+                self._route(req, others, {}, self._first_member(req))
             else:
                 err = Unavailable(f"executor {ex.executor_id} failed: {exc}")
                 updates.append(self._end(req, error=err))
-        ex.num_in_flight = ex.abort_plan_step_id = 0
-        ex.num_steps_answered = ex.num_steps_sent
-        ex.drafts = DraftOffers()
-        ex.depth.reset()
+        ex.forget_in_flight()
         self._deliver(updates)
         with contextlib.suppress(Exception):
             await ex.port.close()
