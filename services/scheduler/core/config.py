@@ -15,10 +15,13 @@ from radixmesh.step import MAX_STEPS_PER_PLAN
 DEFAULT_DECODE_STEPS_PER_PLAN = 4
 """Chosen from bench/multi_step.py (bench/RESULTS.md): see there."""
 SPECULATING_MAX_STEPS_IN_FLIGHT = 2
-"""The most steps in flight to a speculating executor: its switch's answers reach the
-scheduler some steps late and are matched to steps by number (draft_offers.py); with
-more in flight, the steps planned before the first answer are all offered drafts and each
-decline backs the switch's probing off further, so its probes came far less often."""
+"""The most steps in flight to a speculating executor while its next plan may offer drafts
+(`ExecutorState.steps_target`): its switch's answers reach the scheduler some steps late
+and are matched to steps by number (draft_offers.py); with more in flight, the steps
+planned before the first answer were all offered drafts and each decline backed the
+switch's probing off further, so its probes came far less often. A step offered drafts
+is prepared only once the step before it has executed, so a deeper pipeline would not
+run it sooner. While the switch declines, the full `max_steps_in_flight` applies."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,8 @@ class SchedulerConfig:
     N + 1 while N runs) and more, up to this, while its plans reach the executor after
     its steps ran out (a step shorter than the round trip: a small model at a large
     batch; pipeline_depth.py). 2: never more; 1: one step at a time. A speculating
-    executor stops at `SPECULATING_MAX_STEPS_IN_FLIGHT`."""
+    executor stops at `SPECULATING_MAX_STEPS_IN_FLIGHT` where its next plan may offer
+    drafts."""
     decode_steps_per_plan: int = DEFAULT_DECODE_STEPS_PER_PLAN
     """Most decode steps one plan asks for when the batch only decodes (multi_step.py);
     1: a plan per step. A request arriving meanwhile waits at most this many steps, and

@@ -78,10 +78,32 @@ class ExecutorState:
     @classmethod
     def create(cls, port: ExecutorPort, config: SchedulerConfig) -> ExecutorState:
         queue = WaitQueue(config, port.info.page_size, port.info.max_model_len)
-        ceiling = config.max_steps_in_flight
-        if port.info.max_draft_tokens:
-            ceiling = min(ceiling, SPECULATING_MAX_STEPS_IN_FLIGHT)
-        return cls(port=port, info=port.info, queue=queue, depth=PipelineDepth(ceiling))
+        depth = PipelineDepth(config.max_steps_in_flight)
+        return cls(port=port, info=port.info, queue=queue, depth=depth)
+
+    @property
+    def steps_target(self) -> int:
+        """Steps in flight below which the next plan goes out: the depth's target, and at
+        most SPECULATING_MAX_STEPS_IN_FLIGHT where the next plan may offer drafts (a
+        speculating executor within its batch cap whose switch has not declined the next
+        step). While the switch declines, plans offer none and run several steps each, as
+        without speculation, at the depth the round trip needs: capped there too, a
+        speculating engine's declined steps ran at the old depth of 2 while one with
+        speculation off ran at 4 (bench/RESULTS.md)."""
+        target = self.depth.target
+        if target > SPECULATING_MAX_STEPS_IN_FLIGHT and self.may_offer_drafts:
+            return SPECULATING_MAX_STEPS_IN_FLIGHT
+        return target
+
+    @property
+    def may_offer_drafts(self) -> bool:
+        """The next plan's decodes may be offered drafts (draft_offers.py)."""
+        info = self.info
+        return (
+            info.max_draft_tokens > 0
+            and 0 < len(self.running) <= info.max_speculative_batch_size
+            and self.drafts.undrafted_ahead() == 0
+        )
 
     def note_sent(self, plan: StepPlan) -> None:
         """Changes state: `plan` went out (an abort-only plan is no step: its result is
@@ -140,7 +162,7 @@ class ExecutorState:
             kv_usage=min(1.0, num_leased / max(1, self.info.num_pages)),
             healthy=self.alive,
             num_preparing=len(self.preparing),
-            steps_in_flight_target=self.depth.target,
+            steps_in_flight_target=self.steps_target,
         )
 
 

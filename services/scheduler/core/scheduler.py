@@ -377,7 +377,7 @@ class SchedulerCore:
                     await self._executor_failed(ex, Unavailable(ex.lost_reason))
                     return
                 await self._apply_aborts_and_deadlines(ex)
-                wants_plan = ex.num_in_flight < ex.depth.target and ex.has_work
+                wants_plan = ex.num_in_flight < ex.steps_target and ex.has_work
                 plan = (
                     await self._plan(ex)
                     if wants_plan

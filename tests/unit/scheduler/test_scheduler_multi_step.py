@@ -14,6 +14,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.sampling import Constraint, ConstraintKind, SamplingParams
 from services.executor.core.spec.switch import PROBE_EVERY, SpecSwitch
 from services.scheduler.core import SchedulerConfig
+from services.scheduler.core.draft_offers import offers_drafts
 
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
@@ -141,6 +142,35 @@ async def test_decodes_a_declining_switch_would_not_draft_run_several_steps_a_pl
     _assert_pool_clean(rig)
 
 
+@pytest.mark.parametrize("declines", [True, False])
+async def test_a_speculating_pipeline_deepens_only_where_its_plans_offer_no_drafts(declines):
+    """Plans arrive late (a round trip of two steps). While the executor's switch declines,
+    its plans offer no drafts and the pipeline deepens as without speculation; a plan that
+    offers drafts goes out with at most one step in flight before it (its prepare waits for
+    the step before anyway, and the switch's answers must keep up with the offers). A switch
+    that drafts every step keeps the pipeline at 2 throughout."""
+    speculates = {"max_draft_tokens": 2, "max_speculative_batch_size": 4}
+    config = SchedulerConfig(decode_steps_per_plan=4)
+    rig = make_rig(config, num_pages=512, executor_info=speculates)
+    rig.port.round_trip_steps = 2
+    if declines:
+        declining_executor(rig)
+    prompts, length = [[5, 6, 7], [8, 9]], 300
+    await _run(rig, prompts, [length, length])
+    for i, p in enumerate(prompts):
+        assert rig.sink.tokens[f"r{i}"] == reference(p, length)
+    plans = [p for p in rig.toy.plans if not p.abort_req_ids]
+    left = rig.port.steps_left_at_plans
+    offered = [n for plan, n in zip(plans, left, strict=True) if offers_drafts(plan)]
+    assert offered and max(offered) <= 1, offered
+    if declines:
+        assert max(left) >= 2  # declined stretches: deeper than a plan offering drafts goes
+        assert len(offered) < len(plans) // 4
+    else:
+        assert max(left) == 1 and len(offered) == len(plans) - 1  # all but the prefill
+    _assert_pool_clean(rig)
+
+
 @pytest.mark.parametrize(("num_pages", "length"), [(512, 200), (40, 70)])  # 40: pages run short
 async def test_plans_made_while_a_probe_runs_leave_room_for_the_drafts_it_keeps(num_pages, length):
     """A declined batch's probe keeps every draft token (a perfect proposer): the plans
@@ -181,15 +211,15 @@ async def test_an_abort_while_a_plan_runs_goes_out_in_a_plan_of_its_own():
 
 @pytest.mark.parametrize(
     ("ceiling", "speculates", "most_left"),
-    [(4, False, 2), (2, False, 1), (4, True, 1), (None, False, 2)],  # speculating: 2 at most
+    [(4, False, 2), (2, False, 1), (4, True, 2), (None, False, 2)],
 )
 async def test_plans_that_arrive_late_deepen_the_pipeline_up_to_its_ceiling(
     ceiling, speculates, most_left
 ):
     """With a round trip of two steps, plans sent with one step left (the floor, 2 in
     flight) arrive late; the scheduler then keeps 3 in flight (2 left at each plan), so
-    they arrive in time, and no further (the ceiling allows 4). A ceiling of 2, or a
-    speculating executor, keeps 2."""
+    they arrive in time, and no further (the ceiling allows 4). A ceiling of 2 keeps 2. A
+    speculating executor past its batch cap is offered no drafts: it deepens alike."""
     info = {"max_draft_tokens": 2, "max_speculative_batch_size": 1} if speculates else {}
     config = SchedulerConfig(decode_steps_per_plan=4)  # None: the default ceiling, 4
     if ceiling is not None:
