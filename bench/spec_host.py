@@ -157,6 +157,7 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
                     max_batch, {b: args.ratio for b in BUCKETS if b <= max_batch},
                     max_gain=args.num_speculative_tokens + 1,
                 )
+                core.spec_switch.backs_off = True  # as graph_setup's measured switch
         vocab = engines[modes[0]].executors[0].info.vocab_size
         rng = random.Random(args.seed)
         for batch in args.batch_sizes:

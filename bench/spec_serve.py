@@ -36,11 +36,19 @@ class ServedMesh:
         with self.log_path.open("w") as out:  # a file, not a pipe: nobody has to drain it
             self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
         self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while READY_LINE not in self.log_path.read_text(errors="replace"):
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError(f"radixmesh serve did not start:\n{self.log_tail()}")
-            time.sleep(0.5)
+        started = time.monotonic()
+        deadline = started + START_TIMEOUT_S
+        try:
+            while READY_LINE not in self.log_path.read_text(errors="replace"):
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"radixmesh serve did not start:\n{self.log_tail()}")
+                time.sleep(0.5)
+        except BaseException:  # SIGTERM (a time limit) included: say how far it got
+            self.stop(failed=True)
+            raise
+        self.ready_s = time.monotonic() - started
+        print(f"serve --speculative {mode}: ready in {self.ready_s:.1f} s (logs in {log_dir})",
+              file=sys.stderr, flush=True)
 
     def log_tail(self, lines: int = 40) -> str:
         """The tail of serve's output and of each service's log, for a failure report."""
@@ -51,7 +59,12 @@ class ServedMesh:
                 parts.append(f"== {path.name}\n" + "\n".join(tail))
         return "\n".join(parts)
 
-    def stop(self) -> None:
+    def stop(self, failed: bool = False) -> None:
+        """SIGINT, as a user stops it. `failed`: the benchmark ended early (an error, or
+        SIGTERM from a time limit): serve's and each service's log tail go to stderr."""
+        if failed and self.process.poll() is None:
+            print(f"the benchmark ended early; radixmesh serve's logs:\n{self.log_tail()}",
+                  file=sys.stderr, flush=True)
         if self.process.poll() is not None:  # it died under the benchmark: say why
             print(f"radixmesh serve exited with {self.process.returncode}:\n{self.log_tail()}", file=sys.stderr)
             return

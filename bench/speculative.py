@@ -55,6 +55,7 @@ import gc
 import json
 import random
 import re
+import signal
 import statistics
 import sys
 import sysconfig
@@ -382,9 +383,13 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     ]  # fmt: skip
     mesh = ServedMesh(args.model, args.device, "off" if mode == CONTROL else mode, args.port, extra)
     rows = {}
+    failed = True
     try:
+        started = time.perf_counter()
         for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
             serve_batch(mesh.url, prompts, min(args.output_len, WARM_OUTPUT_LEN))
+        print(f"serve --speculative {mode}: warm-up of every measured shape in "
+              f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         for workload in args.workloads:
             for batch in args.batch_sizes:
                 runs, totals = [], {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
@@ -413,8 +418,9 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
                 row = rows[f"{workload}/b{batch}"]
                 print(f"{mode:<7} {workload:<11} b{batch:<4} {row['output_tok_s']:10.1f} tok/s  "
                       f"TPOT {row['tpot_ms']:7.2f} ms  drafts {drafts}", flush=True)
+        failed = False
     finally:
-        mesh.stop()
+        mesh.stop(failed)
     return rows
 
 
@@ -506,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_interval_us:
         sys.setswitchinterval(args.switch_interval_us * 1e-6)
     if args.mode == "serve":
+        # a time limit's SIGTERM unwinds like an error: each mesh is stopped and its logs shown
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         results = {mode: bench_serve(args, mode, tokenizer) for mode in args.modes}
     else:
         results = asyncio.run(bench_modes(args, tokenizer))
