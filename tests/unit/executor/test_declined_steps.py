@@ -24,13 +24,7 @@ from services.executor.core.spec.drafting import (
     may_draft,
 )
 from services.executor.core.spec.proposers import make_proposer
-from services.executor.core.spec.switch import (
-    HOPELESS_PROBE_EVERY,
-    MIN_STEP_SAMPLES,
-    PROBE_EVERY,
-    SpecSwitch,
-    request_gain,
-)
+from services.executor.core.spec.switch import MIN_STEP_SAMPLES, SpecSwitch, request_gain
 
 MAX_DRAFT = 4
 
@@ -98,15 +92,7 @@ def reference(switch: SpecSwitch, decodes: list, allowed: int, proposer) -> int:
                 changed = True
         if changed:
             admits = switch.admits(n, fresh_gain(switch, decodes))
-    if admits:
-        return switch.plain_probe(n)
-    lively = any(
-        s.draft_length.unverified is not None or s.draft_length.found >= DORMANT_FOUND
-        if s.draft_length is not None
-        else switch.prior.found >= DORMANT_FOUND
-        for s in decodes
-    )
-    return switch.steps_to_probe(n, quiet=switch.backs_off and not lively)
+    return switch.plain_probe(n) if admits else switch.steps_to_probe(n)
 
 
 def fresh_gain(switch: SpecSwitch, decodes: list) -> float:
@@ -114,14 +100,10 @@ def fresh_gain(switch: SpecSwitch, decodes: list) -> float:
     return request_gain(tokens, len(decodes))
 
 
-@pytest.mark.parametrize("backs_off", [False, True])
 @pytest.mark.parametrize("ratio", [1.6, 1.9])
-def test_kept_across_steps_it_asks_and_answers_as_a_fresh_look_does(
-    ratio: float, backs_off: bool
-) -> None:
+def test_kept_across_steps_it_asks_and_answers_as_a_fresh_look_does(ratio: float) -> None:
     rng = random.Random(7)
     kept_switch = SpecSwitch(32, cost_ratios={1: ratio, 32: ratio}, max_gain=MAX_DRAFT + 1)
-    kept_switch.backs_off = backs_off
     kept_switch.prior = DraftPrior(found=0.1, acceptance=0.5)  # earlier requests seldom copied
     fresh_switch = copy.deepcopy(kept_switch)
     kept_seqs = [new_seq(rng, 24) for _ in range(20)]
@@ -233,37 +215,3 @@ def test_a_declined_steps_guesses_stay_within_their_share_of_a_plain_step() -> N
     fresh = [new_seq(rng, 24) for _ in range(20)]
     DeclinedSteps()(switch, fresh, MAX_DRAFT, unbounded)  # no guess timed yet: no cap
     assert len(unbounded.asked) == 20
-
-
-def test_a_batch_whose_guesses_find_nothing_is_probed_far_less_often() -> None:
-    """Text that never repeats: once every decode's found rate is below DORMANT_FOUND, a
-    probe could verify nothing, and the answer puts it HOPELESS_PROBE_EVERY steps apart
-    (a switch that asks in its declined steps). Once a decode's text begins to repeat, its
-    guess is found when it is next asked (OLD_ASK_EVERY at the latest), and the probe is
-    back to PROBE_EVERY apart."""
-    rng = random.Random(3)
-    switch = SpecSwitch(32, cost_ratios={1: 3.0, 32: 3.0}, max_gain=MAX_DRAFT + 1)
-    switch.backs_off = True
-    switch.prior = DraftPrior(found=0.1, acceptance=0.5)
-    proposer = make_proposer(SpeculativeConfig(method="ngram", max_draft_tokens=MAX_DRAFT))
-    assert proposer is not None
-    seqs = [new_seq(rng, 24) for _ in range(8)]
-    for seq in seqs:  # every token new: no suffix recurs
-        seq.token_ids = [1000 + 50 * i + j for i, j in enumerate(range(24))]
-    declined = DeclinedSteps()
-    answers = []
-    for step in range(40):
-        for i, seq in enumerate(seqs):
-            seq.token_ids.append(100_000 + 1000 * i + step)
-        answers.append(declined(switch, seqs, MAX_DRAFT, proposer))
-    assert all(s.draft_length is not None and s.draft_length.found < DORMANT_FOUND for s in seqs)
-    assert answers[-1] == HOPELESS_PROBE_EVERY - switch._since_probe > PROBE_EVERY
-    copying = seqs[0]  # from now on its text repeats with a period of 6
-    for step in range(40, 40 + 2 * OLD_ASK_EVERY):
-        for i, seq in enumerate(seqs):
-            seq.token_ids.append(seq.token_ids[-6] if i == 0 else 100_000 + 1000 * i + step)
-        answer = declined(switch, seqs, MAX_DRAFT, proposer)
-        if copying.draft_length.unverified is not None:
-            break
-    assert copying.draft_length.unverified is not None  # asked when next due, and found
-    assert answer <= PROBE_EVERY

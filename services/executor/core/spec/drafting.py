@@ -182,9 +182,6 @@ class DeclinedSteps:
         """Decodes asked in every declined step (fewer than YOUNG_GUESSES guesses so far)."""
         self._holding: set[int] = set()
         """Decodes holding an unverified guess (`DraftLength.hold`)."""
-        self._lively: set[int] = set()
-        """Decodes with a draft length whose rolling found rate is DORMANT_FOUND or more, or
-        that hold a guess (`_quiet`)."""
         self._due: list[tuple[int, int]] = []
         """Heap of (`DraftLength.next_ask`, i): one entry per older decode holding no guess."""
 
@@ -208,16 +205,7 @@ class DeclinedSteps:
             admits = switch.admits(num_decodes, self.gain(switch.prior, max_draft_tokens))
         if admits:
             return switch.plain_probe(num_decodes)  # 0 but now and then: the plain side's time
-        return switch.steps_to_probe(num_decodes, self._quiet(switch)) + num_ahead
-
-    def _quiet(self, switch: SpecSwitch) -> bool:
-        """No decode weighed last finds guesses (each one's rolling found rate, or the prior's
-        for one not asked yet, below DORMANT_FOUND) or holds one: a probe would verify
-        nothing. Only for a switch that `backs_off`, whose declined steps keep asking: a
-        guess found ends the quiet at the next answer."""
-        if not switch.backs_off or self._lively:
-            return False
-        return not (self._num_prior and switch.prior.found >= DORMANT_FOUND)
+        return switch.steps_to_probe(num_decodes) + num_ahead
 
     def _same(self, switch: SpecSwitch, decodes: Sequence[SequenceState], allowed: int) -> bool:
         """The decodes weighed last, unchanged since by a drafting step."""
@@ -235,7 +223,7 @@ class DeclinedSteps:
         self._decodes = list(decodes)
         self._inverse = [0.0] * len(decodes)
         self._num_prior = 0
-        self._young, self._holding, self._lively, self._due = set(), set(), set(), []
+        self._young, self._holding, self._due = set(), set(), []
         for i, seq in enumerate(decodes):
             self._reweigh(i, seq, allowed, new=True)
 
@@ -249,10 +237,6 @@ class DeclinedSteps:
             self._num_prior -= not new and self._inverse[i] == 0.0
             self._inverse[i] = 1.0 / (1.0 + length.best_guess(allowed))
             young = length.num_guesses < YOUNG_GUESSES
-            if length.unverified is not None or length.found >= DORMANT_FOUND:
-                self._lively.add(i)
-            else:
-                self._lively.discard(i)
             if length.unverified is not None:
                 self._holding.add(i)
             else:

@@ -367,15 +367,11 @@ class SpecSwitch:
         self._plain_left = PLAIN_PROBE_STEPS
         return PLAIN_PROBE_STEPS + 1
 
-    def steps_to_probe(self, num_decodes: int, quiet: bool = False) -> int:
+    def steps_to_probe(self, num_decodes: int) -> int:
         """Decode steps of `num_decodes` from now to the one that probes (1: the next). The
-        rule declines, so a plain probe under way ends. `quiet`: no decode of the batch has
-        a guess for a probe to verify (`drafting.DeclinedSteps`): the probe is
-        HOPELESS_PROBE_EVERY steps apart, since one that drafts nothing is a plain step
-        prepared serially, and its plan boundaries, for nothing."""
+        rule declines, so a plain probe under way ends."""
         self._plain_left = 0
-        every = HOPELESS_PROBE_EVERY if quiet else self._probe_every(num_decodes)
-        return max(1, every - self._since_probe)
+        return max(1, self._probe_every(num_decodes) - self._since_probe)
 
     def _probe_every(self, num_decodes: int) -> int:
         hopeless = self.cost_ratios is not None and self.ratio(num_decodes) >= self.max_gain
