@@ -30,14 +30,34 @@ import torch
 from services.executor.core.executor import ExecutorCore
 
 
-def install(core: ExecutorCore, device_ms: float, seed: int = 0) -> None:
+def install(
+    core: ExecutorCore,
+    device_ms: float,
+    seed: int = 0,
+    hashed: bool = False,
+    spec_ratio: float | None = None,
+) -> None:
     """Replace `core`'s forward: fixed logits (`executor_churn.fixed_logits`), each step
-    after a `device_ms` wait."""
+    after a `device_ms` wait. `hashed`: logits whose text never repeats
+    (`spec_host.hashed_forward`), as on random prompts, in place of the fixed ones (each
+    greedy sequence of those repeats one token). `spec_ratio` (with `hashed`): the
+    proposer's switch as a GPU's start-up would set it, every bucket's verify/decode ratio
+    `spec_ratio`, so a speculating core's steps decline and it says so after each one."""
     if device_ms < 0:
         raise ValueError(f"device_ms must be >= 0, got {device_ms}")
-    from bench.executor_churn import fixed_logits
+    if hashed:
+        from bench.spec_host import hashed_forward
 
-    fixed_logits(core, seed)
+        core.model.forward = hashed_forward(core.info.vocab_size)  # type: ignore[method-assign]
+        core.forward.decode = core.forward.verify = core.forward.extend = None
+    else:
+        from bench.executor_churn import fixed_logits
+
+        fixed_logits(core, seed)
+    if spec_ratio is not None:
+        if not hashed:
+            raise ValueError("a speculation ratio needs hashed logits (fixed ones repeat)")
+        install_switch(core, spec_ratio)
     logits, seconds = core.model.forward, device_ms / 1000.0
 
     def forward(batch: Any, kv_pool: Any) -> torch.Tensor:
@@ -47,19 +67,42 @@ def install(core: ExecutorCore, device_ms: float, seed: int = 0) -> None:
     core.model.forward = forward  # type: ignore[method-assign]
 
 
+def install_switch(core: ExecutorCore, spec_ratio: float) -> None:
+    """`install`'s proposer switch: measured as `spec_ratio` at every bucket."""
+    from bench.spec_host import BUCKETS
+    from services.executor.core.spec.switch import SpecSwitch
+
+    if core.proposer is None:
+        raise ValueError("a speculation ratio needs the executor's --speculative on")
+    cap = core.info.max_speculative_batch_size
+    ratios = {b: spec_ratio for b in BUCKETS if b <= cap}
+    max_gain = core.config.speculative.max_draft_tokens + 1
+    core.spec_switch = SpecSwitch(cap, ratios, max_gain=max_gain)
+    core.spec_switch.backs_off = True  # as graph_setup's measured switch
+
+
 def main(argv: list[str]) -> int:
-    """`--device-ms X` then the executor service's flags: the service, with the stand-in."""
+    """`--device-ms X [--hashed] [--spec-ratio R]` then the executor service's flags: the
+    service, with the stand-in."""
     if len(argv) < 2 or argv[0] != "--device-ms":
-        print("usage: device_stand_in.py --device-ms X <executor flags>", file=sys.stderr)
+        print(
+            "usage: device_stand_in.py --device-ms X [--hashed] [--spec-ratio R] <executor flags>",
+            file=sys.stderr,
+        )
         return 2
     device_ms, rest = float(argv[1]), argv[2:]
+    hashed = rest[:1] == ["--hashed"]
+    rest = rest[1:] if hashed else rest
+    spec_ratio = None
+    if rest[:1] == ["--spec-ratio"]:
+        spec_ratio, rest = float(rest[1]), rest[2:]
     from services.executor import main as executor_main
     from services.executor.server import ExecutorServicer
 
     attach = ExecutorServicer.attach
 
     def attach_with_stand_in(self: ExecutorServicer, core: Any, *args: Any, **kw: Any) -> None:
-        install(core, device_ms)
+        install(core, device_ms, hashed=hashed, spec_ratio=spec_ratio)
         attach(self, core, *args, **kw)
 
     ExecutorServicer.attach = attach_with_stand_in  # type: ignore[method-assign]

@@ -205,6 +205,12 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
     if args.extend_graph_tokens:
         executor_fields["extend_graph_tokens"] = args.extend_graph_tokens
     executor_fields["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.speculative != "off":
+        from services.executor.core.spec import SpeculativeConfig
+
+        executor_fields["speculative"] = SpeculativeConfig(
+            method=args.speculative, max_batch_size=args.max_num_seqs
+        )
     scheduler = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -223,7 +229,12 @@ async def bench_inprocess(args: argparse.Namespace) -> Report:
         if args.stand_in_device_ms is not None:
             from bench.device_stand_in import install
 
-            install(engine.executors[0], args.stand_in_device_ms)
+            install(
+                engine.executors[0],
+                args.stand_in_device_ms,
+                hashed=args.stand_in_logits == "hashed",
+                spec_ratio=args.stand_in_spec_ratio,
+            )
 
         async def generate(req_id, prompt, sampling):
             async for update in await engine.generate(prompt, sampling, req_id=req_id):
@@ -384,6 +395,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(bench/device_stand_in.py), so the service path shows beside a GPU-sized step",
     )
     p.add_argument(
+        "--speculative",
+        choices=("off", "ngram", "suffix"),
+        default="off",
+        help="the executor's speculation, its cap at --max-num-seqs (with --stand-in-device-ms "
+        "and --stand-in-spec-ratio: a speculating executor whose drafts never pay)",
+    )
+    p.add_argument(
+        "--stand-in-logits",
+        choices=("fixed", "hashed"),
+        default="fixed",
+        help="with --stand-in-device-ms: fixed logits (each greedy sequence repeats a token) "
+        "or hashed ones (text that never repeats, as on random prompts: nothing to draft)",
+    )
+    p.add_argument(
+        "--stand-in-spec-ratio",
+        type=float,
+        default=None,
+        help="with --stand-in-device-ms and --speculative: the switch's verify/decode ratio "
+        "at every bucket, as a GPU's start-up would measure it; outputs never repeat, so it "
+        "declines (bench/device_stand_in.py)",
+    )
+    p.add_argument(
         "--no-launch-ahead",
         dest="launch_ahead",
         action="store_const",
@@ -440,6 +473,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.stand_in_device_ms < 0 or args.device != "cpu"
     ):
         p.error("--stand-in-device-ms must be >= 0 and needs --device cpu")
+    if args.stand_in_spec_ratio is not None and (
+        args.stand_in_device_ms is None
+        or args.speculative == "off"
+        or args.stand_in_logits != "hashed"
+        or args.stand_in_spec_ratio <= 0
+    ):
+        p.error(
+            "--stand-in-spec-ratio must be > 0 and needs --stand-in-device-ms, "
+            "--stand-in-logits hashed and --speculative"
+        )
     if args.tensor_parallel_size < 1:
         p.error("--tensor-parallel-size must be >= 1")
     if args.tensor_parallel_size > 1 and args.mode != "services":

@@ -46,6 +46,9 @@ def service_specs(args: argparse.Namespace, model: str) -> list:
     if args.num_pages:
         executor_args += ["--num-pages", str(args.num_pages)]
     executor_args += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args.speculative != "off":
+        executor_args += ["--speculative", args.speculative]
+        executor_args += ["--speculative-max-batch-size", str(args.max_num_seqs)]
     scheduler_args = ["--cache-address", cache_address, "--executor", f"127.0.0.1:{executor}"]
     scheduler_args += [*sizes, "--max-queue-len", str(max(1024, args.num_requests))]
     scheduler_args += ["--metrics-port", str(metrics), "--log-level", "warning"]
@@ -56,6 +59,10 @@ def service_specs(args: argparse.Namespace, model: str) -> list:
         argv = (sys.executable, "-m", f"services.{name}.main", "--port", str(port), *extra)
         if name == "executor" and args.stand_in_device_ms is not None:
             stand_in = ("--device-ms", str(args.stand_in_device_ms))
+            if args.stand_in_logits == "hashed":
+                stand_in += ("--hashed",)
+            if args.stand_in_spec_ratio is not None:
+                stand_in += ("--spec-ratio", str(args.stand_in_spec_ratio))
             argv = (
                 sys.executable,
                 str(REPO / "bench" / "device_stand_in.py"),

@@ -88,8 +88,8 @@ class ExecutorState:
         speculating executor within its batch cap whose switch has not declined the next
         step). While the switch declines, plans offer none and run several steps each, as
         without speculation, at the depth the round trip needs: capped there too, a
-        speculating engine's declined steps ran at the old depth of 2 while one with
-        speculation off ran at 4 (bench/RESULTS.md)."""
+        speculating executor's declined stretches kept the depth of 2 that cost the 1B
+        shape's Step stream 13% against 4 at batch 64 (bench/RESULTS.md, 12-07)."""
         target = self.depth.target
         if target > SPECULATING_MAX_STEPS_IN_FLIGHT and self.may_offer_drafts:
             return SPECULATING_MAX_STEPS_IN_FLIGHT
