@@ -171,8 +171,11 @@ async def test_a_speculating_pipeline_deepens_only_where_its_plans_offer_no_draf
     _assert_pool_clean(rig)
 
 
+@pytest.mark.parametrize("round_trip", [0, 2])  # 2: plans come late, the pipeline deepens
 @pytest.mark.parametrize(("num_pages", "length"), [(512, 200), (40, 70)])  # 40: pages run short
-async def test_plans_made_while_a_probe_runs_leave_room_for_the_drafts_it_keeps(num_pages, length):
+async def test_plans_made_while_a_probe_runs_leave_room_for_the_drafts_it_keeps(
+    num_pages, length, round_trip
+):
     """A declined batch's probe keeps every draft token (a perfect proposer): the plans
     made while it runs (several steps each, no drafts offered) start wherever its
     verification left each sequence, so their pages cover the drafts kept as well. The toy
@@ -181,6 +184,7 @@ async def test_plans_made_while_a_probe_runs_leave_room_for_the_drafts_it_keeps(
     rig = make_rig(SchedulerConfig(decode_steps_per_plan=8), num_pages=num_pages, executor_info=speculates)
     switch = declining_executor(rig)
     rig.toy.keeps_drafts = True
+    rig.port.round_trip_steps = round_trip
     prompts = [[5, 6, 7], [8, 9], [3], [4, 4]][: 4 if num_pages > 100 else 2]
     await _run(rig, prompts, [length] * len(prompts))
     for i, p in enumerate(prompts):
@@ -190,6 +194,8 @@ async def test_plans_made_while_a_probe_runs_leave_room_for_the_drafts_it_keeps(
     probes = [i for i, p in enumerate(plans) if any(r.num_draft_tokens for r in p.running_seqs)]
     after = [plans[i + 1] for i in probes if i + 1 < len(plans)]
     assert any(p.num_steps > 1 for p in after)  # planned while a probe ran: several steps
+    if round_trip:  # the declined stretches ran deeper than the cap on offering plans
+        assert max(rig.port.steps_left_at_plans) >= 2
     _assert_pool_clean(rig)
 
 
