@@ -10,12 +10,15 @@ from radixmesh.executor_info import ExecutorInfo
 from radixmesh_kernels import Ops, get_ops
 from radixmesh_kernels.backends import KernelBackendError, discover, load_spec, with_overrides
 from radixmesh_kernels.batch_invariant import batch_invariant_ops
+from services.common.logging import get_logger
 from services.executor.core.config import ExecutorConfig
 from services.executor.core.kv_pool import num_pages_for_budget, page_bytes
 from services.executor.core.loader import DTYPES, ModelFolder
 from services.executor.core.models import ModelSpec
 
 ACTIVATION_SLACK_BYTES = 512 << 20
+
+log = get_logger(__name__)
 
 
 def resolve_ops(config: ExecutorConfig, device: torch.device) -> Ops:
@@ -63,6 +66,29 @@ def resolve_max_model_len(config: ExecutorConfig, spec: ModelSpec) -> int:
             f"context of {spec.max_position_embeddings} positions"
         )
     return config.max_model_len
+
+
+def fit_max_model_len(config: ExecutorConfig, max_model_len: int, num_pages: int) -> int:
+    """The longest sequence this executor serves: `max_model_len`, at most what its whole
+    KV pool holds. A longer one could never finish: it would be admitted, stream until the
+    pool ran out, and fail then. A `max_model_len` given in the config that the pool cannot
+    hold is refused; one taken from the model's context is lowered to the pool's (logged),
+    so a prompt past it is refused at submit and an output ends there with "length"."""
+    capacity = num_pages * config.page_size
+    if max_model_len <= capacity:
+        return max_model_len
+    if config.max_model_len is not None:
+        raise InvalidArgument(
+            f"executor.max_model_len ({config.max_model_len}) exceeds what the KV pool holds: "
+            f"{capacity} tokens ({num_pages} pages of {config.page_size}); lower it, or give "
+            "the pool more pages (--num-pages, --kv-memory-fraction)"
+        )
+    log.warning(
+        "max_model_len lowered to what the KV pool holds",
+        model_context=max_model_len, pool_tokens=capacity, num_pages=num_pages,
+        page_size=config.page_size,
+    )  # fmt: skip
+    return capacity
 
 
 def activation_reserve_bytes(config: ExecutorConfig, spec: ModelSpec, dtype: torch.dtype) -> int:

@@ -29,6 +29,7 @@ from services.executor.core.models.tensor_parallel import (
     weights_to,
 )
 from services.executor.core.resources import (
+    fit_max_model_len,
     max_forced_tokens,
     resolve_dtype,
     resolve_max_model_len,
@@ -86,6 +87,7 @@ def load_model(
     ) if use_graphs else 0  # fmt: skip
     num_pages = size_num_pages(config, spec, dtype, device, int(use_graphs), graph_bytes)
     num_pages = tp.min_over_ranks(num_pages, device)  # one pool of page ids
+    max_model_len = fit_max_model_len(config, max_model_len, num_pages)
     kv_pool = KVPool(
         spec.num_layers, num_pages, config.page_size, spec.num_kv_heads, spec.head_dim,
         dtype, device, num_scratch_pages=int(use_graphs),

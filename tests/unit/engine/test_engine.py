@@ -139,6 +139,31 @@ async def test_errors_reach_the_caller(make_engine):
     await engine.stop()
 
 
+async def test_a_pool_smaller_than_the_context_bounds_the_sequences_it_serves(make_engine):
+    """16 pages of 4 hold 64 tokens, less than the model's context: the executor serves
+    sequences of 64 tokens at most. A longer prompt is refused at submit, and an output
+    that would outgrow the pool ends at it with "length", where it used to stream until
+    the pool ran out and then fail."""
+    engine = await make_engine(num_pages=16)
+    assert engine.executors[0].info.max_model_len == 64
+    with pytest.raises(InvalidArgument, match="limit is 63"):
+        await engine.generate([3] * 64, greedy(1))
+    done = await engine.complete(
+        [3] * 10, SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+    )
+    assert (len(done.token_ids), done.finish_reason) == (54, "length")
+    (stats,) = engine.cache_stats()
+    assert stats.num_leases == 0
+    await engine.stop()
+
+
+async def test_a_max_model_len_the_pool_cannot_hold_is_refused_at_start(make_engine):
+    with pytest.raises(
+        InvalidArgument, match=r"max_model_len \(128\) exceeds what the KV pool holds: 64 tokens"
+    ):
+        await make_engine(num_pages=16, max_model_len=128)
+
+
 async def test_a_request_past_its_deadline_ends_with_deadline_exceeded(make_engine):
     engine = await make_engine()
     slow = await engine.generate([3] * 10, greedy(400), timeout_s=0.05)
