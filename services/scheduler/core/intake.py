@@ -25,7 +25,7 @@ def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> 
     max_model_len = min(ex.info.max_model_len for ex in candidates)
     if len(tokens) >= max_model_len:
         raise InvalidArgument(
-            f"token_ids has {len(tokens)} tokens; the model's limit is {max_model_len - 1}"
+            f"the prompt has {len(tokens)} tokens; the model's limit is {max_model_len - 1}"
         )
 
 
