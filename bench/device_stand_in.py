@@ -69,16 +69,12 @@ def install(
 
 def install_switch(core: ExecutorCore, spec_ratio: float) -> None:
     """`install`'s proposer switch: measured as `spec_ratio` at every bucket."""
-    from bench.spec_host import BUCKETS
-    from services.executor.core.spec.switch import SpecSwitch
+    from bench.spec_host import stand_in_switch
 
     if core.proposer is None:
         raise ValueError("a speculation ratio needs the executor's --speculative on")
-    cap = core.info.max_speculative_batch_size
-    ratios = {b: spec_ratio for b in BUCKETS if b <= cap}
-    max_gain = core.config.speculative.max_draft_tokens + 1
-    core.spec_switch = SpecSwitch(cap, ratios, max_gain=max_gain)
-    core.spec_switch.backs_off = True  # as graph_setup's measured switch
+    k = core.config.speculative.max_draft_tokens
+    core.spec_switch = stand_in_switch(core.info.max_speculative_batch_size, spec_ratio, k)
 
 
 def main(argv: list[str]) -> int:

@@ -122,6 +122,19 @@ class FixedRatioSwitch(SpecSwitch):
         return None
 
 
+def stand_in_switch(
+    max_batch: int, ratio: float, max_draft_tokens: int, fixed: bool = False
+) -> SpecSwitch:
+    """The proposer's switch as a GPU's start-up would set it: every bucket up to
+    `max_batch` timed at a verify/decode ratio of `ratio`, backing off as graph_setup's
+    measured switch does (`fixed`: a FixedRatioSwitch, which keeps that ratio)."""
+    switch = (FixedRatioSwitch if fixed else SpecSwitch)(
+        max_batch, {b: ratio for b in BUCKETS if b <= max_batch}, max_gain=max_draft_tokens + 1
+    )
+    switch.backs_off = True
+    return switch
+
+
 def engine_config(args, mode: str) -> EngineConfig:
     max_batch = max(args.batch_sizes)
     return EngineConfig.for_model(
@@ -152,12 +165,9 @@ async def bench(args, modes: list[str]) -> dict[str, dict[int, dict]]:
                 else hashed_forward(vocab_size)
             )
             if mode != "off":  # as a GPU's start-up timing would set it
-                switch = FixedRatioSwitch if args.fixed_ratio else SpecSwitch
-                core.spec_switch = switch(
-                    max_batch, {b: args.ratio for b in BUCKETS if b <= max_batch},
-                    max_gain=args.num_speculative_tokens + 1,
+                core.spec_switch = stand_in_switch(
+                    max_batch, args.ratio, args.num_speculative_tokens, args.fixed_ratio
                 )
-                core.spec_switch.backs_off = True  # as graph_setup's measured switch
         vocab = engines[modes[0]].executors[0].info.vocab_size
         rng = random.Random(args.seed)
         for batch in args.batch_sizes:

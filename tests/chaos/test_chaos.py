@@ -130,9 +130,8 @@ async def bounded_envoy_limits(mesh: ServeProcess, timeout_s: float) -> dict[str
     deadline = time.monotonic() + timeout_s
     while True:
         limits = envoy_limits(mesh)
-        if limits and all(v < UNLIMITED for v in limits.values()):
-            return limits
-        if time.monotonic() > deadline:
+        bounded = limits and all(v < UNLIMITED for v in limits.values())
+        if bounded or time.monotonic() > deadline:
             return limits
         await asyncio.sleep(0.1)
 

@@ -91,19 +91,24 @@ class ExecutorState:
         speculating executor's declined stretches kept the depth of 2 that cost the 1B
         shape's Step stream 13% against 4 at batch 64 (bench/RESULTS.md, 12-07)."""
         target = self.depth.target
-        if target > SPECULATING_MAX_STEPS_IN_FLIGHT and self.may_offer_drafts:
+        if (
+            target > SPECULATING_MAX_STEPS_IN_FLIGHT
+            and self.running
+            and self.offers_drafts_at(len(self.running))
+        ):
             return SPECULATING_MAX_STEPS_IN_FLIGHT
         return target
 
-    @property
-    def may_offer_drafts(self) -> bool:
-        """The next plan's decodes may be offered drafts (draft_offers.py)."""
+    def speculates_at(self, num_decodes: int) -> bool:
+        """The executor speculates, and at this batch size its decodes may verify drafts."""
         info = self.info
-        return (
-            info.max_draft_tokens > 0
-            and 0 < len(self.running) <= info.max_speculative_batch_size
-            and self.drafts.undrafted_ahead() == 0
-        )
+        return bool(info.max_draft_tokens) and num_decodes <= info.max_speculative_batch_size
+
+    def offers_drafts_at(self, num_decodes: int) -> bool:
+        """The next plan's `num_decodes` decodes may be offered drafts: the executor
+        speculates at that size and its switch has not declined the next step
+        (draft_offers.py)."""
+        return self.speculates_at(num_decodes) and self.drafts.undrafted_ahead() == 0
 
     def note_sent(self, plan: StepPlan) -> None:
         """Changes state: `plan` went out (an abort-only plan is no step: its result is

@@ -64,7 +64,7 @@ def may_run_steps(
         1 for r in ex.running.values() if r.prefilling or decodes_left(r, info.max_model_len)
     ):
         return False  # a running request waits for pages or budget
-    if speculates_at(ex, len(running_seqs)) and not offers_no_drafts(ex, len(running_seqs)):
+    if ex.offers_drafts_at(len(running_seqs)):
         return False  # rows could verify drafts: one step per plan
     for seq in running_seqs:
         if seq.num_scheduled_tokens != 1 or seq.num_draft_tokens:
@@ -75,17 +75,11 @@ def may_run_steps(
     return True
 
 
-def speculates_at(ex: ExecutorState, num_decodes: int) -> bool:
-    """The executor speculates, and at this batch size its decodes may verify drafts."""
-    info = ex.info
-    return bool(info.max_draft_tokens) and num_decodes <= info.max_speculative_batch_size
-
-
 def offers_no_drafts(ex: ExecutorState, num_decodes: int) -> bool:
     """A speculating executor's switch declines the batch's next step (draft_offers.py):
     its decodes are offered no drafts, so the plan changes nothing but one token per
     sequence and may run several steps."""
-    return speculates_at(ex, num_decodes) and ex.drafts.undrafted_ahead() > 0
+    return ex.speculates_at(num_decodes) and ex.drafts.undrafted_ahead() > 0
 
 
 def draft_slacks(ex: ExecutorState) -> tuple[int, int]:

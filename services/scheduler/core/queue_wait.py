@@ -84,6 +84,12 @@ class QueueWaitConfig:
     min_finished: int = 4
     """Finished requests an executor needs before its rate is trusted."""
 
+    def class_bound_s(self, priority: Priority) -> float | None:
+        """The longest estimated wait a request of `priority` is admitted with (None: off)."""
+        if self.max_queue_wait_s is None:
+            return None
+        return self.max_queue_wait_s * CLASS_SHARE[priority]
+
     def __post_init__(self) -> None:
         bound = self.max_queue_wait_s
         if bound is not None and not (math.isfinite(bound) and bound > 0):
@@ -206,9 +212,9 @@ class QueueWaits:
         mean work of those its executor finished lately, summed over the executors (each
         new one lengthens the wait of the next); None when it refuses none on the
         estimate (the bound is off, or no executor has a measured rate)."""
-        if self.config.max_queue_wait_s is None:
+        bound = self.config.class_bound_s(priority)
+        if bound is None:
             return None
-        bound = self.config.max_queue_wait_s * CLASS_SHARE[priority]
         total, measured = 0, False
         for ex in executors:
             rate = self.rate(ex, now)
@@ -250,9 +256,7 @@ class QueueWaits:
             for ex in candidates
         ]
         check_wait(self.config, req.priority, estimates, now, req.deadline)
-        bound = self.config.max_queue_wait_s
-        if bound is not None:
-            bound *= CLASS_SHARE[req.priority]
+        bound = self.config.class_bound_s(req.priority)
         return [
             ex
             for ex, wait in zip(candidates, estimates, strict=True)
@@ -454,16 +458,15 @@ def check_wait(
     # (an unknown estimate is an executor with a queue that finished too little lately
     # to be measured: not a better place than the measured ones; an idle one is 0.0)
     best = min(known)
-    if config.max_queue_wait_s is not None:
-        bound = config.max_queue_wait_s * CLASS_SHARE[priority]
-        if best > bound:
-            raise ResourceExhausted(
-                with_retry_after(
-                    f"overloaded: estimated queue wait {_seconds(best)} exceeds the "
-                    f"{priority.name.lower()} bound of {bound:g}s",
-                    _retry_after_s(best - bound),
-                )
+    bound = config.class_bound_s(priority)
+    if bound is not None and best > bound:
+        raise ResourceExhausted(
+            with_retry_after(
+                f"overloaded: estimated queue wait {_seconds(best)} exceeds the "
+                f"{priority.name.lower()} bound of {bound:g}s",
+                _retry_after_s(best - bound),
             )
+        )
     if not wait_allowed(best, None, now, deadline):
         # (a deadline already passed is the step loop's: it ends with DEADLINE_EXCEEDED)
         assert deadline is not None
