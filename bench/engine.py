@@ -48,6 +48,7 @@ from radixmesh.sampling import SamplingParams
 from radixmesh.updates import RequestUpdate
 from radixmesh_kernels import _triton, gemv_chain
 from services.common.logging import configure_logging
+from services.executor.core.spec.config import SPECULATIVE_METHODS
 from services.scheduler.core import SchedulerConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -396,7 +397,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--speculative",
-        choices=("off", "ngram", "suffix"),
+        choices=SPECULATIVE_METHODS,
         default="off",
         help="the executor's speculation, its cap at --max-num-seqs (with --stand-in-device-ms "
         "and --stand-in-spec-ratio: a speculating executor whose drafts never pay)",
