@@ -336,15 +336,18 @@ class CacheClient:
         scheduler's requests that end or are admitted in one step share a message)."""
         while self._outbox:
             ops, self._outbox = self._outbox, []
+            # Counted before the write returns: the replies to a message can arrive, and its
+            # callers resume, before this task does.
+            self.num_messages += 1
             try:
                 await self._open_stream().write(pb.CacheOps(ops=ops))
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                self.num_messages -= 1
                 self._outbox = []  # not sent: their callers get the error below
                 self._fail_pending(
                     Unavailable(f"cache Batch stream to {self.address} broke: {exc}")
                 )
                 return
-            self.num_messages += 1
 
     def _open_stream(self) -> Any:
         if self._stream is None or self._stream.done():

@@ -175,6 +175,24 @@ async def test_ops_of_concurrent_calls_share_messages_and_keep_their_order(clien
     assert client.num_messages == before + 2
 
 
+async def test_a_message_is_counted_before_its_replies_resume_its_callers(client, request):
+    """The writer may resume after the server has answered: a caller that sees its result
+    sees its message counted (the scheduler reports these counts)."""
+    stream = client._open_stream()
+    write, written = stream.write, asyncio.Event()
+
+    async def write_then_lag(message):
+        await write(message)
+        await written.wait()  # the writer resumes only once the test has looked
+
+    stream.write = write_then_lag
+    before = client.num_messages
+    (matched,) = await client.batch([MatchOp(seq(900, 8))])
+    assert matched[request.node.name] == 0
+    assert client.num_messages == before + 1
+    written.set()
+
+
 async def test_full_pool_is_resource_exhausted_and_unchanged(client, request):
     pool = request.node.name
     lease = await client.acquire(pool, [], 12 * PS, "sched")
