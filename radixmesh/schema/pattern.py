@@ -66,6 +66,22 @@ def json_string_pattern(pattern: str) -> str:
     return _emit(parsed)
 
 
+def pattern_lengths(pattern: str) -> tuple[int, int | None, bool]:
+    """(shortest, longest or None when unbounded, anchored) over the strings `pattern`
+    matches in full, in characters; anchored: it begins with ^ and ends with $, so a
+    string it matches is one of those (the bounds are the string's length). For a
+    pattern `json_string_pattern` takes."""
+    parsed = sre_parse.parse(pattern)
+    shortest, longest = parsed.getwidth()
+    items = list(parsed)
+    anchored = (
+        len(items) >= 2
+        and items[0] == (sre.AT, sre.AT_BEGINNING)
+        and items[-1] == (sre.AT, sre.AT_END)
+    )
+    return shortest, None if longest >= sre.MAXREPEAT else longest, anchored
+
+
 def _walk(items: Any):
     for op, av in items:
         yield op, av

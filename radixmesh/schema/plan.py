@@ -36,7 +36,7 @@ from radixmesh.schema.merge import (
     merge,
     type_set,
 )
-from radixmesh.schema.pattern import UnsupportedPattern, json_string_pattern
+from radixmesh.schema.pattern import UnsupportedPattern, json_string_pattern, pattern_lengths
 from radixmesh.schema.refs import RefError, inline_refs, pointer_path
 
 INT_LIMIT = 10**15 - 1
@@ -293,6 +293,8 @@ class _Planner:
             if key in NEVER_ENFORCED:
                 if key != "if" or "then" in s or "else" in s:
                     self.note(path, key, NEVER_ENFORCED[key])
+            elif key in ("minLength", "maxLength") and ("pattern" in s or "format" in s):
+                continue  # beside a pattern: `_string` decides
             elif key in _PASS_THROUGH:
                 out[key] = value
             elif key == "properties":
@@ -434,26 +436,55 @@ class _Planner:
             self.note(path, key, "only false (or true) is enforced")
 
     def _string(self, key: str, s: dict[str, Any], out: dict, path: str, types: Any) -> None:
+        """A pattern or format, and the minLength/maxLength beside it: the pattern where
+        every string it matches has a length within them (the pattern enforces both), else
+        the lengths, the pattern noted (the grammar holds one or the other)."""
         if types is not None and "string" not in types:
             return  # applies to strings only, and this schema admits none
+        lengths: dict[str, int] = {k: s[k] for k in ("minLength", "maxLength") if k in s}
         if key == "format":
             fmt = s["format"]
+            if "pattern" in s:  # the pattern's call writes the lengths
+                self.note(path, key, "a format beside a pattern")
+                return
+            out.update(lengths)
             if fmt not in FORMAT_PATTERNS:
                 self.note(path, key, f'format "{fmt}" is not one of {sorted(FORMAT_PATTERNS)}')
                 return
-            if "pattern" in s:
-                self.note(path, key, "a format beside a pattern")
-                return
             pattern = FORMAT_PATTERNS[fmt]
         else:
+            out.update(lengths)
             pattern = s["pattern"]
-        if "minLength" in s or "maxLength" in s:
-            self.note(path, key, "a pattern or format with minLength/maxLength")
-            return
         try:
-            out["pattern"] = json_string_pattern(pattern)
+            rewritten = json_string_pattern(pattern)
         except UnsupportedPattern as exc:
             self.note(path, key, str(exc))
+            return
+        reason = _lengths_beside(pattern, lengths)
+        if reason is None:
+            for k in lengths:  # every string the pattern matches has a length within them
+                del out[k]
+            out["pattern"] = rewritten
+        else:
+            self.note(path, key, reason)
+
+
+def _lengths_beside(pattern: str, lengths: dict[str, int]) -> str | None:
+    """None when every string `pattern` matches in full has a length within `lengths`
+    (minLength/maxLength), so the pattern alone enforces both; else why the grammar cannot
+    hold them together (it takes a pattern or lengths, not their intersection)."""
+    if not lengths:
+        return None
+    low, high = lengths.get("minLength", 0), lengths.get("maxLength")
+    shortest, longest, anchored = pattern_lengths(pattern)
+    if (high is not None and shortest > high) or (
+        anchored and longest is not None and longest < low
+    ):
+        return "no value satisfies the pattern and minLength/maxLength"
+    implied = anchored and shortest >= low and (high is None or (longest is not None and longest <= high))
+    if implied:
+        return None
+    return "a pattern and a minLength/maxLength it does not imply cannot be combined exactly"
 
 
 def _infer_type(s: dict[str, Any]) -> dict[str, Any]:

@@ -193,6 +193,48 @@ def test_a_pattern_that_needs_a_backslash_gets_a_json_escape(sampler):
     assert texts and all(t.startswith('"\\\\d') for t in texts)  # JSON text \\d, decoded \d
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": r"^[a-z]{1,5}$", "maxLength": 8},
+        {"type": "string", "pattern": r"^\d{3}-[A-Z]{2,4}$", "minLength": 6, "maxLength": 8},
+        {"type": "string", "format": "date", "minLength": 10, "maxLength": 10},
+        {"type": "string", "format": "uuid", "maxLength": 36},
+    ],
+)
+def test_lengths_a_pattern_implies_are_enforced_by_the_pattern(sampler, schema):
+    """An anchored pattern whose every match has a length within minLength/maxLength (a
+    common pair: a model's field with a pattern and a max length) holds both exactly."""
+    plan = plan_json_schema(schema)
+    assert plan.unenforced == ()
+    assert "maxLength" not in plan.grammar_text and "pattern" in plan.grammar_text
+    assert_all_valid(sampler, schema)
+
+
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        ({"type": "string", "pattern": r"^[a-z]{1,5}$", "maxLength": 0}, "^no value satisfies"),
+        ({"type": "string", "pattern": r"^[a-z]{1,5}$", "minLength": 6}, "^no value satisfies"),
+        ({"type": "string", "pattern": r"[a-z]{3}", "maxLength": 2}, "^no value satisfies"),
+        ({"type": "string", "pattern": r"^[a-z]{1,5}$", "maxLength": 3}, "does not imply"),
+        ({"type": "string", "pattern": r"^[a-z]+$", "maxLength": 3}, "does not imply"),
+        ({"type": "string", "pattern": r"[a-z]{1,5}", "maxLength": 8}, "does not imply"),
+    ],
+)
+def test_lengths_a_pattern_does_not_imply_are_reported_with_why(sampler, schema, reason):
+    """Past what the pattern implies, the grammar holds the lengths and the pattern is
+    reported: unsatisfiable where no string has both, else inexpressible (the grammar
+    takes a pattern or lengths, not their intersection; an unanchored pattern matches
+    inside longer strings)."""
+    (unenforced,) = plan_json_schema(schema).unenforced
+    assert unenforced.keyword == "pattern" and re.search(reason, unenforced.reason)
+    assert all(
+        schema.get("minLength", 0) <= len(v) <= schema.get("maxLength", len(v))
+        for v in (json.loads(t) for t in draws(sampler, schema))
+    )
+
+
 @pytest.mark.parametrize("pattern", [r"a(?=b)", r"(a)\1", r"\bword", r"(?i)abc"])
 def test_patterns_the_grammar_cannot_hold_raise(pattern):
     with pytest.raises(UnsupportedPattern):

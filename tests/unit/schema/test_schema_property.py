@@ -18,8 +18,8 @@ UNSATISFIABLE = re.compile(
     r"^no (listed )?(value|branch) satisf|cannot be combined exactly|^a format beside a pattern$"
 )
 """What random allOf branches may make a plan report: they contradict each other, or give one
-string two regular expressions (two patterns, a format and a pattern) that no one grammar
-expresses exactly."""
+string two regular expressions (two patterns, a format and a pattern), or a pattern and
+lengths it does not imply, that no one grammar expresses exactly."""
 NAMES = st.sampled_from(["id", "name", "x", "y", "tags", "kind", "a b", 'q"t', "é"])
 PATTERNS = st.sampled_from(
     [r"^[a-z]{1,5}$", r"^\d{2}-\d{2}$", r"^\\[a-c]+$", r'^"[0-9]"$', r"^(x|yz)*$", r"^v(\.[0-9]+)?$"]
@@ -94,10 +94,25 @@ FORMAT_AND_PATTERN = {
 }
 """An allOf that gives one string a format and a pattern: reported, not enforced."""
 
+LENGTHS_AND_PATTERN = {
+    "anyOf": [
+        {
+            "type": "object",
+            "allOf": [
+                {"properties": {"id": {"type": "string", "minLength": 0, "maxLength": 0}}},
+                {"properties": {"id": {"type": "string", "pattern": "^[a-z]{1,5}$"}}},
+            ],
+        },
+        {"type": "null"},
+    ]
+}
+"""An allOf that gives one string lengths its pattern contradicts: reported as unsatisfiable."""
+
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas, seed=st.integers(0, 2**16))
 @example(schema=FORMAT_AND_PATTERN, seed=0)
+@example(schema=LENGTHS_AND_PATTERN, seed=0)
 def test_every_text_the_grammar_admits_validates(schema, seed):
     jsonschema.validators.validator_for(schema).check_schema(schema)
     plan = plan_json_schema(schema)
