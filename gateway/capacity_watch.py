@@ -2,7 +2,8 @@
 second (`GetLoad`, about 3 ms a call on loopback), for as long as the gateway runs.
 
 A failed read clears the gate (it lets requests through; the scheduler decides); the
-next read fills it again. With Envoy's admin address (`--envoy-admin-url`) each reading
+next read fills it again. Each reading also gives the models' registry the context the
+executors serve (`ModelRegistry.serve_within`), which a failed read leaves as it was. With Envoy's admin address (`--envoy-admin-url`) each reading
 also sets the edge admission limit in Envoy (gateway/envoy/admission.py); Envoy not
 answering is logged once and leaves the gateway's own gate as the only line.
 """
@@ -15,6 +16,7 @@ import time
 import grpc
 
 from gateway.core.capacity import CapacityGate
+from gateway.core.models import ModelRegistry
 from gateway.envoy.admission import EdgeAdmission, completions_margin
 from radixmesh.capacity import capacity_from_proto
 from radixmesh.errors import Unavailable
@@ -32,6 +34,7 @@ async def watch_capacity(
     gate: CapacityGate,
     interval_s: float = READ_INTERVAL_S,
     edge: EdgeAdmission | None = None,
+    models: ModelRegistry | None = None,
 ) -> None:
     """Run until cancelled."""
     failing = edge_failing = False
@@ -45,7 +48,10 @@ async def watch_capacity(
                 log.info("capacity_unread", error=exc.code().name)
             failing = True
         else:
-            gate.update(capacity_from_proto(c) for c in load.capacity)
+            capacities = [capacity_from_proto(c) for c in load.capacity]
+            gate.update(capacities)
+            if models is not None:
+                models.serve_within({c.model: c.max_model_len for c in capacities})
             failing = False
         if edge is not None:
             margin = completions_margin(gate.requests_per_s(), time.monotonic() - asked)

@@ -327,7 +327,8 @@ async def serve(args: argparse.Namespace) -> int:
     grace = runtime.config.grace_seconds
     edge = edge_tasks(runtime, http, args.scheduler_address, grace, upstream.close, set_ready)
     watch = asyncio.create_task(
-        watch_capacity(upstream, capacity, edge=edge_admission), name="capacity-watch"
+        watch_capacity(upstream, capacity, edge=edge_admission, models=models),
+        name="capacity-watch",
     )
     edge.append(watch)
     log.info("gateway_ready", model=tokenizer.name, http_port=args.http_port, grpc=runtime.address)

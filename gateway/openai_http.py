@@ -99,16 +99,18 @@ class OpenAIHttpServer:
             await self._admit(request)
         except Exception as exc:
             return _error(exc)
-        return web.json_response(resp.model_list(self._models.ids, self._created))
+        models = [(m, self._models.resolve(m)[1].max_model_len) for m in self._models.ids]
+        return web.json_response(resp.model_list(models, self._created))
 
     async def _get_model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model"]
         try:
             await self._admit(request)
-            self._models.resolve(model_id)
+            _, tokenizer = self._models.resolve(model_id)
         except Exception as exc:
             return _error(exc)
-        return web.json_response(resp.model_list([model_id], self._created)["data"][0])
+        card = resp.model_list([(model_id, tokenizer.max_model_len)], self._created)
+        return web.json_response(card["data"][0])
 
     async def _admit(self, request: web.Request) -> None:
         forwarded = ",".join(request.headers.getall("X-Forwarded-For", ()))

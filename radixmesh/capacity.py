@@ -1,10 +1,13 @@
-"""What the scheduler publishes about its capacity, per model: the measured throughput and
-how many more requests of each priority class it admits right now.
+"""What the scheduler publishes about its capacity, per model: the measured throughput,
+how many more requests of each priority class it admits right now, and the context its
+executors serve.
 
 The scheduler computes it from its queue-wait admission (services/scheduler/core/
 queue_wait.py) and answers it in `GetLoad`; the gateway reads it to refuse on arrival
 what the scheduler would refuse (gateway/core/capacity.py) and to size per-key token
-buckets from the measured rate (`--rate-limit adaptive`). The protobuf conversions
+buckets from the measured rate (`--rate-limit adaptive`), and to check prompts and max_tokens against the context the
+executors serve rather than the model folder's (gateway/core/models.py). The protobuf
+conversions
 (`GetLoadResponse.capacity`) are kept beside the type.
 """
 
@@ -28,6 +31,10 @@ class ModelCapacity:
     executors finished lately (the estimate is in work: services/scheduler/core/
     queue_wait.py). A class that is absent is not bounded now (the bound is off, or no
     executor of the model has a measured rate yet)."""
+    max_model_len: int | None = None
+    """The longest sequence (prompt and output) every live executor of the model serves:
+    the least of theirs, at most the model's context (an executor lowers it to what its KV
+    pool holds). None: not said (no live executor)."""
 
 
 def capacity_to_proto(capacity: ModelCapacity, out: scheduler_pb2.ModelCapacity) -> None:
@@ -37,6 +44,8 @@ def capacity_to_proto(capacity: ModelCapacity, out: scheduler_pb2.ModelCapacity)
         out.requests_per_s = capacity.requests_per_s
     for priority, room in capacity.headroom.items():
         out.headroom[priority.name.lower()] = max(0, room)
+    if capacity.max_model_len is not None:
+        out.max_model_len = capacity.max_model_len
 
 
 def capacity_from_proto(msg: scheduler_pb2.ModelCapacity) -> ModelCapacity:
@@ -47,4 +56,5 @@ def capacity_from_proto(msg: scheduler_pb2.ModelCapacity) -> ModelCapacity:
         if name.upper() in Priority.__members__
     }
     rate = msg.requests_per_s if msg.HasField("requests_per_s") else None
-    return ModelCapacity(msg.model, rate, headroom)
+    max_model_len = msg.max_model_len if msg.HasField("max_model_len") else None
+    return ModelCapacity(msg.model, rate, headroom, max_model_len)

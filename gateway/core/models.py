@@ -1,4 +1,5 @@
-"""The models a gateway serves: model id -> Tokenizer, and which one an empty name selects;
+"""The models a gateway serves: model id -> Tokenizer, which one an empty name selects and
+the context each is checked against (the executors' own, as the scheduler publishes it);
 and how many executors serve each (`ExecutorCounts`, for ListModels)."""
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ class ModelRegistry:
         if tokenizer is None:
             raise NotFound(f"model: {model_id!r} is not served here; see the model list")
         return model_id, tokenizer
+
+    def serve_within(self, limits: Mapping[str, int | None]) -> None:
+        """Changes state: each served model's context becomes the least of its own and the
+        longest sequence its executors serve (model id -> the scheduler's published limit;
+        a model absent or None keeps the last one it was given)."""
+        for model_id, limit in limits.items():
+            tokenizer = self._tokenizers.get(model_id)
+            if tokenizer is not None and limit is not None:
+                tokenizer.serve_within(limit)
 
 
 ExecutorCountsFetch = Callable[[], Awaitable[Mapping[str, int]]]

@@ -297,13 +297,21 @@ def _chunk(
 
 
 def model_list(
-    model_ids: Sequence[str], created: int, owned_by: str = "radixmesh"
+    models: Sequence[tuple[str, int]], created: int, owned_by: str = "radixmesh"
 ) -> dict[str, Any]:
+    """/v1/models of (model id, the context its executors serve) pairs; `max_model_len` is
+    an extension field, as other OpenAI-compatible servers report it."""
     return {
         "object": "list",
         "data": [
-            {"id": m, "object": "model", "created": created, "owned_by": owned_by}
-            for m in model_ids
+            {
+                "id": m,
+                "object": "model",
+                "created": created,
+                "owned_by": owned_by,
+                "max_model_len": max_model_len,
+            }
+            for m, max_model_len in models
         ],
     }
 

@@ -1,7 +1,7 @@
 """From a validated request to what the scheduler is sent: token ids, resolved limits, one per choice.
 
 `prepare_request` tokenizes the input (chat template for messages), checks the
-prompt against the model's context and resolves max_tokens to a number.
+prompt and an explicit max_tokens against the context the model's executors serve.
 `split_choices` turns a request with n choices into n scheduler requests that
 share the prompt (so the prefix cache serves the copies) and differ in seed.
 """
@@ -29,7 +29,9 @@ class PreparedRequest:
     model: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
-    """max_tokens is always set: the request's, or the room left in the context."""
+    """max_tokens: the request's, checked to fit beside the prompt; None where it set none,
+    so the output may run to the context's end, which the scheduler knows exactly (the
+    executors' own, which may be below the model folder's)."""
     constraint: Constraint | None = None
     priority: Priority = Priority.INTERACTIVE
     deadline_unix_ms: int = 0
@@ -77,9 +79,7 @@ def prepare_request(
             token_ids = token_ids[1:]
         token_ids = [*history, *token_ids]
     sampling = request.sampling
-    max_tokens = tokenizer.check_length(len(token_ids), sampling.max_tokens, field)
-    if max_tokens != sampling.max_tokens:  # the room left (no copy where the request set it)
-        sampling = dataclasses.replace(sampling, max_tokens=max_tokens)
+    tokenizer.check_length(len(token_ids), sampling.max_tokens, field)
     return PreparedRequest(
         req_id=req_id,
         model=request.model,

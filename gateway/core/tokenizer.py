@@ -100,7 +100,11 @@ class Tokenizer:
         self._hf = hf_tokenizer
         # The Rust tokenizer decodes without the Python wrapper's per-call overhead.
         self._backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        self.model_context = max_model_len
+        """The model's own context (config.json's, or as configured)."""
         self.max_model_len = max_model_len
+        """The context prompts and max_tokens are checked against: the model's own, lowered
+        to what its executors serve once the scheduler has said (`serve_within`)."""
         self.name = name
         self.vocab_size = len(hf_tokenizer)
         self.bos_token_id: int | None = getattr(hf_tokenizer, "bos_token_id", None)
@@ -128,6 +132,12 @@ class Tokenizer:
             max_model_len = read_max_model_len(folder)
         hf_tokenizer = AutoTokenizer.from_pretrained(str(folder))
         return cls(hf_tokenizer, max_model_len, name=name or folder.name)
+
+    def serve_within(self, max_model_len: int) -> None:
+        """Changes state: the context checked against becomes the least of the model's own
+        and `max_model_len`, the longest sequence its executors serve (an executor lowers
+        its model's context to what its KV pool holds; the scheduler publishes the least)."""
+        self.max_model_len = min(self.model_context, max_model_len)
 
     # --- encoding -------------------------------------------------------------------------
 

@@ -126,7 +126,7 @@ class ExecutorLoad(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., healthy: _Optional[bool] = ...) -> None: ...
 
 class ModelCapacity(_message.Message):
-    __slots__ = ("model", "requests_per_s", "headroom")
+    __slots__ = ("model", "requests_per_s", "headroom", "max_model_len")
     class HeadroomEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -137,10 +137,12 @@ class ModelCapacity(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
     HEADROOM_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     model: str
     requests_per_s: float
     headroom: _containers.ScalarMap[str, int]
-    def __init__(self, model: _Optional[str] = ..., requests_per_s: _Optional[float] = ..., headroom: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    max_model_len: int
+    def __init__(self, model: _Optional[str] = ..., requests_per_s: _Optional[float] = ..., headroom: _Optional[_Mapping[str, int]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class GetLoadResponse(_message.Message):
     __slots__ = ("executors", "num_waiting", "capacity")

@@ -189,7 +189,7 @@ class QueueWaits:
 
     def capacity(self, executors: Iterable[ExecutorState], now: float) -> list[ModelCapacity]:
         """Read-only: per model of the live executors, the measured requests per second
-        (summed) and each class's headroom (see `headroom`)."""
+        (summed), each class's headroom (see `headroom`) and the least context they serve."""
         by_model: dict[str, list[ExecutorState]] = {}
         for ex in executors:
             if ex.alive:
@@ -202,7 +202,8 @@ class QueueWaits:
                 room = self.headroom(group, priority, now)
                 if room is not None:
                     headroom[priority] = room
-            out.append(ModelCapacity(model, sum(rates) if rates else None, headroom))
+            max_model_len = min(ex.info.max_model_len for ex in group)
+            out.append(ModelCapacity(model, sum(rates) if rates else None, headroom, max_model_len))
         return out
 
     def headroom(

@@ -141,16 +141,16 @@ async def test_errors_reach_the_caller(make_engine):
 
 async def test_a_pool_smaller_than_the_context_bounds_the_sequences_it_serves(make_engine):
     """16 pages of 4 hold 64 tokens, less than the model's context: the executor serves
-    sequences of 64 tokens at most. A longer prompt is refused at submit, and an output
-    that would outgrow the pool ends at it with "length", where it used to stream until
-    the pool ran out and then fail."""
+    sequences of 64 tokens at most. A longer prompt, or a prompt and max_tokens past it,
+    is refused at submit; an output without max_tokens ends at it with "length", where it
+    used to stream until the pool ran out and then fail."""
     engine = await make_engine(num_pages=16)
     assert engine.executors[0].info.max_model_len == 64
     with pytest.raises(InvalidArgument, match="limit is 63"):
         await engine.generate([3] * 64, greedy(1))
-    done = await engine.complete(
-        [3] * 10, SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
-    )
+    with pytest.raises(InvalidArgument, match=r"max_tokens \(55\) plus the prompt's 10 tokens"):
+        await engine.generate([3] * 10, greedy(55))
+    done = await engine.complete([3] * 10, SamplingParams(temperature=0.0, ignore_eos=True))
     assert (len(done.token_ids), done.finish_reason) == (54, "length")
     (stats,) = engine.cache_stats()
     assert stats.num_leases == 0

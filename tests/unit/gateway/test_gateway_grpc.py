@@ -203,3 +203,57 @@ async def test_generate_over_the_published_headroom_is_refused_before_the_schedu
     assert "admits no more interactive requests" in info.value.details()
     assert "retry after 2 s" in info.value.details()  # one over, at 0.5 requests/s
     assert len(scheduler.submits) == 1  # the refused one never reached the scheduler
+
+
+async def test_the_context_the_executors_serve_is_checked_and_listed(model_folder, fake_scheduler):
+    """The scheduler publishes the least context the model's executors serve (24 tokens of
+    the model's 64: a small KV pool); once the gateway's capacity watch has read it, a
+    max_tokens that fits the model folder's context but not theirs is refused naming
+    max_tokens before it reaches the scheduler, and ListModels and Tokenize report 24."""
+    from gateway.capacity_watch import watch_capacity
+    from gateway.core.capacity import CapacityGate
+    from gateway.core.tokenizer import Tokenizer
+    from radixmesh.v1 import scheduler_pb2
+
+    scheduler, scheduler_address = fake_scheduler
+    scheduler.capacity = [scheduler_pb2.ModelCapacity(model="tiny", max_model_len=24)]
+    read = asyncio.Event()
+
+    class Models(ModelRegistry):
+        def serve_within(self, limits):
+            super().serve_within(limits)
+            read.set()
+
+    tokenizer = Tokenizer.from_folder(model_folder)  # its own: the session's is shared
+    models = Models({"tiny": tokenizer})
+    channel = grpc.aio.insecure_channel(scheduler_address)
+    upstream = SchedulerClient(channel)
+    servicer = InferenceServicer(models, upstream, Admission())
+
+    def register(server):
+        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+
+    watch = asyncio.create_task(watch_capacity(upstream, CapacityGate(), models=models))
+    try:
+        async with (
+            running_runtime(register, ["radixmesh.v1.Inference"]) as runtime,
+            grpc.aio.insecure_channel(runtime.address) as client_channel,
+        ):
+            stub = inference_pb2_grpc.InferenceStub(client_channel)
+            await asyncio.wait_for(read.wait(), 10)
+            listed = await stub.ListModels(inference_pb2.ListModelsRequest())
+            tokenized = await stub.Tokenize(inference_pb2.TokenizeRequest(prompt="hi"))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await generate(stub, prompt="the quick", sampling={"max_tokens": 40})
+            fits = await generate(stub, prompt="the quick", sampling={"max_tokens": 8})
+    finally:
+        watch.cancel()
+        await upstream.close()
+        await channel.close()
+    assert [(m.id, m.max_model_len) for m in listed.models] == [("tiny", 24)]
+    assert tokenized.max_model_len == 24
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_tokens: 40 plus" in info.value.details()
+    assert "context of 24 tokens" in info.value.details()
+    assert fits[-1].complete.finish_reason == "length"
+    assert len(scheduler.submits) == 1  # the refused one never reached the scheduler

@@ -293,6 +293,7 @@ def test_sse_stream_of_chunks_ends_with_done():
 def test_model_list_shape():
     from openai.types import Model
 
-    obj = resp.model_list(["tiny", "big"], created=5)
+    obj = resp.model_list([("tiny", 2048), ("big", 128)], created=5)
     assert obj["object"] == "list"
-    assert [Model.model_validate(m).id for m in obj["data"]] == ["tiny", "big"]
+    models = [Model.model_validate(m) for m in obj["data"]]
+    assert [(m.id, m.max_model_len) for m in models] == [("tiny", 2048), ("big", 128)]

@@ -248,3 +248,33 @@ async def test_over_the_published_headroom_is_429_before_any_submit(serve, token
     with pytest.raises(openai.RateLimitError, match="no more batch requests"):
         await client.completions.create(model="tiny", prompt="x", extra_body={"priority": "batch"})
     assert len(upstream.submitted) == 1  # the refused ones never reached the scheduler
+
+
+async def test_models_report_and_requests_meet_the_context_the_executors_serve(model_folder):
+    """The executors serve 24 of the model's 64 tokens (the scheduler said so): /v1/models
+    reports 24, a max_tokens past it is a 400 naming max_tokens, and a chat without
+    max_tokens is sent without one (the scheduler runs it to its own limit)."""
+    from gateway.core.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(model_folder)
+    models = ModelRegistry({"tiny": tokenizer})
+    models.serve_within({"tiny": 24, "other": 8})
+    upstream = ScriptedUpstream(tokenizer)
+    port = free_port()
+    runner = await start_http_server(OpenAIHttpServer(models, upstream).build_app(), "127.0.0.1", port)
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    try:
+        listed = await client.models.list()
+        card = await client.models.retrieve("tiny")
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.completions.create(model="tiny", prompt="the quick", max_tokens=40)
+        await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}]
+        )
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert [(m.id, m.max_model_len) for m in listed.data] == [("tiny", 24)]
+    assert card.max_model_len == 24
+    assert "max_tokens: 40 plus" in str(info.value) and "context of 24 tokens" in str(info.value)
+    assert [r.sampling.max_tokens for r in upstream.submitted] == [None]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
 from sched_fakes import MessageCache, greedy, make_rig, reference, run_checked
 
+from radixmesh.capacity import capacity_from_proto, capacity_to_proto
 from radixmesh.errors import InvalidArgument, ResourceExhausted
 from radixmesh.retry_after import retry_after_of, with_retry_after
 from radixmesh.sampling import Constraint, ConstraintKind, Priority
+from radixmesh.v1 import scheduler_pb2
 from services.scheduler.core import SchedulerConfig
 from services.scheduler.core.queue_wait import (
     MAX_HEADROOM,
@@ -431,3 +434,26 @@ def test_the_queue_order_is_the_rank_order_and_its_counts_follow_push_and_remove
     check_order()
     assert queue.count_by_priority() == {p: sum(r.priority is p for r in left) for p in Priority}
     assert queue.num_grouped == sum(r.group_id is not None for r in left) > 0
+
+
+async def test_the_published_context_is_the_least_its_live_executors_serve():
+    """Each executor serves at most what its KV pool holds; the model's published context
+    is the least over its live executors, and a request past it is refused at submit."""
+    rig = make_rig(num_executors=2, max_model_len=96)
+    await rig.scheduler.start()
+    [capacity] = rig.scheduler.capacity()
+    assert capacity.max_model_len == 96
+    small = next(iter(rig.scheduler._executors.values()))
+    small.info = dataclasses.replace(small.info, max_model_len=40)
+    [capacity] = rig.scheduler.capacity()
+    assert capacity.max_model_len == 40
+    assert capacity_from_proto(published(capacity)).max_model_len == 40
+    with pytest.raises(InvalidArgument, match="limit of 40 tokens"):
+        await rig.scheduler.submit("r", [1, 2], greedy(39))
+    await rig.scheduler.stop()
+
+
+def published(capacity):
+    out = scheduler_pb2.ModelCapacity()
+    capacity_to_proto(capacity, out)
+    return out

@@ -7,7 +7,7 @@ from sched_fakes import greedy as g
 from sched_fakes import make_rig, reference
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted
-from radixmesh.sampling import Priority
+from radixmesh.sampling import Priority, SamplingParams
 from services.scheduler.core import SchedulerConfig
 
 ONE_AT_A_TIME = dict(max_num_batched_tokens=64, max_num_seqs=1)
@@ -113,7 +113,7 @@ async def test_without_priority_preemption_interactive_work_waits():
 async def test_deadlines_end_queued_and_running_requests():
     rig = make_rig(SchedulerConfig(**ONE_AT_A_TIME), manual_clock=True)
     await rig.scheduler.start()
-    await rig.scheduler.submit("runs", [1, 2], g(10_000), deadline=5.0)
+    await rig.scheduler.submit("runs", [1, 2], g(500), deadline=5.0)
     await rig.scheduler.submit("waits", [3, 4], g(2), deadline=5.0)
     await rig.scheduler.submit("free", [5, 6], g(2))
     await rig.sink.wait_tokens("runs", 3)
@@ -126,6 +126,25 @@ async def test_deadlines_end_queued_and_running_requests():
     assert rig.sink.tokens["waits"] == []
     assert rig.sink.tokens["free"] == reference([5, 6], 2)
     assert rig.stats().num_leases == 0
+
+
+async def test_max_tokens_past_the_executors_limit_is_refused_naming_it():
+    """The executors serve 64 tokens (a KV pool smaller than the model's context lowers it):
+    a prompt and max_tokens past that are refused, not cut short with "length"; a request
+    without max_tokens runs to the limit and ends there."""
+    rig = make_rig(max_model_len=64)
+    await rig.scheduler.start()
+    over = r"^sampling.max_tokens \(63\) plus the prompt's 2 tokens exceeds the model's limit of 64"
+    with pytest.raises(InvalidArgument, match=over):
+        await rig.scheduler.submit("over", [1, 2], g(63))
+    await rig.scheduler.submit("fits", [1, 2], g(62))
+    await rig.scheduler.submit("open", [3, 4], SamplingParams(temperature=0.0, ignore_eos=True))
+    await rig.sink.wait("fits", "open")
+    await rig.scheduler.stop()
+    assert "over" not in rig.sink.finished
+    assert rig.sink.tokens["fits"] == reference([1, 2], 62)
+    assert rig.sink.tokens["open"] == reference([3, 4], 62)
+    assert [rig.sink.finished[r].finish_reason for r in ("fits", "open")] == ["length", "length"]
 
 
 @pytest.mark.parametrize(
