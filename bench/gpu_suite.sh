@@ -34,7 +34,8 @@
 #        profile` of a served executor under load, torch-profiler steps on CUDA) and tracing
 #        (bench/tracing_overhead.py, tracing on against off, on this host's CPU cores).
 # Each step runs under `timeout`, within an overall budget (SUITE_BUDGET_S, default 560 s),
-# and the suite goes on when one fails. Logs and JSON go to $RESULTS_DIR (default
+# and the suite goes on when one fails. A step's log is shown when it ends (its last 25
+# lines), or with STEP_LIVE=1 all of it as it is written. Logs and JSON go to $RESULTS_DIR (default
 # /tmp/radixmesh-bench, kept between calls on a warm machine) and are copied to $OUT (if
 # set) on exit. The summary compares every number with its target.
 #
@@ -93,10 +94,19 @@ run_step() {
     # in the background and waited for, so a TERM to the suite is handled at once
     timeout --kill-after=10 "$limit" "$@" >"$RESULTS/$name.log" 2>&1 &
     STEP_PID=$!
+    local live=
+    if [ "${STEP_LIVE:-0}" = 1 ]; then  # the log as it grows: a call cut off still shows it
+        tail -n +1 -f --pid="$STEP_PID" "$RESULTS/$name.log" &
+        live=$!
+    fi
     wait "$STEP_PID"
     rc=$?
     STEP_PID=
-    tail -n 25 "$RESULTS/$name.log"
+    if [ -n "$live" ]; then
+        wait "$live"
+    else
+        tail -n 25 "$RESULTS/$name.log"
+    fi
     echo "== $name: rc=$rc in $(($(date +%s) - t0))s" | tee "$RESULTS/$name.status"
     [ "$rc" -eq 124 ] && echo "== $name: TIMED OUT after ${limit}s"
     return 0
