@@ -7,6 +7,7 @@ the field. Defaults follow OpenAI's and Hugging Face's meanings.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
@@ -18,6 +19,17 @@ MAX_STOP_STRINGS = 16
 """Most stop strings one request may give (the same on every API)."""
 MAX_STOP_CHARS = 1024
 """Longest stop string."""
+INT32_LIMIT = 2**31
+"""Counts (max_tokens, min_tokens, top_k, token ids) travel as 32-bit integers: below this."""
+
+
+def as_float32(value: float) -> float:
+    """`value` as a 32-bit float carries it on the wire (infinite past its range; a tiny
+    value rounds to 0), so a range is checked on what the services will read."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 class Priority(IntEnum):
@@ -71,6 +83,19 @@ class SamplingParams:
         def bad(name: str, why: str) -> InvalidArgument:
             return InvalidArgument(f"sampling.{name} {why}")
 
+        for name in ("max_tokens", "min_tokens", "top_k"):
+            value = getattr(self, name)
+            if value is not None and value >= INT32_LIMIT:
+                raise bad(name, f"must be below 2^31, got {value}")
+        wire = {  # the 32-bit floats the services read (`as_float32`)
+            name: as_float32(getattr(self, name))
+            for name in ("top_p", "repetition_penalty")  # where rounding can leave the range
+        }
+
+        def as_sent(name: str) -> str:
+            value = getattr(self, name)
+            return f"{value}" if wire[name] == value else f"{value} ({wire[name]} as a 32-bit float)"
+
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 1:
             raise bad(
                 "prompt_logprobs_start", f"must be >= 1, got {self.prompt_logprobs_start}"
@@ -90,16 +115,20 @@ class SamplingParams:
             )
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
             raise bad("temperature", f"must be in [0, 2], got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not (0.0 < wire["top_p"] <= 1.0):
+            raise bad("top_p", f"must be in (0, 1], got {as_sent('top_p')}")
         if self.top_k < -1:
             raise bad("top_k", f"must be -1 (off), 0 (off) or positive, got {self.top_k}")
         if not (0.0 <= self.min_p <= 1.0):
             raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not (0 <= self.seed < 2**64):
             raise bad("seed", f"must be in [0, 2**64), got {self.seed}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
-            raise bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        penalty = wire["repetition_penalty"]
+        if not (math.isfinite(penalty) and penalty > 0.0):
+            raise bad(
+                "repetition_penalty",
+                f"must be > 0 and finite, got {as_sent('repetition_penalty')}",
+            )
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if not (-2.0 <= value <= 2.0):
@@ -110,7 +139,7 @@ class SamplingParams:
             raise bad("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         if any(len(s) > MAX_STOP_CHARS for s in self.stop):
             raise bad("stop", f"a stop string has at most {MAX_STOP_CHARS} characters")
-        if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
+        if any(not 0 <= t < INT32_LIMIT for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be token ids in [0, 2^31)")
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             raise bad(

@@ -79,7 +79,7 @@ def prepare_request(
             token_ids = token_ids[1:]
         token_ids = [*history, *token_ids]
     sampling = request.sampling
-    tokenizer.check_length(len(token_ids), sampling.max_tokens, field)
+    tokenizer.check_length(len(token_ids), sampling.max_tokens, field, sampling.min_tokens)
     return PreparedRequest(
         req_id=req_id,
         model=request.model,

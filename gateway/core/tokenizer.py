@@ -235,12 +235,16 @@ class Tokenizer:
                 )
 
     def check_length(
-        self, num_prompt_tokens: int, max_tokens: int | None, field: str = "prompt"
+        self,
+        num_prompt_tokens: int,
+        max_tokens: int | None,
+        field: str = "prompt",
+        min_tokens: int = 0,
     ) -> int:
         """Check the prompt fits the context; returns the most tokens that may be generated.
 
         A prompt must leave room for at least one generated token; an explicit
-        max_tokens must fit beside the prompt.
+        max_tokens, and min_tokens, must fit beside the prompt.
         """
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
@@ -248,11 +252,12 @@ class Tokenizer:
                 f"{field}: {num_prompt_tokens} tokens leave no room in the model's context"
                 f" of {self.max_model_len} tokens"
             )
-        if max_tokens is not None and max_tokens > room:
-            raise InvalidArgument(
-                f"max_tokens: {max_tokens} plus the prompt's {num_prompt_tokens} tokens exceeds"
-                f" the model's context of {self.max_model_len} tokens"
-            )
+        for name, count in (("max_tokens", max_tokens), ("min_tokens", min_tokens)):
+            if count is not None and count > room:
+                raise InvalidArgument(
+                    f"{name}: {count} plus the prompt's {num_prompt_tokens} tokens exceeds"
+                    f" the model's context of {self.max_model_len} tokens"
+                )
         return room if max_tokens is None else max_tokens
 
     # --- decoding -------------------------------------------------------------------------

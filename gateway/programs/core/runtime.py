@@ -377,7 +377,9 @@ class ProgramRun:
         model, tokenizer = self.deps.models.resolve(s.model or self.program.model)
         tokens = scope.context.on_model(model, tokenizer)
         try:
-            max_tokens = tokenizer.check_length(len(tokens), s.sampling.max_tokens, "context")
+            max_tokens = tokenizer.check_length(
+                len(tokens), s.sampling.max_tokens, "context", s.sampling.min_tokens
+            )
         except InvalidArgument as exc:
             raise InvalidArgument(f"{s.path}: {exc}") from None
         sampling = dataclasses.replace(s.sampling, max_tokens=max_tokens)

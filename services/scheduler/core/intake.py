@@ -37,17 +37,18 @@ def check_request(
     candidates: Sequence[ExecutorState],
 ) -> None:
     """InvalidArgument naming the field when a submit is malformed for these executors:
-    its prompt (`check_prompt`), a max_tokens the context has no room for (an output
-    cut short at the limit would end with "length" where the caller asked for more), its
+    its prompt (`check_prompt`), a max_tokens or min_tokens the context has no room for (an
+    output cut short at the limit would end with "length" where the caller asked for more), its
     group's size, or prompt log-probabilities asked from past the prompt's end."""
     check_prompt(tokens, candidates)
-    max_tokens = sampling.max_tokens
     max_model_len = min(ex.info.max_model_len for ex in candidates)
-    if max_tokens is not None and len(tokens) + max_tokens > max_model_len:
-        raise InvalidArgument(
-            f"sampling.max_tokens ({max_tokens}) plus the prompt's {len(tokens)} tokens "
-            f"exceeds the model's limit of {max_model_len} tokens"
-        )
+    for name in ("max_tokens", "min_tokens"):
+        count = getattr(sampling, name)
+        if count is not None and len(tokens) + count > max_model_len:
+            raise InvalidArgument(
+                f"sampling.{name} ({count}) plus the prompt's {len(tokens)} tokens "
+                f"exceeds the model's limit of {max_model_len} tokens"
+            )
     check_group_size(group_id, group_size)
     start = sampling.prompt_logprobs_start
     if start is not None and start > len(tokens):

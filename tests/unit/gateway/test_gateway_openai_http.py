@@ -14,6 +14,7 @@ from gateway.core.models import ModelRegistry
 from gateway.core.prepare import PreparedRequest
 from gateway.core.ratelimit import LocalRateLimiter, RateLimitConfig
 from gateway.openai_http import OpenAIHttpServer, start_http_server
+from radixmesh import wire
 from radixmesh.errors import ResourceExhausted
 from radixmesh.step import TokenLogprobs
 from radixmesh.updates import RequestUpdate
@@ -34,6 +35,7 @@ class ScriptedUpstream:
         self.aborted = asyncio.Queue()
 
     async def generate(self, req_id, token_ids, sampling, **options):
+        wire.sampling_to_proto(sampling)  # what the scheduler client sends must fit the wire
         request = PreparedRequest(req_id, prompt_token_ids=tuple(token_ids), sampling=sampling, **options)
         self.submitted.append(request)
         if self.error is not None and not self.error_after_first:
@@ -278,3 +280,24 @@ async def test_models_report_and_requests_meet_the_context_the_executors_serve(m
     assert card.max_model_len == 24
     assert "max_tokens: 40 plus" in str(info.value) and "context of 24 tokens" in str(info.value)
     assert [r.sampling.max_tokens for r in upstream.submitted] == [None]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("top_k", 2**31, "must be below 2^31"),
+        ("min_tokens", 2**31, "must be below 2^31"),
+        ("repetition_penalty", 1e308, "inf as a 32-bit float"),
+        ("top_p", 1e-50, "0.0 as a 32-bit float"),
+        ("min_tokens", 100, "context of 64 tokens"),  # no max_tokens: room is the context's
+    ],
+)
+async def test_values_past_the_wire_or_the_context_are_400s_naming_the_field(serve, field, value, says):
+    client, upstream, _ = await serve()
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], extra_body={field: value}
+        )
+    assert info.value.body["param"] == field
+    assert says in info.value.body["message"]
+    assert upstream.submitted == []

@@ -188,6 +188,31 @@ def test_read_float32_names_the_same_float32(value):
     assert _significant_digits(read) <= _significant_digits(value)
 
 
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"top_k": 2**31}, r"^sampling\.top_k must be below 2\^31, got 2147483648$"),
+        ({"min_tokens": 2**31}, r"^sampling\.min_tokens must be below 2\^31"),
+        ({"max_tokens": 2**31}, r"^sampling\.max_tokens must be below 2\^31"),
+        ({"top_p": 1e-50}, r"^sampling\.top_p must be in \(0, 1\], got 1e-50 \(0\.0 as a 32-bit float\)$"),
+        ({"repetition_penalty": 1e308}, r"^sampling\.repetition_penalty .* got 1e\+308 \(inf as a 32-bit float\)$"),
+        ({"repetition_penalty": 1e-50}, r"^sampling\.repetition_penalty .* \(0\.0 as a 32-bit float\)$"),
+    ],
+)
+def test_sampling_the_wire_cannot_carry_is_refused_naming_the_field(fields, message):
+    """Counts travel as int32 and these floats as float32: a value past either would fail
+    the conversion (an internal error) or arrive as another value, so it is refused."""
+    with pytest.raises(errors.InvalidArgument, match=message):
+        SamplingParams(**fields)
+
+
+def test_sampling_at_the_wires_limits_round_trips():
+    params = SamplingParams(top_k=2**31 - 1, min_tokens=2**31 - 2, max_tokens=2**31 - 1, top_p=1e-30)
+    back = wire.sampling_from_proto(_through_bytes(wire.sampling_to_proto(params)))
+    assert (back.top_k, back.min_tokens, back.max_tokens) == (2**31 - 1, 2**31 - 2, 2**31 - 1)
+    assert back.top_p == pytest.approx(1e-30)
+
+
 def test_a_float_sampling_field_round_trips_as_read():
     params = SamplingParams(temperature=0.7, min_p=0.05, presence_penalty=-1.25)
     back = wire.sampling_from_proto(_through_bytes(wire.sampling_to_proto(params)))

@@ -130,13 +130,16 @@ async def test_deadlines_end_queued_and_running_requests():
 
 async def test_max_tokens_past_the_executors_limit_is_refused_naming_it():
     """The executors serve 64 tokens (a KV pool smaller than the model's context lowers it):
-    a prompt and max_tokens past that are refused, not cut short with "length"; a request
-    without max_tokens runs to the limit and ends there."""
+    a prompt and max_tokens (or min_tokens) past that are refused, not cut short with
+    "length"; a request without max_tokens runs to the limit and ends there."""
     rig = make_rig(max_model_len=64)
     await rig.scheduler.start()
     over = r"^sampling.max_tokens \(63\) plus the prompt's 2 tokens exceeds the model's limit of 64"
     with pytest.raises(InvalidArgument, match=over):
         await rig.scheduler.submit("over", [1, 2], g(63))
+    at_least = SamplingParams(min_tokens=63, temperature=0.0)  # no max_tokens: to the limit
+    with pytest.raises(InvalidArgument, match=r"^sampling.min_tokens \(63\) plus the prompt's 2"):
+        await rig.scheduler.submit("over", [1, 2], at_least)
     await rig.scheduler.submit("fits", [1, 2], g(62))
     await rig.scheduler.submit("open", [3, 4], SamplingParams(temperature=0.0, ignore_eos=True))
     await rig.sink.wait("fits", "open")
