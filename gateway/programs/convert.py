@@ -7,8 +7,9 @@ message raises InvalidArgument naming it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 
@@ -21,6 +22,7 @@ from radixmesh.v1 import inference_pb2, program_pb2
 
 DEFAULT_MAX_TOKENS = 128
 """max_tokens of a Gen that sets none."""
+E = TypeVar("E", bound=enum.Enum)
 
 
 def limits_from_proto(bound: m.Limits, message: program_pb2.Limits) -> m.Limits:
@@ -67,11 +69,22 @@ def statement_from_proto(s: program_pb2.Statement, where: str) -> m.Statement:
         raise InvalidArgument(message if message.startswith(where) else f"{path}: {message}") from None
 
 
+def _enum(cls: type[E], number: int, field: str) -> E:
+    """The member a wire enum's number stands for; InvalidArgument naming the field for a
+    number this version does not know (a newer client's, or a wrong one)."""
+    try:
+        return cls(number)
+    except ValueError:
+        known = ", ".join(f"{member.value} ({member.name.lower()})" for member in cls)
+        raise InvalidArgument(f"{field}: {number} is not one of {known}") from None
+
+
 def _append(a: program_pb2.Append, path: str) -> m.Append:
     content = a.WhichOneof("content")
     if content is None:
         raise InvalidArgument(f"{path}: one of text or template is required")
-    return m.Append(path, getattr(a, content), content == "template", a.role, m.RolePart(a.part))
+    part = _enum(m.RolePart, a.part, f"{path}.part")
+    return m.Append(path, getattr(a, content), content == "template", a.role, part)
 
 
 def _sampling(message: inference_pb2.SamplingParams, path: str) -> SamplingParams:
@@ -89,7 +102,7 @@ def _gen(g: program_pb2.Gen, path: str) -> m.Gen:
 
 
 def _select(s: program_pb2.Select, path: str) -> m.Select:
-    return m.Select(path, s.var, tuple(s.choices), m.SelectMethod(s.method), s.model)
+    return m.Select(path, s.var, tuple(s.choices), _enum(m.SelectMethod, s.method, f"{path}.method"), s.model)
 
 
 def _fork(f: program_pb2.Fork, path: str) -> m.Fork:
@@ -129,7 +142,7 @@ def _call(c: program_pb2.Call, path: str) -> m.Call:
         args=tuple(sorted(c.args.items())),
         json_args=tuple(sorted(json_args.items())),
         timeout_s=c.timeout_ms / 1000 if c.timeout_ms else None,
-        on_error=m.OnError(c.on_error),
+        on_error=_enum(m.OnError, c.on_error, f"{path}.on_error"),
         fallback=c.fallback,
     )
 

@@ -71,6 +71,9 @@ BAD = [
     ("fork without branches", program(pb.Statement(fork=pb.Fork())), "body[0].fork: needs branches"),
     ("fork branches and copies", program(pb.Statement(fork=pb.Fork(branches=[pb.Body()], each=pb.Body(), copies=2))), "body[0].fork: give branches, or each with copies, not both"),
     ("arg in both", program(pb.Statement(call=pb.Call(tool="calculator", var="r", args={"expression": "1"}, json_args={"expression": 1}))), "body[0].call.json_args.expression: also given in args"),
+    ("unknown role part", program(pb.Statement(append=pb.Append(text="a", part=7))), "body[0].append.part: 7 is not one of 0 (whole), 1 (begin), 2 (end)"),
+    ("unknown select method", program(text("a"), pb.Statement(select=pb.Select(var="s", choices=["x"], method=9))), "body[1].select.method: 9 is not one of 0 (token_length_normalized)"),
+    ("unknown on_error", program(pb.Statement(call=pb.Call(tool="calculator", var="r", on_error=5))), "body[0].call.on_error: 5 is not one of 0 (fail), 1 (fallback)"),
 ]  # fmt: skip
 
 
