@@ -99,8 +99,9 @@ class ProgramsServicer(program_pb2_grpc.ProgramsServicer):
         try:
             index = 0
             async for message in request_iterator:
-                if message.WhichOneof("op") != "statement":
-                    raise InvalidArgument(f"statement[{index}]: expected a statement, got a start")
+                if (op := message.WhichOneof("op")) != "statement":
+                    got = "a second start" if op == "start" else "an empty request"
+                    raise InvalidArgument(f"statement[{index}]: expected a statement, got {got}")
                 statement = convert.statement_from_proto(message.statement, f"statement[{index}]")
                 index += 1
                 async with contextlib.aclosing(run.run_statement(statement)) as events:

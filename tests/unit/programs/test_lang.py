@@ -164,7 +164,12 @@ async def test_a_session_must_start_with_a_start_and_then_send_statements(client
         call = stub.Session(iter(twice))
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await call.read()
-        assert "statement[0]: expected a statement, got a start" in error.value.details()
+        assert "statement[0]: expected a statement, got a second start" in error.value.details()
+        empty = [pb.SessionRequest(start=pb.SessionStart()), pb.SessionRequest()]
+        call = stub.Session(iter(empty))
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await call.read()
+        assert "statement[0]: expected a statement, got an empty request" in error.value.details()
 
 
 async def test_run_refuses_an_unknown_priority_and_an_over_limit_request(client):
