@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,11 @@ from pathlib import Path
 from mesh.commands.serve import READY_LINE
 
 START_TIMEOUT_S = 600
+SWITCH_SAMPLE = re.compile(
+    r'^radixmesh_executor_(spec_switch_steps_total|spec_wall_ratio|spec_cost_ratio|'
+    r'spec_probe_interval_steps)(?:\{\w+="([^"]*)"\})? ([0-9.e+-]+)$'
+)
+"""A sample of the switch's state on an executor's /metrics (services/executor/metrics.py)."""
 
 
 class ServedMesh:
@@ -27,7 +33,8 @@ class ServedMesh:
         log_dir = tempfile.mkdtemp(prefix=f"spec-{mode}-")
         argv = [
             sys.executable, "-m", "mesh.cli", "serve", "--model", model, "--device", device,
-            "--port", str(port), "--speculative", mode, "--log-dir", log_dir, *extra,
+            "--port", str(port), "--speculative", mode, "--log-dir", log_dir,
+            "--endpoints-json", str(Path(log_dir) / "endpoints.json"), *extra,
         ]  # fmt: skip
         root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
@@ -49,6 +56,30 @@ class ServedMesh:
         self.ready_s = time.monotonic() - started
         print(f"serve --speculative {mode}: ready in {self.ready_s:.1f} s (logs in {log_dir})",
               file=sys.stderr, flush=True)
+
+    def switch_state(self) -> dict[str, object]:
+        """Each executor's speculation switch as its /metrics says (spec_switch_steps by
+        decision, wall and cost ratios by bucket, the probe interval): executor name ->
+        metric -> label -> value; an executor with speculation off has none."""
+        try:
+            endpoints = json.loads((self.log_dir / "endpoints.json").read_text())
+            ports = {s["name"]: s["metrics_port"] for s in endpoints["services"]
+                     if s["name"].startswith("executor") and s.get("metrics_port")}  # fmt: skip
+            pages = {
+                name: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+                for name, port in ports.items()
+            }
+        except (OSError, ValueError, KeyError) as exc:
+            return {"unread": str(exc)}
+        state: dict[str, object] = {}
+        for name, page in pages.items():
+            series: dict[str, dict[str, float]] = {}
+            for line in page.decode().splitlines():
+                if match := SWITCH_SAMPLE.match(line):
+                    metric, label, value = match.groups()
+                    series.setdefault(metric, {})[label or ""] = float(value)
+            state[name] = series
+        return state
 
     def log_tail(self, lines: int = 40) -> str:
         """The tail of serve's output and of each service's log, for a failure report."""

@@ -418,6 +418,10 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
                 row = rows[f"{workload}/b{batch}"]
                 print(f"{mode:<7} {workload:<11} b{batch:<4} {row['output_tok_s']:10.1f} tok/s  "
                       f"TPOT {row['tpot_ms']:7.2f} ms  drafts {drafts}", flush=True)
+        switch = mesh.switch_state()
+        print(f"{mode:<7} speculation switch through serve: {json.dumps(switch)}", flush=True)
+        for row in rows.values():
+            row["switch"] = switch  # the executor's, after the mode's last row
         failed = False
     finally:
         mesh.stop(failed)

@@ -57,7 +57,7 @@ from services.executor.health import (
     cuda_uuid,
     open_nvml_device,
 )
-from services.executor.metrics import GraphStepsCollector
+from services.executor.metrics import GraphStepsCollector, SpecSwitchCollector
 from services.executor.server import DEFAULT_MAX_INFLIGHT_PLANS, SERVICE_NAME, ExecutorServicer
 from services.executor.tensor_parallel_group import (
     group_init_method,
@@ -393,6 +393,7 @@ async def serve(args: argparse.Namespace) -> int:
     REGISTRY.register(
         GraphStepsCollector(lambda: None if servicer.core is None else servicer.core.forward.graph_steps())
     )
+    REGISTRY.register(SpecSwitchCollector(lambda: _spec_switch_state(servicer.core)))
     await runtime.start(
         lambda server: executor_pb2_grpc.add_ExecutorServicer_to_server(servicer, server),
         [SERVICE_NAME],
@@ -451,6 +452,14 @@ async def _watch_followers(followers: list[BaseProcess], runtime: ServiceRuntime
     proc = await asyncio.to_thread(wait_any_exit, followers)
     log.error("tensor_parallel_rank_exited", name=proc.name, exitcode=proc.exitcode)
     runtime.request_shutdown()
+
+
+def _spec_switch_state(core: ExecutorCore | None) -> dict[str, object] | None:
+    """The speculation switch's state for /metrics; None before the model loads or with
+    speculation off (no proposer)."""
+    if core is None or core.proposer is None:
+        return None
+    return core.spec_switch.describe()
 
 
 def _open_device(device: str) -> NvmlDevice | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from radixmesh.step import StepPlan, StepResult
@@ -203,3 +203,69 @@ class GraphStepsCollector(Collector):
         for name, count in sorted(steps.items()):
             family.add_metric([name], count)
         yield family
+
+
+SPEC_SWITCH_STEPS = metric_name("executor", "spec_switch_steps")
+SPEC_WALL_RATIO = metric_name("executor", "spec_wall_ratio")
+SPEC_COST_RATIO = metric_name("executor", "spec_cost_ratio")
+SPEC_PROBE_INTERVAL = metric_name("executor", "spec_probe_interval_steps")
+
+
+class SpecSwitchCollector(Collector):
+    """The speculation switch's state at scrape time (spec/switch.py), while the executor
+    drafts: its decisions so far (`radixmesh_executor_spec_switch_steps_total{decision}`:
+    declined candidate steps, probes it drafted anyway, plain probes among drafting
+    steps), per decode bucket the wall ratio it weighs the gain against and the start-up
+    cost ratio, and the steps between probes now. Absent with speculation off.
+
+    `describe` reads the step thread's tables from the scrape thread; a table that grew
+    under the read is read again (a scrape is never worth a lock on the step thread)."""
+
+    def __init__(self, describe: Callable[[], Mapping[str, object] | None]) -> None:
+        self._describe = describe
+
+    def _read(self) -> Mapping[str, object] | None:
+        for _ in range(3):
+            try:
+                return self._describe()
+            except RuntimeError:  # a dict changed size during the read: read again
+                continue
+        return None
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        state = self._read()
+        if not state:
+            return
+        steps = CounterMetricFamily(
+            SPEC_SWITCH_STEPS,
+            "Speculation switch decisions: declined (a candidate step run without drafts), "
+            "probe (drafted although the rule declined, to follow the workload), plain_probe "
+            "(run without drafts although the rule drafts, to measure the plain side).",
+            labels=["decision"],
+        )
+        for decision, key in (("declined", "num_declined"), ("probe", "num_probes"),
+                              ("plain_probe", "num_plain_probes")):  # fmt: skip
+            count = state.get(key)
+            steps.add_metric([decision], float(count) if isinstance(count, int) else 0.0)
+        yield steps
+        for name, key, doc in (
+            (SPEC_WALL_RATIO, "wall_ratios", "Measured wall time of a drafting step over a "
+             "plain one, by decode bucket: drafting pays while the expected tokens per decode "
+             "exceed it."),
+            (SPEC_COST_RATIO, "cost_ratios", "Device time of a verify step over a decode step "
+             "by bucket, replayed at start-up (CUDA graphs only)."),
+        ):  # fmt: skip
+            ratios = state.get(key)
+            if isinstance(ratios, Mapping) and ratios:
+                family = GaugeMetricFamily(name, doc, labels=["bucket"])
+                for bucket, ratio in sorted(ratios.items()):
+                    family.add_metric([str(bucket)], float(ratio))
+                yield family
+        interval = state.get("probe_every")
+        if isinstance(interval, int):
+            yield GaugeMetricFamily(
+                SPEC_PROBE_INTERVAL,
+                "Candidate steps between two probes while the switch declines (it doubles "
+                "after each probe that leaves the rule declining).",
+                value=interval,
+            )

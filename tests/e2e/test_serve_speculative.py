@@ -66,3 +66,20 @@ async def test_grpc_complete_carries_the_speculation(spec_serve):
     assert out.complete.usage.completion_tokens == len(out.token_ids)
     assert out.complete.usage.HasField("speculation")
     assert out.complete.usage.speculation.num_drafts > 0
+
+
+def executor_metrics(mesh) -> str:
+    (port,) = [s["metrics_port"] for s in mesh.endpoints["services"] if s["name"] == "executor-0"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def test_the_speculation_switch_is_on_the_executors_metrics(serve, spec_serve):
+    """A drafting executor shows its switch (decisions and probe interval) on /metrics; one
+    with speculation off shows none."""
+    complete_json(spec_serve, PROMPTS[0])
+    page = executor_metrics(spec_serve)
+    for decision in ("declined", "probe", "plain_probe"):
+        assert f'radixmesh_executor_spec_switch_steps_total{{decision="{decision}"}}' in page
+    assert "radixmesh_executor_spec_probe_interval_steps " in page
+    assert "radixmesh_executor_spec_switch_steps" not in executor_metrics(serve)

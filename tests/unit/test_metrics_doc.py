@@ -147,7 +147,7 @@ class _ReportingGpu:
 def _collector_factories() -> dict[type, Callable[[], Collector]]:
     from services.cache.server import CacheMetricsCollector
     from services.executor.health import DeviceHealthCollector, HealthSampler
-    from services.executor.metrics import GraphStepsCollector
+    from services.executor.metrics import GraphStepsCollector, SpecSwitchCollector
     from services.scheduler import messages
     from services.scheduler.metrics import SchedulerMetricsCollector
 
@@ -160,7 +160,19 @@ def _collector_factories() -> dict[type, Callable[[], Collector]]:
         GraphStepsCollector: lambda: GraphStepsCollector(
             lambda: {"decode": 3, "verify": 0, "extend": 1}
         ),
+        SpecSwitchCollector: lambda: SpecSwitchCollector(_timed_switch().describe),
     }
+
+
+def _timed_switch():
+    """A measured speculation switch whose batch-1 bucket has seen steps of both kinds."""
+    from services.executor.core.spec.switch import MIN_STEP_SAMPLES, SpecSwitch
+
+    switch = SpecSwitch.measured({1: (0.010, 0.011), 8: (0.012, 0.015)}, 5, 8)
+    for _ in range(MIN_STEP_SAMPLES):
+        switch.observe_step(1, 0.010, speculating=False)
+        switch.observe_step(1, 0.012, speculating=True)
+    return switch
 
 
 def _exposed_name(family) -> str:
