@@ -26,6 +26,7 @@ from typing import Any
 import jsonschema
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.schema.check import FORMAT_CHECKER
 from radixmesh.schema.formats import FORMAT_PATTERNS
 from radixmesh.schema.merge import (
     ANNOTATIONS,
@@ -251,7 +252,9 @@ class _Planner:
             values = [v for v in values if canonical(v) in {canonical(e) for e in s["enum"]}]
         rest = {k: v for k, v in s.items() if k not in ("enum", "const") and k not in ANNOTATIONS}
         if rest and "$ref" not in json.dumps(rest):
-            validator = jsonschema.validators.validator_for(rest)(rest)
+            # formats checked as outputs are (check_output): a listed "" beside format
+            # "date" is not a date
+            validator = jsonschema.validators.validator_for(rest)(rest, format_checker=FORMAT_CHECKER)
             values = [v for v in values if validator.is_valid(v)]
         if not values:
             self.note(path, "enum" if "enum" in s else "const", "no listed value satisfies the schema")
@@ -412,7 +415,7 @@ class _Planner:
         if not isinstance(names, dict) or set(names) - allowed or names.get("type", "string") != "string":
             self.note(path, "propertyNames", "only pattern/minLength/maxLength are enforced")
             return
-        validator = jsonschema.validators.validator_for(names)(names)
+        validator = jsonschema.validators.validator_for(names)(names, format_checker=FORMAT_CHECKER)
         if any(not validator.is_valid(n) for n in s.get("properties", {})):
             self.note(path, "propertyNames", "a listed property breaks it")
             return

@@ -148,6 +148,12 @@ def test_enum_values_that_break_the_siblings_are_dropped(sampler):
     assert set(assert_all_valid(sampler, schema)) == {"a", "b"}
 
 
+def test_enum_values_that_break_a_format_are_dropped(sampler):
+    """Formats are checked on the listed values as on outputs: "" is not a date."""
+    schema = {"type": "string", "format": "date", "enum": ["", "2020-01-02", "2020-13-01"]}
+    assert set(assert_all_valid(sampler, schema)) == {"2020-01-02"}
+
+
 def test_required_names_missing_from_properties_are_written(sampler):
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}
     assert all("b" in v for v in assert_all_valid(sampler, schema))

@@ -108,11 +108,21 @@ LENGTHS_AND_PATTERN = {
 }
 """An allOf that gives one string lengths its pattern contradicts: reported as unsatisfiable."""
 
+FORMAT_AND_ENUM = {
+    "type": "object",
+    "allOf": [
+        {"properties": {"id": {"type": "string", "format": "date"}}},
+        {"properties": {"id": {"enum": [""]}}},
+    ],
+}
+"""An allOf that lists only a value its format refuses: reported, never emitted."""
+
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas, seed=st.integers(0, 2**16))
 @example(schema=FORMAT_AND_PATTERN, seed=0)
 @example(schema=LENGTHS_AND_PATTERN, seed=0)
+@example(schema=FORMAT_AND_ENUM, seed=0)
 def test_every_text_the_grammar_admits_validates(schema, seed):
     jsonschema.validators.validator_for(schema).check_schema(schema)
     plan = plan_json_schema(schema)
