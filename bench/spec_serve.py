@@ -4,9 +4,9 @@ token-id prompts, greedy with ignore_eos."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,13 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mesh.commands.serve import READY_LINE
+from mesh.loadgen.scrape import MetricsScraper, endpoints_from_mesh_info
 
 START_TIMEOUT_S = 600
-SWITCH_SAMPLE = re.compile(
-    r'^radixmesh_executor_(spec_switch_steps_total|spec_wall_ratio|spec_cost_ratio|'
-    r'spec_probe_interval_steps)(?:\{\w+="([^"]*)"\})? ([0-9.e+-]+)$'
+SWITCH_METRICS = frozenset(
+    {"spec_switch_steps_total", "spec_wall_ratio", "spec_cost_ratio", "spec_probe_interval_steps"}
 )
-"""A sample of the switch's state on an executor's /metrics (services/executor/metrics.py)."""
+"""The switch's state on an executor's /metrics, less the `radixmesh_executor_` prefix."""
 
 
 class ServedMesh:
@@ -58,28 +58,21 @@ class ServedMesh:
               file=sys.stderr, flush=True)
 
     def switch_state(self) -> dict[str, object]:
-        """Each executor's speculation switch as its /metrics says (spec_switch_steps by
-        decision, wall and cost ratios by bucket, the probe interval): executor name ->
-        metric -> label -> value; an executor with speculation off has none."""
-        try:
-            endpoints = json.loads((self.log_dir / "endpoints.json").read_text())
-            ports = {s["name"]: s["metrics_port"] for s in endpoints["services"]
-                     if s["name"].startswith("executor") and s.get("metrics_port")}  # fmt: skip
-            pages = {
-                name: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-                for name, port in ports.items()
-            }
-        except (OSError, ValueError, KeyError) as exc:
-            return {"unread": str(exc)}
-        state: dict[str, object] = {}
-        for name, page in pages.items():
-            series: dict[str, dict[str, float]] = {}
-            for line in page.decode().splitlines():
-                if match := SWITCH_SAMPLE.match(line):
-                    metric, label, value = match.groups()
-                    series.setdefault(metric, {})[label or ""] = float(value)
-            state[name] = series
-        return state
+        """Each executor's speculation switch as its /metrics says (services/executor/
+        metrics.py: spec_switch_steps by decision, wall and cost ratios by bucket, the probe
+        interval): executor name -> metric -> label -> value; an executor with speculation
+        off has none."""
+        endpoints = endpoints_from_mesh_info(self.log_dir / "endpoints.json")
+        scraper = MetricsScraper([e for e in endpoints if e.role == "executor"])
+        snapshot = asyncio.run(scraper.snapshot())
+        state: dict[str, dict[str, dict[str, float]]] = {}
+        for (name, labels), value in snapshot.get("executor", {}).items():
+            metric = name.removeprefix("radixmesh_executor_")
+            if metric in SWITCH_METRICS:
+                tags = dict(labels)
+                series = state.setdefault(tags.pop("endpoint"), {}).setdefault(metric, {})
+                series[next(iter(tags.values()), "")] = value
+        return {**state, **({"unread": scraper.errors} if scraper.errors else {})}
 
     def log_tail(self, lines: int = 40) -> str:
         """The tail of serve's output and of each service's log, for a failure report."""

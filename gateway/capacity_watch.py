@@ -3,9 +3,10 @@ second (`GetLoad`, about 3 ms a call on loopback), for as long as the gateway ru
 
 A failed read clears the gate (it lets requests through; the scheduler decides); the
 next read fills it again. Each reading also gives the models' registry the context the
-executors serve (`ModelRegistry.serve_within`), which a failed read leaves as it was. With Envoy's admin address (`--envoy-admin-url`) each reading
-also sets the edge admission limit in Envoy (gateway/envoy/admission.py); Envoy not
-answering is logged once and leaves the gateway's own gate as the only line.
+executors serve (`ModelRegistry.serve_within`), which a failed read leaves as it was.
+With Envoy's admin address (`--envoy-admin-url`) each reading also sets the edge
+admission limit in Envoy (gateway/envoy/admission.py); Envoy not answering is logged
+once and leaves the gateway's own gate as the only line.
 """
 
 from __future__ import annotations

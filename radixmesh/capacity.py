@@ -4,11 +4,11 @@ executors serve.
 
 The scheduler computes it from its queue-wait admission (services/scheduler/core/
 queue_wait.py) and answers it in `GetLoad`; the gateway reads it to refuse on arrival
-what the scheduler would refuse (gateway/core/capacity.py) and to size per-key token
-buckets from the measured rate (`--rate-limit adaptive`), and to check prompts and max_tokens against the context the
-executors serve rather than the model folder's (gateway/core/models.py). The protobuf
-conversions
-(`GetLoadResponse.capacity`) are kept beside the type.
+what the scheduler would refuse (gateway/core/capacity.py), to size per-key token
+buckets from the measured rate (`--rate-limit adaptive`), and to check prompts and
+max_tokens against the context the executors serve rather than the model folder's
+(gateway/core/models.py). The protobuf conversions (`GetLoadResponse.capacity`) are
+kept beside the type.
 """
 
 from __future__ import annotations

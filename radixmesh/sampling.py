@@ -32,6 +32,12 @@ def as_float32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+def _as_sent(value: float) -> str:
+    """`value` for an error message, with what a 32-bit float makes of it where it differs."""
+    wire = as_float32(value)
+    return f"{value}" if wire == value or math.isnan(value) else f"{value} ({wire} as a 32-bit float)"
+
+
 class Priority(IntEnum):
     """Scheduling class; a lower value is served first.
 
@@ -87,15 +93,6 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value >= INT32_LIMIT:
                 raise bad(name, f"must be below 2^31, got {value}")
-        wire = {  # the 32-bit floats the services read (`as_float32`)
-            name: as_float32(getattr(self, name))
-            for name in ("top_p", "repetition_penalty")  # where rounding can leave the range
-        }
-
-        def as_sent(name: str) -> str:
-            value = getattr(self, name)
-            return f"{value}" if wire[name] == value else f"{value} ({wire[name]} as a 32-bit float)"
-
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 1:
             raise bad(
                 "prompt_logprobs_start", f"must be >= 1, got {self.prompt_logprobs_start}"
@@ -115,19 +112,19 @@ class SamplingParams:
             )
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0):
             raise bad("temperature", f"must be in [0, 2], got {self.temperature}")
-        if not (0.0 < wire["top_p"] <= 1.0):
-            raise bad("top_p", f"must be in (0, 1], got {as_sent('top_p')}")
+        if not (0.0 < as_float32(self.top_p) <= 1.0):  # a tiny one reads as 0 on the wire
+            raise bad("top_p", f"must be in (0, 1], got {_as_sent(self.top_p)}")
         if self.top_k < -1:
             raise bad("top_k", f"must be -1 (off), 0 (off) or positive, got {self.top_k}")
         if not (0.0 <= self.min_p <= 1.0):
             raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not (0 <= self.seed < 2**64):
             raise bad("seed", f"must be in [0, 2**64), got {self.seed}")
-        penalty = wire["repetition_penalty"]
+        penalty = as_float32(self.repetition_penalty)  # past float32's range: inf
         if not (math.isfinite(penalty) and penalty > 0.0):
             raise bad(
                 "repetition_penalty",
-                f"must be > 0 and finite, got {as_sent('repetition_penalty')}",
+                f"must be > 0 and finite, got {_as_sent(self.repetition_penalty)}",
             )
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)

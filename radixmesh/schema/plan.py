@@ -444,48 +444,46 @@ class _Planner:
         the lengths, the pattern noted (the grammar holds one or the other)."""
         if types is not None and "string" not in types:
             return  # applies to strings only, and this schema admits none
-        lengths: dict[str, int] = {k: s[k] for k in ("minLength", "maxLength") if k in s}
-        if key == "format":
-            fmt = s["format"]
-            if "pattern" in s:  # the pattern's call writes the lengths
-                self.note(path, key, "a format beside a pattern")
-                return
-            out.update(lengths)
-            if fmt not in FORMAT_PATTERNS:
-                self.note(path, key, f'format "{fmt}" is not one of {sorted(FORMAT_PATTERNS)}')
-                return
-            pattern = FORMAT_PATTERNS[fmt]
+        if key == "format" and "pattern" in s:  # the pattern's call writes the lengths
+            self.note(path, key, "a format beside a pattern")
+            return
+        rewritten = self._string_pattern(key, s, path)
+        if rewritten is None:
+            out.update((k, s[k]) for k in ("minLength", "maxLength") if k in s)
         else:
-            out.update(lengths)
-            pattern = s["pattern"]
+            out["pattern"] = rewritten
+
+    def _string_pattern(self, key: str, s: dict[str, Any], path: str) -> str | None:
+        """The grammar's pattern for `key` (a pattern, or a format's) where it holds the
+        lengths beside it too; None where it cannot (noted why)."""
+        if key == "format" and s["format"] not in FORMAT_PATTERNS:
+            self.note(path, key, f'format "{s["format"]}" is not one of {sorted(FORMAT_PATTERNS)}')
+            return None
+        pattern = s["pattern"] if key == "pattern" else FORMAT_PATTERNS[s["format"]]
         try:
             rewritten = json_string_pattern(pattern)
         except UnsupportedPattern as exc:
             self.note(path, key, str(exc))
-            return
-        reason = _lengths_beside(pattern, lengths)
-        if reason is None:
-            for k in lengths:  # every string the pattern matches has a length within them
-                del out[k]
-            out["pattern"] = rewritten
-        else:
+            return None
+        reason = _lengths_beside(pattern, s.get("minLength", 0), s.get("maxLength"))
+        if reason is not None:
             self.note(path, key, reason)
+            return None
+        return rewritten
 
 
-def _lengths_beside(pattern: str, lengths: dict[str, int]) -> str | None:
-    """None when every string `pattern` matches in full has a length within `lengths`
-    (minLength/maxLength), so the pattern alone enforces both; else why the grammar cannot
-    hold them together (it takes a pattern or lengths, not their intersection)."""
-    if not lengths:
+def _lengths_beside(pattern: str, low: int, high: int | None) -> str | None:
+    """None when every string `pattern` matches in full has a length in [low, high] (high
+    None: unbounded), so the pattern alone enforces both; else why the grammar cannot hold
+    them together (it takes a pattern or lengths, not their intersection)."""
+    if low == 0 and high is None:
         return None
-    low, high = lengths.get("minLength", 0), lengths.get("maxLength")
     shortest, longest, anchored = pattern_lengths(pattern)
     if (high is not None and shortest > high) or (
         anchored and longest is not None and longest < low
     ):
         return "no value satisfies the pattern and minLength/maxLength"
-    implied = anchored and shortest >= low and (high is None or (longest is not None and longest <= high))
-    if implied:
+    if anchored and shortest >= low and (high is None or (longest is not None and longest <= high)):
         return None
     return "a pattern and a minLength/maxLength it does not imply cannot be combined exactly"
 

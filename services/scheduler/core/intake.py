@@ -13,8 +13,9 @@ from services.scheduler.core.groups import check_group_size
 from services.scheduler.core.request import Request
 
 
-def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> None:
-    """InvalidArgument naming the field when the executors could not take these tokens."""
+def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> int:
+    """InvalidArgument naming the field when the executors could not take these tokens;
+    else the least context limit among them (what the prompt was checked against)."""
     if not tokens:
         raise InvalidArgument("token_ids must not be empty")
     if min(tokens) < 0:
@@ -27,6 +28,7 @@ def check_prompt(tokens: Sequence[int], candidates: Sequence[ExecutorState]) -> 
         raise InvalidArgument(
             f"the prompt has {len(tokens)} tokens; the model's limit is {max_model_len - 1}"
         )
+    return max_model_len
 
 
 def check_request(
@@ -40,8 +42,7 @@ def check_request(
     its prompt (`check_prompt`), a max_tokens or min_tokens the context has no room for (an
     output cut short at the limit would end with "length" where the caller asked for more), its
     group's size, or prompt log-probabilities asked from past the prompt's end."""
-    check_prompt(tokens, candidates)
-    max_model_len = min(ex.info.max_model_len for ex in candidates)
+    max_model_len = check_prompt(tokens, candidates)
     for name in ("max_tokens", "min_tokens"):
         count = getattr(sampling, name)
         if count is not None and len(tokens) + count > max_model_len:

@@ -2,16 +2,18 @@
 
 Whatever the client sends, the gateway answers with a 2xx or a precise 4xx (gRPC: a
 status other than INTERNAL/UNKNOWN) within a deadline, and an error's message is one
-line. The gateway runs on a thread of its own in front of a scripted scheduler.
+line. The gateway runs on a loop thread of its own (tests/fixtures/loop_thread.py) in front
+of a scripted scheduler.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
-import threading
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import pytest
@@ -24,6 +26,7 @@ from gateway.openai_http import OpenAIHttpServer, start_http_server
 from gateway.server import InferenceServicer
 from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
+from tests.fixtures.loop_thread import on_loop_thread
 from tests.fixtures.runtime import running_runtime
 
 DEADLINE_S = 10.0
@@ -69,49 +72,35 @@ bodies = st.dictionaries(
 )
 
 
+@dataclass(frozen=True)
 class Gateway:
-    """The HTTP server and the gRPC servicer on an event loop thread."""
+    http_port: int
+    grpc_address: str
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.http_port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.stopped = asyncio.Event()
-        self.ready = threading.Event()
-        self.grpc_address = ""
 
-    def start(self) -> None:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._run(), self.loop)
-        assert self.ready.wait(30)
+@contextlib.asynccontextmanager
+async def gateway_server(tokenizer) -> AsyncIterator[Gateway]:
+    """The HTTP server and the gRPC servicer over a scripted upstream."""
+    models = ModelRegistry({"tiny": tokenizer})
+    upstream = ScriptedUpstream(tokenizer)
+    http_port = free_port()
+    runner = await start_http_server(OpenAIHttpServer(models, upstream).build_app(), "127.0.0.1", http_port)
+    servicer = InferenceServicer(models, upstream)
 
-    async def _run(self) -> None:
-        models = ModelRegistry({"tiny": self.tokenizer})
-        upstream = ScriptedUpstream(self.tokenizer)
-        http = OpenAIHttpServer(models, upstream).build_app()
-        runner = await start_http_server(http, "127.0.0.1", self.http_port)
-        servicer = InferenceServicer(models, upstream)
+    def register(server):
+        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
 
-        def register(server):
-            inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
-
+    try:
         async with running_runtime(register, ["radixmesh.v1.Inference"]) as runtime:
-            self.grpc_address = runtime.address
-            self.ready.set()
-            await self.stopped.wait()
+            yield Gateway(http_port, runtime.address)
+    finally:
         await runner.cleanup()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.stopped.set)
 
 
 @pytest.fixture(scope="module")
 def gateway(tokenizer):
-    gateway = Gateway(tokenizer)
-    gateway.start()
-    yield gateway
-    gateway.stop()
+    with on_loop_thread(lambda: gateway_server(tokenizer)) as gateway:
+        yield gateway
 
 
 def post(port: int, path: str, data: bytes) -> tuple[int, bytes]:

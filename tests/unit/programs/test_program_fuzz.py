@@ -1,12 +1,12 @@
 """Property-based fuzz of the Programs API: whatever program a client sends, Run ends with
 its events or a precise status (never INTERNAL, UNKNOWN or a deadline), its message one
 line. The servicer runs over the in-process engine of the tiny model, on a thread of its
-own, so the programs that are valid run for real."""
+own (tests/fixtures/loop_thread.py), so the programs that are valid run for real."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
+import contextlib
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -21,6 +21,7 @@ from radixmesh.v1 import program_pb2 as pb
 from radixmesh.v1 import program_pb2_grpc
 from services.common.interceptor import ErrorInterceptor
 from services.executor.core.grammar import GrammarConfig, GrammarService
+from tests.fixtures.loop_thread import on_loop_thread
 from tests.fixtures.programs import EngineBackend, runtime_deps
 
 DEADLINE_S = 30.0
@@ -199,58 +200,37 @@ runnable = st.lists(st.recursive(runnable_leaves, _runnable_containers, max_leav
 )  # fmt: skip
 
 
-class Served:
-    """The Programs servicer over an in-process engine, on an event loop thread."""
-
-    def __init__(self, model_dir) -> None:
-        self.model_dir = model_dir
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.ready = threading.Event()
-        self.address = ""
-
-    def start(self) -> None:
-        self.thread.start()
-        self.stopped = asyncio.run_coroutine_threadsafe(self._make_event(), self.loop).result()
-        asyncio.run_coroutine_threadsafe(self._run(), self.loop)
-        assert self.ready.wait(60)
-
-    async def _make_event(self) -> asyncio.Event:
-        return asyncio.Event()
-
-    async def _run(self) -> None:
-        grammar = GrammarService.from_model_dir(self.model_dir, config=GrammarConfig(compile_timeout_s=60))
-        config = EngineConfig.for_model(
-            str(self.model_dir), device="cpu", page_size=4, num_pages=256, max_num_seqs=32
-        )
-        engine = Engine(config, grammar=grammar)
-        await engine.start()
-        deps = runtime_deps(EngineBackend(engine), self.model_dir, limits=Limits(max_total_tokens=256))
-        server = grpc.aio.server(interceptors=[ErrorInterceptor()])
-        program_pb2_grpc.add_ProgramsServicer_to_server(ProgramsServicer(deps), server)
-        self.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        await server.start()
-        self.ready.set()
-        await self.stopped.wait()
+@contextlib.asynccontextmanager
+async def programs_server(model_dir) -> AsyncIterator[str]:
+    """The Programs servicer over an in-process engine; its address."""
+    grammar = GrammarService.from_model_dir(model_dir, config=GrammarConfig(compile_timeout_s=60))
+    config = EngineConfig.for_model(
+        str(model_dir), device="cpu", page_size=4, num_pages=256, max_num_seqs=32
+    )
+    engine = Engine(config, grammar=grammar)
+    await engine.start()
+    deps = runtime_deps(EngineBackend(engine), model_dir, limits=Limits(max_total_tokens=256))
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()])
+    program_pb2_grpc.add_ProgramsServicer_to_server(ProgramsServicer(deps), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
         await server.stop(None)
         await engine.stop()
         grammar.close(wait=True)
 
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.stopped.set)
-
 
 @pytest.fixture(scope="module")
-def served(tiny_model_dir):
-    served = Served(tiny_model_dir)
-    served.start()
-    yield served
-    served.stop()
+def address(tiny_model_dir):
+    with on_loop_thread(lambda: programs_server(tiny_model_dir)) as address:
+        yield address
 
 
-def run(served, request) -> None:
+def run(address, request) -> None:
     """Run one program; its status, or that it ended with a result or an error event."""
-    with grpc.insecure_channel(served.address) as channel:
+    with grpc.insecure_channel(address) as channel:
         stub = program_pb2_grpc.ProgramsStub(channel)
         try:
             events = list(stub.Run(request, timeout=DEADLINE_S))
@@ -266,11 +246,11 @@ def run(served, request) -> None:
 
 @SETTINGS
 @given(request=requests)
-def test_programs_never_get_internal(served, request):
-    run(served, request)
+def test_programs_never_get_internal(address, request):
+    run(address, request)
 
 
 @SETTINGS
 @given(request=runnable)
-def test_programs_that_run_end_with_a_result_or_an_error(served, request):
-    run(served, request)
+def test_programs_that_run_end_with_a_result_or_an_error(address, request):
+    run(address, request)
