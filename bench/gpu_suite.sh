@@ -592,9 +592,10 @@ step_speculative() {
         --device "$(engine_device)" "${args[@]}" --json "$RESULTS/speculative.json"
 }
 
-# speculative_serve: the same through `radixmesh serve` (one mesh per mode).
+# speculative_serve: the same through `radixmesh serve` (one mesh per mode), with the same
+# SPEC_BATCH_SIZES and SPEC_ARGS.
 step_speculative_serve() {
-    local args=()
+    local args=(--batch-sizes ${SPEC_BATCH_SIZES:-1 8 32 128} ${SPEC_ARGS:-})
     [ "$GPU" = 1 ] || args=(--smoke --workloads code_edit repeat random)
     [ -f "$TRAINED/config.json" ] || step_train_tiny
     run_step speculative_serve 600 $PY bench/speculative.py --mode serve --model "$TRAINED" \
