@@ -35,7 +35,9 @@ in the table's header line), where they must be identical at every batch size to
 its workload (a batch's prompts are the first ones of every larger batch's), and in the
 mode the exit status is 1 when a row is not identical or not the same as smaller batches
 (outside the mode, greedy outputs may part at a near-tie and the status stays 0). `--mode serve`
-runs the same through `radixmesh serve` (bench/spec_serve.py), one mesh per mode.
+runs the same through `radixmesh serve` (bench/spec_serve.py), one mesh per mode, each
+batch's streams dealt to `--client-processes` asyncio clients so that the client is not
+what a batch-128 row times.
 
 Before any row is timed, each engine (or mesh) serves one untimed batch of every measured
 shape: every (workload, batch size), its prompts as long as the measured ones (multi_turn:
@@ -53,6 +55,7 @@ import contextlib
 import functools
 import gc
 import json
+import os
 import random
 import re
 import signal
@@ -373,8 +376,7 @@ def tree_lookups(engine) -> dict:
 
 
 def bench_serve(args, mode: str, tokenizer) -> dict:
-    from bench.spec_serve import ServedMesh
-    from bench.spec_serve import run_batch as serve_batch
+    from bench.spec_serve import BatchClient, ServedMesh
 
     vocab = len(tokenizer)
     extra = [
@@ -384,10 +386,13 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     mesh = ServedMesh(args.model, args.device, "off" if mode == CONTROL else mode, args.port, extra)
     rows = {}
     failed = True
+    client = None
     try:
+        client = BatchClient(mesh.url, args.client_processes)
+        serve_batch = client.run_batch
         started = time.perf_counter()
         for prompts in warm_shapes(args, tokenizer, vocab):  # untimed: every measured shape
-            serve_batch(mesh.url, prompts, min(args.output_len, WARM_OUTPUT_LEN))
+            serve_batch(prompts, min(args.output_len, WARM_OUTPUT_LEN))
         print(f"serve --speculative {mode}: warm-up of every measured shape in "
               f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         for workload in args.workloads:
@@ -397,14 +402,14 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
                     seed = args.seed + REPEAT_SEED * repeat
                     prompts = make_prompts(workload, batch, tokenizer, vocab, seed, args.prompt_len, args.output_len)
                     if workload == "multi_turn":
-                        answers, _, _, _ = serve_batch(mesh.url, prompts, args.output_len)
+                        answers, _, _, _ = serve_batch(prompts, args.output_len)
                         prompts = [
                             p + tokenizer.encode(a, add_special_tokens=False) + p
                             for p, a in zip(prompts, answers, strict=True)
                         ]
                     if workload == "repeat":  # the first round, unmeasured
-                        serve_batch(mesh.url, prompts, args.output_len)
-                    texts, seconds, tpots, spec = serve_batch(mesh.url, prompts, args.output_len)
+                        serve_batch(prompts, args.output_len)
+                    texts, seconds, tpots, spec = serve_batch(prompts, args.output_len)
                     runs.append((texts, seconds, tpots, spec["num_tokens"]))
                     for name in totals:
                         totals[name] += spec[name]
@@ -424,6 +429,8 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
             row["switch"] = switch  # the executor's, after the mode's last row
         failed = False
     finally:
+        if client is not None:
+            client.close()
         mesh.stop(failed)
     return rows
 
@@ -491,6 +498,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the interpreter's thread switch interval (default: CPython's 5,000 us)")
     p.add_argument("--mode", default="inprocess", choices=("inprocess", "serve"))
     p.add_argument("--port", type=int, default=18080, help="--mode serve: the public port")
+    p.add_argument("--client-processes", type=int, default=min(8, max(1, (os.cpu_count() or 2) // 2)),
+                   help="--mode serve: processes the batch's streams are dealt to (bench/spec_serve.py)")
     p.add_argument("--smoke", action="store_true", help="batch 1 and 2, short outputs")
     p.add_argument("--batch-invariant", action="store_true",
                    help="every engine (mesh) in the batch-invariant mode: outputs must be identical at every batch size")
