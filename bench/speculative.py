@@ -429,9 +429,9 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
             row["switch"] = switch  # the executor's, after the mode's last row
         failed = False
     finally:
+        mesh.stop(failed)  # first: a stream still open ends with the mesh
         if client is not None:
             client.close()
-        mesh.stop(failed)
     return rows
 
 
