@@ -147,9 +147,10 @@ def _started() -> int:
 class BatchClient:
     """Streams a batch's completions from `processes` client processes, each one event loop.
 
-    One process can be the bottleneck: 128 streams on one interpreter's threads read 13-15k
-    chunks a second on the build VM against the 32k a 4 ms step sends (bench/RESULTS.md), so
-    a served batch-128 row could time the client rather than the mesh. The processes start
+    One process's threads can be the bottleneck: on the build VM, 128 streams read on them
+    kept up with 0.62 of what a stand-in server sent at a chunk every 4 ms a stream, 0.39 at
+    2 ms (bench/stream_client.py, bench/RESULTS.md), so a served batch-128 row timed the
+    client rather than the mesh. The processes start
     here, untimed; a batch is dealt to them round-robin, and its time runs from the first
     request sent to the last stream ended (time.perf_counter is the system's monotonic
     clock, the same in every process)."""
