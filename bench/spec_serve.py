@@ -140,10 +140,6 @@ def stream_share(url: str, prompts: list[list[int]], output_len: int) -> list[di
     return asyncio.run(_stream_share(url, prompts, output_len))
 
 
-def _started() -> int:
-    return os.getpid()
-
-
 class BatchClient:
     """Streams a batch's completions from `processes` client processes, each one event loop.
 
@@ -160,7 +156,7 @@ class BatchClient:
         self.processes = max(1, processes)
         context = multiprocessing.get_context("spawn")
         self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
-        for started in [self._pool.submit(_started) for _ in range(self.processes)]:
+        for started in [self._pool.submit(os.getpid) for _ in range(self.processes)]:
             started.result()
 
     def run_batch(self, prompts: list[list[int]], output_len: int) -> tuple[list[str], float, list[float], dict]:

@@ -1,9 +1,8 @@
 """How many streamed chunks a second the serve-mode speculation bench's client reads
-(bench/spec_serve.py's BatchClient), and one process's threads as it read them before,
-against a stand-in server in a process of its own
-that sends each of a batch's streams one completion chunk every --step-ms: the rate a
-mesh stepping that often would send. A client slower than that ideal times itself, not
-the mesh.
+(bench/spec_serve.py's BatchClient), beside one process's threads as it read them before,
+against a stand-in server in a process of its own that sends each of a batch's streams
+one completion chunk every --step-ms: the rate a mesh stepping that often would send. A
+client slower than that ideal times itself, not the mesh.
 
     python bench/stream_client.py --batch-size 128 --output-len 128 --step-ms 4 --client-processes 1 2
 """
@@ -14,7 +13,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import time
@@ -25,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.spec_serve import BatchClient
+from services.common.config import free_port
 
 
 def _serve(port: int, step_s: float, ready) -> None:
@@ -78,10 +77,10 @@ def thread_batch(url: str, batch_size: int, output_len: int) -> float:
     return max(ends) - start
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def report(name: str, seconds: list[float], chunks: int, ideal_s: float) -> None:
+    median = statistics.median(seconds)
+    print(f"{name}: median {median:.3f} s, {chunks / median:,.0f} chunks/s, "
+          f"{ideal_s / median:.2f} of ideal (runs {', '.join(f'{s:.3f}' for s in seconds)})")
 
 
 def main() -> int:
@@ -92,7 +91,7 @@ def main() -> int:
     p.add_argument("--client-processes", type=int, nargs="+", default=[1, 2])
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    port = _free_port()
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
     server = context.Process(target=_serve, args=(port, args.step_ms / 1e3, ready), daemon=True)
@@ -105,22 +104,17 @@ def main() -> int:
         chunks = args.batch_size * args.output_len
         print(f"batch {args.batch_size} x {args.output_len} chunks, one every {args.step_ms} ms a stream: "
               f"ideal {ideal_s:.3f} s, {chunks / ideal_s:,.0f} chunks/s")
-        def report(name: str, seconds: list[float]) -> None:
-            median = statistics.median(seconds)
-            print(f"{name}: median {median:.3f} s, {chunks / median:,.0f} chunks/s, "
-                  f"{ideal_s / median:.2f} of ideal (runs {', '.join(f'{s:.3f}' for s in seconds)})")
-
         thread_batch(url, 4, 4)
-        report(f"{args.batch_size} threads, one process", [
-            thread_batch(url, args.batch_size, args.output_len) for _ in range(args.repeats)
-        ])  # fmt: skip
+        seconds = [thread_batch(url, args.batch_size, args.output_len) for _ in range(args.repeats)]
+        report(f"{args.batch_size} threads, one process", seconds, chunks, ideal_s)
         for processes in args.client_processes:
             client = BatchClient(url, processes)
             try:
                 client.run_batch([[1]] * 4, 4)  # connections and the server up
-                report(f"{processes} asyncio client processes", [
+                seconds = [
                     client.run_batch([[1]] * args.batch_size, args.output_len)[1] for _ in range(args.repeats)
-                ])  # fmt: skip
+                ]
+                report(f"{processes} asyncio client processes", seconds, chunks, ideal_s)
             finally:
                 client.close()
     finally:

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from bench.spec_serve import BatchClient
+from services.common.config import free_port
 from tests.fixtures.loop_thread import on_loop_thread
 
 
@@ -38,9 +39,8 @@ async def _server():
     app.router.add_post("/v1/completions", _completions)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
