@@ -572,12 +572,50 @@ TRAINED=${TRAINED_DIR:-/tmp/radixmesh-tiny-trained}
 # calls on a warm machine. Its log ends with the record, whose "copy" says whether the model
 # copies a held-out function it is asked to edit (lookup_tokens_per_step: what ngram can gain).
 # TRAIN_MAX_S (default 300): seconds of training; TRAIN_ARGS: more flags (--edit-share 0.6);
-# SPEC_BATCH_SIZES: the speculative step's.
+# SPEC_BATCH_SIZES: the speculative step's. TRAIN_WARM=1: while it trains, the model as
+# initialised ($TRAINED.init, the same shape) serves the speculative steps' batch sizes through
+# `radixmesh serve` (warm_trained_shape), so the Triton kernels their meshes need are in the
+# cache when they start: a fresh machine's first mesh spent about 100 s of its 132 s start
+# compiling them (12-07). The training shares the GPU meanwhile: its train_s is then not the
+# fixture's alone.
 step_train_tiny() {
-    local args=(--max-train-s "${TRAIN_MAX_S:-300}" ${TRAIN_ARGS:-})
+    local args=(--max-train-s "${TRAIN_MAX_S:-300}" ${TRAIN_ARGS:-}) warm=
     [ "$GPU" = 1 ] || args=(--smoke)
+    if [ "${TRAIN_WARM:-0}" = 1 ]; then
+        rm -rf "$TRAINED.init"
+        args+=(--init-out "$TRAINED.init")
+        warm_trained_shape "$TRAINED.init" &
+        warm=$!
+    fi
     run_step train_tiny 420 $PY bench/train_tiny.py --out "$TRAINED" --device "$(engine_device)" \
         "${args[@]}" --json "$RESULTS/train_tiny.json"
+    [ -z "$warm" ] || wait "$warm"
+}
+
+# warm_trained_shape FOLDER: once train_tiny has written FOLDER (renamed into place whole),
+# bench/speculative.py through serve on it, speculation off and ngram (suffix verifies with
+# the same kernels), one short repeat of each SPEC_BATCH_SIZES on code_edit and random; its log
+# is train_tiny.warm.log. Bounded by the suite's budget; waits at most 120 s for FOLDER.
+warm_trained_shape() {
+    local folder=$1 waited=0 limit
+    until [ -f "$folder/config.json" ]; do
+        if [ "$waited" -ge 120 ]; then
+            echo "== train_tiny: no $folder after 120 s, no kernel warm-up" | tee "$RESULTS/train_tiny.warm.status"
+            return 0
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    limit=$(($(remaining) - 60 < 400 ? $(remaining) - 60 : 400))
+    [ "$limit" -ge 60 ] || return 0
+    local t0=$(date +%s)
+    timeout --kill-after=10 "$limit" $PY bench/speculative.py --mode serve --model "$folder" \
+        --device "$(engine_device)" --batch-sizes ${SPEC_BATCH_SIZES:-1 8 32 128} --modes ngram \
+        --workloads code_edit random --repeats 1 --output-len 16 --port 18090 \
+        >"$RESULTS/train_tiny.warm.log" 2>&1
+    echo "== train_tiny: kernel warm-up rc=$? in $(($(date +%s) - t0))s, from $waited s into training" \
+        "($(grep -o 'ready in [0-9.]* s' "$RESULTS/train_tiny.warm.log" | tr '\n' ' '))" \
+        | tee "$RESULTS/train_tiny.warm.status"
 }
 
 # speculative: off / ngram / suffix / radix on code editing, quoting, JSON, multi-turn,

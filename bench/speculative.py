@@ -381,6 +381,7 @@ def bench_serve(args, mode: str, tokenizer) -> dict:
     vocab = len(tokenizer)
     extra = [
         "--max-restarts", "0", "--num-speculative-tokens", str(args.num_speculative_tokens),
+        "--num-pages", str(args.num_pages or pages_for(args)),  # as in process; a quick start
         *(["--batch-invariant"] if args.batch_invariant else []),
     ]  # fmt: skip
     mesh = ServedMesh(args.model, args.device, "off" if mode == CONTROL else mode, args.port, extra)
@@ -485,7 +486,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-speculative-tokens", type=int, default=SpeculativeConfig().max_draft_tokens)
     p.add_argument("--speculative-max-batch-size", type=int, default=None,
                    help="a fixed cap (default: measured at start-up on CUDA, 8 on the CPU)")
-    p.add_argument("--num-pages", type=int, default=None)
+    p.add_argument("--num-pages", type=int, default=None,
+                   help="KV pages of each engine, and of the served executor (default: pages_for)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
                    help="timed batches per row, each of new prompts; the row's numbers are their medians")

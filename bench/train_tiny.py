@@ -37,9 +37,11 @@ import keyword
 import math
 import random
 import re
+import shutil
 import sys
 import sysconfig
 import time
+from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -488,6 +490,13 @@ def train(args: argparse.Namespace) -> dict:
     prep_s = time.perf_counter() - t0
     model = make_model(args, tokenizer).to(device)
     num_params = sum(p.numel() for p in model.parameters())
+    if args.init_out:  # written aside, then renamed: whoever waits for it sees it whole
+        init_out = Path(args.init_out)
+        partial = init_out.with_name(init_out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        save_model(model, tokenizer, partial, device)
+        shutil.rmtree(init_out, ignore_errors=True)
+        partial.rename(init_out)
     cases, mismatches = copy_cases(corpus, tokenizer, args, random.Random(args.seed + 2))
     start = time.perf_counter()
     curve, steps = fit(model, corpus, cases, args, device)
@@ -495,8 +504,7 @@ def train(args: argparse.Namespace) -> dict:
     eval_loss = held_out_loss(model, corpus.held_out, args.seq_len, device)
     copy = {**copy_scores(model, tokenizer, cases, device), "prompts_not_a_document_prefix": mismatches}
     sample = greedy_sample(model, tokenizer, device, args.sample_tokens)
-    model.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model.save_pretrained(out)
+    save_model(model, tokenizer, out, device)
     num_edits = num_edit_rows(corpus, args)
     record = {
         "out": str(out),
@@ -525,6 +533,15 @@ def train(args: argparse.Namespace) -> dict:
     }
     (out / "training.json").write_text(json.dumps(record, indent=1))
     return record
+
+
+def save_model(model, tokenizer, out: Path, device: torch.device) -> None:
+    """The model as a Hugging Face folder with its tokenizer, bf16 on CUDA (what the trained
+    folder holds); the model itself is left in its dtype (a copy is saved)."""
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    deepcopy(model).to(dtype).save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 @torch.no_grad()
@@ -565,6 +582,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the record here")
+    p.add_argument("--init-out", default=None,
+                   help="also write the model as initialised, before its first step (same config and "
+                        "tokenizer): a stand-in of the trained shape while it trains, e.g. to compile "
+                        "the serving kernels beside the training, and an untrained control")
     p.add_argument(
         "--smoke", action="store_true", help="tiny shapes, a few steps (checks the flow on a CPU)"
     )

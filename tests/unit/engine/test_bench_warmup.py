@@ -16,6 +16,9 @@ class _Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [10 + ord(c) % 200 for c in text]
 
+    def __len__(self) -> int:
+        return 256
+
 
 class _Stats:
     def __init__(self, owner: _FakeEngine) -> None:
@@ -122,6 +125,60 @@ def test_speculative_bench_warms_every_engine_first_then_rotates_the_modes_per_r
     assert [engine for engine, _ in calls[:3]] == [0, 1, 2]  # one warm-up batch each
     assert [engine for engine, _ in calls[3:]] == [0, 1, 2, 1, 2, 0, 2, 0, 1]
     assert all(len(mode_rows["random/b2"]["output_tok_s_runs"]) == 3 for mode_rows in rows.values())
+
+
+def test_speculative_bench_through_serve_warms_first_and_sizes_the_pool_for_what_it_sends(
+    monkeypatch,
+) -> None:
+    """--mode serve: one mesh per mode, every measured shape sent once before any timed
+    batch, and the mesh's KV pool (--num-pages, as in process) holds the largest batch of the
+    longest sequences sent, where serve would otherwise size it to the device's free memory."""
+    bench = importlib.import_module("bench.speculative")
+    spec_serve = importlib.import_module("bench.spec_serve")
+    meshes: list[list[str]] = []
+    calls: list[tuple[list[list[int]], int]] = []
+
+    class FakeMesh:
+        url = "http://fake"
+
+        def __init__(self, model, device, mode, port, extra) -> None:
+            meshes.append(extra)
+
+        def switch_state(self) -> dict:
+            return {}
+
+        def stop(self, failed: bool = False) -> None:
+            pass
+
+    class FakeClient:
+        def __init__(self, url: str, processes: int) -> None:
+            pass
+
+        def run_batch(self, prompts, output_len):
+            calls.append((prompts, output_len))
+            spec = {"num_tokens": output_len * len(prompts), "num_drafts": 0, "num_draft_tokens": 0,
+                    "num_accepted_tokens": 0}
+            return ["a" * output_len for _ in prompts], 1.0, [0.01] * len(prompts), spec
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(spec_serve, "ServedMesh", FakeMesh)
+    monkeypatch.setattr(spec_serve, "BatchClient", FakeClient)
+    args = bench.parse_args([
+        "--mode", "serve", "--workloads", "code_edit", "multi_turn", "random", "--batch-sizes", "1", "3",
+        "--prompt-len", "64", "--output-len", "8", "--device", "cpu", "--modes", "off",
+    ])  # fmt: skip
+    rows = bench.bench_serve(args, "off", _Tokenizer())
+    assert len(rows) == 6 and len(meshes) == 1
+    num_shapes = 3 * 2
+    warm_lengths = [sorted(map(len, prompts)) for prompts, _ in calls[:num_shapes]]
+    assert all(sorted(map(len, prompts)) in warm_lengths for prompts, _ in calls[num_shapes:])
+    extra = meshes[0]
+    pages = int(extra[extra.index("--num-pages") + 1])
+    assert pages == bench.pages_for(args)
+    longest = max(len(p) + n for prompts, n in calls for p in prompts)
+    assert pages * 16 >= max(args.batch_sizes) * longest
 
 
 def test_jump_forward_bench_warms_every_batch_size_on_both_engines(monkeypatch) -> None:
