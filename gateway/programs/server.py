@@ -51,6 +51,10 @@ class ProgramsServicer(program_pb2_grpc.ProgramsServicer):
         self, request: program_pb2.RunProgramRequest, context
     ) -> AsyncIterator[program_pb2.ProgramEvent]:
         await admit(self._admission, context)
+        if not request.HasField("program"):
+            raise InvalidArgument("program: required")
+        if not request.program.body:
+            raise InvalidArgument("program.body: empty; a program runs at least one statement")
         program = convert.program_from_proto(request.program, self._deps.limits)
         priority = wire.priority_from_proto(request.priority)
         run_id = _run_id(request.request_id)

@@ -53,7 +53,7 @@ from radixmesh.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
-    RadixmeshError,
+    NotFound,
     ResourceExhausted,
 )
 from radixmesh.sampling import Constraint, ConstraintKind, Priority, SamplingParams
@@ -76,8 +76,8 @@ class RuntimeDeps:
         def check_model(model: str, where: str) -> None:
             try:
                 self.models.resolve(model)
-            except RadixmeshError:
-                raise InvalidArgument(f"{where}: model {model!r} is not served here") from None
+            except NotFound:  # as a request for an unknown model is (NOT_FOUND, HTTP 404)
+                raise NotFound(f"{where}: model {model!r} is not served here; see the model list") from None
 
         return Checker(limits, self.tools.names, check_model)
 

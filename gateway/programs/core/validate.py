@@ -53,7 +53,7 @@ class Checker:
     limits: Limits
     tools: Collection[str]
     check_model: Callable[[str, str], None]
-    """check_model(model, field): raises InvalidArgument for a model the mesh does not serve."""
+    """check_model(model, field): raises NotFound for a model the mesh does not serve."""
 
     def program(self, program: Program, inputs: Collection[str]) -> None:
         for name in inputs:

@@ -254,3 +254,26 @@ def test_programs_never_get_internal(address, request):
 @given(request=runnable)
 def test_programs_that_run_end_with_a_result_or_an_error(address, request):
     run(address, request)
+
+
+@pytest.mark.parametrize(
+    "request_, code, expected",
+    [
+        (pb.RunProgramRequest(), grpc.StatusCode.INVALID_ARGUMENT, "program: required"),
+        (pb.RunProgramRequest(program=pb.Program(name="p")), grpc.StatusCode.INVALID_ARGUMENT, "program.body: empty"),
+        (
+            pb.RunProgramRequest(program=pb.Program(body=[pb.Statement(append=pb.Append(text="a"))], model="nope")),
+            grpc.StatusCode.NOT_FOUND,
+            "program.model: model 'nope' is not served here",
+        ),
+    ],
+    ids=["no program", "empty body", "unknown model"],
+)
+def test_a_run_without_a_program_or_for_an_unknown_model_is_refused_naming_the_field(
+    address, request_, code, expected
+):
+    with grpc.insecure_channel(address) as channel:
+        with pytest.raises(grpc.RpcError) as raised:
+            list(program_pb2_grpc.ProgramsStub(channel).Run(request_, timeout=DEADLINE_S))
+    assert raised.value.code() == code
+    assert raised.value.details().startswith(expected), raised.value.details()

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.programs.core.model import Limits
 from gateway.programs.core.runtime import ProgramRun
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument, NotFound
 from radixmesh.v1 import inference_pb2 as ipb
 from radixmesh.v1 import program_pb2 as pb
 from tests.fixtures.programs import runtime_deps
@@ -66,7 +66,6 @@ BAD = [
     ("bad sampling", program(pb.Statement(gen=pb.Gen(var="a", sampling=ipb.SamplingParams(temperature=5)))), "body[0].gen.sampling.temperature"),
     ("bad json schema", program(gen("a", constraint=ipb.Constraint(json_schema='{"type": 5}'))), "body[0].gen.constraint.json_schema: not a valid JSON Schema"),
     ("bad condition regex", program(when("regex", "q", "(", [text("a")])), "body[0].branch.condition.regex.value"),
-    ("unknown model", program(pb.Statement(gen=pb.Gen(var="a", model="big"))), "body[0].gen.model: model 'big' is not served here"),
     ("n above 1", program(gen("a", n=2)), "body[0].gen.sampling.n: programs generate one choice"),
     ("fork without branches", program(pb.Statement(fork=pb.Fork())), "body[0].fork: needs branches"),
     ("fork branches and copies", program(pb.Statement(fork=pb.Fork(branches=[pb.Body()], each=pb.Body(), copies=2))), "body[0].fork: give branches, or each with copies, not both"),
@@ -81,6 +80,19 @@ BAD = [
 def test_a_bad_program_names_its_statement(deps, case, message, expected):
     with pytest.raises(InvalidArgument, match=re.escape(expected)):
         check(deps, message, {"q": "x"})
+
+
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        (program(pb.Statement(gen=pb.Gen(var="a", model="big"))), "body[0].gen.model: model 'big' is not served here"),
+        (program(text("a"), name="p", model="big"), "program.model: model 'big' is not served here"),
+    ],
+)  # fmt: skip
+def test_an_unknown_model_is_not_found_naming_its_field(deps, message, expected):
+    """As a plain request for a model the mesh does not serve (NOT_FOUND, HTTP 404)."""
+    with pytest.raises(NotFound, match=re.escape(expected)):
+        check(deps, message)
 
 
 LIMITS = [
