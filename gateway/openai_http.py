@@ -4,7 +4,8 @@ A thin shell: parse and validate (`gateway.core.openai`), tokenize
 (`gateway.core.prepare`), run the choices against the scheduler
 (`gateway.core.generate`), and answer with OpenAI's JSON shapes or, when
 `stream` is true, server-sent events ending in `data: [DONE]`. Errors answer
-with OpenAI's error body and the HTTP status of its code (`radixmesh.status`); an
+with OpenAI's error body and the HTTP status of its code (`radixmesh.status`), as do
+the app's own HTTP errors (no such route, a method a route does not take); an
 error after a stream has started is sent as one last `data: {"error": ...}`
 event. A client that disconnects aborts its request at the scheduler.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -26,7 +27,12 @@ from gateway.core.generate import ChoiceEvent, Upstream, collect, total_usage
 from gateway.core.limits import OFF_LOOP_BODY_BYTES, OFF_LOOP_CHARS, input_chars, off_loop
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
-from gateway.core.openai import parse_chat_request, parse_completion_request, parse_json_body
+from gateway.core.openai import (
+    parse_chat_request,
+    parse_completion_request,
+    parse_json_body,
+    parse_stream_options,
+)
 from gateway.core.output import ChoiceDelta
 from gateway.core.prepare import PreparedRequest, prepare_request
 from gateway.core.request import GatewayRequest
@@ -78,11 +84,11 @@ class OpenAIHttpServer:
         await self._idle.wait()
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._list_models)
-        app.router.add_get("/v1/models/{model}", self._get_model)
+        app.router.add_get("/v1/models/{model:.+}", self._get_model)  # ids like org/model
         app.router.add_get(HTTP_HEALTH_PATH, self._health)  # Envoy's health check
         return app
 
@@ -147,6 +153,7 @@ class OpenAIHttpServer:
             raw = await request.read()
             body = await off_loop(len(raw) > OFF_LOOP_BODY_BYTES, parse_json_body, raw)
             gateway_request = self._plugins.apply_to_request(parse(body))
+            continuous_usage = parse_stream_options(body).continuous_usage_stats
             model_id, tokenizer = self._models.resolve(gateway_request.model)
             if self._capacity is not None:  # over the published headroom: refused at once
                 self._capacity.admit(model_id, gateway_request.priority, gateway_request.sampling.n)
@@ -167,7 +174,14 @@ class OpenAIHttpServer:
             self._memory.generate(prepared, tokenizer, self._upstream, session_id),
             streamed=gateway_request.stream,
         )
-        reply = _Reply(gateway_request, prepared, model_id, response_id, tokenizer)
+        reply = _Reply(
+            gateway_request,
+            prepared,
+            model_id,
+            response_id,
+            tokenizer,
+            continuous_usage=continuous_usage,
+        )
         async with contextlib.aclosing(events):
             if gateway_request.stream:
                 try:  # wait for the first event: a failure before any output gets its own status
@@ -197,12 +211,22 @@ class _Reply:
         model_id: str,
         response_id: str,
         tokenizer: Tokenizer,
+        *,
+        continuous_usage: bool = False,
     ) -> None:
         self.request = request
         self.prepared = prepared
         self.model_id = model_id
         self.response_id = response_id
         self.created = resp.now_s()
+        self.continuous_usage = continuous_usage
+        """stream_options.continuous_usage_stats: every chunk carries the usage so far."""
+        self._num_prompt_tokens = len(prepared.prompt_token_ids)
+        self._num_tokens = [0] * prepared.sampling.n
+        """Per choice: its completion tokens streamed so far (see `count`)."""
+        self._tokenizer = tokenizer
+        self._skips: dict[int, bool] = {}
+        """Token id -> whether decoding drops its text (see `skipped`)."""
         self.echo_text = ""
         if request.echo:
             self.echo_text = request.input.prompt or tokenizer.decode(prepared.prompt_token_ids)
@@ -228,8 +252,15 @@ class _Reply:
             )
             for e in merged
         ]
-        build = resp.chat_completion if self.request.chat else resp.text_completion
-        body = build(self.response_id, self.model_id, self.created, choices, total_usage(merged))
+        usage = total_usage(merged)
+        if self.request.chat:
+            body = resp.chat_completion(
+                self.response_id, self.model_id, self.created, choices, usage
+            )
+        else:
+            body = resp.text_completion(
+                self.response_id, self.model_id, self.created, choices, usage, self.skipped
+            )
         for choice, event in zip(body["choices"], merged, strict=True):
             choice.update(schema_fields(event.schema))
         return body
@@ -249,7 +280,7 @@ class _Reply:
         )
         await response.prepare(http_request)
         finals: list[ChoiceEvent] = []
-        offsets = [len(self.echo_text)] * self.prepared.sampling.n
+        offsets = self.new_offsets()
         echoed: set[int] = set()
         try:
             if self.request.chat or (self.echo_text and self.echo_first is None):
@@ -258,7 +289,8 @@ class _Reply:
             async for event in _chain(first, events):
                 if self.echo_first is not None and event.delta.index not in echoed:
                     echoed.add(event.delta.index)  # the echo, with the prompt's logprobs
-                    await response.write(resp.sse(self._echo_chunk(event)))
+                    await response.write(resp.sse(self._echo_chunk(event, offsets)))
+                self.count(event)
                 await response.write(self.chunk_sse(event, offsets))
                 if event.usage is not None:
                     finals.append(event)
@@ -276,7 +308,35 @@ class _Reply:
         await response.write_eof()
         return response
 
-    def chunk_sse(self, event: ChoiceEvent, offsets: list[int]) -> bytes:
+    def new_offsets(self) -> list[resp.TextOffsets]:
+        """Per choice: where its tokens stand in its text, kept across a stream's chunks.
+        The echoed prompt's tokens, when scored, come first; else the echo comes before
+        the first token."""
+        start = 0 if self.echo_first is not None else len(self.echo_text)
+        return [resp.TextOffsets(start, self.skipped) for _ in range(self.prepared.sampling.n)]
+
+    def skipped(self, token: resp.TokenLogprob) -> bool:
+        """Decoding drops the token's text (a special token: BOS, EOS), so it takes no
+        room in the returned text."""
+        if token.token_id < 0:
+            return False
+        skipped = self._skips.get(token.token_id)
+        if skipped is None:
+            skipped = not self._tokenizer.decode([token.token_id])
+            self._skips[token.token_id] = skipped
+        return skipped
+
+    def count(self, event: ChoiceEvent) -> None:
+        """Changes state: the event's choice has streamed its tokens (its usage, once it
+        carries one, is the exact count: tokens past a stop string included)."""
+        index = event.delta.index
+        if event.usage is not None:
+            self._num_prompt_tokens = event.usage.prompt_tokens
+            self._num_tokens[index] = event.usage.completion_tokens
+        else:
+            self._num_tokens[index] += len(event.delta.token_ids)
+
+    def chunk_sse(self, event: ChoiceEvent, offsets: list[resp.TextOffsets]) -> bytes:
         """The event's chunk as a server-sent event. A plain text delta (no finish,
         logprobs or schema outcome: most of a stream) fills the choice's chunk template,
         written once per choice, with the JSON string of its text: the same bytes."""
@@ -292,9 +352,12 @@ class _Reply:
 
     def _template(self, index: int) -> tuple[bytes, bytes] | None:
         """The SSE bytes of choice index's plain chunk before and after its text's JSON
-        string (None where the marker text is not found exactly once)."""
+        string (None where the marker text is not found exactly once, or where every chunk
+        carries the usage so far)."""
+        if self.continuous_usage:
+            return None
         event = ChoiceEvent(ChoiceDelta(index, text=_MARKER))
-        data = resp.sse(self._plain_chunk(event, [0] * (index + 1)))
+        data = resp.sse(self._plain_chunk(event, self.new_offsets()))
         head, found, tail = data.partition(_MARKER_JSON)
         if not found or _MARKER_JSON in tail:
             return None
@@ -307,32 +370,45 @@ class _Reply:
             return d.logprobs
         return [*(d.prompt_logprobs or ()), *d.logprobs]
 
-    def _echo_chunk(self, event: ChoiceEvent) -> dict[str, Any]:
-        return resp.text_completion_chunk(
+    def _echo_chunk(self, event: ChoiceEvent, offsets: list[resp.TextOffsets]) -> dict[str, Any]:
+        index = event.delta.index
+        chunk = resp.text_completion_chunk(
             self.response_id,
             self.model_id,
             self.created,
-            event.delta.index,
+            index,
             self.echo_text,
             logprobs=event.delta.prompt_logprobs or [],
+            offsets=offsets[index],
             echo_first=self.echo_first,
         )
+        return self._with_usage(chunk, index)
 
     def _first_chunk(self, index: int) -> dict[str, Any]:
         if self.request.chat:
-            return resp.chat_completion_chunk(
+            chunk = resp.chat_completion_chunk(
                 self.response_id, self.model_id, self.created, index, role="assistant", content=""
             )
-        return resp.text_completion_chunk(
-            self.response_id, self.model_id, self.created, index, self.echo_text
-        )
+        else:
+            chunk = resp.text_completion_chunk(
+                self.response_id, self.model_id, self.created, index, self.echo_text
+            )
+        return self._with_usage(chunk, index)
 
-    def _chunk(self, event: ChoiceEvent, offsets: list[int]) -> dict[str, Any]:
+    def _chunk(self, event: ChoiceEvent, offsets: list[resp.TextOffsets]) -> dict[str, Any]:
         chunk = self._plain_chunk(event, offsets)
         chunk["choices"][0].update(schema_fields(event.schema))
+        return self._with_usage(chunk, event.delta.index)
+
+    def _with_usage(self, chunk: dict[str, Any], index: int) -> dict[str, Any]:
+        """With continuous_usage: the chunk with its choice's usage so far, as vLLM sends it."""
+        if self.continuous_usage:
+            chunk["usage"] = resp.usage_so_far_json(
+                self._num_prompt_tokens, self._num_tokens[index]
+            )
         return chunk
 
-    def _plain_chunk(self, event: ChoiceEvent, offsets: list[int]) -> dict[str, Any]:
+    def _plain_chunk(self, event: ChoiceEvent, offsets: list[resp.TextOffsets]) -> dict[str, Any]:
         d = event.delta
         if self.request.chat:
             return resp.chat_completion_chunk(
@@ -345,8 +421,6 @@ class _Reply:
                 matched_stop=d.matched_stop,
                 logprobs=d.logprobs,
             )
-        offset = offsets[d.index]
-        offsets[d.index] += sum(len(p.sampled.token) for p in d.logprobs or ())
         return resp.text_completion_chunk(
             self.response_id,
             self.model_id,
@@ -356,7 +430,7 @@ class _Reply:
             finish_reason=d.finish_reason,
             matched_stop=d.matched_stop,
             logprobs=d.logprobs,
-            text_offset=offset,
+            offsets=offsets[d.index],
         )
 
 
@@ -376,6 +450,45 @@ async def start_http_server(app: web.Application, host: str, port: int) -> web.A
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_BODY_HEADERS = frozenset({"content-type", "content-length"})
+_HTTP_ERROR_CODES = {404: "not_found", 413: "invalid_argument"}
+"""An HTTP error's OpenAI `code` where one of the status table's names fits (as Envoy's
+own 404 and 413 replies say); any other is the status's reason, e.g. "method_not_allowed"."""
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """An HTTP error the app itself raises (no such route, a method the route does not
+    take, ...) answers with OpenAI's error body, as the handlers' own errors do; its
+    headers (a 405's Allow) are kept."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _http_error(request, exc)
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        message = f"method {request.method} is not allowed on {request.path}; use {allowed}"
+    elif isinstance(exc, web.HTTPNotFound):
+        message = f"no such route: {request.method} {request.path}"
+    else:
+        message = f"{exc.reason.lower()}: {request.method} {request.path}"
+    code = _HTTP_ERROR_CODES.get(exc.status, exc.reason.lower().replace(" ", "_"))
+    error_type = "invalid_request_error" if exc.status < 500 else "server_error"
+    headers = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+    return web.Response(
+        status=exc.status,
+        text=json.dumps(resp.error_body(message, error_type, code=code)),
+        content_type="application/json",
+        headers=headers,
+    )
 
 
 def _too_large() -> web.Response:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.core.limits import check_unicode
@@ -71,6 +73,9 @@ _CHAT_ONLY = frozenset(
     {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice"}
 )
 _COMPLETION_ONLY = frozenset({"prompt", "echo", "suffix", "best_of"})
+REQUEST_FIELDS = _COMMON | _CHAT_ONLY | _COMPLETION_ONLY | _IGNORED
+"""Every top-level field of either body: the names an error's `param` may start with."""
+_STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 
 
 class ParamError(InvalidArgument):
@@ -89,6 +94,11 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise ParamError(None, f"request body is not valid UTF-8 (byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ParamError(None, f"request body is not valid JSON: {exc}") from None
+    except ValueError:  # json's one other ValueError: int() refuses an integer this long
+        raise ParamError(
+            None,
+            f"request body holds an integer of more than {sys.get_int_max_str_digits()} digits",
+        ) from None
     except RecursionError:
         raise ParamError(None, "request body nests too deeply") from None
     if not isinstance(body, dict):
@@ -98,66 +108,97 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 
 
 class _Fields:
-    """Typed, checked access to one JSON object's fields; null means absent."""
+    """Typed, checked access to one JSON object's fields; null means absent.
 
-    def __init__(self, body: Any, known: frozenset[str]) -> None:
+    `where` names a nested object (e.g. "stream_options"), so errors name its fields by
+    their whole path; empty for the request body itself."""
+
+    def __init__(self, body: Any, known: frozenset[str], where: str = "") -> None:
         if not isinstance(body, dict):
+            if where:
+                raise ParamError(where, f"expected an object, got {_type_and_value(body)}")
             raise ParamError(None, "request body must be a JSON object")
+        self.where = where
         unknown = sorted(set(body) - known)
         if unknown:
-            raise ParamError(unknown[0], "unrecognized request argument")
+            raise ParamError(self.path(unknown[0]), "unrecognized request argument")
         self.body = body
+
+    def path(self, name: str) -> str:
+        """A field's name as an error's param: with the nested object's path before it."""
+        return f"{self.where}.{name}" if self.where else name
 
     def has(self, name: str) -> bool:
         return self.body.get(name) is not None
 
-    def _get(self, name: str, check: Callable[[Any], bool], what: str) -> Any:
+    def get(self, name: str, check: Callable[[Any], bool], what: str) -> Any:
+        """The field's value (None when absent or null); ParamError when check refuses it."""
         value = self.body.get(name)
         if value is not None and not check(value):
-            got = type(value).__name__
-            raise ParamError(name, f"expected {what}, got {got} {_short(value)}")
+            raise ParamError(self.path(name), f"expected {what}, got {_type_and_value(value)}")
         return value
 
     def string(self, name: str, default: str | None = None) -> str | None:
-        value = self._get(name, lambda v: isinstance(v, str), "a string")
+        value = self.get(name, lambda v: isinstance(v, str), "a string")
         return default if value is None else value
 
     def boolean(self, name: str, default: bool = False) -> bool:
-        value = self._get(name, lambda v: isinstance(v, bool), "a boolean")
+        value = self.get(name, lambda v: isinstance(v, bool), "a boolean")
         return default if value is None else value
 
     def integer(self, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
-        value = self._get(name, _is_int, "an integer")
+        value = self.get(name, _is_int, "an integer")
         if value is not None:
-            _check_range(name, value, lo, hi)
+            _check_range(self.path(name), value, lo, hi)
         return value
 
     def number(self, name: str, lo: float | None = None, hi: float | None = None) -> float | None:
-        value = self._get(name, _is_number, "a number")
-        if value is not None:
-            _check_range(name, value, lo, hi)
-            value = float(value)
-        return value
+        value = self.get(name, _is_real, "a number")
+        if value is None:
+            return None
+        number = _finite_float(value)
+        if number is None:
+            problem = "is not finite" if isinstance(value, float) else "is too large for a number"
+            raise ParamError(self.path(name), f"{problem}, got {_short(value)}")
+        _check_range(self.path(name), number, lo, hi)
+        return number
+
+    def object(self, name: str) -> dict[str, Any] | None:
+        return self.get(name, lambda v: isinstance(v, dict), "an object")
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+def _is_real(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _finite_float(v: int | float) -> float | None:
+    """v as a float; None for NaN, an infinity, or an integer past the float range (JSON
+    integers are unbounded: float() of one with over 308 digits overflows)."""
+    try:
+        number = float(v)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         low = "-inf" if lo is None else lo
         high = "inf" if hi is None else hi
-        raise ParamError(name, f"must be in [{low}, {high}], got {value}")
+        raise ParamError(name, f"must be in [{low}, {high}], got {_short(value)}")
 
 
 def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _type_and_value(value: Any) -> str:
+    return f"{type(value).__name__} {_short(value)}"
 
 
 # --- request parsers ------------------------------------------------------------------------
@@ -284,9 +325,12 @@ def _parse_prompt(prompt: Any) -> GenerateInput:
 
 
 def _refuse_tools(f: _Fields) -> None:
-    if f.body.get("tools"):
+    """No tool calling: an empty tools array and tool_choice "none" or "auto" mean none."""
+    if f.get("tools", lambda v: isinstance(v, list), "an array of tools"):
         raise ParamError("tools", "tool calling is not supported")
-    tool_choice = f.body.get("tool_choice")
+    tool_choice = f.get(
+        "tool_choice", lambda v: isinstance(v, str | dict), '"none", "auto" or an object'
+    )
     if tool_choice not in (None, "none", "auto"):
         raise ParamError("tool_choice", "tool calling is not supported")
 
@@ -299,7 +343,7 @@ def _sampling(
     names: dict[str, str],
     prompt_logprobs_start: int | None = None,
 ) -> SamplingParams:
-    if f.body.get("logit_bias"):
+    if f.object("logit_bias"):  # an empty object biases nothing
         raise ParamError("logit_bias", "is not supported")
     fields: dict[str, Any] = {
         "max_tokens": max_tokens,
@@ -358,16 +402,7 @@ def _request(
     f: _Fields, prompt_input: GenerateInput, sampling: SamplingParams, chat: bool, echo: bool
 ) -> GatewayRequest:
     stream = f.boolean("stream")
-    include_usage = False
-    options = f.body.get("stream_options")
-    if options is not None:
-        if not stream:
-            raise ParamError("stream_options", "is only allowed when stream is true")
-        if not isinstance(options, dict) or not isinstance(
-            options.get("include_usage", False), bool
-        ):
-            raise ParamError("stream_options", 'expected {"include_usage": true|false}')
-        include_usage = options.get("include_usage", False)
+    include_usage = parse_stream_options(f.body).include_usage
     priority_name = f.string("priority", "interactive")
     if priority_name not in _PRIORITIES:
         raise ParamError(
@@ -386,6 +421,34 @@ def _request(
         echo=echo,
         session_id=f.string("session_id", "") or "",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """A streamed request's stream_options."""
+
+    include_usage: bool = False
+    """One last chunk, with no choices, carries the request's usage."""
+    continuous_usage_stats: bool = False
+    """vLLM's extension: every chunk of a choice also carries the usage so far (the
+    prompt's tokens and that choice's completion tokens); needs include_usage."""
+
+
+def parse_stream_options(body: dict[str, Any]) -> StreamOptions:
+    """The body's stream_options, checked; the HTTP layer reads continuous_usage_stats
+    here, as the core's GatewayRequest carries only include_usage."""
+    options = body.get("stream_options")
+    if options is None:
+        return StreamOptions()
+    if body.get("stream") is not True:
+        raise ParamError("stream_options", "is only allowed when stream is true")
+    f = _Fields(options, _STREAM_OPTIONS, where="stream_options")
+    parsed = StreamOptions(f.boolean("include_usage"), f.boolean("continuous_usage_stats"))
+    if parsed.continuous_usage_stats and not parsed.include_usage:
+        raise ParamError(
+            f.path("continuous_usage_stats"), "requires stream_options.include_usage to be true"
+        )
+    return parsed
 
 
 # --- constraints ----------------------------------------------------------------------------

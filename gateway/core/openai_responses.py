@@ -6,19 +6,22 @@ server-sent event and `SSE_DONE` ends a stream, as OpenAI's clients expect.
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.openai import REQUEST_FIELDS
 from radixmesh.errors import RadixmeshError
 from radixmesh.speculation import SpecUsage
 from radixmesh.status import status_of
 
-_LEADING_FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
+_FIELD_PATH = re.compile(r"([A-Za-z_]\w*)(?:\[\d+\]|\.\w+)*")
+"""A request field and any path inside it, as cores write it: "messages[0].content"."""
 
 OPENAI_CONSTRAINT_PARAMS = {
     "constraint.json_schema": "response_format.json_schema.schema",
@@ -31,7 +34,6 @@ OPENAI_CONSTRAINT_PARAMS = {
 
 MIN_LOGPROB = -9999.0
 """-inf (a token the sampler could not pick) is reported as this, as OpenAI does; JSON has no inf."""
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,36 +139,57 @@ def chat_logprobs_json(entries: Sequence[PositionLogprobs]) -> dict[str, Any]:
     }
 
 
+class TextOffsets:
+    """Where each token of one choice stands in the choice's returned text: its
+    text_offset, in characters, kept across the chunks of a stream.
+
+    The tokens' bytes are decoded in order, as the text was: a token that completes no
+    character yet (part of a UTF-8 character) stands where that character will, and a
+    token whose text decoding drops (`skipped`: a special token such as BOS or EOS)
+    stands where the next text starts."""
+
+    def __init__(self, start: int = 0, skipped: Callable[[TokenLogprob], bool] = lambda t: False):
+        self.position = start
+        """The offset the next token gets: `start` is where the choice's tokens begin."""
+        self._skipped = skipped
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self, tokens: Iterable[TokenLogprob]) -> list[int]:
+        """The offsets of the choice's next tokens."""
+        offsets = []
+        for token in tokens:
+            offsets.append(self.position)
+            if not self._skipped(token):
+                self.position += len(self._decoder.decode(token.token_bytes))
+        return offsets
+
+
 def completion_logprobs_json(
     entries: Sequence[PositionLogprobs],
-    text_offset: int = 0,
+    offsets: TextOffsets,
     first: TokenLogprob | None = None,
 ) -> dict[str, Any]:
     """Completions shape: parallel arrays tokens, token_logprobs, top_logprobs, text_offset.
 
-    `first`: an echoed prompt's first token, which has no log probability: it leads the
-    arrays with null logprob and null top_logprobs, as OpenAI and vLLM report it."""
-    offsets = []
-    tokens: list[str] = []
-    token_logprobs: list[float | None] = []
-    top_logprobs: list[dict[str, float] | None] = []
+    `offsets` places the tokens in the choice's text (and moves past them). `first`: an
+    echoed prompt's first token, which has no log probability: it leads the arrays with
+    null logprob and null top_logprobs, as OpenAI and vLLM report it."""
+    sampled = [e.sampled for e in entries]
+    tokens = [t.token for t in sampled]
+    token_logprobs: list[float | None] = [_logprob(t.logprob) for t in sampled]
+    top_logprobs: list[dict[str, float] | None] = [
+        {t.token: _logprob(t.logprob) for t in e.top} for e in entries
+    ]
     if first is not None:
-        offsets.append(text_offset)
-        text_offset += len(first.token)
-        tokens.append(first.token)
-        token_logprobs.append(None)
-        top_logprobs.append(None)
-    for e in entries:
-        offsets.append(text_offset)
-        text_offset += len(e.sampled.token)
-        tokens.append(e.sampled.token)
-        token_logprobs.append(_logprob(e.sampled.logprob))
-        top_logprobs.append({t.token: _logprob(t.logprob) for t in e.top})
+        sampled.insert(0, first)
+        tokens.insert(0, first.token)
+        token_logprobs.insert(0, None)
+        top_logprobs.insert(0, None)
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,
         "top_logprobs": top_logprobs,
-        "text_offset": offsets,
+        "text_offset": offsets.take(sampled),
     }
 
 
@@ -226,8 +249,14 @@ def chat_completion_chunk(
 
 
 def text_completion(
-    response_id: str, model: str, created: int, choices: Sequence[ChoiceOutput], usage: Usage
+    response_id: str,
+    model: str,
+    created: int,
+    choices: Sequence[ChoiceOutput],
+    usage: Usage,
+    skipped: Callable[[TokenLogprob], bool] = lambda t: False,
 ) -> dict[str, Any]:
+    """`skipped`: the tokens whose text decoding drops (see `TextOffsets`)."""
     return {
         "id": response_id,
         "object": "text_completion",
@@ -240,7 +269,9 @@ def text_completion(
                 "logprobs": (
                     None
                     if c.logprobs is None
-                    else completion_logprobs_json(c.logprobs, first=c.echo_first)
+                    else completion_logprobs_json(
+                        c.logprobs, TextOffsets(0, skipped), first=c.echo_first
+                    )
                 ),
                 **_finish_fields(c.finish_reason, c.matched_stop),
             }
@@ -260,16 +291,17 @@ def text_completion_chunk(
     finish_reason: str | None = None,
     matched_stop: str | None = None,
     logprobs: Sequence[PositionLogprobs] | None = None,
-    text_offset: int = 0,
+    offsets: TextOffsets | None = None,
     echo_first: TokenLogprob | None = None,
 ) -> dict[str, Any]:
+    """`offsets`: where the choice's tokens stand so far (a stream's chunks continue it)."""
     choice = {
         "index": index,
         "text": text,
         "logprobs": (
             None
             if logprobs is None
-            else completion_logprobs_json(logprobs, text_offset, echo_first)
+            else completion_logprobs_json(logprobs, offsets or TextOffsets(), echo_first)
         ),
         **_finish_fields(finish_reason, matched_stop),
     }
@@ -282,6 +314,16 @@ def usage_chunk(
     """The last chunk when stream_options.include_usage is set: no choices, the usage."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     return {**_chunk(response_id, kind, model, created, []), "usage": usage_json(usage)}
+
+
+def usage_so_far_json(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """stream_options.continuous_usage_stats: a chunk's usage so far, as vLLM reports it
+    (its choice's completion tokens; the last chunk's usage counts every choice)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _chunk(
@@ -337,17 +379,31 @@ def error_response(exc: BaseException) -> tuple[int, dict[str, Any]]:
     param, message = getattr(exc, "param", None), " | ".join(
         line.strip() for line in str(exc).splitlines() if line.strip()
     )
-    if param is None and status < 500:
-        # Cores start messages with the field they blame: "messages[0].role: ...".
-        match = _LEADING_FIELD.match(message)
-        if match is not None:
-            param = match[1]
-            base = next((k for k in OPENAI_CONSTRAINT_PARAMS if param.startswith(k)), None)
-            if base is not None and param[len(base) : len(base) + 1] in ("", "."):
-                # named as the client's body spells it, with any path inside the schema
-                param = OPENAI_CONSTRAINT_PARAMS[base] + param[len(base) :]
-                message = f"{param}: {message[match.end() :]}"
+    if param is None and error_type == "invalid_request_error":
+        blamed = blamed_field(message)
+        if blamed is not None:
+            param, rest = blamed
+            message = f"{param}: {rest}"
     return status, error_body(message, error_type, param, exc.code.lower())
+
+
+def blamed_field(message: str) -> tuple[str, str] | None:
+    """The request field a core's message starts with, as the client's body spells it, and
+    the rest of the message: "messages[0].role: ..." or, from the executor's grammar
+    compiler, "constraint.json_schema.properties.my-field.not: ..." (a path inside the
+    schema may hold any character but ": "). None when the message starts with no request
+    field: "overloaded: ..." and the like name no param."""
+    path, found, rest = message.partition(": ")
+    if not found:
+        return None
+    for internal, public in OPENAI_CONSTRAINT_PARAMS.items():
+        inside = path.removeprefix(internal)
+        if inside != path and inside[:1] in ("", ".", "["):
+            return public + inside, rest
+    match = _FIELD_PATH.fullmatch(path)
+    if match is not None and match[1] in REQUEST_FIELDS:
+        return path, rest
+    return None
 
 
 def sse(obj: dict[str, Any]) -> bytes:

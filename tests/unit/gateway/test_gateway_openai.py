@@ -13,9 +13,10 @@ from gateway.core.openai import (
     parse_chat_request,
     parse_completion_request,
     parse_json_body,
+    parse_stream_options,
 )
 from gateway.core.request import ChatMessage
-from radixmesh.errors import NotFound, ResourceExhausted, Unavailable
+from radixmesh.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from radixmesh.sampling import ConstraintKind, Priority
 
 
@@ -297,3 +298,158 @@ def test_model_list_shape():
     assert obj["object"] == "list"
     models = [Model.model_validate(m) for m in obj["data"]]
     assert [(m.id, m.max_model_len) for m in models] == [("tiny", 2048), ("big", 128)]
+
+
+# --- numbers past what Python or a float holds ----------------------------------------------
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_400_naming_the_problem():
+    raw = b'{"model": "tiny", "seed": ' + b"9" * 5000 + b"}"
+    with pytest.raises(ParamError) as info:
+        parse_json_body(raw)
+    status, body = resp.error_response(info.value)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] is None
+    assert "an integer of more than 4300 digits" in body["error"]["message"]
+
+
+FLOAT_FIELDS = [
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+]
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["positive", "negative"])
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+def test_a_number_field_holding_an_integer_past_the_float_range_is_a_400(field, sign):
+    with pytest.raises(ParamError) as info:
+        parse_chat_request(chat(**{field: sign * 10**400}))
+    status, body = resp.error_response(info.value)
+    assert status == 400 and body["error"]["param"] == field
+    assert body["error"]["message"].startswith(f"{field}: is too large for a number")
+
+
+@pytest.mark.parametrize("field", ["n", "top_k", "max_tokens", "min_tokens", "temperature"])
+def test_range_errors_quote_a_huge_value_shortly(field):
+    with pytest.raises(ParamError) as info:
+        parse_chat_request(chat(**{field: -(10**300)}))
+    assert info.value.param == field and len(str(info.value)) < 100
+
+
+# --- wrong-typed but falsy values, and stream_options -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        (chat(logit_bias=False), "logit_bias", "expected an object"),
+        (chat(logit_bias=""), "logit_bias", "expected an object"),
+        (chat(logit_bias=[]), "logit_bias", "expected an object"),
+        (completion(logit_bias=0), "logit_bias", "expected an object"),
+        (chat(tools=False), "tools", "expected an array"),
+        (chat(tools={}), "tools", "expected an array"),
+        (chat(tools=""), "tools", "expected an array"),
+        (chat(tool_choice=0), "tool_choice", 'expected "none", "auto" or an object'),
+        (chat(tool_choice="required"), "tool_choice", "tool calling is not supported"),
+        (
+            chat(stream=True, stream_options={"include_usage": True, "bogus": 1}),
+            "stream_options.bogus",
+            "unrecognized request argument",
+        ),
+        (
+            chat(stream=True, stream_options={"include_usage": 1}),
+            "stream_options.include_usage",
+            "expected a boolean",
+        ),
+        (chat(stream=True, stream_options=[]), "stream_options", "expected an object"),
+        (
+            completion(stream=True, stream_options={"continuous_usage_stats": True}),
+            "stream_options.continuous_usage_stats",
+            "requires stream_options.include_usage to be true",
+        ),
+        (
+            completion(stream=True, stream_options={"continuous_usage_stats": "yes"}),
+            "stream_options.continuous_usage_stats",
+            "expected a boolean",
+        ),
+    ],
+)
+def test_wrong_typed_falsy_values_and_unknown_stream_options_are_400s(body, param, says):
+    parse = parse_chat_request if "messages" in body else parse_completion_request
+    with pytest.raises(ParamError) as info:
+        parse(body)
+    status, error = resp.error_response(info.value)
+    assert status == 400 and error["error"]["param"] == param
+    assert error["error"]["message"].startswith(f"{param}: ")
+    assert says in error["error"]["message"]
+
+
+def test_empty_logit_bias_and_tools_and_known_stream_options_are_accepted():
+    req = parse_chat_request(
+        chat(
+            logit_bias={},
+            tools=[],
+            tool_choice="none",
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        )
+    )
+    assert req.include_usage
+    options = parse_stream_options(
+        {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    )
+    assert options.include_usage and options.continuous_usage_stats
+    assert not parse_stream_options({"stream": True}).continuous_usage_stats
+
+
+# --- which leading names of a core's message become the error's param ------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "param", "rewritten"),
+    [
+        (
+            'constraint.json_schema.properties.my-field.not: keyword "not" cannot be enforced',
+            "response_format.json_schema.schema.properties.my-field.not",
+            'response_format.json_schema.schema.properties.my-field.not: keyword "not" cannot'
+            " be enforced",
+        ),
+        (
+            "constraint.json_schema.$ref: cannot be enforced (remote reference)",
+            "response_format.json_schema.schema.$ref",
+            "response_format.json_schema.schema.$ref: cannot be enforced (remote reference)",
+        ),
+        (
+            "constraint.json_schema.properties.a b.items[0]: no",
+            "response_format.json_schema.schema.properties.a b.items[0]",
+            "response_format.json_schema.schema.properties.a b.items[0]: no",
+        ),
+        ("constraint.regex: does not compile", "regex", "regex: does not compile"),
+        ("messages[0].role: unknown role", "messages[0].role", "messages[0].role: unknown role"),
+        ("max_tokens: 40 plus the prompt", "max_tokens", "max_tokens: 40 plus the prompt"),
+        ("prompt[3]: 9 is not a token id", "prompt[3]", "prompt[3]: 9 is not a token id"),
+        ("response_format: no grammar", "response_format", "response_format: no grammar"),
+        ("constraint.json_schemas: x", None, "constraint.json_schemas: x"),
+        ("input: one of prompt or messages", None, "input: one of prompt or messages"),
+        ("request body is not valid JSON: x", None, "request body is not valid JSON: x"),
+        ("sampling.top_k must be below 2^31", None, "sampling.top_k must be below 2^31"),
+        ("finish_reason: must be one of", None, "finish_reason: must be one of"),
+    ],
+)
+def test_only_request_fields_become_the_param(message, param, rewritten):
+    status, body = resp.error_response(InvalidArgument(message))
+    assert status == 400
+    assert body["error"]["param"] == param
+    assert body["error"]["message"] == rewritten
+
+
+@pytest.mark.parametrize("word", ["overloaded", "preempted", "queue full", "unavailable", "stop"])
+def test_a_status_word_before_a_colon_is_no_param(word):
+    message = f"{word}: the scheduler admits no more interactive requests now"
+    status, body = resp.error_response(ResourceExhausted(message))
+    assert status == 429 and body["error"]["param"] is None
+    assert body["error"]["message"] == message

@@ -301,3 +301,109 @@ async def test_values_past_the_wire_or_the_context_are_400s_naming_the_field(ser
     assert info.value.body["param"] == field
     assert says in info.value.body["message"]
     assert upstream.submitted == []
+
+
+async def post_raw(base: str, path: str, data: bytes) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(base + path, data=data, headers=headers) as response,
+    ):
+        return response.status, await response.json()
+
+
+@pytest.mark.parametrize(
+    ("data", "param", "says"),
+    [
+        (b'{"prompt": "x", "seed": ' + b"7" * 4301 + b"}", None, "more than 4300 digits"),
+        (b'{"prompt": "x", "temperature": 1' + b"0" * 400 + b"}", "temperature", "too large"),
+        (b'{"prompt": "x", "top_p": -1' + b"0" * 400 + b"}", "top_p", "too large"),
+    ],
+)
+async def test_numbers_past_int_or_float_range_are_400s_not_500s(serve, data, param, says):
+    _, _, base = await serve()
+    status, body = await post_raw(base, "/v1/completions", data)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] == param and says in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("schema", "param"),
+    [
+        (
+            {"type": "object", "properties": {"my-field": {"not": {"type": "string"}}}},
+            "response_format.json_schema.schema.properties.my-field.not",
+        ),
+        ({"$ref": "https://example.com/s.json"}, "response_format.json_schema.schema.$ref"),
+    ],
+)
+async def test_schema_paths_with_any_characters_are_named_as_the_client_sent_them(
+    serve, schema, param
+):
+    _, _, base = await serve()
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": schema, "strict": True},
+        },
+    }
+    status, reply = await post_raw(base, "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400 and reply["error"]["param"] == param
+    assert reply["error"]["message"].startswith(f"{param}: ")
+    assert "constraint." not in reply["error"]["message"]
+
+
+async def test_the_gateways_own_overload_names_no_param(serve, tokenizer):
+    from gateway.core.capacity import CapacityGate
+    from radixmesh.capacity import ModelCapacity
+    from radixmesh.sampling import Priority
+
+    gate = CapacityGate()
+    gate.update([ModelCapacity("tiny", 2.0, {Priority.INTERACTIVE: 0})])
+    _, _, base = await serve(capacity=gate)
+    status, reply = await post_raw(base, "/v1/completions", b'{"prompt": "x"}')
+    assert status == 429 and reply["error"]["param"] is None
+    assert reply["error"]["message"].startswith("overloaded: ")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "says"),
+    [
+        ("GET", "/v1/chat/completions", 405, "method GET is not allowed"),
+        ("PUT", "/v1/completions", 405, "method PUT is not allowed"),
+        ("GET", "/v1/nothing", 404, "no such route: GET /v1/nothing"),
+        ("POST", "/v1/models", 405, "method POST is not allowed"),
+    ],
+)
+async def test_http_errors_of_the_app_itself_are_openai_error_bodies(
+    serve, method, path, status, says
+):
+    _, _, base = await serve()
+    async with aiohttp.ClientSession() as session, session.request(method, base + path) as r:
+        assert r.status == status and r.content_type == "application/json"
+        error = (await r.json())["error"]
+        allow = r.headers.get("Allow")
+    assert says in error["message"] and error["param"] is None
+    assert error["type"] == "invalid_request_error"
+    if status == 405:
+        assert allow in ("POST", "GET,HEAD", "HEAD,GET")
+
+
+async def test_model_ids_may_hold_slashes(tokenizer):
+    models = ModelRegistry({"org/model": tokenizer})
+    port = free_port()
+    app = OpenAIHttpServer(models, ScriptedUpstream(tokenizer)).build_app()
+    runner = await start_http_server(app, "127.0.0.1", port)
+    base = f"http://127.0.0.1:{port}/v1/models/"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base + "org/model") as r:
+                found = r.status, await r.json()
+            async with session.get(base + "org/other") as r:
+                missing = r.status, await r.json()
+    finally:
+        await runner.cleanup()
+    assert found == (200, {**found[1], "id": "org/model"})
+    assert missing[0] == 404 and missing[1]["error"]["param"] == "model"
+    assert "'org/other' is not served here" in missing[1]["error"]["message"]

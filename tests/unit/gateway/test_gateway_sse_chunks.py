@@ -51,22 +51,23 @@ def test_every_chunk_is_the_bytes_of_its_json_object(tokenizer, chat, model):
     reply = _reply(tokenizer, chat, model=model, n=2, stream=True)
     general = _reply(tokenizer, chat, model=model, n=2, stream=True)
     general.response_id, general.created = reply.response_id, reply.created
-    offsets, general_offsets = [0, 0], [0, 0]
+    offsets, general_offsets = reply.new_offsets(), general.new_offsets()
     for event in _events(2):
         got = reply.chunk_sse(event, offsets)
         assert got == resp.sse(general._chunk(event, general_offsets))
         assert got.startswith(b"data: ") and got.endswith(b"\n\n")
         json.loads(got[len(b"data: ") :])  # one JSON object
-    assert offsets == general_offsets
+    positions = [0, 0] if chat else [1, 1]  # each choice's one token with logprobs: "a"
+    assert [o.position for o in offsets] == [o.position for o in general_offsets] == positions
 
 
 def test_plain_chunks_use_one_template_per_choice(tokenizer):
     reply = _reply(tokenizer, True, n=2, stream=True)
     for event in _events(2):
-        reply.chunk_sse(event, [0, 0])
+        reply.chunk_sse(event, reply.new_offsets())
     assert sorted(reply._templates) == [0, 1]
     assert all(t is not None for t in reply._templates.values())
     odd = _reply(tokenizer, True, model="\x00text\x00", stream=True)  # the marker's own text
     event = ChoiceEvent(ChoiceDelta(0, text="a"))
-    assert odd.chunk_sse(event, [0]) == resp.sse(odd._chunk(event, [0]))
+    assert odd.chunk_sse(event, odd.new_offsets()) == resp.sse(odd._chunk(event, odd.new_offsets()))
     assert odd._templates == {0: None}  # the marker's JSON twice: no template
