@@ -27,12 +27,7 @@ from gateway.core.generate import ChoiceEvent, Upstream, collect, total_usage
 from gateway.core.limits import OFF_LOOP_BODY_BYTES, OFF_LOOP_CHARS, input_chars, off_loop
 from gateway.core.memory import GatewayMemory
 from gateway.core.models import ModelRegistry
-from gateway.core.openai import (
-    parse_chat_request,
-    parse_completion_request,
-    parse_json_body,
-    parse_stream_options,
-)
+from gateway.core.openai import parse_chat_request, parse_completion_request, parse_json_body
 from gateway.core.output import ChoiceDelta
 from gateway.core.prepare import PreparedRequest, prepare_request
 from gateway.core.request import GatewayRequest
@@ -153,7 +148,6 @@ class OpenAIHttpServer:
             raw = await request.read()
             body = await off_loop(len(raw) > OFF_LOOP_BODY_BYTES, parse_json_body, raw)
             gateway_request = self._plugins.apply_to_request(parse(body))
-            continuous_usage = parse_stream_options(body).continuous_usage_stats
             model_id, tokenizer = self._models.resolve(gateway_request.model)
             if self._capacity is not None:  # over the published headroom: refused at once
                 self._capacity.admit(model_id, gateway_request.priority, gateway_request.sampling.n)
@@ -174,14 +168,7 @@ class OpenAIHttpServer:
             self._memory.generate(prepared, tokenizer, self._upstream, session_id),
             streamed=gateway_request.stream,
         )
-        reply = _Reply(
-            gateway_request,
-            prepared,
-            model_id,
-            response_id,
-            tokenizer,
-            continuous_usage=continuous_usage,
-        )
+        reply = _Reply(gateway_request, prepared, model_id, response_id, tokenizer)
         async with contextlib.aclosing(events):
             if gateway_request.stream:
                 try:  # wait for the first event: a failure before any output gets its own status
@@ -211,15 +198,13 @@ class _Reply:
         model_id: str,
         response_id: str,
         tokenizer: Tokenizer,
-        *,
-        continuous_usage: bool = False,
     ) -> None:
         self.request = request
         self.prepared = prepared
         self.model_id = model_id
         self.response_id = response_id
         self.created = resp.now_s()
-        self.continuous_usage = continuous_usage
+        self.continuous_usage = request.stream and request.continuous_usage
         """stream_options.continuous_usage_stats: every chunk carries the usage so far."""
         self._num_prompt_tokens = len(prepared.prompt_token_ids)
         self._num_tokens = [0] * prepared.sampling.n

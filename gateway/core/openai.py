@@ -402,7 +402,7 @@ def _request(
     f: _Fields, prompt_input: GenerateInput, sampling: SamplingParams, chat: bool, echo: bool
 ) -> GatewayRequest:
     stream = f.boolean("stream")
-    include_usage = parse_stream_options(f.body).include_usage
+    options = parse_stream_options(f.body)
     priority_name = f.string("priority", "interactive")
     if priority_name not in _PRIORITIES:
         raise ParamError(
@@ -415,7 +415,8 @@ def _request(
         constraint=parse_constraint(f.body),
         priority=_PRIORITIES[priority_name],
         stream=stream,
-        include_usage=include_usage,
+        include_usage=options.include_usage,
+        continuous_usage=options.continuous_usage_stats,
         user=f.string("user", "") or "",
         chat=chat,
         echo=echo,
@@ -435,8 +436,7 @@ class StreamOptions:
 
 
 def parse_stream_options(body: dict[str, Any]) -> StreamOptions:
-    """The body's stream_options, checked; the HTTP layer reads continuous_usage_stats
-    here, as the core's GatewayRequest carries only include_usage."""
+    """The body's stream_options, checked."""
     options = body.get("stream_options")
     if options is None:
         return StreamOptions()

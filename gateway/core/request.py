@@ -38,6 +38,9 @@ class GatewayRequest:
     stream: bool = False
     include_usage: bool = False
     """stream_options.include_usage: one last chunk carries the usage."""
+    continuous_usage: bool = False
+    """stream_options.continuous_usage_stats (with include_usage): every chunk also
+    carries its choice's usage so far, as vLLM sends it."""
     user: str = ""
     chat: bool = False
     """True for chat.completion shapes, False for text_completion."""
