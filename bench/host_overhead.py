@@ -289,7 +289,7 @@ async def gateway_run(batch: int, output_len: int, api: str) -> dict[str, float]
             memory.generate(prepared, tokenizer, client, ""), streamed=True
         )
         reply = _Reply(request, prepared, "bench", response_id, tokenizer)
-        offsets = [0]
+        offsets = reply.new_offsets() if hasattr(reply, "new_offsets") else [0]  # older builds: ints
         if api == "openai":
             num_bytes[0] += len(resp.sse(reply._first_chunk(0)))
         async for event in events:
