@@ -22,6 +22,32 @@ MAX_STOP_CHARS = 1024
 INT32_LIMIT = 2**31
 """Counts (max_tokens, min_tokens, top_k, token ids) travel as 32-bit integers: below this."""
 
+# Constraint sizes. A compile's time and memory grow faster than its text (a regex of
+# 600,000 characters takes 6 s and 160 MB with a 2k vocabulary; of 3,000,000, minutes and
+# gigabytes), it cannot be interrupted (a compile refused at the time limit,
+# `GrammarConfig.compile_timeout_s`, still finishes in its thread), and the gateway parses
+# and plans a schema on its event loop before any compile: these bound the work one request
+# can ask for to seconds. The slowest compiles found within them on the 2-core build VM: a
+# schema of 5,000 optional properties (144,000 characters) 2.5 s; a 2,000-branch anyOf
+# (176,000) 0.4 s; a chain of 30 $refs each used twice, 0.01 s (2026-12-07).
+MAX_JSON_SCHEMA_CHARS = 256 * 1024
+"""Longest JSON Schema text. OpenAI's own limits on strict schemas (5,000 object properties,
+10 levels of nesting, 120,000 characters of property names and enum values, 1,000 enum
+values) fit inside it."""
+MAX_GRAMMAR_CHARS = 64 * 1024
+"""Longest regex or EBNF grammar. Real ones (a date or phone number, a SQL or JSON grammar, a
+2,000-word alternation) run to a few thousand characters; one this long compiles in about
+0.3 s on a 2-core CPU, with a 2k or a 128k vocabulary."""
+MAX_CHOICES = 1024
+"""Most strings in a list of choices (OpenAI allows 1,000 enum values in a schema)."""
+MAX_CHOICES_CHARS = 64 * 1024
+"""Most characters in a list of choices, all strings together (as a grammar, MAX_GRAMMAR_CHARS)."""
+_MAX_CONSTRAINT_CHARS = {
+    "json_schema": MAX_JSON_SCHEMA_CHARS,
+    "regex": MAX_GRAMMAR_CHARS,
+    "ebnf": MAX_GRAMMAR_CHARS,
+}
+
 
 def as_float32(value: float) -> float:
     """`value` as a 32-bit float carries it on the wire (infinite past its range; a tiny
@@ -61,7 +87,8 @@ class SamplingParams:
     max_tokens: int | None = None
     """Most tokens to generate; None means up to the model's context limit."""
     min_tokens: int = 0
-    """EOS and stop token ids are suppressed until this many tokens exist."""
+    """EOS and stop token ids are suppressed until this many tokens exist, and a stop string
+    counts only where it ends after them (`gateway.core.stop.StopMatcher`), as in vLLM."""
     temperature: float = 1.0
     """0 is greedy."""
     top_p: float = 1.0
@@ -79,6 +106,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    """Alternatives per position; needs logprobs (or prompt_logprobs_start: for the prompt)."""
     n: int = 1
     prompt_logprobs_start: int | None = None
     """Score the prompt: the log probability of every prompt token at positions >= this
@@ -142,6 +170,11 @@ class SamplingParams:
             raise bad(
                 "top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}"
             )
+        if self.top_logprobs and not self.logprobs and self.prompt_logprobs_start is None:
+            raise bad(
+                "top_logprobs",
+                f"({self.top_logprobs}) requires logprobs to be true (or prompt_logprobs_start)",
+            )
         if not (1 <= self.n <= MAX_N):
             raise bad("n", f"must be in [1, {MAX_N}], got {self.n}")
 
@@ -195,10 +228,29 @@ class Constraint:
     refusing a schema with a keyword the grammar cannot enforce."""
 
     def __post_init__(self) -> None:
+        name = f"constraint.{self.kind.value}"
         if self.kind is ConstraintKind.CHOICES:
             if not self.choices or any(not c for c in self.choices):
+                raise InvalidArgument(f"{name}: must be a non-empty list of non-empty strings")
+            if len(self.choices) > MAX_CHOICES:
                 raise InvalidArgument(
-                    "constraint.choices must be a non-empty list of non-empty strings"
+                    f"{name}: must hold at most {MAX_CHOICES} strings, got {len(self.choices)}"
                 )
-        elif self.kind is not ConstraintKind.JSON_OBJECT and not self.value:
-            raise InvalidArgument(f"constraint.{self.kind.value} must not be empty")
+            num_chars = sum(len(c) for c in self.choices)
+            if num_chars > MAX_CHOICES_CHARS:
+                raise InvalidArgument(
+                    f"{name}: must hold at most {MAX_CHOICES_CHARS} characters in all, "
+                    f"got {num_chars}"
+                )
+        elif self.kind is not ConstraintKind.JSON_OBJECT:
+            if not self.value:
+                raise InvalidArgument(f"{name}: must not be empty")
+            limit = _MAX_CONSTRAINT_CHARS[self.kind.value]
+            if len(self.value) > limit:
+                raise InvalidArgument(
+                    f"{name}: must be at most {limit} characters, got {len(self.value)}"
+                )
+        if self.best_effort and self.kind is not ConstraintKind.JSON_SCHEMA:
+            raise InvalidArgument(
+                f"constraint.best_effort: applies to json_schema only, not {self.kind.value}"
+            )

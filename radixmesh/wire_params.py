@@ -105,19 +105,23 @@ def constraint_from_proto(
     """
     kind = msg.WhichOneof(oneof)  # type: ignore[arg-type]
     if kind is None:
+        if msg.best_effort:
+            raise InvalidArgument(f"{where}constraint.best_effort: set without a json_schema")
         return None
     try:
         if kind == "choices":
-            return Constraint(ConstraintKind.CHOICES, choices=tuple(msg.choices.choices))
+            return Constraint(
+                ConstraintKind.CHOICES, choices=tuple(msg.choices.choices), best_effort=msg.best_effort
+            )
         if kind == "json_object":
             if not msg.json_object:
                 raise InvalidArgument("constraint.json_object must be true when set")
-            return Constraint(ConstraintKind.JSON_OBJECT)
+            return Constraint(ConstraintKind.JSON_OBJECT, best_effort=msg.best_effort)
         if kind == "json_schema":
             return Constraint(
                 ConstraintKind.JSON_SCHEMA, msg.json_schema, best_effort=msg.best_effort
             )
-        return Constraint(_KIND_BY_FIELD[kind], getattr(msg, kind))
+        return Constraint(_KIND_BY_FIELD[kind], getattr(msg, kind), best_effort=msg.best_effort)
     except InvalidArgument as exc:
         raise InvalidArgument(f"{where}{exc}") from None
 

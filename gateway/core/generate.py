@@ -121,6 +121,7 @@ async def _choice_events(
         stop=choice.sampling.stop,
         prompt_token_ids=choice.prompt_token_ids,
         logprobs=choice.sampling.logprobs,
+        min_tokens=choice.sampling.min_tokens,
     )
     num_prompt_tokens, num_cached_tokens = len(choice.prompt_token_ids), 0
     speculation = None

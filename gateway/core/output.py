@@ -6,7 +6,8 @@ over the text, turns token logprobs into OpenAI-ready entries, and decides
 when the choice is over: the scheduler reported a finish (EOS, stop token,
 length, abort), or a stop string appeared in the text, in which case
 `ChoiceDelta.abort_upstream` tells the caller to abort the request at the
-scheduler (the one-step-late tokens that still arrive are dropped).
+scheduler (the one-step-late tokens that still arrive are dropped). A stop string
+ending in the text of the first min_tokens tokens does not count (stop.py).
 """
 
 from __future__ import annotations
@@ -55,12 +56,15 @@ class ChoiceStream:
         stop: Sequence[str] = (),
         prompt_token_ids: Sequence[int] = (),
         logprobs: bool = False,
+        min_tokens: int = 0,
     ) -> None:
+        """`min_tokens`: the request's sampling.min_tokens (no stop string ends within them)."""
         self.index = index
         self._tokenizer = tokenizer
         self._detokenizer = IncrementalDetokenizer(tokenizer.decode, prompt_token_ids)
         self._stop = StopMatcher(stop)
         self._logprobs = logprobs
+        self._min_tokens = min_tokens
         self.num_tokens = 0
         """Completion tokens received for this choice (including any past a stop string)."""
         self.finish_reason: str | None = None
@@ -85,17 +89,23 @@ class ChoiceStream:
             raise InvalidArgument(
                 f"finish_reason: must be one of {sorted(FINISH_REASONS)}, got {finish_reason!r}"
             )
-        self.num_tokens += len(token_ids)
         delta = ChoiceDelta(self.index, token_ids=list(token_ids))
         if self._logprobs:
             delta.logprobs = [self._position(entry) for entry in logprobs]
         if prompt_logprobs:
             delta.prompt_logprobs = [self._position(entry) for entry in prompt_logprobs]
-        text = self._detokenizer.push(token_ids)
+        # the update's tokens within min_tokens, then the rest: a stop string may end only there
+        num_within = min(len(token_ids), max(0, self._min_tokens - self.num_tokens))
+        self.num_tokens += len(token_ids)
+        prefix = ""
+        if num_within:
+            within = self._detokenizer.push(token_ids[:num_within])
+            prefix = self._stop.push(within, may_stop=False).text
+        text = self._detokenizer.push(token_ids[num_within:])
         if finish_reason:
             text += self._detokenizer.flush()
-        out = self._stop.push(text)
-        delta.text = out.text
+        out = self._stop.push(text, may_stop=self.num_tokens > self._min_tokens)
+        delta.text = prefix + out.text
         if out.matched_stop is not None:
             self.finish_reason = delta.finish_reason = "stop"
             delta.matched_stop = out.matched_stop

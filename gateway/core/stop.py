@@ -8,6 +8,14 @@ is reported; the matcher then ends. When several stop strings match, the one
 completed first (earliest end) wins, as generation would have stopped there;
 at the same end, the longest (earliest start). The result does not depend on
 how the text was split into chunks.
+
+min_tokens (vLLM's rule): text pushed with `may_stop=False`, that of the output's
+first min_tokens tokens, cannot end the output: a stop string that ends inside it
+is passed over, emitted as text. A stop string that ends in later text stops the
+output even if it began inside that text (vLLM checks the text at each step once
+the output holds more than min_tokens tokens, and its search reaches back one
+stop string's length): with min_tokens 1 and stop "xx", tokens "x", "x" stop at
+the second token, with no text before the stop.
 """
 
 from __future__ import annotations
@@ -44,14 +52,17 @@ class StopMatcher:
         """Text kept back because it may begin a stop string."""
         return self._held
 
-    def push(self, text: str) -> StopOutput:
-        """Add streamed text; returns what may be emitted and the stop string if one matched."""
+    def push(self, text: str, may_stop: bool = True) -> StopOutput:
+        """Add streamed text; returns what may be emitted and the stop string if one matched.
+
+        `may_stop` False: `text` is the output's within min_tokens, where no stop string
+        may end (one may begin there: see the module docstring)."""
         if self.matched_stop is not None:
             return StopOutput("", self.matched_stop)  # already stopped: later text is dropped
         if not self._stops:
             return StopOutput(text)
         buffer = self._held + text
-        match = self._find(buffer)
+        match = self._find(buffer, len(self._held)) if may_stop else None
         if match is not None:
             start, stop = match
             self._held = ""
@@ -66,11 +77,13 @@ class StopMatcher:
         held, self._held = self._held, ""
         return held
 
-    def _find(self, buffer: str) -> tuple[int, str] | None:
-        """(start, stop) of the stop string that ends first in buffer; ties: earliest start."""
+    def _find(self, buffer: str, min_end: int) -> tuple[int, str] | None:
+        """(start, stop) of the stop string that ends first in buffer past `min_end` (the
+        held text: no stop string ending in it counts); ties: earliest start."""
         best: tuple[int, int, str] | None = None
         for stop in self._stops:
-            start = buffer.find(stop)  # the first occurrence also ends first
+            # the first occurrence ending past min_end also ends first
+            start = buffer.find(stop, max(0, min_end - len(stop) + 1))
             if start >= 0:
                 candidate = (start + len(stop), start, stop)
                 best = candidate if best is None else min(best, candidate)

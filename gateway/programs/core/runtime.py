@@ -383,7 +383,9 @@ class ProgramRun:
         except InvalidArgument as exc:
             raise InvalidArgument(f"{s.path}: {exc}") from None
         sampling = dataclasses.replace(s.sampling, max_tokens=max_tokens)
-        stream = ChoiceStream(0, tokenizer, stop=sampling.stop, prompt_token_ids=tokens)
+        stream = ChoiceStream(
+            0, tokenizer, stop=sampling.stop, prompt_token_ids=tokens, min_tokens=sampling.min_tokens
+        )
         request = self.request(scope, model, tokens, sampling, s.constraint)
         output: list[int] = []
         # the deltas' way out: through the response plugins' text streams (None: one

@@ -43,8 +43,15 @@ def f32_sampling(low: float, high: float, exclude_min: bool = False) -> st.Searc
     return f32(low, high, exclude_min).map(read_float32)
 
 
+logprob_fields = st.one_of(
+    st.just({"logprobs": False, "top_logprobs": 0}),
+    st.integers(0, 20).map(lambda k: {"logprobs": True, "top_logprobs": k}),
+)
+"""top_logprobs needs logprobs."""
+
 sampling_params = st.builds(
-    SamplingParams,
+    lambda logprobs, **fields: SamplingParams(**logprobs, **fields),
+    logprob_fields,
     max_tokens=st.none() | st.integers(1, 4096),
     min_tokens=st.just(0),
     temperature=f32_sampling(0.0, 2.0),
@@ -58,8 +65,6 @@ sampling_params = st.builds(
     stop=st.lists(st.text(min_size=1, max_size=4), max_size=3).map(tuple),
     stop_token_ids=st.lists(st.integers(0, 2**31 - 1), max_size=3).map(tuple),
     ignore_eos=st.booleans(),
-    logprobs=st.booleans(),
-    top_logprobs=st.integers(0, 20),
     n=st.integers(1, 16),
 )
 
@@ -210,6 +215,71 @@ def test_bad_constraints_name_the_field():
         )
     with pytest.raises(InvalidArgument, match=r"constraint\.regex"):
         constraint_from_proto(inference_pb2.Constraint(regex=""))
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            inference_pb2.Constraint(regex="a" * 3_000_000),
+            r"^constraint\.regex: must be at most 65536 characters, got 3000000$",
+        ),
+        (
+            inference_pb2.Constraint(ebnf="root ::= " + '"a" ' * 20_000),
+            r"^constraint\.ebnf: must be at most 65536 characters, got 80009$",
+        ),
+        (
+            inference_pb2.Constraint(json_schema=" " * 300_000 + "{}"),
+            r"^constraint\.json_schema: must be at most 262144 characters, got 300002$",
+        ),
+        (
+            inference_pb2.Constraint(choices=inference_pb2.Choices(choices=["ab" * 2_000_000])),
+            r"^constraint\.choices: must hold at most 65536 characters in all, got 4000000$",
+        ),
+        (
+            inference_pb2.Constraint(choices=inference_pb2.Choices(choices=["x"] * 1025)),
+            r"^constraint\.choices: must hold at most 1024 strings, got 1025$",
+        ),
+    ],
+)
+def test_oversized_constraints_name_the_field_and_the_limit(message, error):
+    with pytest.raises(InvalidArgument, match=error):
+        constraint_from_proto(wire(message))
+
+
+def test_constraints_at_the_limits_are_accepted():
+    assert constraint_from_proto(inference_pb2.Constraint(regex="a" * 65536)) is not None
+    choices = inference_pb2.Choices(choices=["x" * 64] * 1024)
+    assert constraint_from_proto(inference_pb2.Constraint(choices=choices)) is not None
+
+
+@pytest.mark.parametrize("kind", [ConstraintKind.REGEX, ConstraintKind.EBNF])
+def test_best_effort_is_for_json_schema_only(kind):
+    with pytest.raises(
+        InvalidArgument,
+        match=rf"^constraint\.best_effort: applies to json_schema only, not {kind.value}$",
+    ):
+        Constraint(kind, "a", best_effort=True)
+    with pytest.raises(InvalidArgument, match=r"^constraint\.best_effort: "):
+        Constraint(ConstraintKind.CHOICES, choices=("a",), best_effort=True)
+    assert Constraint(ConstraintKind.JSON_SCHEMA, "{}", best_effort=True).best_effort
+
+
+def test_top_logprobs_needs_logprobs_or_prompt_logprobs():
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^sampling\.top_logprobs \(3\) requires logprobs to be true "
+        r"\(or prompt_logprobs_start\)$",
+    ):
+        sampling_from_proto(wire(inference_pb2.SamplingParams(max_tokens=2, top_logprobs=3)))
+    assert (
+        sampling_from_proto(
+            inference_pb2.SamplingParams(max_tokens=2, logprobs=True, top_logprobs=3)
+        ).top_logprobs
+        == 3
+    )
+    scoring = inference_pb2.SamplingParams(max_tokens=0, prompt_logprobs_start=1, top_logprobs=2)
+    assert sampling_from_proto(scoring).top_logprobs == 2
 
 
 def test_no_constraint_kind_is_no_constraint():

@@ -132,7 +132,9 @@ def workload(stop_at: int) -> list[SimRequest]:
         SimRequest(
             "sampled",
             random_prompt(13, seed=91),
-            SamplingParams(temperature=0.9, top_k=20, seed=7, max_tokens=8, top_logprobs=2),
+            SamplingParams(
+                temperature=0.9, top_k=20, seed=7, max_tokens=8, logprobs=True, top_logprobs=2
+            ),
         ),
         SimRequest("stop", STOP_PROMPT, greedy(10, stop_token_ids=(stop_at,))),
         SimRequest(  # executor-drawn seed, penalties, runs into the context limit

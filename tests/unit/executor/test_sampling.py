@@ -431,7 +431,9 @@ def test_logprobs_are_raw_log_softmax():
     params = [
         SamplingParams(temperature=0, logprobs=True, top_logprobs=5, repetition_penalty=1.8),
         SamplingParams(temperature=0.7, logprobs=True, seed=3),
-        SamplingParams(temperature=1.0, top_k=4, top_logprobs=2, frequency_penalty=1.5),
+        SamplingParams(
+            temperature=1.0, top_k=4, logprobs=True, top_logprobs=2, frequency_penalty=1.5
+        ),
         SamplingParams(temperature=1.2),
     ]
     logits = (torch.randn(4, vocab) * 2).to(torch.bfloat16)

@@ -59,7 +59,7 @@ def random_sampling(rng: random.Random, max_tokens: int | None = None) -> Sampli
     if kind == 7:
         stop = (rng.randrange(3, VOCAB),)
         return SamplingParams(temperature=0.0, stop_token_ids=stop, min_tokens=1, **common)
-    return SamplingParams(temperature=0.5, top_logprobs=2, seed=5, **common)
+    return SamplingParams(temperature=0.5, logprobs=True, top_logprobs=2, seed=5, **common)
 
 
 def assert_same_inputs(got: SamplingInputs, want: SamplingInputs) -> None:

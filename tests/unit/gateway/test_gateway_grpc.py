@@ -123,6 +123,26 @@ async def test_stop_string_ends_choice_and_aborts_at_the_scheduler(mesh):
         ),
         ({"prompt": "x", "json_object": False}, grpc.StatusCode.INVALID_ARGUMENT, "json_object"),
         ({"prompt": "x", "priority": 7}, grpc.StatusCode.INVALID_ARGUMENT, "priority"),
+        (
+            {"prompt": "x", "sampling": inference_pb2.SamplingParams(max_tokens=2, top_logprobs=3)},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "sampling.top_logprobs (3) requires logprobs to be true",
+        ),
+        (
+            {"prompt": "x", "regex": "a" * 3_000_000},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "constraint.regex: must be at most 65536 characters, got 3000000",
+        ),
+        (
+            {"prompt": "x", "regex": "[0-9]+", "best_effort": True},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "constraint.best_effort: applies to json_schema only, not regex",
+        ),
+        (
+            {"prompt": "x", "best_effort": True},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "constraint.best_effort: set without a json_schema",
+        ),
     ],
 )
 async def test_errors_map_to_status_codes(mesh, fields, code, message):

@@ -131,6 +131,27 @@ async def test_completion_with_stop_and_echo(serve):
     assert await asyncio.wait_for(upstream.aborted.get(), 5) == upstream.submitted[0].req_id
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stop_string_ending_within_min_tokens_does_not_stop_the_choice(serve, tokenizer, stream):
+    """As vLLM: the "o" of "hello" ends inside the first min_tokens tokens' text and is
+    passed over; the next "o", after them, stops the choice."""
+    client, _, _ = await serve()
+    ids = tokenizer._hf.encode(REPLY, add_special_tokens=False)
+    min_tokens = next(m for m in range(1, len(ids)) if "hello" in tokenizer._hf.decode(ids[:m]))
+    within = len(tokenizer._hf.decode(ids[:min_tokens]))
+    expected = REPLY[: REPLY.index("o", within)]  # the first "o" that ends past them
+    assert expected.startswith("hello")
+    kwargs = {"model": "tiny", "prompt": "say", "stop": ["o"], "max_tokens": 30}
+    for extra, text in (({}, "hell"), ({"min_tokens": min_tokens}, expected)):
+        reply = await client.completions.create(**kwargs, stream=stream, extra_body=extra)
+        if stream:
+            chunks = [c async for c in reply]
+            assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        else:
+            assert reply.choices[0].text == text and reply.choices[0].finish_reason == "stop"
+
+
 async def test_completion_stream_text_equals_whole(serve):
     client, _, _ = await serve()
     stream = await client.completions.create(

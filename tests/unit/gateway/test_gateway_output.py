@@ -78,3 +78,33 @@ def test_logprobs_carry_token_text_and_raw_bytes(tokenizer):
 def test_unknown_finish_reason_is_rejected(tokenizer):
     with pytest.raises(InvalidArgument, match="finish_reason"):
         ChoiceStream(0, tokenizer).on_update([1], finish_reason="tired")
+
+
+def _num_tokens_through(tokenizer, ids, text):
+    """The fewest leading tokens whose text holds `text`."""
+    return next(k for k in range(len(ids) + 1) if text in tokenizer.decode(ids[:k]))
+
+
+@pytest.mark.parametrize("size", [1, 3, 100])
+def test_min_tokens_holds_back_stop_strings(tokenizer, size):
+    ids = ids_of(tokenizer, "ab xx cd xx ef")
+    first_stop_end = _num_tokens_through(tokenizer, ids, "ab xx")
+    stream = ChoiceStream(0, tokenizer, stop=["xx"], min_tokens=first_stop_end)
+    deltas = feed(stream, ids, size=size)
+    assert "".join(d.text for d in deltas) == "ab xx cd "
+    [final] = [d for d in deltas if d.finish_reason]
+    assert (final.finish_reason, final.matched_stop) == ("stop", "xx")
+
+
+def test_without_min_tokens_the_first_stop_string_ends_the_choice(tokenizer):
+    stream = ChoiceStream(0, tokenizer, stop=["xx"])
+    deltas = feed(stream, ids_of(tokenizer, "ab xx cd xx ef"))
+    assert "".join(d.text for d in deltas) == "ab "
+
+
+def test_min_tokens_reached_by_the_finish_releases_the_text(tokenizer):
+    ids = ids_of(tokenizer, "ab xx cd")
+    stream = ChoiceStream(0, tokenizer, stop=["xx"], min_tokens=len(ids))
+    deltas = feed(stream, ids, size=2)
+    assert "".join(d.text for d in deltas) == "ab xx cd"
+    assert deltas[-1].finish_reason == "length" and deltas[-1].matched_stop is None

@@ -82,3 +82,68 @@ def test_any_chunking_matches_the_whole_text_reference(text, stops, cuts):
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
     assert run(chunks, stops) == reference(text, stops)
+
+
+# ----- min_tokens: no stop string ends within the output's first min_tokens tokens -----
+
+
+def reference_past(text: str, stops: list[str], boundary: int) -> tuple[str, str | None]:
+    """Whole-text answer when no stop may end at or before `boundary`: of the occurrences
+    ending past it, the first to end; at an equal end the one starting first."""
+    hits = [
+        (start + len(stop), start, stop)
+        for stop in stops
+        for start in range(len(text))
+        if text.startswith(stop, start) and start + len(stop) > boundary
+    ]
+    if not hits:
+        return text, None
+    _, start, stop = min(hits)
+    return text[:start], stop
+
+
+def test_a_stop_ending_within_min_tokens_is_text():
+    matcher = StopMatcher(["xx"])
+    assert matcher.push("ab xx cd", may_stop=False).text == "ab xx cd"
+    result = matcher.push(" xx ef")
+    assert (result.text, result.matched_stop) == (" ", "xx")
+
+
+def test_a_stop_that_begins_within_min_tokens_and_ends_after_stops():
+    matcher = StopMatcher(["xx"])
+    assert matcher.push("ab x", may_stop=False).text == "ab "
+    result = matcher.push("x cd")
+    assert (result.text, result.matched_stop) == ("", "xx")
+
+
+def test_a_stop_completed_within_min_tokens_is_not_found_later():
+    matcher = StopMatcher(["xxy", "x"])
+    assert matcher.push("xx", may_stop=False).text == ""  # may begin "xxy"
+    assert matcher.push("z").text == "xxz"  # each "x" ended within min_tokens
+    assert matcher.matched_stop is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="abx", max_size=14),
+    stops=st.lists(st.text(alphabet="abx", min_size=1, max_size=3), min_size=1, max_size=3),
+    boundary=st.integers(0, 14),
+    cuts=st.lists(st.integers(0, 14), max_size=4),
+)
+def test_min_tokens_boundary_agrees_with_the_whole_text_whatever_the_chunking(
+    text, stops, boundary, cuts
+):
+    boundary = min(boundary, len(text))
+    edges = sorted({0, boundary, len(text), *(min(c, len(text)) for c in cuts)})
+    matcher = StopMatcher(stops)
+    out: list[str] = []
+    matched = None
+    for lo, hi in itertools.pairwise(edges):
+        result = matcher.push(text[lo:hi], may_stop=hi > boundary)
+        out.append(result.text)
+        if result.matched_stop is not None:
+            matched = result.matched_stop
+            break
+    if matched is None:
+        out.append(matcher.flush())
+    assert ("".join(out), matched) == reference_past(text, stops, boundary)

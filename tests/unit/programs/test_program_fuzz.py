@@ -272,8 +272,7 @@ def test_programs_that_run_end_with_a_result_or_an_error(address, request):
 def test_a_run_without_a_program_or_for_an_unknown_model_is_refused_naming_the_field(
     address, request_, code, expected
 ):
-    with grpc.insecure_channel(address) as channel:
-        with pytest.raises(grpc.RpcError) as raised:
-            list(program_pb2_grpc.ProgramsStub(channel).Run(request_, timeout=DEADLINE_S))
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as raised:
+        list(program_pb2_grpc.ProgramsStub(channel).Run(request_, timeout=DEADLINE_S))
     assert raised.value.code() == code
     assert raised.value.details().startswith(expected), raised.value.details()
