@@ -29,7 +29,14 @@ from gateway.core.request import (
     GenerateInput,
 )
 from radixmesh.errors import InvalidArgument
-from radixmesh.sampling import MAX_N, Constraint, ConstraintKind, Priority, SamplingParams
+from radixmesh.sampling import (
+    MAX_JSON_SCHEMA_CHARS,
+    MAX_N,
+    Constraint,
+    ConstraintKind,
+    Priority,
+    SamplingParams,
+)
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default max_tokens for /v1/completions (chat defaults to the context limit)."""
@@ -503,12 +510,14 @@ def _response_format(value: Any) -> Constraint | None:
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise ParamError("response_format.json_schema.strict", "expected a boolean")
+    text = json.dumps(schema, ensure_ascii=False)
+    if len(text) > MAX_JSON_SCHEMA_CHARS:  # before the schema check: it too grows with the text
+        raise ParamError(
+            "response_format.json_schema.schema",
+            f"must be at most {MAX_JSON_SCHEMA_CHARS} characters as JSON, got {len(text)}",
+        )
     _check_schema(schema)
-    return Constraint(
-        ConstraintKind.JSON_SCHEMA,
-        value=json.dumps(schema, ensure_ascii=False),
-        best_effort=not strict,
-    )
+    return Constraint(ConstraintKind.JSON_SCHEMA, value=text, best_effort=not strict)
 
 
 def _check_schema(schema: dict[str, Any]) -> None:

@@ -121,6 +121,21 @@ def test_json_schema_constraint_carries_the_schema_text():
     assert json.loads(constraint.value) == schema
 
 
+def test_an_oversized_schema_is_refused_before_it_is_checked(monkeypatch):
+    """The size is checked first: the JSON Schema check's work grows with the schema too."""
+    import gateway.core.openai as openai_core
+
+    def checked(schema):
+        raise AssertionError("the schema was checked")
+
+    monkeypatch.setattr(openai_core, "_check_schema", checked)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(12_000)}}
+    body = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    with pytest.raises(ParamError, match=r"must be at most 262144 characters as JSON, got \d+") as raised:
+        parse_chat_request(body)
+    assert raised.value.param == "response_format.json_schema.schema"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
