@@ -439,7 +439,7 @@ class StreamOptions:
     """One last chunk, with no choices, carries the request's usage."""
     continuous_usage_stats: bool = False
     """vLLM's extension: every chunk of a choice also carries the usage so far (the
-    prompt's tokens and that choice's completion tokens); needs include_usage."""
+    prompt's tokens and that choice's completion tokens); implies include_usage."""
 
 
 def parse_stream_options(body: dict[str, Any]) -> StreamOptions:
@@ -450,12 +450,15 @@ def parse_stream_options(body: dict[str, Any]) -> StreamOptions:
     if body.get("stream") is not True:
         raise ParamError("stream_options", "is only allowed when stream is true")
     f = _Fields(options, _STREAM_OPTIONS, where="stream_options")
-    parsed = StreamOptions(f.boolean("include_usage"), f.boolean("continuous_usage_stats"))
-    if parsed.continuous_usage_stats and not parsed.include_usage:
+    continuous = f.boolean("continuous_usage_stats")
+    # continuous usage implies the usage chunk (vLLM's include_usage defaults to true);
+    # asking for it with include_usage false contradicts itself
+    include_usage = f.boolean("include_usage", default=continuous)
+    if continuous and not include_usage:
         raise ParamError(
-            f.path("continuous_usage_stats"), "requires stream_options.include_usage to be true"
+            f.path("continuous_usage_stats"), "needs stream_options.include_usage, set false here"
         )
-    return parsed
+    return StreamOptions(include_usage, continuous)
 
 
 # --- constraints ----------------------------------------------------------------------------

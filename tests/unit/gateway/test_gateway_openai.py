@@ -382,9 +382,9 @@ def test_range_errors_quote_a_huge_value_shortly(field):
         ),
         (chat(stream=True, stream_options=[]), "stream_options", "expected an object"),
         (
-            completion(stream=True, stream_options={"continuous_usage_stats": True}),
+            completion(stream=True, stream_options={"include_usage": False, "continuous_usage_stats": True}),
             "stream_options.continuous_usage_stats",
-            "requires stream_options.include_usage to be true",
+            "needs stream_options.include_usage, set false here",
         ),
         (
             completion(stream=True, stream_options={"continuous_usage_stats": "yes"}),
@@ -419,6 +419,8 @@ def test_empty_logit_bias_and_tools_and_known_stream_options_are_accepted():
     )
     assert options.include_usage and options.continuous_usage_stats
     assert not parse_stream_options({"stream": True}).continuous_usage_stats
+    implied = parse_stream_options({"stream": True, "stream_options": {"continuous_usage_stats": True}})
+    assert implied.include_usage and implied.continuous_usage_stats  # as vLLM, where it defaults on
 
 
 # --- which leading names of a core's message become the error's param ------------------------

@@ -160,7 +160,11 @@ async def test_without_continuous_usage_chunks_carry_no_usage(base):
     ("options", "param", "says"),
     [
         ({"include_usage": True, "bogus": 1}, "stream_options.bogus", "unrecognized"),
-        ({"continuous_usage_stats": True}, "stream_options.continuous_usage_stats", "requires"),
+        (
+            {"include_usage": False, "continuous_usage_stats": True},
+            "stream_options.continuous_usage_stats",
+            "set false here",
+        ),
     ],
 )
 async def test_bad_stream_options_are_400s_naming_them(base, options, param, says):
