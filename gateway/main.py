@@ -243,7 +243,11 @@ def programs_servicer(
     """The program runtime beside Inference (tools' results cached in the cache service's
     result store when there is one, else in this process), and the plugins, which plain
     requests get too."""
-    tools, plugins = load_registry(args.tools_config or None, store=cache_client)
+    try:
+        tools, plugins = load_registry(args.tools_config or None, store=cache_client)
+    except InvalidArgument as exc:  # a bad --tools-config: one line, no traceback
+        print(f"gateway: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     limits = Limits(
         max_statements=args.program_max_statements,
         max_fork_width=args.program_max_fork_width,

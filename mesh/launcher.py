@@ -25,6 +25,7 @@ from gateway.envoy import GatewayAddress, render_envoy_config
 from gateway.envoy.process import EnvoyProcess
 from mesh.mesh_config import MeshConfig
 from mesh.supervisor import (
+    TAIL_LINES,
     ServiceFailed,
     ServiceSpec,
     Supervisor,
@@ -341,7 +342,8 @@ class Mesh:
         try:
             await asyncio.to_thread(self.envoy.start, min(self.config.start_timeout_s, 60.0))
         except RadixmeshError as exc:
-            raise ServiceFailed("envoy", str(exc), self.envoy.log_tail[-4000:]) from None
+            tail = "\n".join(self.envoy.log_tail[-4000:].splitlines()[-TAIL_LINES:])
+            raise ServiceFailed("envoy", str(exc), tail) from None
         if self.on_spawn is not None and self.envoy.pid is not None:
             self.on_spawn("envoy", self.envoy.pid)
         # one waiting thread per Envoy process, ending with it (not one per wait_exit_info)

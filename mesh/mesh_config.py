@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.step import MAX_STEPS_PER_PLAN
 
 DEVICES = ("auto", "cpu", "cuda")
+_CUDA_INDEX = re.compile(r"cuda:[0-9]+")
 MAX_NUM_SEQS = 4096
 MAX_NUM_BATCHED_TOKENS = 1 << 20
 """The largest running batch serve accepts (decode graphs are captured up to it)."""
@@ -27,7 +30,8 @@ class MeshConfig:
     log_dir: Path
     """Where each service's log, Envoy's config and its access log are written."""
     public_host: str = "127.0.0.1"
-    """Interface of Envoy's public listener."""
+    """Interface of Envoy's public listener: an IP address (Envoy resolves no names;
+    `radixmesh serve --host` resolves one such as `localhost` before it gets here)."""
     public_port: int = 8080
     """Envoy's public port: HTTP/1.1, HTTP/2 and gRPC."""
     admin_port: int = 0
@@ -81,7 +85,7 @@ class MeshConfig:
     tensor_parallel_size: int = 1
     """Devices (ranks) per executor; with device "cuda" executor i takes GPUs i*N..i*N+N-1."""
     start_timeout_s: float = 600.0
-    """Longest wait for one service to report SERVING (an executor loads its model)."""
+    """Longest wait for one service to report SERVING (an executor loads its model); > 0."""
     stop_timeout_s: float = 15.0
     """Grace per inner service (scheduler, executors, cache) on stop before SIGKILL."""
     grace_s: float = 30.0
@@ -103,13 +107,17 @@ class MeshConfig:
     """Most tokens in one step, every executor's (the scheduler fits its step budget to the
     executors'); None keeps their default (8,192). At most `extend_graph_tokens`, every step
     that is not a plain decode replays an extend graph instead of running eagerly."""
+    status_port: int = 0
+    """serve's status page port on loopback: 0 picks a free one, -1 turns the page off;
+    otherwise in [1, 65535]."""
 
     def __post_init__(self) -> None:
         if not (Path(self.model_dir) / "config.json").is_file():
             raise InvalidArgument(f"model: {self.model_dir} has no config.json")
-        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+        if self.device not in DEVICES and not _CUDA_INDEX.fullmatch(self.device):
             raise InvalidArgument(
-                f"device: must be one of {DEVICES} or cuda:N, got {self.device!r}"
+                "device: must be auto, cpu, cuda or cuda:N (N a GPU index >= 0), "
+                f"got {self.device!r}"
             )
         if not 1 <= self.num_executors <= 64:
             raise InvalidArgument(f"executors: must be in [1, 64], got {self.num_executors}")
@@ -128,8 +136,33 @@ class MeshConfig:
             raise InvalidArgument(f"port: must be in [1, 65535], got {self.public_port}")
         if not 0 <= self.admin_port < 65536:
             raise InvalidArgument(f"admin_port: must be in [0, 65535], got {self.admin_port}")
-        if self.rate_limit_per_s < 0 or self.rate_limit_burst < 0:
-            raise InvalidArgument("rate_limit_per_s and rate_limit_burst: must be >= 0")
+        try:
+            ipaddress.ip_address(self.public_host)
+        except ValueError:
+            raise InvalidArgument(
+                f"public_host: must be an IP address, got {self.public_host!r}"
+            ) from None
+        if not -1 <= self.status_port < 65536:
+            raise InvalidArgument(
+                "status_port: must be -1 (off), 0 (a free port) or in [1, 65535], "
+                f"got {self.status_port}"
+            )
+        ports = {"public_port": self.public_port}
+        for name in ("admin_port", "status_port"):  # 0 and -1: picked free, or off
+            port = getattr(self, name)
+            taken = [other for other, value in ports.items() if value == port]
+            if port > 0 and taken:
+                raise InvalidArgument(f"{name}: must differ from {taken[0]} (both {port})")
+            ports[name] = port
+        for name in ("rate_limit_per_s", "rate_limit_burst"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InvalidArgument(f"{name}: must be a finite number >= 0, got {value}")
+        if 0 < self.rate_limit_burst < 1:
+            raise InvalidArgument(
+                "rate_limit_burst: must be 0 (two seconds' worth) or >= 1 (a bucket holds "
+                f"whole requests), got {self.rate_limit_burst}"
+            )
         if self.rate_limit not in ("fixed", "adaptive"):
             raise InvalidArgument(
                 f"rate_limit: must be 'fixed' or 'adaptive', got {self.rate_limit!r}"
@@ -176,6 +209,27 @@ class MeshConfig:
             )
         if self.num_pages is not None and self.num_pages < 1:
             raise InvalidArgument(f"num_pages: must be >= 1, got {self.num_pages}")
+        if not (math.isfinite(self.start_timeout_s) and self.start_timeout_s > 0):
+            raise InvalidArgument(
+                f"start_timeout_s: must be a finite number of seconds > 0, "
+                f"got {self.start_timeout_s}"
+            )
+        if not (math.isfinite(self.stop_timeout_s) and self.stop_timeout_s >= 0):
+            raise InvalidArgument(
+                f"stop_timeout_s: must be a finite number of seconds >= 0, "
+                f"got {self.stop_timeout_s}"
+            )
+        wait = self.max_queue_wait_s
+        if wait is not None and not (math.isfinite(wait) and wait >= 0):
+            raise InvalidArgument(
+                f"max_queue_wait_s: must be 0 (off) or a finite number of seconds > 0, got {wait}"
+            )
+        policy = self.restart_policy
+        if policy.max_restarts > 0 and not policy.window_s > 0:
+            raise InvalidArgument(
+                "restart_policy.window_s: must be > 0 seconds while restarts are on "
+                f"(max_restarts {policy.max_restarts}), got {policy.window_s}"
+            )
         if not (math.isfinite(self.grace_s) and 0 <= self.grace_s <= 3600):
             raise InvalidArgument(f"grace: must be in [0, 3600] seconds, got {self.grace_s}")
         fraction = self.kv_memory_fraction

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -65,8 +66,10 @@ class ServiceSpec:
     def __post_init__(self) -> None:
         if not self.name or not self.argv:
             raise InvalidArgument("name and argv: must not be empty")
-        if not (self.start_timeout_s > 0):
-            raise InvalidArgument(f"start_timeout_s: must be > 0, got {self.start_timeout_s}")
+        if not (math.isfinite(self.start_timeout_s) and self.start_timeout_s > 0):
+            raise InvalidArgument(
+                f"start_timeout_s: must be a finite number > 0, got {self.start_timeout_s}"
+            )
 
 
 class ServiceFailed(Exception):
@@ -115,7 +118,12 @@ class Supervisor:
     ) -> None:
         self.log_dir = Path(log_dir)
         self._on_spawn = on_spawn
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"log_dir: cannot create {self.log_dir}: {exc.strerror or exc}"
+            ) from None
         self._env = env
         self.stop_timeout_s = stop_timeout_s
         self.services: list[RunningService] = []

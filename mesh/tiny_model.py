@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_MODEL_NAME = "tiny-llama"
 CORPUS_FILE = "tiny_corpus.txt"
@@ -213,13 +213,29 @@ def write_tiny_model(out_dir: str | os.PathLike, arch: str = "llama", seed: int 
     if not 0 <= seed < 2**63:
         raise InvalidArgument(f"seed must be in [0, 2**63), got {seed}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     tokenizer = TOKENIZER_BUILDERS[spec.tokenizer]()
     token_ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in (BOS, EOS, PAD)}
     model = _build_hf_model(spec, len(tokenizer), seed, token_ids)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+def make_folder(out: Path) -> None:
+    """Creates the folder `out` (and its parents). A path that cannot be a folder (a file is
+    there, or above it) raises InvalidArgument; another failure (no permission, a read-only
+    file system) raises FailedPrecondition; both name the folder and the reason."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidArgument(
+            f"{out}: cannot be a folder: {'it is a file' if out.exists() else 'a file is on its path'}"
+        ) from None
+    except OSError as exc:
+        raise FailedPrecondition(
+            f"{out}: cannot create the folder: {exc.strerror or exc}"
+        ) from None
 
 
 def default_model_dir() -> Path:

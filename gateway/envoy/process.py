@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,29 @@ def validate_config(config_path: str | Path) -> None:
         raise InvalidArgument(
             f"envoy config {config_path} is invalid: {result.stdout}{result.stderr}"
         )
+
+
+# "[2024-01-01 00:00:00.000][123][critical][main] [source/server/server.cc:449] message"
+_LOG_LINE = re.compile(r"^(?:\[[^\]]*\])+\s*(?:\[[^\]]*:\d+\]\s*)?(?P<message>.*)$")
+_LEVEL = re.compile(r"\]\[(?P<level>critical|error)\]\[")
+_INIT_ERROR = re.compile(r"error `(?P<reason>.+?)` initializing")
+
+
+def failure_reason(log_lines: Sequence[str]) -> str:
+    """The line of Envoy's log that says why it stopped: its first critical line (the
+    configuration error it names, e.g. `cannot bind '127.0.0.1:8080': Address already in
+    use`), else its first error line, without the timestamp prefix; "" when there is none."""
+    for level in ("critical", "error"):
+        for line in log_lines:
+            found = _LEVEL.search(line)
+            if found is None or found["level"] != level:
+                continue
+            init = _INIT_ERROR.search(line)
+            if init is not None:
+                return init["reason"]
+            matched = _LOG_LINE.match(line.strip())
+            return (matched["message"] if matched else line).strip()
+    return ""
 
 
 class EnvoyProcess:
@@ -111,8 +135,14 @@ class EnvoyProcess:
             log_file.close()  # the child holds its own descriptor
         threading.Thread(target=self._read_log, daemon=True, name="envoy-log").start()
         if not self._ready.wait(timeout_s) or self._proc.poll() is not None:
+            exited = self._proc.poll() is not None
             self.stop()
-            raise Unavailable(f"envoy did not become ready: {''.join(self._log_tail[-20:])}")
+            reason = failure_reason(self._log_tail) or (
+                f"exited with code {self._proc.returncode}"
+                if exited
+                else f"not ready within {timeout_s:g}s"
+            )
+            raise Unavailable(f"envoy did not become ready: {reason}")
         if self.admin_get("/ready").strip() != "LIVE":
             self.stop()
             raise Unavailable("envoy: /ready is not LIVE")

@@ -33,6 +33,7 @@ from mesh.loadgen.scrape import (
     histogram_delta,
     total,
 )
+from radixmesh.errors import InvalidArgument
 
 S = "radixmesh_scheduler_"
 GPU = {
@@ -168,6 +169,8 @@ class StatusServer:
     """The page and its JSON on `host:port` (0: a free port), from the running loop."""
 
     def __init__(self, info: dict[str, Any], host: str = "127.0.0.1", port: int = 0) -> None:
+        if isinstance(port, bool) or not 0 <= port < 65536:
+            raise InvalidArgument(f"status_port: must be in [0, 65535] (0: a free one), got {port}")
         self.info = info
         self.sampler = StatusSampler(endpoints_from_info(info))
         self._host, self._port = host, port
@@ -191,7 +194,10 @@ class StatusServer:
             sock.bind((self._host, self._port))
         except OSError as exc:
             sock.close()
-            raise OSError(exc.errno, f"status_port: cannot bind {self._host}:{self._port}") from exc
+            raise OSError(
+                exc.errno,
+                f"status_port: cannot bind {self._host}:{self._port}: {exc.strerror or exc}",
+            ) from exc
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()

@@ -176,6 +176,11 @@ def test_tools_and_plugins_come_from_a_config_file(plugin_module, tmp_path):
         ({"tools": [{"name": "x"}]}, "give exactly one of callable or url"),
         ({"tools": [{"name": "x", "callable": "nowhere:thing"}]}, "cannot load 'nowhere:thing'"),
         ({"tools": [{"name": "retrieve", "callable": "json:dumps"}]}, "tool 'retrieve' is registered twice"),
+        ([1, 2, 3], "top level must be an object, got a list"),
+        ({"tools": 5}, "tools must be a list, got a number"),
+        ({"tools": [7]}, "tools[0]: must be an object, got a number"),
+        ({"tools": [{"name": "x", "url": 5}]}, "tools[0].url: must be a string"),
+        ({"plugins": "mod:Plugin"}, "plugins must be a list, got a string"),
     ],
 )
 def test_a_bad_config_file_is_refused_naming_the_entry(tmp_path, config, message):

@@ -10,6 +10,7 @@ import pytest
 from gateway.main import build_parser as gateway_parser
 from mesh.launcher import MeshPorts, plan_stages
 from mesh.mesh_config import MeshConfig
+from mesh.restarts import RestartPolicy
 from radixmesh.errors import InvalidArgument
 from services.cache.main import parse_args as cache_args
 from services.executor.core.spec import SpeculativeConfig
@@ -107,11 +108,38 @@ def test_gateway_replicas_have_their_own_ports_and_share_the_rest(model_dir, tmp
         ({"public_port": 0}, "port"),
         ({"redis_url": "localhost:6379"}, "redis_url"),
         ({"rate_limit_per_s": -1.0}, "rate_limit_per_s"),
+        ({"rate_limit_per_s": float("nan")}, "^rate_limit_per_s"),
+        ({"rate_limit_burst": float("inf")}, "^rate_limit_burst"),
+        ({"start_timeout_s": 0.0}, "^start_timeout_s"),
+        ({"start_timeout_s": float("nan")}, "^start_timeout_s"),
+        ({"status_port": -2}, "^status_port"),
+        ({"status_port": 65536}, "^status_port"),
+        ({"admin_port": 8080}, "^admin_port: must differ from public_port"),
+        ({"max_queue_wait_s": -1.0}, "^max_queue_wait_s"),
+        ({"device": "cuda:x"}, "^device"),
+        ({"device": "cuda:"}, "^device"),
+        ({"public_host": "localhost"}, "^public_host: must be an IP address"),
+        ({"restart_policy": RestartPolicy(window_s=0)}, "^restart_policy.window_s"),
     ],
 )
 def test_bad_settings_name_the_field(model_dir, tmp_path, fields, field):
     with pytest.raises(InvalidArgument, match=field):
         MeshConfig(model_dir=model_dir, log_dir=tmp_path, **fields)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"status_port": -1},
+        {"status_port": 0},
+        {"max_queue_wait_s": 0.0},
+        {"device": "cuda:12"},
+        {"public_host": "::1"},
+        {"restart_policy": RestartPolicy(max_restarts=0, window_s=0)},
+    ],
+)
+def test_edge_settings_are_accepted(model_dir, tmp_path, fields):
+    MeshConfig(model_dir=model_dir, log_dir=tmp_path, **fields)
 
 
 def test_a_folder_without_config_is_refused(tmp_path):
