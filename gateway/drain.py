@@ -8,8 +8,9 @@
   scheduler stream). No polling: both directions follow the scheduler's health Watch.
 - Drain: once shutdown is requested (SIGTERM) no new request is taken (gRPC: the server
   stops accepting; HTTP: 503), requests in flight get the grace period, and those still
-  running at its end get an UNAVAILABLE error event (`close_upstream` ends them) before
-  the server's own grace runs out and would cut them.
+  running at its end get an UNAVAILABLE error event, `the gateway is shutting down`
+  (`close_upstream(SHUTTING_DOWN)` ends them: SchedulerClient.close), before the
+  server's own grace runs out and would cut them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gateway.openai_http import OpenAIHttpServer
 from services.common.health import follow_serving
 from services.common.logging import get_logger
 from services.common.server import ServiceRuntime
+from services.scheduler.client import SHUTTING_DOWN
 
 log = get_logger(__name__)
 
@@ -36,7 +38,7 @@ def edge_tasks(
     http: OpenAIHttpServer,
     scheduler_address: str,
     grace_s: float,
-    close_upstream: Callable[[], Awaitable[None]],
+    close_upstream: Callable[[str], Awaitable[None]],
     set_ready: Callable[[bool], None],
 ) -> list[asyncio.Task[None]]:
     """Start the scheduler follower and the drain; cancel the tasks at shutdown's end."""
@@ -72,10 +74,10 @@ async def drain(
     runtime: ServiceRuntime,
     http: OpenAIHttpServer,
     grace_s: float,
-    close_upstream: Callable[[], Awaitable[None]],
+    close_upstream: Callable[[str], Awaitable[None]],
 ) -> None:
     """Wait for shutdown, then for the calls in flight (at most grace_s less a margin);
-    then end what still runs with UNAVAILABLE."""
+    then end what still runs with UNAVAILABLE (`the gateway is shutting down`)."""
     await runtime.wait_shutdown_requested()
     start = time.monotonic()
     budget = max(0.0, grace_s - END_MARGIN_S)
@@ -89,4 +91,4 @@ async def drain(
             num_http=http.num_in_flight,
             num_grpc=runtime.num_active_calls,
         )
-    await close_upstream()
+    await close_upstream(SHUTTING_DOWN)  # each request left: Unavailable(SHUTTING_DOWN)

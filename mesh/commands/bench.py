@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,128 @@ from radixmesh.errors import InvalidArgument
 
 class TargetError(Exception):
     """The target did not answer as an OpenAI-compatible server."""
+
+
+FLAG_OF_FIELD = {
+    "num_requests": "--num-requests",
+    "num_programs": "--num-requests",
+    "duration_s": "--duration",
+    "num_turns": "--turns",
+    "profiles": "--profile",
+    "repeats": "--program-repeats",
+    "modes": "--program-modes",
+    "concurrencies": "--concurrency",
+    "max_tokens": "--output-len",
+}
+"""Config fields (mesh/loadgen) whose flag is not `--` and the field's name dashed."""
+
+_FIELD = re.compile(r"([a-z][a-z0-9_]*)((?:[.\[][^:\s]*)?): ")
+
+
+def name_the_flag(
+    message: str, args: argparse.Namespace, renames: dict[str, str] | None = None
+) -> str:
+    """A config error (`num_requests: must be >= 1, got 0`) as the user's flag
+    (`--num-requests: must be >= 1, got 0`): the leading field is renamed by `renames`,
+    else by its flag when `args` has one of that name; any other message is kept."""
+    match = _FIELD.match(message)
+    if match is None:
+        return message
+    field = match.group(1)
+    flag = (renames or {}).get(field)
+    if flag is None and field in vars(args):
+        flag = "--" + field.replace("_", "-")
+    if flag is None:
+        return message
+    return f"{flag}{match.group(2)}: {message[match.end():]}"
+
+
+def check_target(target: str, api: str) -> None:
+    """--target: an http(s) URL for the OpenAI API; for gRPC (--api grpc, --workload
+    program) host:port, with or without a scheme. InvalidArgument naming --target."""
+    from urllib.parse import urlsplit
+
+    needs_http = api == "openai"
+    example = "http://127.0.0.1:8080" if needs_http else "127.0.0.1:8080"
+    wrong = InvalidArgument(f"target: expected a URL such as {example}, got {target!r}")
+    parts = urlsplit(target if "://" in target or needs_http else f"grpc://{target}")
+    schemes = ("http", "https") if needs_http else ("http", "https", "grpc")
+    try:
+        port = parts.port
+    except ValueError:
+        raise wrong from None
+    if parts.scheme not in schemes or not parts.hostname or (port is None and not needs_http):
+        raise wrong
+    if not needs_http and parts.path not in ("", "/"):
+        raise wrong
+
+
+def describe_error(exc: BaseException, where: str) -> str:
+    """One readable line for a failed HTTP call to `where` (a URL)."""
+    import socket
+
+    import aiohttp
+
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        cause = exc.os_error
+        if isinstance(cause, ConnectionRefusedError):
+            reason = "connection refused"
+        elif isinstance(cause, socket.gaierror):
+            reason = "unknown host"
+        else:
+            reason = (getattr(cause, "strerror", None) or str(cause) or type(cause).__name__).lower()
+        return f"cannot connect to {exc.host}:{exc.port}: {reason}"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"{where} answered HTTP {exc.status} {exc.message}".rstrip()
+    if isinstance(exc, TimeoutError):
+        return f"{where} did not answer in time"
+    if isinstance(exc, aiohttp.ClientError):
+        return f"{where}: {str(exc) or type(exc).__name__}"
+    return f"{where} did not answer with a model list ({type(exc).__name__}: {exc})"
+
+
+def describe_rpc_error(exc: Any, target: str) -> str:
+    """One readable line for a failed gRPC call to `target` (host:port)."""
+    import grpc
+
+    details = exc.details() or ""
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        lowered = details.lower()
+        for cause in ("connection refused", "connection reset", "no route to host"):
+            if cause in lowered:
+                return f"cannot connect to {target}: {cause}"
+        if "dns resolution failed" in lowered or "name or service not known" in lowered:
+            return f"cannot connect to {target}: unknown host"
+        return f"cannot connect to {target}: {details or 'unavailable'}"
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"{target} did not answer in time"
+    return f"{target} answered {exc.code().name}: {details}"
+
+
+PROBE_TIMEOUT_S = 10.0
+
+
+async def probe_grpc(target: str, api_key: str) -> None:
+    """Inference.ListModels at `target` (host:port); TargetError naming the target and
+    the reason when it does not answer."""
+    import grpc
+
+    from radixmesh.v1 import inference_pb2, inference_pb2_grpc
+
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        try:
+            await stub.ListModels(
+                inference_pb2.ListModelsRequest(), metadata=metadata, timeout=PROBE_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise TargetError(describe_rpc_error(exc, target)) from None
+
+
+def grpc_address(target: str) -> str:
+    """host:port of a --target checked by `check_target` for gRPC."""
+    return target.split("://", 1)[-1].rstrip("/")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -224,8 +347,12 @@ def _endpoints(args: argparse.Namespace):
 
 
 async def _resolve_model(args: argparse.Namespace) -> str:
-    """--model, or the first model the OpenAI server lists (gRPC: empty selects the default)."""
-    if args.model or args.api == "grpc":
+    """--model, or the first model the OpenAI server lists (gRPC: empty selects the default;
+    the target must answer ListModels). TargetError says why the target did not answer."""
+    if args.api == "grpc":
+        await probe_grpc(grpc_address(args.target), args.api_key)
+        return args.model
+    if args.model:
         return args.model
     import aiohttp
 
@@ -239,7 +366,7 @@ async def _resolve_model(args: argparse.Namespace) -> str:
             response.raise_for_status()
             return (await response.json())["data"][0]["id"]
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError) as exc:
-        raise TargetError(f"cannot list the models at {url}: {exc!r}") from None
+        raise TargetError(f"cannot list the models at {url}: {describe_error(exc, url)}") from None
 
 
 async def bench(
@@ -404,19 +531,45 @@ def run_programs(args: argparse.Namespace) -> int:
             shape=Shape(max_tokens=args.output_len),
             repeats=args.program_repeats,
         )
+        check_target(args.target, "grpc")
         endpoints = _endpoints(args)
     except InvalidArgument as exc:
-        print(f"radixmesh bench: {exc}", file=sys.stderr)
+        print(f"radixmesh bench: {name_the_flag(str(exc), args, FLAG_OF_FIELD)}", file=sys.stderr)
         return 2
-    target = args.target.split("://", 1)[-1].rstrip("/")
+    target = grpc_address(args.target)
     scraper = MetricsScraper(endpoints) if endpoints else None
-    report = asyncio.run(run_suite(target, args.api_key, config, scraper))
+
+    async def suite() -> dict[str, Any]:
+        await probe_grpc(target, args.api_key)  # fail fast, saying why, when nothing answers
+        return await run_suite(target, args.api_key, config, scraper)
+
+    try:
+        report = asyncio.run(suite())
+    except TargetError as exc:
+        print(f"radixmesh bench: {exc}", file=sys.stderr)
+        return 3
     print(format_rows(report))
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2))
     if all(r["num_errors"] == r["num_programs"] for r in report["rows"]):
+        print(f"radixmesh bench: no program succeeded at {target}{_first_error(report)}", file=sys.stderr)
         return 3
     return 0
+
+
+def _first_error(report: dict[str, Any]) -> str:
+    """`: CODE: message` of the most frequent error in the program report's rows, or ""."""
+    counts: dict[str, int] = {}
+    messages: dict[str, str] = {}
+    for row in report["rows"]:
+        for code, n in row.get("errors", {}).items():
+            counts[code] = counts.get(code, 0) + n
+            messages.setdefault(code, row.get("error_messages", {}).get(code, ""))
+    if not counts:
+        return ""
+    code = max(counts, key=lambda c: counts[c])
+    message = " ".join(messages[code].split())[:200]
+    return f": {code}: {message}" if message else f": {code}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -428,6 +581,7 @@ def run(args: argparse.Namespace) -> int:
     from mesh.loadgen.twelve import format_selection, parse_selection
 
     try:
+        check_target(args.target, args.api)
         workload, load = build_configs(args)
         endpoints = _endpoints(args)
         known = frozenset(flat_metrics({}))
@@ -448,7 +602,7 @@ def run(args: argparse.Namespace) -> int:
                 f"baseline_min_change: must be >= 0, got {args.baseline_min_change}"
             )
     except InvalidArgument as exc:
-        print(f"radixmesh bench: {exc}", file=sys.stderr)
+        print(f"radixmesh bench: {name_the_flag(str(exc), args, FLAG_OF_FIELD)}", file=sys.stderr)
         return 2
     try:
         report = asyncio.run(

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from radixmesh.errors import RadixmeshError
+from mesh.commands.bench import name_the_flag
+from radixmesh.errors import InvalidArgument, RadixmeshError
+
+FLAG_OF_FIELD = {"rate_hz": "--rate", "torch_steps": "--torch-steps"}
+"""ProfileRequest fields whose flag is not `--` and the field's name dashed."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,10 +46,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-url", default=None, help="with --pid: its metrics server")
 
 
+def process_exists(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """--pid and --metrics-url, before anything runs; InvalidArgument naming the flag."""
+    if args.pid is not None and args.pid <= 0:
+        raise InvalidArgument(f"pid: must be a process id > 0, got {args.pid}")
+    if args.metrics_url is not None:
+        parts = urlsplit(args.metrics_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidArgument(
+                f"metrics_url: expected a URL such as http://127.0.0.1:9100, got {args.metrics_url!r}"
+            )
+
+
 def build_request(args: argparse.Namespace):
     from mesh.observe.meshinfo import find_service, load_mesh_info
     from mesh.observe.profile import ProfileRequest
 
+    check_flags(args)
     pid, metrics_url = args.pid, args.metrics_url
     if pid is None and metrics_url is None:
         service = find_service(load_mesh_info(args.mesh_info, args.port), args.service)
@@ -71,8 +101,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         request = build_request(args)
     except RadixmeshError as exc:
-        print(f"radixmesh profile: {exc}", file=sys.stderr)
+        print(f"radixmesh profile: {name_the_flag(str(exc), args, FLAG_OF_FIELD)}", file=sys.stderr)
         return 2
+    # py-spy on a process that is not there answers with fragments of its backtrace: say
+    # so first (a pid from the mesh's registration is checked when there is no metrics
+    # port to fall back on).
+    checked = args.pid is not None or request.metrics_url is None
+    if request.pid is not None and checked and not process_exists(request.pid):
+        print(f"radixmesh profile: no such process {request.pid}", file=sys.stderr)
+        return 1
     print(
         f"radixmesh profile: sampling {request.service} (pid {request.pid}) for "
         f"{request.seconds:g} s",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -60,11 +61,28 @@ def _failed(exc: grpc.aio.AioRpcError) -> ProgramFailed:
 
 
 class Client:
-    """Where programs run: Envoy's public port of a `radixmesh serve` (or a gateway)."""
+    """Where programs run: Envoy's public port of a `radixmesh serve` (or a gateway).
+
+    `timeout_s` (None: no limit; else a finite number of seconds > 0) is the gRPC
+    deadline of each call this client makes, which bounds the whole program in either
+    mode: a Run (compiled mode) from its start to its result, and a Session
+    (interactive mode) from its start to its end, every statement and the Python
+    between them included. Past it the program fails with ProgramFailed
+    DEADLINE_EXCEEDED, and the server stops what was running.
+    """
 
     def __init__(
         self, target: str | None = None, api_key: str | None = None, timeout_s: float | None = None
     ) -> None:
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not math.isfinite(timeout_s)
+            or timeout_s <= 0
+        ):
+            raise ValueError(
+                f"timeout_s: must be None or a finite number of seconds > 0, got {timeout_s!r}"
+            )
         self.target = target or os.environ.get("RADIXMESH_TARGET", DEFAULT_TARGET)
         self.api_key = api_key if api_key is not None else os.environ.get("RADIXMESH_API_KEY")
         self.timeout_s = timeout_s
@@ -92,7 +110,8 @@ class Client:
 
 class Session:
     """One Programs/Session stream: `await session.run(statement)` returns its events
-    (StatementDone last); leaving the `async with` ends it (the server releases its pages)."""
+    (StatementDone last); leaving the `async with` ends it (the server releases its pages).
+    The client's `timeout_s` is the deadline of the whole session, from `async with` on."""
 
     def __init__(self, client: Client, start: pb.SessionStart) -> None:
         self._client = client
@@ -105,7 +124,9 @@ class Session:
         self._channel = grpc.aio.insecure_channel(self._client.target)
         stub = program_pb2_grpc.ProgramsStub(self._channel)
         self._outbox.put_nowait(pb.SessionRequest(start=self._start))
-        self._call = stub.Session(self._requests(), metadata=self._client.metadata)
+        self._call = stub.Session(
+            self._requests(), metadata=self._client.metadata, timeout=self._client.timeout_s
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -32,6 +32,12 @@ from radixmesh.updates import RequestUpdate
 from radixmesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import tracing
 
+CLIENT_CLOSING = "the client is closing"
+"""Why requests still running end when their SchedulerClient is closed (a load generator,
+a benchmark, a test done with it): the default reason of `close`."""
+SHUTTING_DOWN = "the gateway is shutting down"
+"""Why they end when the gateway closes its client at the end of a drain."""
+
 
 class _Inbox:
     """One request's updates, in order: an asyncio.Queue's put_nowait and get for one
@@ -127,6 +133,8 @@ class _Stream:
     ) -> None:
         self.outbox = _Outbox()
         self.queues: dict[str, _Inbox] = {}
+        self.close_reason = CLIENT_CLOSING
+        """What the requests still running get (Unavailable) when this client ends the stream."""
         self.call = stub.Stream(self.outbox.messages())
         self.reader = asyncio.create_task(self._read(on_lost), name="scheduler-stream-reader")
 
@@ -140,8 +148,8 @@ class _Stream:
                         queue.put_nowait(wire.update_from_proto(msg))
         except grpc.aio.AioRpcError as exc:
             reason = f"scheduler stream failed: {exc.code().name} {exc.details()}"
-        except asyncio.CancelledError:
-            reason = "the client is closing"
+        except asyncio.CancelledError:  # close() cancelled the call (or the task was cancelled)
+            reason = self.close_reason
         finally:
             on_lost(self)
             for req_id, queue in self.queues.items():
@@ -248,10 +256,13 @@ class SchedulerClient:
                 counts[executor.model] = counts.get(executor.model, 0) + 1
         return counts
 
-    async def close(self) -> None:
-        """End the stream (the scheduler aborts what is still running on it)."""
+    async def close(self, reason: str = CLIENT_CLOSING) -> None:
+        """End the stream (the scheduler aborts what is still running on it); each request
+        still running on it ends with Unavailable(reason). A gateway shutting down passes
+        SHUTTING_DOWN (gateway/drain.py), so its callers learn why and may retry elsewhere."""
         stream, self._stream = self._stream, None
         if stream is not None:
+            stream.close_reason = reason
             stream.outbox.put_nowait(None)
             stream.call.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -24,6 +24,7 @@ class HeldUpstream:
         self.released = asyncio.Event()
         self.closed = asyncio.Event()
         self.started = asyncio.Event()
+        self.reason = ""
 
     async def generate(self, req_id, token_ids, sampling, **options):
         yield RequestUpdate(req_id, token_ids=[5], num_prompt_tokens=len(token_ids))
@@ -34,14 +35,16 @@ class HeldUpstream:
         done.cancel()
         closed.cancel()
         if self.closed.is_set():
-            yield RequestUpdate(req_id, error=Unavailable("the gateway is shutting down"))
+            yield RequestUpdate(req_id, error=Unavailable(self.reason))
         else:
             yield RequestUpdate(req_id, token_ids=[6], finish_reason="length")
 
     async def abort(self, req_id):
         pass
 
-    async def close(self) -> None:
+    async def close(self, reason: str = "the client is closing") -> None:
+        """SchedulerClient.close: what still runs ends with Unavailable(reason)."""
+        self.reason = reason
         self.closed.set()
 
 
@@ -94,7 +97,8 @@ async def test_a_stream_still_running_at_the_grace_deadline_ends_with_an_error_e
     assert 0.4 <= time.monotonic() - start < 1.5  # the grace less its one-second margin
     events = await asyncio.wait_for(client, 10)
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["error"]["code"] == "unavailable"
+    error = json.loads(events[-2])["error"]
+    assert (error["code"], error["message"]) == ("unavailable", "the gateway is shutting down")
     assert http.num_in_flight == 0
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
 from radixmesh.errors import InvalidArgument, ResourceExhausted, Unavailable
 from radixmesh.sampling import Priority, SamplingParams
-from services.scheduler.client import SchedulerClient
+from radixmesh.v1 import scheduler_pb2_grpc
+from services.scheduler.client import SHUTTING_DOWN, SchedulerClient
+from tests.fixtures.runtime import running_runtime
 
 
 @pytest.fixture
@@ -88,3 +92,43 @@ async def test_a_given_channel_stays_open_after_close(fake_scheduler):
         assert await SchedulerClient(channel).executors_per_model() == {"tiny": 1}
     finally:
         await channel.close()
+
+
+class SilentScheduler(scheduler_pb2_grpc.SchedulerServicer):
+    """Takes submits and never answers them: every request stays running."""
+
+    def __init__(self) -> None:
+        self.submitted = asyncio.Event()
+
+    async def Stream(self, request_iterator, context):
+        async for message in request_iterator:
+            if message.WhichOneof("op") in ("submit", "submit_batch"):
+                self.submitted.set()
+        return
+        yield  # a stream method
+
+
+@pytest.mark.parametrize(
+    ("close_args", "message"),
+    [((), "the client is closing"), ((SHUTTING_DOWN,), "the gateway is shutting down")],
+    ids=["client-closes", "gateway-shuts-down"],
+)
+async def test_close_ends_the_running_requests_with_unavailable_and_its_reason(
+    close_args, message
+):
+    scheduler = SilentScheduler()
+
+    def register(server) -> None:
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(scheduler, server)
+
+    async with running_runtime(register, ["radixmesh.v1.Scheduler"]) as runtime:
+        client = SchedulerClient(runtime.address)
+        updates = client.generate("held", [1, 2, 3])
+        first = asyncio.create_task(anext(updates))
+        await asyncio.wait_for(scheduler.submitted.wait(), 10)
+        await client.close(*close_args)
+        update = await asyncio.wait_for(first, 10)
+        assert type(update.error) is Unavailable and str(update.error) == message
+        assert update.finished
+        with pytest.raises(StopAsyncIteration):
+            await anext(updates)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from concurrent import futures
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mesh.cli import main
+from radixmesh.v1 import inference_pb2, inference_pb2_grpc
 from services.common.config import free_port
 
 
@@ -131,19 +134,32 @@ def test_slo_met_exits_zero(tmp_path, threaded_fake):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--slo", "nope=1"], "unknown metric 'nope'"),
-        (["--concurrency", "0"], "concurrency"),
-        (["--workload", "mix", "--mix", "70%tiny"], "mix: unknown profile 'tiny'"),
-        (["--profile", "short=8"], "profile"),
-        (["--metrics-url", "localhost:9"], "metrics_url"),
-        (["--baseline-alpha", "1"], "baseline_alpha: must be in (0, 1)"),
-        (["--baseline-min-change", "-0.5"], "baseline_min_change: must be >= 0, got -0.5"),
+        (["--slo", "nope=1"], "--slo: unknown metric 'nope'"),
+        (["--concurrency", "0"], "--concurrency: must be >= 1, got 0"),
+        (["--num-requests", "0"], "--num-requests: must be >= 1, got 0"),
+        (["--duration", "-1"], "--duration: must be > 0, got -1.0"),
+        (["--turns", "0"], "--turns: must be >= 1, got 0"),
+        (["--workload", "mix", "--mix", "70%tiny"], "--mix: unknown profile 'tiny'"),
+        (["--profile", "short=8"], "--profile: expected name=in:out, got 'short=8'"),
+        (["--metrics-url", "localhost:9"], "--metrics-url: expected name=http://host:port"),
+        (["--baseline-alpha", "1"], "--baseline-alpha: must be in (0, 1), got 1.0"),
+        (["--baseline-min-change", "-0.5"], "--baseline-min-change: must be >= 0, got -0.5"),
+        (["--target", "notaurl"], "--target: expected a URL such as http://127.0.0.1:8080, got 'notaurl'"),
+        (["--target", "127.0.0.1:9"], "--target: expected a URL such as http://127.0.0.1:8080, got '127.0.0.1:9'"),
+        (["--target", "http://127.0.0.1:99999"], "--target: expected a URL such as http://127.0.0.1:8080"),
+        (["--api", "grpc", "--target", "nohost"], "--target: expected a URL such as 127.0.0.1:8080, got 'nohost'"),
+        (["--workload", "program", "--target", "notaurl"], "--target: expected a URL such as 127.0.0.1:8080, got 'notaurl'"),
+        (["--workload", "program", "--num-requests", "-1"], "--num-requests: must be >= 1, got -1"),
+        (["--workload", "program", "--program-repeats", "0"], "--program-repeats: must be >= 1, got 0"),
+        (["--workload", "program", "--program-modes", "x"], "--program-modes: 'x' is not one of server, client"),
+        (["--workload", "program", "--output-len", "0"], "--output-len: must be >= 1, got 0"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, flags, message, capsys):
     code, report = bench(tmp_path, "http://127.0.0.1:9", *flags)
     assert (code, report) == (2, None)
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"radixmesh bench: {message}") and err.count("\n") == 1, err
 
 
 def test_no_successful_request_exits_3(tmp_path, threaded_fake, capsys):
@@ -155,8 +171,56 @@ def test_no_successful_request_exits_3(tmp_path, threaded_fake, capsys):
     assert "no request succeeded" in capsys.readouterr().err
 
 
-def test_an_unreachable_target_exits_3_naming_it(tmp_path, capsys):
-    url = f"http://127.0.0.1:{free_port()}"
+def test_an_unreachable_target_exits_3_naming_it_and_the_reason(tmp_path, capsys):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     code, report = bench(tmp_path, url, "--num-requests", "1")
     assert (code, report) == (3, None)
-    assert f"cannot list the models at {url}/v1/models" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"radixmesh bench: cannot list the models at {url}/v1/models: "
+        f"cannot connect to 127.0.0.1:{port}: connection refused\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--api", "grpc"], ["--workload", "program", "--program-repeats", "1"]],
+    ids=["grpc", "program"],
+)
+def test_an_unreachable_grpc_target_fails_at_once_naming_it_and_the_reason(tmp_path, capsys, flags):
+    port = free_port()
+    code, report = bench(tmp_path, f"http://127.0.0.1:{port}", "--num-requests", "1", *flags)
+    assert (code, report) == (3, None)
+    out = capsys.readouterr()
+    assert out.err == f"radixmesh bench: cannot connect to 127.0.0.1:{port}: connection refused\n"
+    assert "errors" not in out.out  # no table of failed rows
+
+
+class RefusingInference(inference_pb2_grpc.InferenceServicer):
+    """Lists a model, refuses every generation: a gateway whose executors are all gone."""
+
+    def ListModels(self, request, context):
+        return inference_pb2.ListModelsResponse(models=[inference_pb2.ModelCard(id="tiny")])
+
+    def Generate(self, request, context):
+        context.abort(grpc.StatusCode.UNAVAILABLE, "no executor serves model 'tiny'")
+
+
+def test_a_program_run_where_nothing_succeeds_exits_3_with_the_first_error(tmp_path, capsys):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    inference_pb2_grpc.add_InferenceServicer_to_server(RefusingInference(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        code, _ = bench(
+            tmp_path, f"http://127.0.0.1:{port}", "--workload", "program",
+            "--programs", "select", "--program-modes", "client", "--num-requests", "2",
+            "--concurrency", "1",
+        )  # fmt: skip
+    finally:
+        server.stop(None)
+    assert code == 3
+    assert capsys.readouterr().err == (
+        f"radixmesh bench: no program succeeded at 127.0.0.1:{port}: "
+        "UNAVAILABLE: no executor serves model 'tiny'\n"
+    )

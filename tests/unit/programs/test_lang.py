@@ -331,3 +331,49 @@ def test_an_if_on_a_branch_variable_that_decides_statements_after_the_join_is_re
 
     with pytest.raises(TypeError, match="an if on 'a', a fork branch's variable, decides statements after the join"):
         leaky.compile()
+
+
+def never(**_):
+    return asyncio.Event().wait()  # a tool that never answers
+
+
+@program
+def stuck(s, q):
+    s += user(q)
+    s += tool("stuck", out="r")
+    s += assistant(gen("after", max_tokens=2))
+    return s["after"]
+
+
+@pytest.fixture
+async def stuck_client(deps):
+    """A server whose tool `stuck` never answers (its own timeout: 300 s)."""
+    from gateway.programs.core.tools import Tool
+
+    deps.tools.register(Tool("stuck", never, timeout_s=300))
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()])
+    program_pb2_grpc.add_ProgramsServicer_to_server(ProgramsServicer(deps), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield f"127.0.0.1:{port}"
+    await server.stop(None)
+
+
+@pytest.mark.parametrize("mode", ["compiled", "interactive"])
+async def test_the_client_timeout_bounds_the_whole_program_in_both_modes(stuck_client, mode):
+    client = Client(stuck_client, timeout_s=0.5)
+    with pytest.raises(ProgramFailed) as info:
+        await asyncio.wait_for(stuck.arun(client=client, mode=mode, q="hi"), 30)
+    assert info.value.code == "DEADLINE_EXCEEDED"
+
+
+@pytest.mark.parametrize("timeout_s", [-1, 0, 0.0, float("nan"), float("inf"), True, "1"])
+def test_a_client_timeout_that_is_not_a_positive_finite_number_is_refused(timeout_s):
+    with pytest.raises(ValueError, match=r"^timeout_s: must be None or a finite number of seconds > 0, got "):
+        Client("127.0.0.1:1", timeout_s=timeout_s)
+
+
+def test_a_client_timeout_of_none_or_a_positive_number_is_kept():
+    assert Client("127.0.0.1:1").timeout_s is None
+    assert Client("127.0.0.1:1", timeout_s=2).timeout_s == 2
+    assert Client("127.0.0.1:1", timeout_s=0.25).timeout_s == 0.25
