@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -153,7 +154,11 @@ class EnvoyProcess:
             self._log_tail = [*self._log_tail[-199:], line]
             if READY_LOG_LINE in line:
                 self._ready.set()
-        self._ready.set()  # exited: wake start() so it can report the failure
+        # its log ended: it is exiting. Reaped first, so start() sees it exited (and reports
+        # why) rather than asking a dead admin port
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        self._ready.set()
 
     def admin_get(self, path: str, timeout_s: float = 5.0) -> str:
         """GET a path of the admin interface (e.g. /stats/prometheus)."""

@@ -96,14 +96,9 @@ def load_registry(
     builtin: bool = True,
     entry_points: bool = True,
 ) -> tuple[ToolRegistry, PluginChain]:
-    registry = ToolRegistry(store=store)
+    registry = _installed_tools(ToolRegistry(store=store), builtin, entry_points)
     plugins: list[Any] = []
-    if builtin:
-        for tool in BUILTIN_TOOLS:
-            registry.register(tool)
     if entry_points:
-        for ep in metadata.entry_points(group=TOOLS_GROUP):
-            registry.register(_as_tool(ep.name, ep.load()))
         for ep in metadata.entry_points(group=PLUGINS_GROUP):
             plugins.append(_instance(ep.load()))
     if config_path:
@@ -160,16 +155,21 @@ def check_config(config_path: str | Path, builtin: bool = True, entry_points: bo
     file and the problem."""
     path = Path(config_path)
     config = read_config(path)
-    registry = ToolRegistry()
+    registry = _installed_tools(ToolRegistry(), builtin, entry_points)
+    _register_config_tools(registry, path, config)
+    for i, spec in enumerate(config.get("plugins", [])):
+        load_object(spec, f"--tools-config: {path}: plugins[{i}]")
+
+
+def _installed_tools(registry: ToolRegistry, builtin: bool, entry_points: bool) -> ToolRegistry:
+    """The registry with the built-in tools and those of installed packages' entry points."""
     if builtin:
         for tool in BUILTIN_TOOLS:
             registry.register(tool)
     if entry_points:
         for ep in metadata.entry_points(group=TOOLS_GROUP):
             registry.register(_as_tool(ep.name, ep.load()))
-    _register_config_tools(registry, path, config)
-    for i, spec in enumerate(config.get("plugins", [])):
-        load_object(spec, f"--tools-config: {path}: plugins[{i}]")
+    return registry
 
 
 def _instance(value: Any) -> Any:

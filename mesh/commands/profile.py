@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -44,17 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mesh-info", default=None, help="endpoints JSON of radixmesh serve")
     parser.add_argument("--pid", type=int, default=None, help="profile this process instead")
     parser.add_argument("--metrics-url", default=None, help="with --pid: its metrics server")
-
-
-def process_exists(pid: int) -> bool:
-    """Whether a process `pid` runs on this machine (one of another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -96,6 +84,7 @@ def build_request(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from mesh.observe.meshinfo import process_alive
     from mesh.observe.profile import take_profile
 
     try:
@@ -107,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     # so first (a pid from the mesh's registration is checked when there is no metrics
     # port to fall back on).
     checked = args.pid is not None or request.metrics_url is None
-    if request.pid is not None and checked and not process_exists(request.pid):
+    if request.pid is not None and checked and not process_alive(request.pid):
         print(f"radixmesh profile: no such process {request.pid}", file=sys.stderr)
         return 1
     print(

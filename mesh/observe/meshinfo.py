@@ -36,7 +36,8 @@ def unregister(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user counts)."""
     if not pid:
         return False
     try:
@@ -56,7 +57,7 @@ def running_meshes() -> list[dict[str, Any]]:
             info = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(info.get("serve_pid")):
+        if process_alive(info.get("serve_pid")):
             out.append(info)
     return out
 
