@@ -106,7 +106,7 @@ async def test_text_offsets_index_the_returned_text(base, tokenizer, streamed, e
                 assert text[offset:].startswith(token), (i, token, offset)
 
 
-async def test_echo_offsets_of_the_audit_example(base, tokenizer):
+async def test_echo_offsets_of_a_prompt_led_by_bos(base, tokenizer):
     """BOS, "h", "i", then the answer: BOS stands at 0 with "h", the answer at 2."""
     prompt = [tokenizer.bos_token_id, *tokenizer._hf.encode("hi", add_special_tokens=False)]
     body = {"prompt": prompt, "max_tokens": 2, "echo": True, "logprobs": 0}
