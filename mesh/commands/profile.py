@@ -93,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"radixmesh profile: {name_the_flag(str(exc), args, FLAG_OF_FIELD)}", file=sys.stderr)
         return 2
     # py-spy on a process that is not there answers with fragments of its backtrace: say
-    # so first (a pid from the mesh's registration is checked when there is no metrics
-    # port to fall back on).
-    checked = args.pid is not None or request.metrics_url is None
-    if request.pid is not None and checked and not process_alive(request.pid):
+    # so first, where there is no metrics port to fall back on (with one, the service's own
+    # sampler takes over from a py-spy that cannot attach, whatever the reason)
+    if request.pid is not None and request.metrics_url is None and not process_alive(request.pid):
         print(f"radixmesh profile: no such process {request.pid}", file=sys.stderr)
         return 1
     print(

@@ -477,6 +477,11 @@ async def serve(args: argparse.Namespace) -> int:
     except InvalidArgument as exc:
         print(f"radixmesh serve: {exc}", file=sys.stderr)
         return 2
+    # before the Mesh: its services' environment is taken from this one as it is built
+    if args.otlp_endpoint:  # every service's --otlp-endpoint defaults to this variable
+        os.environ["RADIXMESH_OTLP_ENDPOINT"] = args.otlp_endpoint
+    if args.otlp_sample_rate is not None:
+        os.environ["RADIXMESH_OTLP_SAMPLE_RATE"] = repr(args.otlp_sample_rate)
     try:
         mesh = Mesh(config, on_spawn=lambda name, pid: _say(f"started {name} (pid {pid})"))
     except InvalidArgument as exc:
@@ -484,10 +489,6 @@ async def serve(args: argparse.Namespace) -> int:
             shutil.rmtree(config.log_dir, ignore_errors=True)
         print(f"radixmesh serve: {flag_message(str(exc))}", file=sys.stderr)
         return 2
-    if args.otlp_endpoint:  # every service's --otlp-endpoint defaults to this variable
-        os.environ["RADIXMESH_OTLP_ENDPOINT"] = args.otlp_endpoint
-    if args.otlp_sample_rate is not None:
-        os.environ["RADIXMESH_OTLP_SAMPLE_RATE"] = repr(args.otlp_sample_rate)
     signals = _Signals()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

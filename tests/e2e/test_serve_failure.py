@@ -47,7 +47,7 @@ def test_a_serve_that_exits_before_it_is_ready_fails_the_start_with_its_output(t
     with pytest.raises(pytest.fail.Exception) as failed:
         start_serve(tmp_path, "--max-num-seqs", "0")
     assert "did not become ready" in str(failed.value)
-    assert "max_num_seqs: must be in" in str(failed.value)  # serve's own message
+    assert "--max-num-seqs: must be in" in str(failed.value)  # serve's own message
 
 
 def test_output_that_ends_without_the_ready_line_is_not_ready_while_the_exit_is_pending():
