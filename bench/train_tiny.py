@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.copy_metrics import common_prefix, is_edit, lookup_steps
 from mesh.tiny_model import BOS, CHAT_TEMPLATE, EOS, PAD, train_tokenizer
 
 SAMPLE_PROMPT = "def __init__(self, "
@@ -65,7 +66,6 @@ MAX_NAME_DRAWS = 8
 DISGUISE_SHARE = 0.5
 """The share of a function's names an edit document renames in the function itself too:
 its text is new every time, so only a model that copies can write the edit."""
-WORD = re.compile(r"\w+|\s+|[^\w\s]")
 ENCODE_CHUNK = 2048
 """Texts tokenized at a time (the tokenizer's batches run on every core)."""
 
@@ -443,40 +443,6 @@ def copy_loss(model, cases: list[CopyCase], device: torch.device) -> float | Non
         loss += float(row_losses(model, rows, device)[0, len(case.prompt) - 1 :].mean())
     model.train(was_training)
     return round(loss / len(cases), 4)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def is_edit(output: str, body: str) -> bool:
-    """Whether `output` is `body` with at most one name renamed, wherever it stands."""
-    before, after = WORD.findall(body), WORD.findall(output)
-    if len(before) != len(after):
-        return False
-    changed = {(a, b) for a, b in zip(before, after, strict=True) if a != b}
-    if len(changed) > 1:
-        return False
-    return all(old.isidentifier() and new.isidentifier() and old not in after for old, new in changed)
-
-
-def lookup_steps(prompt: list[int], output: list[int]) -> int:
-    """Steps that decode `output` after `prompt` if every step verifies a prompt-lookup draft
-    (the ngram mode's defaults, services' SpeculativeConfig): a step keeps the draft's
-    tokens up to its first wrong one, and one token more."""
-    from services.executor.core.spec import PromptLookup, SpeculativeConfig
-
-    config = SpeculativeConfig(method="ngram")
-    lookup = PromptLookup(config.min_match_len, config.max_match_len)
-    steps = done = 0
-    while done < len(output):
-        draft = lookup.propose(prompt + output[:done], config.max_draft_tokens).token_ids
-        kept = common_prefix(draft, output[done:])
-        done, steps = done + kept + 1, steps + 1
-    return steps
 
 
 def train(args: argparse.Namespace) -> dict:

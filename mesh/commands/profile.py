@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mesh.commands.bench import name_the_flag
+from mesh.commands.bench_target import name_the_flag
 from radixmesh.errors import InvalidArgument, RadixmeshError
 
 FLAG_OF_FIELD = {"rate_hz": "--rate", "torch_steps": "--torch-steps"}

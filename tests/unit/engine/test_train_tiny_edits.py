@@ -16,6 +16,7 @@ import pytest
 import torch
 
 train_tiny = importlib.import_module("bench.train_tiny")
+copy_metrics = importlib.import_module("bench.copy_metrics")
 speculative = importlib.import_module("bench.speculative")
 
 SOURCE = '''
@@ -161,20 +162,20 @@ def test_code_edit_functions_fit_the_prompt_and_cover_the_output():
 
 def test_is_edit_takes_one_name_renamed_throughout_and_nothing_else():
     body = "    total = 0\n    for item in items:\n        total += item\n"
-    assert train_tiny.is_edit(body, body)
-    assert train_tiny.is_edit(body.replace("total", "acc"), body)
-    assert not train_tiny.is_edit(body.replace("total = 0", "acc = 0"), body)  # not throughout
-    assert not train_tiny.is_edit(body.replace("total", "acc").replace("item", "x"), body)
-    assert not train_tiny.is_edit(body.replace("    for", "  for"), body)  # indentation counts
-    assert not train_tiny.is_edit(body[:-10], body)
+    assert copy_metrics.is_edit(body, body)
+    assert copy_metrics.is_edit(body.replace("total", "acc"), body)
+    assert not copy_metrics.is_edit(body.replace("total = 0", "acc = 0"), body)  # not throughout
+    assert not copy_metrics.is_edit(body.replace("total", "acc").replace("item", "x"), body)
+    assert not copy_metrics.is_edit(body.replace("    for", "  for"), body)  # indentation counts
+    assert not copy_metrics.is_edit(body[:-10], body)
 
 
 def test_lookup_steps_count_the_steps_prompt_lookup_drafts_would_take():
     prompt = list(range(100, 140))
-    assert train_tiny.lookup_steps(prompt, [7, 8, 9]) == 3  # nothing to look up: one a step
+    assert copy_metrics.lookup_steps(prompt, [7, 8, 9]) == 3  # nothing to look up: one a step
     # a copy of the prompt's tokens after its first two: 4 drafted + 1 a step once matched
     copy = prompt[:20]
-    assert train_tiny.lookup_steps(prompt, copy) < len(copy) / 3
+    assert copy_metrics.lookup_steps(prompt, copy) < len(copy) / 3
 
 
 def _corpus(**fields) -> train_tiny.Corpus:

@@ -13,7 +13,7 @@ import pytest
 
 import mesh.launcher
 from mesh.cli import build_parser, main
-from mesh.commands import serve
+from mesh.commands import serve, serve_checks
 from mesh.mesh_config import MeshConfig
 from mesh.supervisor import ServiceFailed
 
@@ -206,9 +206,9 @@ def test_good_flags_reach_the_start_and_a_failure_there_is_exit_1_reason_first(
 
 
 def test_localhost_resolves_to_an_address_envoy_accepts():
-    assert serve.resolve_host("localhost") in ("127.0.0.1", "::1")
-    assert serve.resolve_host("::1") == "::1"
-    assert serve.resolve_host("0.0.0.0") == "0.0.0.0"
+    assert serve_checks.resolve_host("localhost") in ("127.0.0.1", "::1")
+    assert serve_checks.resolve_host("::1") == "::1"
+    assert serve_checks.resolve_host("0.0.0.0") == "0.0.0.0"
 
 
 def test_every_mesh_config_field_maps_to_a_serve_flag():
@@ -216,8 +216,8 @@ def test_every_mesh_config_field_maps_to_a_serve_flag():
     serve.add_arguments(parser)
     flags = {opt for action in parser._actions for opt in action.option_strings}
     fields = {f.name for f in dataclasses.fields(MeshConfig)} - {"stop_timeout_s", "restart_policy"}
-    assert fields <= set(serve.FLAGS)
-    assert set(serve.FLAGS.values()) <= flags
+    assert fields <= set(serve_checks.FLAGS)
+    assert set(serve_checks.FLAGS.values()) <= flags
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_every_mesh_config_field_maps_to_a_serve_flag():
     ],
 )
 def test_flag_message_names_flags_not_fields(message, expected):
-    assert serve.flag_message(message) == expected
+    assert serve_checks.flag_message(message) == expected
 
 
 class _FakeMesh:
