@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from mesh.commands import serve as serve_command
+from mesh.commands import serve_checks
 from mesh.launcher import MeshPorts, plan_stages
 from mesh.mesh_config import MeshConfig
 from radixmesh.errors import InvalidArgument
@@ -44,7 +45,7 @@ def serve_config(tmp_path, *flags: str) -> MeshConfig:
     parser = argparse.ArgumentParser()
     serve_command.add_arguments(parser)
     args = parser.parse_args(["--model", str(tmp_path), "--log-dir", str(tmp_path), *flags])
-    return serve_command._config(args)
+    return serve_checks._config(args)
 
 
 def executor_fractions(config: MeshConfig) -> list[float]:
